@@ -1,0 +1,64 @@
+// accelbench: benchmarks for AI/ML accelerators. Parses the command line and dispatches.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"accelbench: measures what an accelerator really does on training, inference and kernels"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "accelbench 0.1.0");
+
+  bool sysinfo_json = false;
+  auto* sysinfo = app.add_subcommand("sysinfo", "Host, CPU, memory, GPUs with driver/CUDA/cuBLAS/cuDNN/NCCL versions");
+  sysinfo->add_flag("--json", sysinfo_json, "print JSON");
+
+  bool list_json = false;
+  auto* list = app.add_subcommand("list", "Workloads, their axes and defaults");
+  list->add_flag("--json", list_json, "print JSON");
+
+  ab::cli::RunOptions run_opts;
+  auto* run = app.add_subcommand("run", "Run a workload or a suite file, writing records to OUT/runs/<run_id>/");
+  run->add_option("target", run_opts.target, "workload name (see `accelbench list`) or SUITE.yaml")->required();
+  run->add_option("--device", run_opts.device, "cpu or cuda:N (default: the best device present)");
+  run->add_option("--axis", run_opts.axes, "override an axis: name=values, e.g. batch=1:256:pow2, m,n,k=4096, "
+                                           "m,n,k=@deepbench-train")->allow_extra_args(false);
+  run->add_option("--min-time", run_opts.min_time_s, "seconds measured per point before it may stop (default 0.5)");
+  run->add_option("--max-noise", run_opts.max_noise_pct, "target relative spread of the median, percent (default 1)");
+  run->add_option("--timeout", run_opts.timeout_s, "hard limit per point, seconds (default 60)");
+  run->add_option("--mode", run_opts.mode, "GPU timing: batch (back-to-back) or cold (L2 flushed per sample)")
+      ->check(CLI::IsMember({"batch", "cold"}));
+  run->add_option("--out", run_opts.out_dir, "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db");
+  run->add_flag("--telemetry-trace", run_opts.telemetry_trace, "also write the raw telemetry time series");
+  run->add_option("--telemetry-period", run_opts.telemetry_period_ms, "telemetry sampling period, ms (default 20)");
+  run->add_flag("--quiet,-q", run_opts.quiet, "no progress lines");
+
+  std::string results_out = ".", results_run, results_file;
+  bool results_csv = false;
+  auto* results = app.add_subcommand("results", "Runs in the store; a run's points; CSV export");
+  results->add_option("run_id", results_run, "a run to show (default: list the runs)");
+  results->add_option("--out", results_out, "the folder given to `run --out`");
+  results->add_flag("--csv", results_csv, "export the points as CSV (the newest run unless run_id is given)");
+  results->add_option("-o,--output", results_file, "write to this file instead of standard output");
+
+  double monitor_interval_ms = 1000, monitor_duration_s = 0;
+  auto* monitor = app.add_subcommand("monitor", "Print live power, clocks, utilisation and host CPU, like nvidia-smi dmon");
+  monitor->add_option("--interval", monitor_interval_ms, "milliseconds between lines (default 1000)")->check(CLI::PositiveNumber);
+  monitor->add_option("--duration", monitor_duration_s, "seconds to run (default: until Ctrl-C)")->check(CLI::NonNegativeNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  for (int i = 0; i < argc; ++i) run_opts.command_line += (i ? " " : "") + std::string(argv[i]);
+
+  if (*sysinfo) return ab::cli::sysinfo(sysinfo_json);
+  if (*list) return ab::cli::list(list_json);
+  if (*run) return ab::cli::run(run_opts);
+  if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file);
+  if (*monitor) return ab::cli::monitor(monitor_interval_ms, monitor_duration_s);
+  return 2;
+}

@@ -1,0 +1,28 @@
+#include "core/error.h"
+#include "workloads/micro/micro.h"
+#include "workloads/workload.h"
+
+namespace ab::workloads {
+
+const std::vector<std::unique_ptr<Workload>>& registry() {
+  static const std::vector<std::unique_ptr<Workload>> all = [] {
+    std::vector<std::unique_ptr<Workload>> v;
+    v.push_back(micro::make_ceilings());
+    v.push_back(micro::make_gemm());
+    v.push_back(micro::make_stream());
+    v.push_back(micro::make_copy());
+    return v;
+  }();
+  return all;
+}
+
+Workload& find_workload(const std::string& name) {
+  std::string valid;
+  for (const auto& w : registry()) {
+    if (w->name() == name) return *w;
+    valid += (valid.empty() ? "" : ", ") + w->name();
+  }
+  throw UsageError("unknown workload '" + name + "'; valid: " + valid);
+}
+
+}  // namespace ab::workloads

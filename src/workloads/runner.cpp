@@ -1,0 +1,243 @@
+#include "workloads/runner.h"
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "core/error.h"
+#include "measure/timer.h"
+
+namespace ab::workloads {
+namespace {
+
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const auto t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::ostringstream s;
+  s << std::put_time(&tm, "%Y-%m-%dT%H:%M:%S") << '.' << std::setw(3) << std::setfill('0') << ms << 'Z';
+  return s.str();
+}
+
+std::string format_duration(double s) {
+  std::ostringstream o;
+  if (s < 60) o << static_cast<int>(std::lround(s)) << "s";
+  else o << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(std::fmod(s, 60)) << "s";
+  return o.str();
+}
+
+std::string format_time(double s) {
+  std::ostringstream o;
+  o << std::setprecision(4);
+  if (s < 1e-3) o << s * 1e6 << " us";
+  else if (s < 1) o << s * 1e3 << " ms";
+  else o << s << " s";
+  return o.str();
+}
+
+nlohmann::json time_json(const measure::Result& r, measure::TimingMode mode) {
+  const auto& s = r.summary;
+  return {{"mode", std::string(measure::to_string(mode))},
+          {"converged", r.converged},
+          {"stop_reason", r.stop_reason},
+          {"iterations_per_sample", r.iterations_per_sample},
+          {"total_iterations", r.total_iterations},
+          {"measured_s", r.measured_s},
+          {"count", s.count},
+          {"median_s", s.median}, {"mean_s", s.mean}, {"min_s", s.min}, {"max_s", s.max},
+          {"p90_s", s.p90}, {"p99_s", s.p99}, {"q1_s", s.q1}, {"q3_s", s.q3}, {"iqr_s", s.iqr},
+          {"stddev_s", s.stddev}, {"rel_spread", s.rel_spread},
+          {"samples_s", r.iteration_s}};
+}
+
+}  // namespace
+
+std::vector<PlanEntry> plan_for(Workload& workload, const std::string& device_kind,
+                                const std::vector<AxisOverride>& overrides) {
+  std::vector<PlanEntry> plan;
+  for (auto& p : build_sweep(workload.axes(device_kind), workload.zip_groups(), overrides))
+    plan.push_back({&workload, std::move(p)});
+  return plan;
+}
+
+Runner::Runner(backend::Backend& backend, measure::Settings settings, nlohmann::json context, std::string run_id,
+               RunnerHooks hooks, std::ostream* progress)
+    : backend_(backend), settings_(settings), context_(std::move(context)), run_id_(std::move(run_id)),
+      hooks_(std::move(hooks)), progress_(progress) {}
+
+void Runner::add_rates(nlohmann::json& record, const State& state) {
+  const Counts& c = state.counts();
+  const double median = state.result()->summary.median;
+  if (median <= 0) return;
+  nlohmann::json rates = nlohmann::json::object();
+  if (c.samples > 0) rates["samples_per_s"] = c.samples / median;
+  if (c.flops > 0) rates["tflops"] = c.flops / median / 1e12;
+  if (c.bytes > 0) rates["gbps"] = c.bytes / median / 1e9;
+  const bool is_memory = state.ceiling_key().rfind("memory.", 0) == 0;
+  const double achieved = is_memory ? rates.value("gbps", 0.0) : rates.value("tflops", 0.0);
+  const std::string unit = is_memory ? "GB/s" : (c.ops_unit == "OP" ? "TOP/s" : "TFLOP/s");
+
+  if (!state.ceiling_key().empty()) {
+    std::optional<Ceiling> ceiling;
+    if (auto it = ceilings_.find(state.ceiling_key()); it != ceilings_.end()) ceiling = it->second;
+    else if (hooks_.find_stored_ceiling) ceiling = hooks_.find_stored_ceiling(state.ceiling_key());
+    if (ceiling && ceiling->value > 0 && !state.publishes_ceiling().size()) {
+      rates["pct_of_ceiling"] = 100.0 * achieved / ceiling->value;
+      rates["ceiling"] = {{"key", state.ceiling_key()}, {"value", ceiling->value}, {"unit", ceiling->unit},
+                          {"source", ceiling->source}};
+    }
+  }
+  if (!state.publishes_ceiling().empty() && achieved > 0) {
+    ceilings_[state.publishes_ceiling()] = {achieved, unit, "run " + run_id_ + " seq " + std::to_string(seq_)};
+    rates["ceiling"] = {{"key", state.publishes_ceiling()}, {"value", achieved}, {"unit", unit}, {"source", "this point"}};
+  }
+  // The rate the device is judged by: bandwidth for memory-bound points, arithmetic otherwise.
+  rates["primary"] = is_memory || !rates.contains("tflops") ? "gbps" : "tflops";
+  record["rates"] = rates;
+}
+
+nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel) {
+  // Numbers stay numbers in the record so queries and charts need no parsing.
+  nlohmann::json params = nlohmann::json::object();
+  const auto axes = entry.workload->axes(backend_.info().kind);
+  for (const auto& [name, value] : entry.point.values) {
+    AxisKind kind = AxisKind::text;
+    for (const auto& a : axes)
+      if (a.name == name) kind = a.kind;
+    if (kind == AxisKind::integer) params[name] = std::stoll(value);
+    else if (kind == AxisKind::real) params[name] = std::stod(value);
+    else params[name] = value;
+  }
+  nlohmann::json record = {{"schema_version", 1},          {"run_id", run_id_},
+                           {"seq", seq_},                  {"workload", entry.workload->name()},
+                           {"device", backend_.info().id}, {"device_name", backend_.info().name},
+                           {"params", params},             {"started_at", utc_now()}};
+  const double start = measure::monotonic_seconds();
+  measure::Settings settings = settings_;
+  State state(entry.point, backend_, settings, &cancel);
+  std::string status = "ok", reason;
+  try {
+    entry.workload->run(state);
+    if (!state.result()) {
+      status = "error";
+      reason = "workload measured nothing";
+    } else if (state.result()->stop_reason == "cancelled") {
+      status = "invalid";
+      reason = "interrupted before the stopping rule ended the point";
+    }
+  } catch (const SkipPoint& e) {
+    status = "skipped", reason = e.reason;
+  } catch (const CheckFailed& e) {
+    status = "error", reason = e.reason;
+  } catch (const OutOfMemory& e) {
+    status = "oom", reason = e.what();
+  } catch (const Unsupported& e) {
+    status = "skipped", reason = e.what();
+  } catch (const UsageError& e) {
+    status = "invalid", reason = e.what();
+  } catch (const std::exception& e) {
+    status = "error", reason = e.what();
+  }
+  try {
+    backend_.synchronize();  // a failed point must not leave work in flight for the next one
+  } catch (const std::exception& e) {
+    if (status == "ok") status = "error";
+    reason += std::string(reason.empty() ? "" : "; ") + "device error after the point: " + e.what();
+  }
+  record["status"] = status;
+  if (!reason.empty()) record["reason"] = reason;
+  record["wall_s"] = measure::monotonic_seconds() - start;
+  const Counts& c = state.counts();
+  if (c.samples > 0 || c.flops > 0 || c.bytes > 0)
+    record["counts"] = {{"samples", c.samples}, {"flops", c.flops}, {"bytes", c.bytes}, {"ops_unit", c.ops_unit}};
+  if (!state.check_json().empty()) record["check"] = state.check_json();
+  if (!state.metrics().empty()) record["metrics"] = state.metrics();
+  if (state.result() && state.result()->summary.count > 0) {
+    record["time"] = time_json(*state.result(), settings.mode);
+    if (status == "ok") add_rates(record, state);
+    if (hooks_.telemetry) {
+      const auto& r = *state.result();
+      nlohmann::json t = hooks_.telemetry(r.window_start_s, r.window_end_s,
+                                          c.samples * static_cast<double>(r.total_iterations));
+      if (!t.is_null()) record["telemetry"] = t;
+    }
+  }
+  record["context"] = context_;
+  return record;
+}
+
+RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool>& cancel) {
+  RunTotals totals;
+  const double start = measure::monotonic_seconds();
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    if (cancel.load()) {
+      totals.interrupted = true;
+      break;
+    }
+    const double elapsed = measure::monotonic_seconds() - start;
+    if (progress_ != nullptr) {
+      *progress_ << "[" << i + 1 << "/" << plan.size() << "] " << plan[i].workload->name() << " "
+                 << plan[i].point.label();
+      if (i > 0) *progress_ << "  (elapsed " << format_duration(elapsed) << ", ETA "
+                            << format_duration(elapsed / static_cast<double>(i) * static_cast<double>(plan.size() - i)) << ")";
+      *progress_ << std::endl;
+    }
+    nlohmann::json record = measure_point(plan[i], cancel);
+    if (hooks_.sink) hooks_.sink(record);
+    ++seq_;
+    const std::string status = record["status"];
+    ++totals.by_status[status];
+    if (progress_ != nullptr) {
+      *progress_ << "    " << status;
+      if (record.contains("reason")) *progress_ << ": " << record["reason"].get<std::string>();
+      if (record.contains("time")) *progress_ << "  median " << format_time(record["time"]["median_s"]);
+      *progress_ << std::endl;
+    }
+    if (record.contains("time")) record["time"].erase("samples_s");
+    record.erase("context");
+    totals.records.push_back(std::move(record));
+    if (cancel.load() && status == "invalid") {
+      totals.interrupted = true;
+      break;
+    }
+  }
+  if (cancel.load()) totals.interrupted = true;
+  return totals;
+}
+
+void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records) {
+  out << std::left << std::setw(10) << "workload" << std::setw(44) << "point" << std::setw(9) << "status"
+      << std::right << std::setw(12) << "median" << std::setw(16) << "rate" << std::setw(10) << "% ceil"
+      << std::setw(8) << "noise" << '\n';
+  for (const auto& r : records) {
+    std::string point;
+    for (const auto& [k, v] : r["params"].items()) point += (point.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+    if (point.size() > 43) point = point.substr(0, 40) + "...";
+    out << std::left << std::setw(10) << r["workload"].get<std::string>() << std::setw(44) << point << std::setw(9)
+        << r["status"].get<std::string>() << std::right;
+    if (!r.contains("time")) {
+      out << '\n';
+      continue;
+    }
+    out << std::setw(12) << format_time(r["time"]["median_s"]);
+    std::ostringstream rate;
+    rate << std::fixed << std::setprecision(1);
+    const auto& rates = r.contains("rates") ? r["rates"] : nlohmann::json::object();
+    if (rates.value("primary", "") == "tflops")
+      rate << rates["tflops"].get<double>() << (r["counts"]["ops_unit"] == "OP" ? " TOP/s" : " TFLOP/s");
+    else if (rates.contains("gbps"))
+      rate << rates["gbps"].get<double>() << " GB/s";
+    out << std::setw(16) << rate.str();
+    std::ostringstream pct, noise;
+    pct << std::fixed << std::setprecision(1);
+    if (rates.contains("pct_of_ceiling")) pct << rates["pct_of_ceiling"].get<double>() << "%";
+    noise << std::fixed << std::setprecision(1) << r["time"]["rel_spread"].get<double>() * 100 << "%"
+          << (r["time"]["converged"].get<bool>() ? "" : "!");
+    out << std::setw(10) << pct.str() << std::setw(8) << noise.str() << '\n';
+  }
+}
+
+}  // namespace ab::workloads

@@ -1,0 +1,72 @@
+// Runs a sweep plan point by point: each point is measured, turned into a record and handed to the
+// sink at once, so a crash or Ctrl-C loses nothing measured before it. Failures of one point
+// (oom, skipped, check failed) are recorded and the sweep goes on.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "workloads/workload.h"
+
+namespace ab::workloads {
+
+struct PlanEntry {
+  Workload* workload = nullptr;
+  Point point;
+};
+
+// Expands workload + overrides for a device kind; throws UsageError for bad axes or values.
+std::vector<PlanEntry> plan_for(Workload& workload, const std::string& device_kind,
+                                const std::vector<AxisOverride>& overrides);
+
+struct Ceiling {
+  double value = 0;
+  std::string unit, source;
+};
+
+struct RunnerHooks {
+  // Ceilings not measured in this run: the newest in the store for this device, if any.
+  std::function<std::optional<Ceiling>(const std::string& key)> find_stored_ceiling;
+  // Telemetry summary of a measured window [t0_s, t1_s] that processed `samples`; null if none.
+  std::function<nlohmann::json(double t0_s, double t1_s, double samples)> telemetry;
+  // Every record, as soon as it exists.
+  std::function<void(const nlohmann::json& record)> sink;
+};
+
+struct RunTotals {
+  std::map<std::string, int> by_status;
+  std::vector<nlohmann::json> records;  // without samples, for the summary table
+  bool interrupted = false;
+};
+
+class Runner {
+ public:
+  Runner(backend::Backend& backend, measure::Settings settings, nlohmann::json context, std::string run_id,
+         RunnerHooks hooks, std::ostream* progress);
+  RunTotals run(const std::vector<PlanEntry>& plan, const std::atomic<bool>& cancel);
+
+ private:
+  nlohmann::json measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel);
+  void add_rates(nlohmann::json& record, const State& state);
+
+  backend::Backend& backend_;
+  measure::Settings settings_;
+  nlohmann::json context_;
+  std::string run_id_;
+  RunnerHooks hooks_;
+  std::ostream* progress_;
+  std::map<std::string, Ceiling> ceilings_;  // measured in this run
+  int seq_ = 0;
+};
+
+// Formats the end-of-run table: one line per point with status, median time and rates.
+void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records);
+
+}  // namespace ab::workloads

@@ -1,0 +1,109 @@
+#include "workloads/suite.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "workloads/workload.h"
+
+namespace ab::workloads {
+namespace {
+
+[[noreturn]] void fail(const std::filesystem::path& file, const YAML::Mark& mark, const std::string& what) {
+  throw UsageError(file.string() + ":" + std::to_string(mark.line + 1) + ": " + what);
+}
+
+std::string scalar_list(const std::filesystem::path& file, const YAML::Node& n, const std::string& axis) {
+  if (n.IsScalar()) return n.as<std::string>();
+  if (!n.IsSequence() || n.size() == 0) fail(file, n.Mark(), "axis '" + axis + "' needs a value or a list of values");
+  std::string out;
+  for (const auto& item : n) {
+    if (!item.IsScalar()) fail(file, item.Mark(), "axis '" + axis + "' list items must be plain values");
+    out += (out.empty() ? "" : ",") + item.as<std::string>();
+  }
+  return out;
+}
+
+std::optional<double> number(const std::filesystem::path& file, const YAML::Node& settings, const char* key) {
+  if (!settings[key]) return std::nullopt;
+  try {
+    return settings[key].as<double>();
+  } catch (const YAML::Exception&) {
+    fail(file, settings[key].Mark(), std::string("setting '") + key + "' must be a number");
+  }
+}
+
+}  // namespace
+
+bool looks_like_suite(const std::string& name) {
+  const auto ext = std::filesystem::path(name).extension();
+  return ext == ".yaml" || ext == ".yml";
+}
+
+Suite load_suite(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw UsageError("cannot read suite file " + file.string());
+  YAML::Node root;
+  try {
+    root = YAML::Load(in);
+  } catch (const YAML::ParserException& e) {
+    fail(file, e.mark, e.msg);
+  }
+  if (!root.IsMap()) fail(file, root.Mark(), "a suite is a mapping with 'name' and 'steps'");
+  for (const auto& kv : root) {
+    const auto key = kv.first.as<std::string>();
+    if (key != "name" && key != "description" && key != "settings" && key != "steps")
+      fail(file, kv.first.Mark(), "unknown key '" + key + "'; valid: name, description, settings, steps");
+  }
+  Suite s;
+  s.name = root["name"] ? root["name"].as<std::string>() : file.stem().string();
+  if (root["description"]) s.description = root["description"].as<std::string>();
+  if (const auto settings = root["settings"]; settings) {
+    if (!settings.IsMap()) fail(file, settings.Mark(), "'settings' must be a mapping");
+    for (const auto& kv : settings) {
+      const auto key = kv.first.as<std::string>();
+      if (key != "min_time" && key != "max_noise" && key != "timeout" && key != "mode")
+        fail(file, kv.first.Mark(), "unknown setting '" + key + "'; valid: min_time, max_noise, timeout, mode");
+    }
+    s.min_time_s = number(file, settings, "min_time");
+    s.max_noise_pct = number(file, settings, "max_noise");
+    s.timeout_s = number(file, settings, "timeout");
+    if (settings["mode"]) s.mode = settings["mode"].as<std::string>();
+  }
+  const auto steps = root["steps"];
+  if (!steps || !steps.IsSequence() || steps.size() == 0) fail(file, root.Mark(), "'steps' must be a non-empty list");
+  for (const auto& step : steps) {
+    if (!step.IsMap() || !step["workload"]) fail(file, step.Mark(), "each step needs 'workload'");
+    SuiteStep st;
+    st.line = step.Mark().line + 1;
+    st.workload = step["workload"].as<std::string>();
+    Workload* w = nullptr;
+    try {
+      w = &find_workload(st.workload);
+    } catch (const UsageError& e) {
+      fail(file, step["workload"].Mark(), e.what());
+    }
+    for (const auto& kv : step) {
+      const auto key = kv.first.as<std::string>();
+      if (key != "workload" && key != "axes") fail(file, kv.first.Mark(), "unknown step key '" + key + "'; valid: workload, axes");
+    }
+    if (const auto axes = step["axes"]; axes) {
+      if (!axes.IsMap()) fail(file, axes.Mark(), "'axes' must be a mapping of axis names to values");
+      for (const auto& kv : axes) {
+        const auto name = kv.first.as<std::string>();
+        try {
+          st.overrides.push_back(parse_axis_argument(name + "=" + scalar_list(file, kv.second, name)));
+          // Validate now, for both device kinds, so a typo fails before anything runs.
+          for (const char* kind : {"cpu", "cuda"}) build_sweep(w->axes(kind), w->zip_groups(), {st.overrides.back()});
+        } catch (const UsageError& e) {
+          fail(file, kv.first.Mark(), e.what());
+        }
+      }
+    }
+    s.steps.push_back(std::move(st));
+  }
+  return s;
+}
+
+}  // namespace ab::workloads

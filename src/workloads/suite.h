@@ -1,0 +1,31 @@
+// Suite files: a YAML list of workloads with axis overrides and measurement settings, run as one
+// run. Errors name the file and line.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "workloads/axes.h"
+
+namespace ab::workloads {
+
+struct SuiteStep {
+  std::string workload;
+  std::vector<AxisOverride> overrides;
+  int line = 0;
+};
+
+struct Suite {
+  std::string name, description;
+  std::optional<double> min_time_s, max_noise_pct, timeout_s;
+  std::optional<std::string> mode;
+  std::vector<SuiteStep> steps;
+};
+
+// Throws UsageError "FILE:LINE: reason" for malformed YAML, unknown workloads or axes.
+Suite load_suite(const std::filesystem::path& file);
+bool looks_like_suite(const std::string& name);  // ends in .yaml or .yml
+
+}  // namespace ab::workloads
