@@ -1,0 +1,281 @@
+// End-to-end tests of the accelbench binary: exit codes, error messages, records on disk, and
+// crash safety (a killed or interrupted run keeps every point measured before it).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "results/results.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+namespace {
+
+const std::string kBinary = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench";
+
+struct Outcome {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Outcome run(const std::vector<std::string>& args) {
+  std::string cmd = quote(kBinary);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " 2>&1";
+  Outcome o;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return o;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
+  const int status = pclose(pipe);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+// Starts accelbench in the background (output discarded) and returns its pid.
+pid_t spawn(const std::vector<std::string>& args) {
+  std::vector<std::string> all{kBinary};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  posix_spawn(&pid, kBinary.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("ab_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter_++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+std::vector<fs::path> run_dirs(const fs::path& out) {
+  std::vector<fs::path> dirs;
+  if (!fs::exists(out / "runs")) return dirs;
+  for (const auto& e : fs::directory_iterator(out / "runs"))
+    if (e.is_directory()) dirs.push_back(e.path());
+  return dirs;
+}
+
+std::size_t complete_lines(const fs::path& file) {
+  return ab::results::read_jsonl(file).records.size();
+}
+
+// A sweep of small CPU stream points, slow enough to be killed in the middle.
+std::vector<std::string> long_sweep(const fs::path& out) {
+  return {"run", "stream", "--device", "cpu", "--axis", "array_bytes=65536:1048576:+65536", "--min-time", "0.3",
+          "--max-noise", "50", "--out", out.string(), "--quiet"};
+}
+
+bool wait_for_points(const fs::path& out, std::size_t n, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto dirs = run_dirs(out);
+    if (!dirs.empty() && fs::exists(dirs[0] / "points.jsonl") && complete_lines(dirs[0] / "points.jsonl") >= n)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST(Cli, HelpAndUsageErrors) {
+  EXPECT_EQ(run({"--help"}).code, 0);
+  EXPECT_EQ(run({}).code, 2);
+  EXPECT_EQ(run({"frobnicate"}).code, 2);
+  EXPECT_EQ(run({"run"}).code, 2);
+}
+
+TEST(Cli, ListShowsWorkloadsAndAxes) {
+  const Outcome o = run({"list"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  for (const char* w : {"gemm", "stream", "copy", "ceilings", "precision", "@deepbench-train"})
+    EXPECT_NE(o.output.find(w), std::string::npos) << w;
+  const Outcome j = run({"list", "--json"});
+  ASSERT_EQ(j.code, 0);
+  EXPECT_EQ(nlohmann::json::parse(j.output).size(), 4u);
+}
+
+TEST(Cli, SysinfoNamesTheCpu) {
+  const Outcome o = run({"sysinfo", "--json"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto j = nlohmann::json::parse(o.output);
+  EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
+  EXPECT_EQ(j["devices"][0]["id"], "cpu");
+  EXPECT_FALSE(j["build"]["git_commit"].get<std::string>().empty());
+}
+
+TEST(Cli, UnknownNamesListTheValidOnes) {
+  TempDir dir;
+  Outcome o = run({"run", "gemmm", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.output.find("valid: ceilings, gemm, stream, copy"), std::string::npos) << o.output;
+  o = run({"run", "gemm", "--device", "cpu", "--axis", "batch=4", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.output.find("valid: precision, m, n, k, trans"), std::string::npos) << o.output;
+  o = run({"run", "gemm", "--device", "cpu", "--axis", "precision=fp64", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.output.find("bf16"), std::string::npos) << o.output;
+  o = run({"run", "gemm", "--device", "cpu", "--axis", "m=1:x", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2);
+  o = run({"run", "gemm", "--device", "tpu:0", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.output.find("cpu, cuda:N"), std::string::npos) << o.output;
+  EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
+}
+
+TEST(Cli, UnwritableOutputFailsBeforeRunning) {
+  TempDir dir;
+  const fs::path file = dir.path() / "a_file";
+  std::ofstream(file) << "x";
+  const Outcome o = run({"run", "stream", "--device", "cpu", "--out", (file / "sub").string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_EQ(o.output.find("[1/"), std::string::npos) << "no point may start: " << o.output;
+}
+
+TEST(Cli, MalformedSuiteNamesFileAndLine) {
+  TempDir dir;
+  const fs::path suite = dir.path() / "bad.yaml";
+  std::ofstream(suite) << "name: bad\nsteps:\n  - workload: gemm\n    axes:\n      nope: [1]\n";
+  Outcome o = run({"run", suite.string(), "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.output.find("bad.yaml:5"), std::string::npos) << o.output;
+  std::ofstream(suite) << "name: bad\nsteps: [\n";
+  o = run({"run", suite.string(), "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_NE(o.output.find("bad.yaml:"), std::string::npos) << o.output;
+}
+
+TEST(Cli, RunWritesRecordsToJsonlAndStore) {
+  TempDir dir;
+  const Outcome o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--axis", "precision=fp32,bf16",
+                         "--min-time", "0.05", "--out", dir.path().string()});
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto dirs = run_dirs(dir.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
+  ASSERT_EQ(read.records.size(), 4u);
+  EXPECT_EQ(read.bad_lines, 0u);
+  int ok = 0, skipped = 0;
+  for (const auto& r : read.records) {
+    if (r["status"] == "ok") {
+      ++ok;
+      EXPECT_TRUE(r["check"]["passed"].get<bool>());
+      EXPECT_GT(r["rates"]["tflops"].get<double>(), 0);
+      EXPECT_FALSE(r["time"]["samples_s"].empty());
+      EXPECT_EQ(r["context"]["devices"][0]["id"], "cpu");
+    } else {
+      ++skipped;
+      EXPECT_EQ(r["status"], "skipped");
+      EXPECT_NE(r["reason"].get<std::string>().find("bf16"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(ok, 2);
+  EXPECT_EQ(skipped, 2);
+  const auto runs = ab::results::list_runs(dir.path() / "runs" / "accelbench.db");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].status, "complete");
+  EXPECT_EQ(runs[0].points, 4);
+
+  const Outcome list = run({"results", "--out", dir.path().string()});
+  EXPECT_EQ(list.code, 0);
+  EXPECT_NE(list.output.find(runs[0].run_id), std::string::npos);
+  const Outcome csv = run({"results", "--csv", "--out", dir.path().string()});
+  EXPECT_EQ(csv.code, 0);
+  EXPECT_EQ(std::count(csv.output.begin(), csv.output.end(), '\n'), 5) << csv.output;
+  EXPECT_EQ(run({"results", "no-such-run", "--out", dir.path().string()}).code, 2);
+}
+
+TEST(Cli, CeilingsFromAnEarlierRunGivePercentOfPeak) {
+  TempDir dir;
+  ASSERT_EQ(run({"run", "ceilings", "--device", "cpu", "--axis", "target=gemm.fp32", "--axis", "size=128",
+                 "--min-time", "0.05", "--out", dir.path().string(), "-q"}).code, 0);
+  ASSERT_EQ(run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=128", "--min-time", "0.05", "--out",
+                 dir.path().string(), "-q"}).code, 0);
+  std::vector<fs::path> dirs = run_dirs(dir.path());
+  std::sort(dirs.begin(), dirs.end());
+  ASSERT_EQ(dirs.size(), 2u);
+  const auto gemm = ab::results::read_jsonl(dirs[1] / "points.jsonl").records.at(0);
+  ASSERT_TRUE(gemm["rates"].contains("pct_of_ceiling")) << gemm.dump();
+  EXPECT_GT(gemm["rates"]["pct_of_ceiling"].get<double>(), 10.0);
+  EXPECT_EQ(gemm["rates"]["ceiling"]["key"], "gemm.fp32");
+}
+
+TEST(Cli, KilledRunKeepsEveryMeasuredPoint) {
+  TempDir dir;
+  const pid_t pid = spawn(long_sweep(dir.path()));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_points(dir.path(), 2, 60)) << "no points appeared";
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const auto dirs = run_dirs(dir.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
+  EXPECT_GE(read.records.size(), 2u);
+  EXPECT_LT(read.records.size(), 16u) << "the sweep should not have finished";
+  for (std::size_t i = 0; i < read.records.size(); ++i) EXPECT_EQ(read.records[i]["seq"], static_cast<int>(i));
+  const std::string run_id = read.records[0]["run_id"];
+  const auto stored = ab::results::load_points(dir.path() / "runs" / "accelbench.db", run_id);
+  // The JSONL line is written first; the kill can land between it and the database row.
+  EXPECT_GE(stored.size() + 1, read.records.size());
+  EXPECT_LE(stored.size(), read.records.size());
+}
+
+TEST(Cli, InterruptedRunExits130AndKeepsPoints) {
+  TempDir dir;
+  const pid_t pid = spawn(long_sweep(dir.path()));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_points(dir.path(), 1, 60));
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const auto dirs = run_dirs(dir.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
+  EXPECT_GE(read.records.size(), 1u);
+  EXPECT_EQ(read.bad_lines, 0u);
+  const auto runs = ab::results::list_runs(dir.path() / "runs" / "accelbench.db");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].status, "interrupted");
+  std::ifstream run_json(dirs[0] / "run.json");
+  EXPECT_EQ(nlohmann::json::parse(run_json)["status"], "interrupted");
+}
