@@ -1,6 +1,7 @@
 // End-to-end tests of the accelbench binary: exit codes, error messages, records on disk, and
 // crash safety (a killed or interrupted run keeps every point measured before it).
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "results/results.h"
+#include "system/build_info.h"
 #include "system/system.h"
 #include "telemetry/telemetry.h"
 #include "workloads/runner.h"
@@ -18,7 +19,7 @@ namespace {
 
 std::atomic<bool> g_cancel{false};
 
-extern "C" void on_interrupt(int) {
+void on_interrupt(int) {
   // First Ctrl-C: finish the point in flight and stop; a second one kills (default action).
   g_cancel.store(true);
   std::signal(SIGINT, SIG_DFL);

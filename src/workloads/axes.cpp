@@ -118,6 +118,16 @@ std::vector<std::vector<std::string>> group_rows(const ZipGroup& g, const std::v
       rows.insert(rows.end(), t->second.begin(), t->second.end());
       continue;
     }
+    if (item.find(':') != std::string::npos) {
+      // A range for zipped axes sets every named column to each value: m,n,k=1024:8192:pow2.
+      for (const auto& v : expand_range(item)) {
+        std::vector<std::string> row = fill;
+        for (const auto& name : named)
+          row[static_cast<std::size_t>(std::find(g.names.begin(), g.names.end(), name) - g.names.begin())] = v;
+        rows.push_back(row);
+      }
+      continue;
+    }
     const auto fields = split(item, 'x');
     if (fields.size() != 1 && fields.size() != named.size())
       throw UsageError("value '" + item + "' for " + std::to_string(named.size()) +
@@ -225,8 +235,7 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
       for (const auto& n : o.names)
         if (find_group(groups, n) != g)
           throw UsageError("axes in '--axis " + o.names.front() + ",...' belong to different groups");
-      const bool whole_group_from_text = o.names.size() == 1 && o.values.find('@') == std::string::npos &&
-                                         o.values.find('x') == std::string::npos;
+      const bool whole_group_from_text = o.names.size() == 1 && o.values.find('@') == std::string::npos;
       if (whole_group_from_text) {
         // One axis of a group: replace that column in every existing row, product over the values.
         const auto col = static_cast<std::size_t>(std::find(g->names.begin(), g->names.end(), o.names[0]) -

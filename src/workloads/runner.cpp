@@ -7,20 +7,10 @@
 
 #include "core/error.h"
 #include "measure/timer.h"
+#include "results/results.h"
 
 namespace ab::workloads {
 namespace {
-
-std::string utc_now() {
-  const auto now = std::chrono::system_clock::now();
-  const auto t = std::chrono::system_clock::to_time_t(now);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  std::ostringstream s;
-  s << std::put_time(&tm, "%Y-%m-%dT%H:%M:%S") << '.' << std::setw(3) << std::setfill('0') << ms << 'Z';
-  return s.str();
-}
 
 std::string format_duration(double s) {
   std::ostringstream o;
@@ -80,11 +70,11 @@ void Runner::add_rates(nlohmann::json& record, const State& state) {
   const double achieved = is_memory ? rates.value("gbps", 0.0) : rates.value("tflops", 0.0);
   const std::string unit = is_memory ? "GB/s" : (c.ops_unit == "OP" ? "TOP/s" : "TFLOP/s");
 
-  if (!state.ceiling_key().empty()) {
+  if (!state.ceiling_key().empty() && state.publishes_ceiling().empty()) {
     std::optional<Ceiling> ceiling;
     if (auto it = ceilings_.find(state.ceiling_key()); it != ceilings_.end()) ceiling = it->second;
     else if (hooks_.find_stored_ceiling) ceiling = hooks_.find_stored_ceiling(state.ceiling_key());
-    if (ceiling && ceiling->value > 0 && !state.publishes_ceiling().size()) {
+    if (ceiling && ceiling->value > 0) {
       rates["pct_of_ceiling"] = 100.0 * achieved / ceiling->value;
       rates["ceiling"] = {{"key", state.ceiling_key()}, {"value", ceiling->value}, {"unit", ceiling->unit},
                           {"source", ceiling->source}};
@@ -114,7 +104,7 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
   nlohmann::json record = {{"schema_version", 1},          {"run_id", run_id_},
                            {"seq", seq_},                  {"workload", entry.workload->name()},
                            {"device", backend_.info().id}, {"device_name", backend_.info().name},
-                           {"params", params},             {"started_at", utc_now()}};
+                           {"params", params},             {"started_at", results::utc_now_iso8601()}};
   const double start = measure::monotonic_seconds();
   measure::Settings settings = settings_;
   State state(entry.point, backend_, settings, &cancel);
@@ -224,12 +214,16 @@ void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records
     }
     out << std::setw(12) << format_time(r["time"]["median_s"]);
     std::ostringstream rate;
-    rate << std::fixed << std::setprecision(1);
+    rate << std::setprecision(4);
     const auto& rates = r.contains("rates") ? r["rates"] : nlohmann::json::object();
-    if (rates.value("primary", "") == "tflops")
-      rate << rates["tflops"].get<double>() << (r["counts"]["ops_unit"] == "OP" ? " TOP/s" : " TFLOP/s");
-    else if (rates.contains("gbps"))
+    if (rates.value("primary", "") == "tflops") {
+      const double t = rates["tflops"].get<double>();
+      const std::string unit = r["counts"]["ops_unit"] == "OP" ? "OP/s" : "FLOP/s";
+      if (t >= 1) rate << t << " T" << unit;
+      else rate << t * 1e3 << " G" << unit;
+    } else if (rates.contains("gbps")) {
       rate << rates["gbps"].get<double>() << " GB/s";
+    }
     out << std::setw(16) << rate.str();
     std::ostringstream pct, noise;
     pct << std::fixed << std::setprecision(1);

@@ -24,7 +24,7 @@ double rel_error(const std::vector<double>& got, const std::vector<double>& want
   if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
   double diff = 0, norm = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) return std::numeric_limits<double>::infinity();
     diff += (got[i] - want[i]) * (got[i] - want[i]);
     norm += want[i] * want[i];
   }

@@ -1,0 +1,213 @@
+#include "results/db.h"
+
+#include <sqlite3.h>
+
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "core/error.h"
+#include "results/results.h"
+
+namespace ab::results::detail {
+namespace {
+
+// Runs of several processes share one database. A wait only happens between points, so it costs
+// no measurement, while giving up would drop a point from the index: wait generously.
+constexpr int kBusyTimeoutMs = 30000;
+
+// Version 1. A later version adds a migration step in check_schema, never edits this text.
+constexpr const char* kSchemaV1 = R"sql(
+CREATE TABLE runs(
+  run_id       TEXT PRIMARY KEY NOT NULL,
+  started_at   TEXT NOT NULL,
+  ended_at     TEXT,
+  status       TEXT NOT NULL,
+  command_line TEXT NOT NULL,
+  host         TEXT,
+  context_json TEXT NOT NULL
+);
+CREATE TABLE points(
+  run_id      TEXT NOT NULL REFERENCES runs(run_id),
+  seq         INTEGER NOT NULL,
+  workload    TEXT NOT NULL,
+  status      TEXT NOT NULL,
+  device_name TEXT,
+  params_json TEXT NOT NULL,
+  record_json TEXT NOT NULL,
+  started_at  TEXT,
+  PRIMARY KEY(run_id, seq)
+);
+CREATE INDEX points_workload_device ON points(workload, device_name);
+)sql";
+
+std::string sqlite_reason(sqlite3* db, int rc) {
+  std::string reason = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+  // "unable to open database file" alone does not say why; errno does (e.g. "Not a directory").
+  const int sys_errno = db != nullptr ? sqlite3_system_errno(db) : 0;
+  if (sys_errno != 0 && (rc & 0xff) != SQLITE_NOTADB && (rc & 0xff) != SQLITE_CONSTRAINT)
+    reason += " (" + std::system_category().message(sys_errno) + ")";
+  return reason;
+}
+
+// Errors quote a statement's start: enough to tell which one, short enough to read.
+std::string sql_head(const char* sql) {
+  std::string head(sql);
+  head.erase(0, head.find_first_not_of(" \n"));
+  if (head.size() > 40) head = head.substr(0, 40) + "...";
+  return head;
+}
+
+}  // namespace
+
+Db::Db(std::filesystem::path path, Mode mode) : path_(std::move(path)) {
+  if (mode == Mode::existing) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path_, ec))
+      throw Error("results database " + path_.string() + " does not exist" +
+                  (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  int flags = SQLITE_OPEN_READWRITE;  // falls back to read-only where the file is write-protected
+  if (mode == Mode::create) flags |= SQLITE_OPEN_CREATE;
+  const int rc = sqlite3_open_v2(path_.c_str(), &db_, flags, nullptr);
+  if (rc != SQLITE_OK) {
+    const std::string reason = sqlite_reason(db_, rc);
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw Error("cannot open results database " + path_.string() + ": " + reason);
+  }
+  try {
+    sqlite3_extended_result_codes(db_, 1);
+    sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+    // FULL: every commit is synced (journal and database) before it returns, so an appended
+    // point survives power loss. The default rollback journal, not WAL: WAL needs shared memory,
+    // which network file systems (where cluster runs often write) do not provide.
+    exec("PRAGMA synchronous=FULL");
+    exec("PRAGMA foreign_keys=ON");
+    if (mode == Mode::create && sqlite3_db_readonly(db_, "main") == 1)
+      throw Error("results database " + path_.string() + " is read-only");
+    check_schema(mode);
+  } catch (...) {
+    sqlite3_close(db_);
+    throw;
+  }
+}
+
+Db::~Db() { sqlite3_close(db_); }  // statements are all finalised by their RAII owners
+
+void Db::exec(const char* sql) {
+  char* msg = nullptr;
+  const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &msg);
+  sqlite3_free(msg);  // sqlite3_errmsg still holds the same text for fail()
+  if (rc != SQLITE_OK) fail("executing \"" + sql_head(sql) + "\"", rc);
+}
+
+void Db::fail(const std::string& what, int rc) const {
+  const std::string reason = sqlite_reason(db_, rc);
+  if ((rc & 0xff) == SQLITE_NOTADB)
+    throw Error(path_.string() + " is not an accelbench results database: " + reason);
+  throw Error(path_.string() + ": " + what + ": " + reason);
+}
+
+void Db::check_schema(Mode mode) {
+  auto not_ours = [&](const std::string& reason) {
+    throw Error(path_.string() + " is not an accelbench results database: " + reason);
+  };
+  // In create mode hold the write lock while looking, so two processes creating the same new
+  // database cannot both decide it is empty.
+  std::optional<Transaction> tx;
+  if (mode == Mode::create) tx.emplace(*this);
+
+  std::int64_t app_id = 0, version = 0;
+  std::vector<std::string> tables;
+  {  // statements finalised before any write below
+    Stmt app(*this, "PRAGMA application_id");
+    if (app.step()) app_id = app.int64(0);
+    Stmt ver(*this, "PRAGMA user_version");
+    if (ver.step()) version = ver.int64(0);
+    Stmt list(*this, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name");
+    while (list.step()) tables.push_back(list.text(0));
+  }
+
+  if (app_id == 0 && version == 0 && tables.empty()) {
+    if (mode == Mode::existing) not_ours("it is empty");
+    exec(kSchemaV1);
+    // Pragmas cannot take bound parameters; these values are our own constants, not data.
+    exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str());
+    exec(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
+    tx->commit();
+    return;
+  }
+  if (app_id != kApplicationId) {
+    std::string found;
+    for (const auto& t : tables) found += (found.empty() ? "" : ", ") + t;
+    not_ours(app_id == 0 ? "it has no accelbench tables (tables: " + (found.empty() ? "none" : found) + ")"
+                         : "its application_id is " + std::to_string(app_id) + ", not accelbench's " +
+                               std::to_string(kApplicationId));
+  }
+  for (const char* needed : {"points", "runs"}) {
+    bool has = false;
+    for (const auto& t : tables) has = has || t == needed;
+    if (!has) not_ours(std::string("table ") + needed + " is missing");
+  }
+  if (version != kSchemaVersion)
+    throw Error(path_.string() + " holds results schema version " + std::to_string(version) +
+                "; this accelbench reads version " + std::to_string(kSchemaVersion));
+  if (tx) tx->commit();
+}
+
+Stmt::Stmt(Db& db, const char* sql) : db_(db), sql_(sql_head(sql)) {
+  const int rc = sqlite3_prepare_v2(db_.handle(), sql, -1, &stmt_, nullptr);
+  if (rc != SQLITE_OK) db_.fail("preparing \"" + sql_ + "\"", rc);
+}
+
+Stmt::~Stmt() { sqlite3_finalize(stmt_); }
+
+Stmt& Stmt::bind_text(int index, const std::string& value) {
+  const int rc = sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
+  if (rc != SQLITE_OK) db_.fail("binding parameter " + std::to_string(index) + " of \"" + sql_ + "\"", rc);
+  return *this;
+}
+
+Stmt& Stmt::bind_int(int index, std::int64_t value) {
+  const int rc = sqlite3_bind_int64(stmt_, index, static_cast<sqlite3_int64>(value));
+  if (rc != SQLITE_OK) db_.fail("binding parameter " + std::to_string(index) + " of \"" + sql_ + "\"", rc);
+  return *this;
+}
+
+Stmt& Stmt::bind_null(int index) {
+  const int rc = sqlite3_bind_null(stmt_, index);
+  if (rc != SQLITE_OK) db_.fail("binding parameter " + std::to_string(index) + " of \"" + sql_ + "\"", rc);
+  return *this;
+}
+
+bool Stmt::step() {
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  db_.fail("running \"" + sql_ + "\"", rc);
+}
+
+std::string Stmt::text(int col) const {
+  const auto* p = sqlite3_column_text(stmt_, col);
+  if (p == nullptr) return {};
+  return std::string(reinterpret_cast<const char*>(p), static_cast<std::size_t>(sqlite3_column_bytes(stmt_, col)));
+}
+
+std::int64_t Stmt::int64(int col) const { return static_cast<std::int64_t>(sqlite3_column_int64(stmt_, col)); }
+
+bool Stmt::is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+
+Transaction::Transaction(Db& db) : db_(db) { db_.exec("BEGIN IMMEDIATE"); }
+
+Transaction::~Transaction() {
+  if (open_) sqlite3_exec(db_.handle(), "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+void Transaction::commit() {
+  db_.exec("COMMIT");
+  open_ = false;
+}
+
+}  // namespace ab::results::detail

@@ -1,0 +1,84 @@
+// Result records and where they go: a JSON Lines file per run plus one SQLite database per output
+// directory, both appended point by point so a crash loses nothing measured. Schema: docs/RESULTS.md.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ab::results {
+
+// Version of the record (schema_version field) and of the database (PRAGMA user_version).
+constexpr int kSchemaVersion = 1;
+
+std::string utc_now_iso8601();  // "2026-11-29T13:55:01.123Z"
+std::string new_run_id();       // "20261129-135501-3f9a1c": UTC second + 24 random bits; sorts by time
+
+struct RunInfo {
+  std::string run_id, started_at, command_line;
+  nlohmann::json context;  // host, devices, build; host.hostname feeds the runs table
+};
+
+// One per run, used from one thread at a time. Files: <out_dir>/runs/<run_id>/{run.json,points.jsonl}; database:
+// <out_dir>/runs/accelbench.db, shared by every run (and process) writing to out_dir.
+class ResultStore {
+ public:
+  // Creates the run directory, the database if needed, points.jsonl and run.json (status
+  // "running"), and the runs row. Throws ab::Error naming the path and the reason when anything
+  // is not writable, so the CLI can call it before measuring anything.
+  ResultStore(const std::filesystem::path& out_dir, const RunInfo& run);
+  ~ResultStore();  // never throws; without a finish() the run is marked "interrupted"
+  ResultStore(ResultStore&&) noexcept;
+  ResultStore& operator=(ResultStore&&) noexcept;
+  ResultStore(const ResultStore&) = delete;
+  ResultStore& operator=(const ResultStore&) = delete;
+
+  // One line in points.jsonl (written and fsync'ed) and one row in the database (its own
+  // transaction), both durable when this returns. The record needs string "workload" and
+  // "status"; "seq" defaults to the next number in this run.
+  void append(const nlohmann::json& record);
+  // "complete" | "interrupted" | "failed": updates the runs row and rewrites run.json.
+  void finish(const std::string& status);
+
+  std::filesystem::path run_dir() const;
+  std::filesystem::path points_path() const;
+  std::filesystem::path db_path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct RunRow {
+  std::string run_id, started_at, ended_at, status, command_line, host;  // ended_at "" while running
+  int points = 0, ok_points = 0;
+};
+
+// Newest first. Throws ab::Error naming the file if it is missing or not our database.
+std::vector<RunRow> list_runs(const std::filesystem::path& db_path);
+// The run's records in seq order; an unknown run is an ab::UsageError listing a few known ones.
+std::vector<nlohmann::json> load_points(const std::filesystem::path& db_path, const std::string& run_id);
+
+struct JsonlRead {
+  std::vector<nlohmann::json> records;
+  std::size_t bad_lines = 0;  // unparsable lines, e.g. the last one of a run killed mid-write
+};
+JsonlRead read_jsonl(const std::filesystem::path& file);  // throws ab::Error if unreadable
+
+// The newest "ok" point of `workload` on a device named `device_name` whose params contain every
+// key/value of `params_subset` (an object). Used to look up measured ceilings.
+std::optional<nlohmann::json> latest_point(const std::filesystem::path& db_path, const std::string& workload,
+                                           const std::string& device_name, const nlohmann::json& params_subset);
+
+// One row per point, RFC 4180 quoting, missing values as empty cells. Columns: run_id, seq,
+// workload, device, device_name, status, reason, params.* (union over points, sorted), the time
+// and rates summaries, and telemetry power/energy columns when any point has them.
+void write_csv(std::ostream& out, const std::vector<nlohmann::json>& points);
+
+}  // namespace ab::results

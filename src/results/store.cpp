@@ -1,0 +1,226 @@
+#include <algorithm>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "results/db.h"
+#include "results/files.h"
+#include "results/results.h"
+
+namespace ab::results {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// The run id becomes a directory name: keep it to characters that are safe everywhere.
+void check_run_id(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 128 && id.front() != '.' &&
+                  id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+                      std::string::npos;
+  if (!ok) throw UsageError("run id '" + id + "' must be 1-128 of [A-Za-z0-9._-], not starting with '.'");
+}
+
+std::optional<std::string> string_field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::nullopt;
+  return it->get<std::string>();
+}
+
+// Invalid UTF-8 (say, in an error message from a driver) must not cost the point: replace it.
+std::string dump_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+bool valid_final_status(const std::string& s) { return s == "complete" || s == "interrupted" || s == "failed"; }
+
+}  // namespace
+
+struct ResultStore::Impl {
+  fs::path runs_dir, run_dir, points_path, db_path;
+  RunInfo run;
+  std::string host;
+  std::optional<detail::Db> db;
+  std::optional<detail::AppendOnlyFile> points;
+  std::int64_t next_seq = 0;
+  std::unordered_set<std::int64_t> used_seqs;
+  int point_count = 0, ok_count = 0;
+  bool finished = false;
+
+  Impl(const fs::path& out_dir, const RunInfo& info);
+  ~Impl();
+  void write_run_json(const std::string& status, const std::string& ended_at) const;
+  void finish(const std::string& status);
+};
+
+ResultStore::Impl::Impl(const fs::path& out_dir, const RunInfo& info) : run(info) {
+  check_run_id(run.run_id);
+  if (run.started_at.empty()) run.started_at = utc_now_iso8601();
+  if (run.context.is_null()) run.context = json::object();
+  if (const auto h = run.context.find("host"); h != run.context.end() && h->is_object())
+    host = string_field(*h, "hostname").value_or("");
+
+  runs_dir = out_dir / "runs";
+  run_dir = runs_dir / run.run_id;
+  points_path = run_dir / "points.jsonl";
+  db_path = runs_dir / "accelbench.db";
+
+  std::error_code ec;
+  fs::create_directories(runs_dir, ec);
+  if (ec) throw Error("cannot create results directory " + runs_dir.string() + ": " + ec.message());
+  const bool created = fs::create_directory(run_dir, ec);
+  if (ec) throw Error("cannot create run directory " + run_dir.string() + ": " + ec.message());
+  if (!created) throw Error("run directory " + run_dir.string() + " already exists; a run id is used once");
+
+  try {
+    db.emplace(db_path, detail::Db::Mode::create);
+    points.emplace(points_path);
+    write_run_json("running", "");  // also syncs run_dir, so points.jsonl's entry is durable
+    detail::sync_dir(runs_dir);     // the new run directory's entry
+    // The runs row comes last: once it exists, the run is visible and everything it names exists.
+    detail::Transaction tx(*db);
+    {
+      detail::Stmt dup(*db, "SELECT 1 FROM runs WHERE run_id = ?1");
+      if (dup.bind_text(1, run.run_id).step())
+        throw Error("run id " + run.run_id + " is already in " + db_path.string() + "; a run id is used once");
+    }
+    detail::Stmt ins(*db,
+                     "INSERT INTO runs(run_id, started_at, ended_at, status, command_line, host, context_json) "
+                     "VALUES(?1, ?2, NULL, 'running', ?3, ?4, ?5)");
+    ins.bind_text(1, run.run_id).bind_text(2, run.started_at).bind_text(3, run.command_line);
+    if (host.empty()) {
+      ins.bind_null(4);
+    } else {
+      ins.bind_text(4, host);
+    }
+    ins.bind_text(5, dump_line(run.context));
+    ins.step();
+    tx.commit();
+  } catch (...) {
+    // Leave no half-made run behind: the directory is new and ours.
+    points.reset();
+    db.reset();
+    fs::remove_all(run_dir, ec);
+    throw;
+  }
+}
+
+ResultStore::Impl::~Impl() {
+  if (finished) return;
+  try {
+    finish("interrupted");
+  } catch (const std::exception& e) {
+    std::cerr << "accelbench: could not mark run " << run.run_id << " interrupted: " << e.what() << '\n';
+  } catch (...) {
+    std::cerr << "accelbench: could not mark run " << run.run_id << " interrupted\n";
+  }
+}
+
+void ResultStore::Impl::write_run_json(const std::string& status, const std::string& ended_at) const {
+  json j = {{"schema_version", kSchemaVersion}, {"run_id", run.run_id},       {"started_at", run.started_at},
+            {"status", status},                 {"command_line", run.command_line}};
+  if (!ended_at.empty()) {
+    j["ended_at"] = ended_at;
+    j["points"] = point_count;
+    j["ok_points"] = ok_count;
+  }
+  j["context"] = run.context;
+  detail::replace_file_durably(run_dir / "run.json",
+                               j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
+void ResultStore::Impl::finish(const std::string& status) {
+  if (!valid_final_status(status))
+    throw Error("run status '" + status + "' is not one of complete, interrupted, failed");
+  const std::string ended_at = utc_now_iso8601();
+  {
+    detail::Transaction tx(*db);
+    detail::Stmt upd(*db, "UPDATE runs SET status = ?1, ended_at = ?2 WHERE run_id = ?3");
+    upd.bind_text(1, status).bind_text(2, ended_at).bind_text(3, run.run_id);
+    upd.step();
+    tx.commit();
+  }
+  write_run_json(status, ended_at);
+  finished = true;
+}
+
+ResultStore::ResultStore(const fs::path& out_dir, const RunInfo& run) : impl_(std::make_unique<Impl>(out_dir, run)) {}
+ResultStore::~ResultStore() = default;  // Impl's destructor does the "interrupted" marking
+ResultStore::ResultStore(ResultStore&&) noexcept = default;
+ResultStore& ResultStore::operator=(ResultStore&&) noexcept = default;
+
+void ResultStore::append(const json& record) {
+  if (!impl_) throw Error("ResultStore used after it was moved from");
+  Impl& s = *impl_;
+  if (s.finished) throw Error("run " + s.run.run_id + " is finished; nothing more can be appended");
+  if (!record.is_object()) throw Error("result record must be a JSON object, got " + std::string(record.type_name()));
+  const auto workload = string_field(record, "workload");
+  const auto status = string_field(record, "status");
+  if (!workload || !status) throw Error("result record needs string fields \"workload\" and \"status\"");
+  if (const auto rid = string_field(record, "run_id"); rid && *rid != s.run.run_id)
+    throw Error("result record of run " + *rid + " appended to run " + s.run.run_id);
+  std::int64_t seq = s.next_seq;
+  if (const auto it = record.find("seq"); it != record.end()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 0)
+      throw Error("result record \"seq\" must be a non-negative integer, got " + it->dump());
+    seq = it->get<std::int64_t>();
+  }
+  // Checked here, not left to the primary key, so a clash writes nothing to either file.
+  if (!s.used_seqs.insert(seq).second)
+    throw Error("run " + s.run.run_id + " already has a point with seq " + std::to_string(seq));
+
+  const std::string line = dump_line(record);
+  // The JSON Lines file first: it is the primary record and the simplest write to get right.
+  s.points->append_durably(line + "\n");
+  ++s.point_count;
+  if (*status == "ok") ++s.ok_count;
+  s.next_seq = std::max(s.next_seq, seq + 1);
+
+  try {
+    detail::Transaction tx(*s.db);
+    detail::Stmt ins(*s.db,
+                     "INSERT INTO points(run_id, seq, workload, status, device_name, params_json, record_json, "
+                     "started_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+    ins.bind_text(1, s.run.run_id).bind_int(2, seq).bind_text(3, *workload).bind_text(4, *status);
+    if (const auto dev = string_field(record, "device_name")) {
+      ins.bind_text(5, *dev);
+    } else {
+      ins.bind_null(5);
+    }
+    const auto params = record.find("params");
+    ins.bind_text(6, params != record.end() ? dump_line(*params) : std::string("{}"));
+    ins.bind_text(7, line);
+    if (const auto started = string_field(record, "started_at")) {
+      ins.bind_text(8, *started);
+    } else {
+      ins.bind_null(8);
+    }
+    ins.step();
+    tx.commit();
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (the point is in " + s.points_path.string() + ")");
+  }
+}
+
+void ResultStore::finish(const std::string& status) {
+  if (!impl_) throw Error("ResultStore used after it was moved from");
+  impl_->finish(status);
+}
+
+fs::path ResultStore::run_dir() const {
+  if (!impl_) throw Error("ResultStore used after it was moved from");
+  return impl_->run_dir;
+}
+
+fs::path ResultStore::points_path() const {
+  if (!impl_) throw Error("ResultStore used after it was moved from");
+  return impl_->points_path;
+}
+
+fs::path ResultStore::db_path() const {
+  if (!impl_) throw Error("ResultStore used after it was moved from");
+  return impl_->db_path;
+}
+
+}  // namespace ab::results

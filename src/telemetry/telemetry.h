@@ -1,0 +1,225 @@
+// Power, energy, clocks and host CPU on every measured window: NVML (loaded with dlopen, so a
+// binary runs where no driver is), /proc and powercap, read by one sampler thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ab::telemetry {
+
+// One reading of one GPU. A field the device does not report stays empty (never zero).
+struct GpuSample {
+  double t_s = 0;  // monotonic seconds, taken just before the first driver call of this reading
+  std::optional<double> power_w;          // driver power reading (a 1 s average on Ampere+ except GA100)
+  std::optional<double> power_instant_w;  // instantaneous power where the driver exposes it
+  std::optional<double> energy_j;         // total-energy counter since driver load, from mJ
+  std::optional<double> power_limit_w, sm_clock_mhz, mem_clock_mhz, temperature_c;
+  std::optional<double> gpu_util_pct, mem_util_pct, mem_used_bytes;
+  // Rates over the interval since this source's previous reading (from cumulative counters).
+  std::optional<double> pcie_tx_bytes_per_s, pcie_rx_bytes_per_s;
+  std::optional<double> nvlink_tx_bytes_per_s, nvlink_rx_bytes_per_s;
+  std::optional<std::uint64_t> throttle_reasons;  // NVML clock-event reason bit mask
+  std::optional<std::string> error;               // a driver call that failed at this point
+};
+
+// One reading of the host.
+struct HostSample {
+  double t_s = 0;
+  std::vector<double> core_busy_frac;  // per core, over the interval since the previous reading; empty on the first
+  double process_cpu_s = 0;            // user + system CPU time of this process (sampler thread included)
+  std::optional<std::int64_t> rss_bytes;
+  std::optional<double> package_energy_j;  // CPU packages (powercap intel-rapl), unwrapped, summed
+  std::optional<std::string> error;
+};
+
+// One device. read() is called from one thread at a time and must not throw: failures go into
+// GpuSample::error. `read_counters` adds the cumulative counters (energy, PCIe/NVLink bytes): on
+// an H200 with driver 580 the energy counter alone costs 3.6 ms of busy CPU per call, while the
+// other fields are cached by the driver and cost under a microsecond.
+class GpuSource {
+ public:
+  virtual ~GpuSource() = default;
+  virtual std::string name() const = 0;
+  virtual std::string pci_bus_id() const { return {}; }
+  virtual GpuSample read(double t_s, bool read_counters) = 0;
+};
+
+// libnvidia-ml.so.1 resolved at run time; every function looked up with dlsym, so a driver that
+// lacks one leaves that field out. Thread-safe (NVML is).
+class NvmlLibrary : public std::enable_shared_from_this<NvmlLibrary> {
+ public:
+  // Never throws: when the library or driver is missing, available() is false and reason() says why.
+  static std::shared_ptr<NvmlLibrary> load(const std::string& soname = "libnvidia-ml.so.1");
+  ~NvmlLibrary();
+  NvmlLibrary(const NvmlLibrary&) = delete;
+  NvmlLibrary& operator=(const NvmlLibrary&) = delete;
+
+  bool available() const;
+  const std::string& reason() const;
+  std::string driver_version() const;  // empty if unknown
+  int device_count() const;
+  // nullptr with *error set when the device cannot be opened.
+  std::unique_ptr<GpuSource> open_index(unsigned index, std::string* error);
+  std::unique_ptr<GpuSource> open_pci_bus_id(const std::string& bus_id, std::string* error);
+
+  struct Api;  // function pointers, defined in nvml.cpp
+
+ private:
+  NvmlLibrary();
+  std::unique_ptr<Api> api_;
+  void* handle_ = nullptr;
+  bool initialised_ = false;
+  std::string reason_;
+};
+
+// Opens the listed devices (all devices when the list is empty). *unavailable_reason is set when
+// NVML is missing or some device could not be opened; the devices that did open are returned.
+std::vector<std::unique_ptr<GpuSource>> open_nvml_devices(const std::vector<std::string>& pci_bus_ids,
+                                                          std::string* unavailable_reason);
+
+// /proc and /sys readers; the roots are parameters so tests can point them at a fake tree. The
+// files stay open and are re-read with pread: reopening them costs more than reading them.
+class HostSource {
+ public:
+  explicit HostSource(std::filesystem::path proc_root = "/proc", std::filesystem::path sys_root = "/sys");
+  HostSample read(double t_s);  // never throws
+  bool has_package_energy() const { return !rapl_zones_.empty(); }
+  std::string package_energy_note() const { return rapl_note_; }
+
+ private:
+  class File {  // an open file re-read from offset 0; reopened on failure
+   public:
+    explicit File(std::filesystem::path p = {}) : path_(std::move(p)) {}
+    ~File();
+    File(File&& o) noexcept : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)) {}
+    File& operator=(File&&) = delete;
+    bool read(std::string& buf);
+    const std::filesystem::path& path() const { return path_; }
+
+   private:
+    std::filesystem::path path_;
+    int fd_ = -1;
+  };
+  struct CoreTicks {
+    std::uint64_t busy = 0, total = 0;
+  };
+  struct RaplZone {
+    File energy;
+    double max_range_uj = 0;
+    std::optional<double> last_uj;
+  };
+  bool read_core_ticks(std::vector<CoreTicks>& out);
+  std::optional<double> read_package_energy_j();
+
+  File stat_, statm_;
+  std::vector<CoreTicks> prev_ticks_;
+  std::vector<RaplZone> rapl_zones_;
+  std::string rapl_note_;
+  double rapl_unwrapped_j_ = 0;
+  std::string buf_;
+  std::int64_t page_bytes_;
+};
+
+// Names of the bits set in an NVML clock-event (throttle) mask, e.g. "sw_power_cap".
+std::vector<std::string> decode_throttle_reasons(std::uint64_t mask);
+
+// Trace form of a sample: only the fields that are present.
+nlohmann::json to_json(const GpuSample& s);
+nlohmann::json to_json(const HostSample& s);
+
+// How often each kind of reading is taken; the costs are in docs/TELEMETRY.md.
+struct SamplerOptions {
+  double period_s = 0.020;       // GPU power, clocks, utilisation, throttle reasons (cheap, cached)
+  double host_period_s = 0.100;  // /proc and powercap; /proc/stat counts in 10 ms ticks anyway
+  // GPU energy and byte counters, per device, staggered across devices; 0 = 1 s per device, so
+  // one expensive counter read happens per second whatever the GPU count. start(), stop() and
+  // summarize() always take a reading with every counter.
+  double counter_period_s = 0;
+};
+
+// One thread samples every source. RAII: the destructor stops and joins, never throws.
+class Sampler {
+ public:
+  // `clock` stamps the samples; it must be the clock of the measured windows and safe to call
+  // from two threads. Sleeping between samples always uses steady_clock.
+  Sampler(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<HostSource> host,
+          double period_s = 0.020, std::function<double()> clock = {});
+  Sampler(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<HostSource> host, SamplerOptions options,
+          std::function<double()> clock = {});
+  ~Sampler();
+  Sampler(const Sampler&) = delete;
+  Sampler& operator=(const Sampler&) = delete;
+
+  // start() reads every source once before it returns (so has_power() is known and a window
+  // opened afterwards is bracketed); stop() reads once more after the thread has joined.
+  void start();
+  void stop();
+  bool running() const;
+
+  // Summary of [t0_s, t1_s]; see docs/TELEMETRY.md for every key. If the sampler is running and
+  // has no reading at or after t1_s yet, it asks the thread for one and waits for it (bounded).
+  nlohmann::json summarize(double t0_s, double t1_s, double samples_processed) const;
+  nlohmann::json trace() const;  // raw time series for --telemetry-trace
+  // Drops readings older than t_s (keeping the last one before it, to bracket later windows).
+  void discard_before(double t_s);
+  bool has_power() const;         // any GPU reported power or energy
+  double overhead_cpu_s() const;  // CPU time spent reading sources (thread + start/stop reads)
+  std::size_t gpu_count() const { return gpus_.size(); }
+
+ private:
+  void loop();
+  // Reads the sources due at this tick (all of them, with counters, when `full`), appends the
+  // samples, returns the first timestamp.
+  double tick(bool full);
+  void account_cpu(double t_s, double cpu_s);
+  void wait_for_reading_at_or_after(double t_s) const;
+
+  std::vector<std::unique_ptr<GpuSource>> gpus_;
+  std::unique_ptr<HostSource> host_;
+  double period_s_;
+  long host_every_ = 1, counter_every_ = 1;  // in periods
+  long tick_index_ = 0;                       // periodic ticks so far (sampler thread only)
+  std::function<double()> clock_;
+
+  mutable std::mutex data_m_;  // guards everything below up to the thread control
+  mutable std::condition_variable data_cv_;
+  std::vector<std::vector<GpuSample>> gpu_series_;
+  std::vector<HostSample> host_series_;
+  std::vector<std::pair<double, double>> overhead_series_;  // (t_s, cumulative sampler CPU s)
+  double last_full_t_ = -1e300;  // time of the last reading of every source with its counters
+  double overhead_cpu_s_ = 0;
+  std::string thread_error_;
+
+  mutable std::mutex ctl_m_;  // thread control
+  mutable std::condition_variable ctl_cv_;
+  bool stop_requested_ = false;
+  mutable bool sample_requested_ = false;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  std::atomic<bool> has_power_{false};
+  std::mutex lifecycle_m_;  // serialises start/stop
+};
+
+// `accelbench monitor`: a header, then every interval one line per GPU and one host line, like
+// `nvidia-smi dmon`. Host columns only (with a note) when NVML is unavailable. duration_s 0 =
+// until SIGINT (handled here and restored on return). Returns the exit code.
+int run_monitor(double interval_s, double duration_s, std::ostream& out);
+// The same loop over given sources, for tests; stops when should_stop() returns true.
+int run_monitor(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<HostSource> host,
+                const std::string& note, double interval_s, double duration_s, std::ostream& out,
+                const std::function<bool()>& should_stop = {});
+
+}  // namespace ab::telemetry

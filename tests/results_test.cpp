@@ -1,0 +1,463 @@
+// Tests for src/results: JSON Lines and SQLite round trips, run status, crash tolerance, error
+// wording at the boundaries, the ceiling lookup, CSV, and concurrent writers.
+#include <sqlite3.h>  // only to make foreign and future-version databases
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "results/results.h"
+
+namespace ab::results {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class ResultsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> counter{0};
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / ("ab_results_test_" + std::string(info->name()) + "_" +
+                                        std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  RunInfo run_info(const std::string& id, const std::string& started_at = "2026-11-29T13:55:01.123Z") const {
+    return RunInfo{id, started_at, "accelbench run gemm --axis precision=bf16",
+                   json{{"host", {{"hostname", "node17"}, {"cpu_cores", 64}}}}};
+  }
+
+  fs::path db() const { return dir_ / "runs" / "accelbench.db"; }
+
+  fs::path dir_;
+};
+
+json make_record(const std::string& run_id, int seq, const std::string& workload = "gemm",
+                 const std::string& status = "ok", const std::string& device_name = "NVIDIA H200",
+                 json params = {{"precision", "bf16"}, {"m", 8192}, {"n", 8192}, {"k", 8192}, {"trans", "NN"}},
+                 const std::string& started_at = "2026-11-29T13:55:02.000Z") {
+  json r = {{"schema_version", kSchemaVersion},
+            {"run_id", run_id},
+            {"seq", seq},
+            {"workload", workload},
+            {"device", "cuda:0"},
+            {"device_name", device_name},
+            {"params", std::move(params)},
+            {"status", status},
+            {"started_at", started_at},
+            {"wall_s", 3.25}};
+  if (status != "ok") {
+    r["reason"] = "precision not supported";
+    return r;
+  }
+  r["counts"] = {{"samples", 1}, {"flops", 1.1e12}, {"bytes", 4.0e8}, {"ops_unit", "FLOP"}};
+  r["time"] = {{"mode", "batch"},       {"converged", true},  {"stop_reason", "noise below target"},
+               {"count", 4},            {"median_s", 0.0015}, {"mean_s", 0.00151},
+               {"min_s", 0.00149},      {"max_s", 0.0016},    {"p90_s", 0.00158},
+               {"p99_s", 0.0016},       {"rel_spread", 0.004}, {"samples_s", {0.0015, 0.00149, 0.0016, 0.0015}}};
+  r["rates"] = {{"samples_per_s", 666.7},
+                {"tflops", 733.3},
+                {"gbps", 266.7},
+                {"pct_of_ceiling", 94.0},
+                {"ceiling", {{"key", "gemm.bf16"}, {"value", 780.0}, {"unit", "TFLOP/s"}, {"source", "run x seq 0"}}}};
+  r["check"] = {{"rel_error", 1e-3}, {"tolerance", 2e-2}, {"passed", true}, {"what", "vs ref on 256^3"}};
+  return r;
+}
+
+json read_json_file(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+}
+
+TEST(ResultsRunId, FormatsSortAndDiffer) {
+  const std::string t = utc_now_iso8601();
+  EXPECT_TRUE(std::regex_match(t, std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)"))) << t;
+  const std::string a = new_run_id(), b = new_run_id();
+  EXPECT_TRUE(std::regex_match(a, std::regex(R"(\d{8}-\d{6}-[0-9a-f]{6})"))) << a;
+  EXPECT_NE(a, b);
+  // The date part of the id is the same UTC time as the timestamp (unless a midnight passed).
+  EXPECT_EQ(a.substr(0, 4), t.substr(0, 4));
+}
+
+TEST_F(ResultsTest, RecordsRoundTripThroughJsonlAndSqlite) {
+  const std::string id = "20261129-135501-aaaaaa";
+  std::vector<json> records = {make_record(id, 0), make_record(id, 1, "gemm", "skipped"),
+                               make_record(id, 2, "stream")};
+  records[2]["metrics"] = {{"note", "multi\nline, \"quoted\" ünïcødé"}};
+  {
+    ResultStore store(dir_, run_info(id));
+    EXPECT_EQ(store.run_dir(), dir_ / "runs" / id);
+    EXPECT_EQ(store.points_path(), dir_ / "runs" / id / "points.jsonl");
+    EXPECT_EQ(store.db_path(), db());
+    const json started = read_json_file(store.run_dir() / "run.json");
+    EXPECT_EQ(started["status"], "running");
+    EXPECT_EQ(started["run_id"], id);
+    EXPECT_EQ(started["context"]["host"]["hostname"], "node17");
+    for (const auto& r : records) store.append(r);
+
+    // Readable while the run goes on: each append is complete when it returns.
+    const JsonlRead mid = read_jsonl(store.points_path());
+    EXPECT_EQ(mid.records, records);
+    EXPECT_EQ(mid.bad_lines, 0u);
+    store.finish("complete");
+  }
+  EXPECT_EQ(read_jsonl(dir_ / "runs" / id / "points.jsonl").records, records);
+  EXPECT_EQ(load_points(db(), id), records);
+
+  const json ended = read_json_file(dir_ / "runs" / id / "run.json");
+  EXPECT_EQ(ended["status"], "complete");
+  EXPECT_EQ(ended["points"], 3);
+  EXPECT_EQ(ended["ok_points"], 2);
+  EXPECT_TRUE(ended.contains("ended_at"));
+  EXPECT_EQ(ended["command_line"], "accelbench run gemm --axis precision=bf16");
+}
+
+TEST_F(ResultsTest, ListRunsNewestFirstWithStatusAndCounts) {
+  {
+    ResultStore older(dir_, run_info("run-a", "2026-11-29T10:00:00.000Z"));
+    older.append(make_record("run-a", 0));
+    older.append(make_record("run-a", 1, "gemm", "oom"));
+    older.finish("failed");
+  }
+  {
+    RunInfo info = run_info("run-b", "2026-11-29T11:00:00.000Z");
+    info.context = json::object();  // no host block: host is empty
+    ResultStore newer(dir_, info);
+    newer.append(make_record("run-b", 0));
+    newer.finish("complete");
+  }
+  const auto rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].run_id, "run-b");
+  EXPECT_EQ(rows[0].status, "complete");
+  EXPECT_EQ(rows[0].points, 1);
+  EXPECT_EQ(rows[0].ok_points, 1);
+  EXPECT_EQ(rows[0].host, "");
+  EXPECT_FALSE(rows[0].ended_at.empty());
+  EXPECT_EQ(rows[1].run_id, "run-a");
+  EXPECT_EQ(rows[1].status, "failed");
+  EXPECT_EQ(rows[1].started_at, "2026-11-29T10:00:00.000Z");
+  EXPECT_EQ(rows[1].points, 2);
+  EXPECT_EQ(rows[1].ok_points, 1);
+  EXPECT_EQ(rows[1].host, "node17");
+  EXPECT_EQ(rows[1].command_line, "accelbench run gemm --axis precision=bf16");
+}
+
+TEST_F(ResultsTest, RunningRunIsListedAndFinishRejectsUnknownStatus) {
+  ResultStore store(dir_, run_info("run-r"));
+  const auto rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].status, "running");
+  EXPECT_EQ(rows[0].ended_at, "");
+  EXPECT_THROW(store.finish("done"), Error);
+  store.finish("complete");
+  EXPECT_THROW(store.append(make_record("run-r", 0)), Error);  // nothing after the end
+}
+
+TEST_F(ResultsTest, StoreDestroyedWithoutFinishIsInterrupted) {
+  {
+    ResultStore store(dir_, run_info("run-i"));
+    store.append(make_record("run-i", 0));
+  }
+  const auto rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].status, "interrupted");
+  EXPECT_EQ(rows[0].points, 1);
+  EXPECT_EQ(read_json_file(dir_ / "runs" / "run-i" / "run.json")["status"], "interrupted");
+}
+
+TEST_F(ResultsTest, KilledRunKeepsEveryAppendedPoint) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ResultStore store(dir_, run_info("run-k"));
+    for (int i = 0; i < 3; ++i) store.append(make_record("run-k", i));
+    ::kill(::getpid(), SIGKILL);  // no destructor, no finish: as if the node died
+    ::_exit(3);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(wstatus));
+  EXPECT_EQ(read_jsonl(dir_ / "runs" / "run-k" / "points.jsonl").records.size(), 3u);
+  EXPECT_EQ(load_points(db(), "run-k").size(), 3u);
+  EXPECT_EQ(list_runs(db())[0].status, "running");  // nobody was left to say otherwise
+}
+
+TEST_F(ResultsTest, MovedStoreKeepsOneOwner) {
+  std::optional<ResultStore> target;
+  {
+    ResultStore a(dir_, run_info("run-m1", "2026-11-29T10:00:00.000Z"));
+    target.emplace(std::move(a));
+  }  // the moved-from store must not mark anything
+  EXPECT_EQ(list_runs(db())[0].status, "running");
+  target->append(make_record("run-m1", 0));
+  // Move-assigning over a live store ends the old run as interrupted.
+  *target = ResultStore(dir_, run_info("run-m2", "2026-11-29T11:00:00.000Z"));
+  target->finish("complete");
+  const auto rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].run_id, "run-m2");
+  EXPECT_EQ(rows[0].status, "complete");
+  EXPECT_EQ(rows[1].status, "interrupted");
+  EXPECT_EQ(rows[1].points, 1);
+}
+
+TEST_F(ResultsTest, AppendChecksTheRecordAndDefaultsSeq) {
+  ResultStore store(dir_, run_info("run-s"));
+  json no_seq = make_record("run-s", 0);
+  no_seq.erase("seq");
+  store.append(make_record("run-s", 4));
+  store.append(no_seq);  // takes seq 5
+  EXPECT_THROW(store.append(json::array()), Error);
+  EXPECT_THROW(store.append(json{{"workload", "gemm"}}), Error);       // no status
+  EXPECT_THROW(store.append(make_record("other-run", 9)), Error);      // wrong run
+  EXPECT_THROW(store.append(make_record("run-s", 4)), Error);          // seq taken
+  const auto points = load_points(db(), "run-s");
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(read_jsonl(store.points_path()).records.size(), 2u);  // rejected records wrote nothing
+  EXPECT_EQ(points[0]["seq"], 4);
+  EXPECT_EQ(points[1], no_seq);
+}
+
+TEST_F(ResultsTest, ReadJsonlToleratesTruncatedLastLine) {
+  const fs::path f = dir_ / "points.jsonl";
+  const std::string full = make_record("r", 1).dump();
+  write_text(f, make_record("r", 0).dump() + "\n" + full + "\n" + full.substr(0, full.size() / 2));
+  const JsonlRead read = read_jsonl(f);
+  ASSERT_EQ(read.records.size(), 2u);
+  EXPECT_EQ(read.records[1], make_record("r", 1));
+  EXPECT_EQ(read.bad_lines, 1u);
+  EXPECT_THROW(read_jsonl(dir_ / "missing.jsonl"), Error);
+}
+
+TEST_F(ResultsTest, UnwritableOutDirThrowsBeforeWritingAnything) {
+  const fs::path file = dir_ / "a-file";
+  write_text(file, "not a directory\n");
+  const fs::path out = file / "results";  // parent is a regular file: fails even for root
+  try {
+    ResultStore store(out, run_info("run-u"));
+    FAIL() << "expected ab::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Not a directory"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_regular_file(file));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+
+  // The database path taken by a directory: the run directory is not left behind.
+  fs::create_directories(db());
+  EXPECT_THROW([&] { ResultStore store(dir_, run_info("run-v")); }(), Error);
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "run-v"));
+}
+
+TEST_F(ResultsTest, ForeignFileAsDatabaseIsRejected) {
+  fs::create_directories(db().parent_path());
+  write_text(db(), "run_id,seq\nnot,sqlite\n");
+  for (const auto& call : std::vector<std::function<void()>>{
+           [&] { ResultStore store(dir_, run_info("run-f")); }, [&] { list_runs(db()); },
+           [&] { load_points(db(), "x"); }, [&] { latest_point(db(), "gemm", "NVIDIA H200", json::object()); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "expected ab::Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(db().string() + " is not an accelbench results database"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "run-f"));
+}
+
+TEST_F(ResultsTest, SqliteDatabaseWithoutOurTablesIsRejected) {
+  fs::create_directories(db().parent_path());
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db().c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h, "CREATE TABLE songs(title TEXT)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(h);
+  try {
+    ResultStore store(dir_, run_info("run-g"));
+    FAIL() << "expected ab::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not an accelbench results database"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("songs"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(list_runs(db()), Error);
+}
+
+TEST_F(ResultsTest, NewerSchemaVersionIsRejected) {
+  { ResultStore store(dir_, run_info("run-n")); }
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db().c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h, "PRAGMA user_version=2", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(h);
+  try {
+    list_runs(db());
+    FAIL() << "expected ab::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("schema version 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ResultsTest, MissingDatabaseNamesTheFile) {
+  try {
+    list_runs(db());
+    FAIL() << "expected ab::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(db().string()), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ResultsTest, LoadPointsOfUnknownRunIsUsageErrorListingKnownRuns) {
+  {
+    ResultStore store(dir_, run_info("run-known"));
+    store.append(make_record("run-known", 0));
+    store.finish("complete");
+  }
+  try {
+    load_points(db(), "run-unknown");
+    FAIL() << "expected ab::UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("run-unknown"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run-known"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ResultsTest, LatestPointPicksNewestMatchingOkPoint) {
+  const json bf16 = {{"precision", "bf16"}, {"m", 8192}, {"n", 8192}, {"k", 8192}};
+  const json fp16 = {{"precision", "fp16"}, {"m", 8192}, {"n", 8192}, {"k", 8192}};
+  {
+    ResultStore r1(dir_, run_info("run-1", "2026-11-01T00:00:00.000Z"));
+    r1.append(make_record("run-1", 0, "gemm", "ok", "NVIDIA H200", bf16, "2026-11-01T00:00:01.000Z"));
+    r1.finish("complete");
+  }
+  {
+    ResultStore r2(dir_, run_info("run-2", "2026-11-02T00:00:00.000Z"));
+    json wanted = make_record("run-2", 0, "gemm", "ok", "NVIDIA H200", bf16, "2026-11-02T00:00:01.000Z");
+    wanted["rates"]["tflops"] = 777.0;
+    r2.append(wanted);
+    // Newer, but each fails one condition.
+    r2.append(make_record("run-2", 1, "gemm", "error", "NVIDIA H200", bf16, "2026-11-02T00:00:02.000Z"));
+    r2.append(make_record("run-2", 2, "gemm", "ok", "NVIDIA A100", bf16, "2026-11-02T00:00:03.000Z"));
+    r2.append(make_record("run-2", 3, "gemm", "ok", "NVIDIA H200", fp16, "2026-11-02T00:00:04.000Z"));
+    r2.append(make_record("run-2", 4, "conv", "ok", "NVIDIA H200", bf16, "2026-11-02T00:00:05.000Z"));
+    r2.finish("complete");
+  }
+  const auto p = latest_point(db(), "gemm", "NVIDIA H200", {{"precision", "bf16"}, {"m", 8192.0}});
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ((*p)["run_id"], "run-2");
+  EXPECT_EQ((*p)["seq"], 0);
+  EXPECT_EQ((*p)["rates"]["tflops"], 777.0);
+
+  const auto any = latest_point(db(), "gemm", "NVIDIA H200", json::object());
+  ASSERT_TRUE(any.has_value());
+  EXPECT_EQ((*any)["seq"], 3);  // the fp16 one is the newest ok gemm on the H200
+  EXPECT_FALSE(latest_point(db(), "gemm", "NVIDIA H200", {{"precision", "fp8"}}).has_value());
+  EXPECT_FALSE(latest_point(db(), "gemm", "NVIDIA H200", {{"batch", 1}}).has_value());
+  EXPECT_FALSE(latest_point(db(), "stream", "NVIDIA H200", json::object()).has_value());
+}
+
+TEST(ResultsCsv, QuotesAndUnitesColumns) {
+  std::vector<json> points = {
+      {{"run_id", "r"}, {"seq", 0}, {"workload", "gemm"}, {"device", "cuda:0"}, {"device_name", "NVIDIA H200"},
+       {"status", "ok"}, {"params", {{"m", 64}, {"precision", "bf16"}}},
+       {"time", {{"median_s", 0.5}, {"count", 10}, {"converged", true}}}, {"rates", {{"tflops", 1.5}}}},
+      {{"run_id", "r"}, {"seq", 1}, {"workload", "gemm"}, {"status", "error"},
+       {"reason", "bad, \"very\" bad\nreally"}, {"params", {{"batch", 8}, {"m", 128}}}},
+  };
+  std::ostringstream out;
+  write_csv(out, points);
+  const std::string header =
+      "run_id,seq,workload,device,device_name,status,reason,params.batch,params.m,params.precision,"
+      "time.median_s,time.mean_s,time.min_s,time.max_s,time.p90_s,time.p99_s,time.rel_spread,time.count,"
+      "time.converged,rates.samples_per_s,rates.tflops,rates.gbps,rates.pct_of_ceiling\n";
+  const std::string row0 = "r,0,gemm,cuda:0,NVIDIA H200,ok,,,64,bf16,0.5,,,,,,,10,true,,1.5,,\n";
+  const std::string row1 = "r,1,gemm,,,error,\"bad, \"\"very\"\" bad\nreally\",8,128,,,,,,,,,,,,,,\n";
+  EXPECT_EQ(out.str(), header + row0 + row1);
+
+  // Telemetry columns appear once any point has them.
+  points[1]["telemetry"] = {{"mean_power_w", 650.5}, {"energy_j", 1300.0}};
+  std::ostringstream with_power;
+  write_csv(with_power, points);
+  const std::string text = with_power.str();
+  const std::string first_line = text.substr(0, text.find('\n'));
+  EXPECT_NE(first_line.find(",rates.pct_of_ceiling,telemetry.mean_power_w,telemetry.energy_j"), std::string::npos);
+  EXPECT_EQ(first_line.find("samples_per_j"), std::string::npos);
+  EXPECT_NE(text.find(",650.5,1300.0\n"), std::string::npos) << text;
+}
+
+TEST_F(ResultsTest, ConcurrentAppendsFromTwoStoresBothLand) {
+  constexpr int kPoints = 40;
+  auto writer = [&](const std::string& id) {
+    ResultStore store(dir_, run_info(id));
+    for (int i = 0; i < kPoints; ++i) store.append(make_record(id, i));
+    store.finish("complete");
+  };
+  std::thread a(writer, "run-t1"), b(writer, "run-t2");
+  a.join();
+  b.join();
+  for (const char* id : {"run-t1", "run-t2"}) {
+    EXPECT_EQ(load_points(db(), id).size(), static_cast<std::size_t>(kPoints)) << id;
+    EXPECT_EQ(read_jsonl(dir_ / "runs" / id / "points.jsonl").records.size(), static_cast<std::size_t>(kPoints));
+  }
+}
+
+TEST_F(ResultsTest, ConcurrentAppendsFromTwoProcessesBothLand) {
+  constexpr int kPoints = 40;
+  std::vector<pid_t> children;
+  for (const char* id : {"run-p1", "run-p2"}) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int rc = 0;
+      try {
+        ResultStore store(dir_, run_info(id));
+        for (int i = 0; i < kPoints; ++i) store.append(make_record(id, i));
+        store.finish("complete");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %s: %s\n", id, e.what());
+        rc = 1;
+      }
+      ::_exit(rc);  // skip gtest's teardown in the child
+    }
+    children.push_back(pid);
+  }
+  for (const pid_t pid : children) {
+    int wstatus = 0;
+    ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+    EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  }
+  const auto rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& r : rows) {
+    EXPECT_EQ(r.status, "complete");
+    EXPECT_EQ(r.points, kPoints) << r.run_id;
+  }
+}
+
+}  // namespace
+}  // namespace ab::results

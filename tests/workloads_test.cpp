@@ -1,0 +1,927 @@
+// Tests for src/workloads: value lists and ranges, sweeps (cartesian and zipped), suite files and
+// their error positions, the runner's statuses, records, rates and ceilings, and the real gemm and
+// stream workloads on the CPU backend.
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "measure/measure.h"
+#include "workloads/axes.h"
+#include "workloads/runner.h"
+#include "workloads/suite.h"
+#include "workloads/workload.h"
+
+namespace ab::workloads {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Strings = std::vector<std::string>;
+
+// Returns the message of the UsageError `f` throws; fails the test if it throws nothing or another type.
+template <typename F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected ab::UsageError, got: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected ab::UsageError, nothing was thrown";
+  return {};
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value lists and ranges
+
+TEST(ExpandValues, Lists) {
+  EXPECT_EQ(expand_values("1,2,8", AxisKind::integer), (Strings{"1", "2", "8"}));
+  EXPECT_EQ(expand_values(" 1 , 2 ", AxisKind::integer), (Strings{"1", "2"}));
+  EXPECT_EQ(expand_values("42", AxisKind::integer), (Strings{"42"}));
+  EXPECT_EQ(expand_values("fp32,bf16", AxisKind::text), (Strings{"fp32", "bf16"}));
+  EXPECT_EQ(expand_values("0.5,1e-3", AxisKind::real), (Strings{"0.5", "1e-3"}));
+  // Only integer axes have ranges; a colon in text is just text.
+  EXPECT_EQ(expand_values("a:b", AxisKind::text), (Strings{"a:b"}));
+}
+
+TEST(ExpandValues, Ranges) {
+  EXPECT_EQ(expand_values("1:256:pow2", AxisKind::integer),
+            (Strings{"1", "2", "4", "8", "16", "32", "64", "128", "256"}));
+  EXPECT_EQ(expand_values("1:200:pow2", AxisKind::integer),
+            (Strings{"1", "2", "4", "8", "16", "32", "64", "128"}));
+  EXPECT_EQ(expand_values("1:10", AxisKind::integer),
+            (Strings{"1", "2", "3", "4", "5", "6", "7", "8", "9", "10"}));
+  EXPECT_EQ(expand_values("0:100:+25", AxisKind::integer), (Strings{"0", "25", "50", "75", "100"}));
+  EXPECT_EQ(expand_values("0:99:+25", AxisKind::integer), (Strings{"0", "25", "50", "75"}));
+  EXPECT_EQ(expand_values("0:10:3", AxisKind::integer), (Strings{"0", "3", "6", "9"}));
+  EXPECT_EQ(expand_values("3:100:*3", AxisKind::integer), (Strings{"3", "9", "27", "81"}));
+  EXPECT_EQ(expand_values("2:16:x2", AxisKind::integer), (Strings{"2", "4", "8", "16"}));
+  EXPECT_EQ(expand_values("-4:4:+4", AxisKind::integer), (Strings{"-4", "0", "4"}));
+  EXPECT_EQ(expand_values("5:5", AxisKind::integer), (Strings{"5"}));
+  EXPECT_EQ(expand_values("1,4:16:pow2,100", AxisKind::integer), (Strings{"1", "4", "8", "16", "100"}));
+}
+
+TEST(ExpandValues, RangesNearTheLimitsTerminate) {
+  const auto pow2 = expand_values("1:9223372036854775807:pow2", AxisKind::integer);
+  ASSERT_EQ(pow2.size(), 63u);
+  EXPECT_EQ(pow2.back(), "4611686018427387904");
+  EXPECT_EQ(expand_values("9223372036854775806:9223372036854775807", AxisKind::integer),
+            (Strings{"9223372036854775806", "9223372036854775807"}));
+  EXPECT_TRUE(contains(usage_error([] { expand_values("1:1000000", AxisKind::integer); }), "too many"));
+}
+
+TEST(ExpandValues, MalformedAndEmptyRanges) {
+  for (const char* bad : {"1:2:3:4", "a:10", "1:b", "1:", ":5", "1:10:+0", "1:10:0", "1:10:-1", "1:10:*1",
+                          "0:10:pow2", "1:10:foo", "1:10:*", "1:10:+", "1.5:4"}) {
+    const std::string msg = usage_error([&] { expand_values(bad, AxisKind::integer); });
+    EXPECT_FALSE(msg.empty()) << bad;
+  }
+  EXPECT_TRUE(contains(usage_error([] { expand_values("10:1", AxisKind::integer); }), "10:1"));
+  EXPECT_TRUE(contains(usage_error([] { expand_values("256:1:pow2", AxisKind::integer); }), "empty range"));
+  for (const char* empty : {"1,,2", "1,", ",1", " ", " , "})
+    EXPECT_FALSE(usage_error([&] { expand_values(empty, AxisKind::integer); }).empty()) << "'" << empty << "'";
+}
+
+TEST(ParseAxisArgument, NamesAndValues) {
+  const AxisOverride z = parse_axis_argument("m,n,k=4096");
+  EXPECT_EQ(z.names, (Strings{"m", "n", "k"}));
+  EXPECT_EQ(z.values, "4096");
+  const AxisOverride b = parse_axis_argument("batch=1:256:pow2");
+  EXPECT_EQ(b.names, (Strings{"batch"}));
+  EXPECT_EQ(b.values, "1:256:pow2");
+  const AxisOverride t = parse_axis_argument(" m , n =1x2");
+  EXPECT_EQ(t.names, (Strings{"m", "n"}));
+  EXPECT_EQ(t.values, "1x2");
+  EXPECT_EQ(parse_axis_argument("a=b=c").values, "b=c");
+  for (const char* bad : {"batch", "=5", "batch=", "m,,n=3", ",m=3", "m,=3"})
+    EXPECT_FALSE(usage_error([&] { parse_axis_argument(bad); }).empty()) << bad;
+  EXPECT_TRUE(contains(usage_error([] { parse_axis_argument("batch"); }), "name=values"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sweeps
+
+std::vector<AxisSpec> test_axes() {
+  return {{"precision", AxisKind::text, {"fp32", "bf16"}, {"fp32", "bf16", "fp16"}, "operand type"},
+          {"m", AxisKind::integer, {"128", "256"}, {}, ""},
+          {"n", AxisKind::integer, {"128", "256"}, {}, ""},
+          {"k", AxisKind::integer, {"64", "512"}, {}, ""},
+          {"trans", AxisKind::text, {"auto", "NT"}, {"auto", "NN", "NT", "TN", "TT"}, ""},
+          {"batch", AxisKind::integer, {"1", "2", "4"}, {}, ""},
+          {"alpha", AxisKind::real, {"0.5"}, {}, ""}};
+}
+
+std::vector<ZipGroup> test_groups() {
+  return {{{"m", "n", "k", "trans"}, {{"small", {{"1", "2", "3", "TN"}, {"4", "5", "6", "NT"}}}}}};
+}
+
+std::vector<Point> sweep(const std::vector<std::string>& args) {
+  std::vector<AxisOverride> overrides;
+  for (const auto& a : args) overrides.push_back(parse_axis_argument(a));
+  return build_sweep(test_axes(), test_groups(), overrides);
+}
+
+// The zipped m, n, k, trans of each point, as "MxNxKxT".
+Strings mnkt(const std::vector<Point>& points) {
+  Strings out;
+  for (const auto& p : points) out.push_back(p.at("m") + "x" + p.at("n") + "x" + p.at("k") + "x" + p.at("trans"));
+  return out;
+}
+
+TEST(BuildSweep, DefaultsAreTheCartesianProductLastAxisFastest) {
+  const auto points = sweep({});
+  // precision (2) x zipped m,n,k,trans (2 rows) x batch (3) x alpha (1)
+  ASSERT_EQ(points.size(), 12u);
+  const Strings precisions{"fp32", "bf16"};
+  const Strings rows{"128x128x64xauto", "256x256x512xNT"};
+  const Strings batches{"1", "2", "4"};
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    SCOPED_TRACE(points[i].label());
+    EXPECT_EQ(points[i].at("precision"), precisions[i / 6]);
+    EXPECT_EQ(mnkt({points[i]})[0], rows[(i / 3) % 2]);
+    EXPECT_EQ(points[i].at("batch"), batches[i % 3]);
+    EXPECT_EQ(points[i].at("alpha"), "0.5");
+    // Values keep the declaration order.
+    ASSERT_EQ(points[i].values.size(), 7u);
+    const Strings order{"precision", "m", "n", "k", "trans", "batch", "alpha"};
+    for (std::size_t j = 0; j < order.size(); ++j) EXPECT_EQ(points[i].values[j].first, order[j]);
+  }
+  EXPECT_EQ(points[0].label(), "precision=fp32 m=128 n=128 k=64 trans=auto batch=1 alpha=0.5");
+}
+
+TEST(BuildSweep, OverridesReplaceValues) {
+  const auto points = sweep({"precision=fp16", "batch=8,16"});
+  ASSERT_EQ(points.size(), 4u);  // 1 x 2 x 2
+  EXPECT_EQ(points[0].at("precision"), "fp16");
+  EXPECT_EQ(points[0].at("batch"), "8");
+  EXPECT_EQ(points[1].at("batch"), "16");
+  EXPECT_EQ(points[2].at("m"), "256");
+  EXPECT_EQ(sweep({"batch=1:64:pow2"}).size(), 2u * 2u * 7u);
+  // A later override of the same axis wins.
+  const auto twice = sweep({"batch=1,2", "batch=32"});
+  ASSERT_EQ(twice.size(), 4u);
+  for (const auto& p : twice) EXPECT_EQ(p.at("batch"), "32");
+}
+
+TEST(BuildSweep, ZippedGroupWithOneValue) {
+  const auto points = sweep({"m,n,k=4096", "precision=fp32", "batch=1"});
+  ASSERT_EQ(points.size(), 1u);
+  // trans was not named: it takes its first default.
+  EXPECT_EQ(mnkt(points), (Strings{"4096x4096x4096xauto"}));
+}
+
+TEST(BuildSweep, ZippedGroupRowsJoinedByX) {
+  const auto points = sweep({"m,n,k=1024x512x256,4096", "precision=bf16", "batch=2"});
+  EXPECT_EQ(mnkt(points), (Strings{"1024x512x256xauto", "4096x4096x4096xauto"}));
+  EXPECT_EQ(mnkt(sweep({"m,n,k,trans=64x32x16xTT", "precision=bf16", "batch=2"})), (Strings{"64x32x16xTT"}));
+  // Names in any order: values follow the names given, not the group's order.
+  EXPECT_EQ(mnkt(sweep({"n,m=10x20", "precision=bf16", "batch=2"})), (Strings{"20x10x64xauto"}));
+}
+
+TEST(BuildSweep, ZippedGroupFromTable) {
+  EXPECT_EQ(mnkt(sweep({"m,n,k=@small", "precision=bf16", "batch=2"})), (Strings{"1x2x3xTN", "4x5x6xNT"}));
+  EXPECT_EQ(mnkt(sweep({"m,n,k=@small,32", "precision=bf16", "batch=2"})),
+            (Strings{"1x2x3xTN", "4x5x6xNT", "32x32x32xauto"}));
+  const std::string msg = usage_error([] { sweep({"m,n,k=@nope"}); });
+  EXPECT_TRUE(contains(msg, "@nope")) << msg;
+  EXPECT_TRUE(contains(msg, "@small")) << msg;
+}
+
+TEST(BuildSweep, SingleColumnOfAGroup) {
+  // Replaces that column in every default row; product over the values.
+  EXPECT_EQ(mnkt(sweep({"m=8,16", "precision=bf16", "batch=2"})),
+            (Strings{"8x128x64xauto", "8x256x512xNT", "16x128x64xauto", "16x256x512xNT"}));
+  EXPECT_EQ(sweep({"m=1:4:pow2", "precision=bf16", "batch=2"}).size(), 6u);
+  // Every range step works on a single column, "x2" included (its 'x' is not a row separator).
+  EXPECT_EQ(mnkt(sweep({"m,n=7", "k=16:32:x2", "precision=bf16", "batch=2"})), (Strings{"7x7x16xauto", "7x7x32xauto"}));
+  EXPECT_FALSE(usage_error([] { sweep({"m=4x5"}); }).empty());
+  EXPECT_EQ(mnkt(sweep({"trans=TT", "precision=bf16", "batch=2"})), (Strings{"128x128x64xTT", "256x256x512xTT"}));
+  // After a zipped override, a column override applies to the new rows.
+  EXPECT_EQ(mnkt(sweep({"m,n,k=4096", "trans=NN,TN", "precision=bf16", "batch=2"})),
+            (Strings{"4096x4096x4096xNN", "4096x4096x4096xTN"}));
+}
+
+TEST(BuildSweep, UnknownAxisListsValidNames) {
+  const std::string msg = usage_error([] { sweep({"foo=1"}); });
+  EXPECT_TRUE(contains(msg, "'foo'")) << msg;
+  EXPECT_TRUE(contains(msg, "precision, m, n, k, trans, batch, alpha")) << msg;
+  EXPECT_TRUE(contains(usage_error([] { sweep({"m,q,k=1"}); }), "'q'"));
+}
+
+TEST(BuildSweep, BadChoiceListsChoices) {
+  const std::string msg = usage_error([] { sweep({"precision=fp64"}); });
+  EXPECT_TRUE(contains(msg, "fp64")) << msg;
+  EXPECT_TRUE(contains(msg, "fp32, bf16, fp16")) << msg;
+  const std::string t = usage_error([] { sweep({"m,n,k,trans=1x2x3xXY"}); });
+  EXPECT_TRUE(contains(t, "auto, NN, NT, TN, TT")) << t;
+}
+
+TEST(BuildSweep, MalformedNumbers) {
+  EXPECT_TRUE(contains(usage_error([] { sweep({"batch=abc"}); }), "abc"));
+  EXPECT_FALSE(usage_error([] { sweep({"batch=1.5"}); }).empty());
+  EXPECT_FALSE(usage_error([] { sweep({"m,n,k=12.5"}); }).empty());
+  EXPECT_FALSE(usage_error([] { sweep({"m,n,k=1x2"}); }).empty());  // two fields for three names
+  EXPECT_FALSE(usage_error([] { sweep({"alpha=abc"}); }).empty());
+  EXPECT_FALSE(usage_error([] { sweep({"alpha=inf"}); }).empty());
+  EXPECT_EQ(sweep({"alpha=0.25,1e-3"}).size(), 2u * 2u * 3u * 2u);
+}
+
+TEST(BuildSweep, EmptyValueListIsAnError) {
+  EXPECT_TRUE(contains(usage_error([] { build_sweep(test_axes(), test_groups(), {{{"batch"}, ""}}); }), "batch"));
+  EXPECT_FALSE(usage_error([] { build_sweep(test_axes(), test_groups(), {{{"m", "n"}, ""}}); }).empty());
+}
+
+TEST(BuildSweep, OnlyDeclaredGroupsZip) {
+  EXPECT_FALSE(usage_error([] { sweep({"precision,batch=1"}); }).empty());
+  EXPECT_FALSE(usage_error([] { sweep({"m,batch=1x2"}); }).empty());
+}
+
+TEST(BuildSweep, PointAccess) {
+  const auto points = sweep({});
+  EXPECT_THROW((void)points[0].at("nope"), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Suite files
+
+class SuiteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> counter{0};
+    dir_ = fs::temp_directory_path() /
+           ("ab_workloads_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path write(const std::string& name, const std::string& text) const {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  // Loads `text` as a suite and expects a UsageError at `line` whose message holds every `parts`.
+  void expect_error_at(const std::string& text, int line, const Strings& parts) const {
+    const fs::path p = write("bad.yaml", text);
+    const std::string msg = usage_error([&] { load_suite(p); });
+    const std::string where = p.string() + ":" + std::to_string(line) + ":";
+    EXPECT_EQ(msg.rfind(where, 0), 0u) << "expected '" << where << "' at the start of: " << msg;
+    for (const auto& part : parts) EXPECT_TRUE(contains(msg, part)) << "'" << part << "' missing from: " << msg;
+  }
+  fs::path dir_;
+};
+
+TEST_F(SuiteTest, ValidSuite) {
+  const fs::path p = write("mini.yaml",
+                           "# a test suite\n"                 // 1
+                           "name: mini\n"                     // 2
+                           "description: a small suite\n"     // 3
+                           "settings:\n"                      // 4
+                           "  min_time: 0.2\n"                // 5
+                           "  max_noise: 2\n"                 // 6
+                           "  timeout: 30\n"                  // 7
+                           "  mode: cold\n"                   // 8
+                           "steps:\n"                         // 9
+                           "  - workload: gemm\n"             // 10
+                           "    axes:\n"                      // 11
+                           "      precision: fp32\n"          // 12
+                           "      m,n,k: [256, 512x256x128]\n"  // 13
+                           "  - workload: stream\n"           // 14
+                           "    axes:\n"                      // 15
+                           "      op: [copy, triad]\n"        // 16
+                           "      array_bytes: 1048576\n"     // 17
+                           "  - workload: ceilings\n");       // 18
+  const Suite s = load_suite(p);
+  EXPECT_EQ(s.name, "mini");
+  EXPECT_EQ(s.description, "a small suite");
+  ASSERT_TRUE(s.min_time_s && s.max_noise_pct && s.timeout_s && s.mode);
+  EXPECT_DOUBLE_EQ(*s.min_time_s, 0.2);
+  EXPECT_DOUBLE_EQ(*s.max_noise_pct, 2.0);
+  EXPECT_DOUBLE_EQ(*s.timeout_s, 30.0);
+  EXPECT_EQ(*s.mode, "cold");
+  ASSERT_EQ(s.steps.size(), 3u);
+  EXPECT_EQ(s.steps[0].workload, "gemm");
+  EXPECT_EQ(s.steps[0].line, 10);
+  ASSERT_EQ(s.steps[0].overrides.size(), 2u);
+  EXPECT_EQ(s.steps[0].overrides[0].names, (Strings{"precision"}));
+  EXPECT_EQ(s.steps[0].overrides[0].values, "fp32");
+  EXPECT_EQ(s.steps[0].overrides[1].names, (Strings{"m", "n", "k"}));
+  EXPECT_EQ(s.steps[0].overrides[1].values, "256,512x256x128");
+  EXPECT_EQ(s.steps[1].workload, "stream");
+  EXPECT_EQ(s.steps[1].line, 14);
+  ASSERT_EQ(s.steps[1].overrides.size(), 2u);
+  EXPECT_EQ(s.steps[1].overrides[0].values, "copy,triad");
+  EXPECT_EQ(s.steps[1].overrides[1].names, (Strings{"array_bytes"}));
+  EXPECT_EQ(s.steps[1].overrides[1].values, "1048576");
+  EXPECT_EQ(s.steps[2].workload, "ceilings");
+  EXPECT_TRUE(s.steps[2].overrides.empty());
+  // The overrides build the sweep the suite asks for.
+  const auto plan = plan_for(find_workload("gemm"), "cpu", s.steps[0].overrides);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[1].point.at("n"), "256");
+}
+
+TEST_F(SuiteTest, NameDefaultsToTheFileStemAndSettingsAreOptional) {
+  const Suite s = load_suite(write("nightly.yml", "steps:\n  - workload: stream\n"));
+  EXPECT_EQ(s.name, "nightly");
+  EXPECT_FALSE(s.min_time_s.has_value());
+  EXPECT_FALSE(s.mode.has_value());
+  ASSERT_EQ(s.steps.size(), 1u);
+  EXPECT_EQ(s.steps[0].line, 2);
+}
+
+TEST_F(SuiteTest, MalformedYamlNamesFileAndLine) {
+  expect_error_at("name: x\n"
+                  "steps:\n"
+                  "  - workload: gemm\n"
+                  "   bad: indent\n",
+                  4, {});
+  expect_error_at("name: x\n"
+                  "settings:\n"
+                  "  min_time: 1\n"
+                  "    timeout: 2\n"
+                  "steps: []\n",
+                  4, {});
+  expect_error_at("name: x\n\tsteps:\n", 2, {"tab"});
+}
+
+TEST_F(SuiteTest, UnknownWorkloadNamesLineAndListsWorkloads) {
+  expect_error_at("name: x\n"
+                  "steps:\n"
+                  "  - workload: gemm\n"
+                  "  - workload: stream\n"
+                  "  - workload: nope\n",
+                  5, {"unknown workload 'nope'", "gemm", "stream", "copy", "ceilings"});
+}
+
+TEST_F(SuiteTest, UnknownAxis) {
+  expect_error_at("name: x\n"
+                  "steps:\n"
+                  "  - workload: gemm\n"
+                  "    axes:\n"
+                  "      precision: fp32\n"
+                  "      bogus: 3\n",
+                  6, {"unknown axis 'bogus'", "precision, m, n, k, trans"});
+}
+
+TEST_F(SuiteTest, BadAxisValues) {
+  expect_error_at("steps:\n"
+                  "  - workload: gemm\n"
+                  "    axes:\n"
+                  "      precision: [fp32, fp64]\n",
+                  4, {"fp64", "bf16"});
+  expect_error_at("steps:\n"
+                  "  - workload: stream\n"
+                  "    axes:\n"
+                  "      op: copy\n"
+                  "      array_bytes: lots\n",
+                  5, {"lots"});
+  expect_error_at("steps:\n"
+                  "  - workload: gemm\n"
+                  "    axes:\n"
+                  "      m,n,k: 1:4:wrong\n",
+                  4, {"1:4:wrong"});
+}
+
+TEST_F(SuiteTest, UnknownKeys) {
+  expect_error_at("name: x\n"
+                  "stepz: []\n"
+                  "steps:\n"
+                  "  - workload: gemm\n",
+                  2, {"unknown key 'stepz'", "name, description, settings, steps"});
+  expect_error_at("name: x\n"
+                  "settings:\n"
+                  "  min_time: 1\n"
+                  "  min_tim: 1\n"
+                  "steps:\n"
+                  "  - workload: gemm\n",
+                  4, {"unknown setting 'min_tim'", "min_time"});
+  expect_error_at("name: x\n"
+                  "steps:\n"
+                  "  - workload: gemm\n"
+                  "    axis:\n"
+                  "      m: 1\n",
+                  4, {"unknown step key 'axis'"});
+}
+
+TEST_F(SuiteTest, StructuralErrors) {
+  expect_error_at("name: x\n"
+                  "settings:\n"
+                  "  timeout: soon\n"
+                  "steps:\n"
+                  "  - workload: gemm\n",
+                  3, {"timeout", "number"});
+  expect_error_at("name: x\nsteps: []\n", 1, {"steps"});
+  expect_error_at("name: x\n"
+                  "steps:\n"
+                  "  - axes: {m: 1}\n",
+                  3, {"workload"});
+  expect_error_at("- just\n- a list\n", 1, {"mapping"});
+  const std::string msg = usage_error([&] { load_suite(dir_ / "missing.yaml"); });
+  EXPECT_TRUE(contains(msg, "missing.yaml")) << msg;
+}
+
+TEST_F(SuiteTest, LooksLikeSuite) {
+  EXPECT_TRUE(looks_like_suite("quick.yaml"));
+  EXPECT_TRUE(looks_like_suite("dir/quick.yml"));
+  EXPECT_FALSE(looks_like_suite("gemm"));
+  EXPECT_FALSE(looks_like_suite("quick.yaml.bak"));
+}
+
+TEST(RepoSuites, LoadAndPlanOnBothDeviceKinds) {
+  const fs::path dir = fs::path(AB_SOURCE_DIR) / "suites";
+  std::vector<fs::path> files;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (looks_like_suite(e.path().string())) files.push_back(e.path());
+  if (files.empty()) GTEST_SKIP() << "no suites in " << dir;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    Suite s;
+    ASSERT_NO_THROW(s = load_suite(f));
+    EXPECT_FALSE(s.name.empty());
+    ASSERT_FALSE(s.steps.empty());
+    for (const auto& step : s.steps) {
+      EXPECT_GT(step.line, 0);
+      for (const char* kind : {"cpu", "cuda"})
+        EXPECT_FALSE(plan_for(find_workload(step.workload), kind, step.overrides).empty()) << step.workload;
+    }
+    if (s.mode) {
+      EXPECT_NO_THROW(measure::parse_timing_mode(*s.mode));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry
+
+TEST(Registry, FindWorkload) {
+  for (const char* n : {"gemm", "stream", "copy", "ceilings"}) EXPECT_EQ(find_workload(n).name(), n);
+  const std::string msg = usage_error([] { find_workload("gemmm"); });
+  EXPECT_TRUE(contains(msg, "gemmm")) << msg;
+  EXPECT_TRUE(contains(msg, "gemm, stream") || contains(msg, "stream")) << msg;
+  for (const auto& w : registry()) {
+    EXPECT_FALSE(w->description().empty()) << w->name();
+    for (const char* kind : {"cpu", "cuda"}) EXPECT_FALSE(plan_for(*w, kind, {}).empty()) << w->name();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runner
+
+// An IterationTimer that reports `*per_iteration_s` for every iteration and runs the body once.
+class ScriptedTimer final : public measure::IterationTimer {
+ public:
+  explicit ScriptedTimer(const double* per_iteration_s) : per_iteration_s_(per_iteration_s) {}
+  double time_batch(const std::function<void()>& iteration, std::int64_t count) override {
+    iteration();
+    return *per_iteration_s_ * static_cast<double>(count);
+  }
+  double time_cold(const std::function<void()>& iteration) override {
+    iteration();
+    return *per_iteration_s_;
+  }
+
+ private:
+  const double* per_iteration_s_;
+};
+
+// The CPU backend with a scripted clock, so rates and ceilings are exact.
+class ScriptedClockBackend final : public backend::Backend {
+ public:
+  ScriptedClockBackend() : cpu_(backend::make_backend("cpu")) {}
+  const backend::DeviceInfo& info() const override { return cpu_->info(); }
+  std::unique_ptr<measure::IterationTimer> make_timer() override {
+    return std::make_unique<ScriptedTimer>(&per_iteration_s);
+  }
+  void synchronize() override { cpu_->synchronize(); }
+  std::unique_ptr<backend::GemmPlan> make_gemm(const backend::GemmDesc& d) override { return cpu_->make_gemm(d); }
+  std::unique_ptr<backend::StreamPlan> make_stream(backend::StreamOp op, std::int64_t n) override {
+    return cpu_->make_stream(op, n);
+  }
+  std::unique_ptr<backend::CopyPlan> make_copy(backend::CopyKind k, backend::HostMemory h, std::int64_t b) override {
+    return cpu_->make_copy(k, h, b);
+  }
+  double per_iteration_s = 0x1.0p-10;
+
+ private:
+  std::unique_ptr<backend::Backend> cpu_;
+};
+
+// A workload that is not in the registry: each value of `case` exercises one outcome.
+class FakeWorkload final : public Workload {
+ public:
+  std::string name() const override { return "fake"; }
+  std::string description() const override { return "test double"; }
+  std::vector<AxisSpec> axes(const std::string&) const override {
+    const Strings all{"skip", "oom", "bad_check", "unsupported", "ok", "nothing", "usage", "throw", "cancel"};
+    return {{"case", AxisKind::text, {"skip", "oom", "bad_check", "unsupported", "ok"}, all, "outcome"},
+            {"size", AxisKind::integer, {"3"}, {}, "an integer axis"}};
+  }
+  void run(State& state) override {
+    const std::string c = state.get_text("case");
+    seen.push_back(c);
+    if (c == "skip") state.skip("not for this point");
+    if (c == "oom") throw OutOfMemory("device full");
+    if (c == "bad_check") state.check(0.5, 1e-3, "fake check");
+    if (c == "unsupported") throw Unsupported("no such precision here");
+    if (c == "usage") throw UsageError("bad size for fake");
+    if (c == "throw") throw std::runtime_error("something broke");
+    if (c == "nothing") return;
+    if (c == "cancel" && cancel != nullptr) *cancel = true;
+    // ok (and cancel): a real, checked, measured point.
+    state.set_counts({4.0, 1e6, 2e6});
+    state.check(1e-9, 1e-6, "fake result");
+    state.add_metric("size_seen", state.get_int("size"));
+    state.exec([this] {
+      double s = 0;
+      for (int i = 1; i < 500; ++i) s += std::sqrt(static_cast<double>(i));
+      sink = s;
+      ++iterations;
+    });
+  }
+  Strings seen;
+  std::atomic<bool>* cancel = nullptr;
+  volatile double sink = 0;
+  std::int64_t iterations = 0;
+};
+
+measure::Settings fast_settings() {
+  measure::Settings s;
+  s.min_time_s = 0.01;
+  s.warmup_s = 0;
+  s.timeout_s = 2;
+  s.max_noise_pct = 5;
+  s.target_sample_s = 1e-3;
+  return s;
+}
+
+struct Captured {
+  std::vector<json> records;
+  RunnerHooks hooks() {
+    RunnerHooks h;
+    h.sink = [this](const json& r) { records.push_back(r); };
+    return h;
+  }
+};
+
+TEST(Runner, StatusesReasonsAndRecordsInOrder) {
+  auto be = backend::make_backend("cpu");
+  FakeWorkload fake;
+  Captured cap;
+  std::ostringstream progress;
+  Runner runner(*be, fast_settings(), json{{"host", "testhost"}}, "run-1", cap.hooks(), &progress);
+  const auto plan = plan_for(fake, "cpu", {});
+  ASSERT_EQ(plan.size(), 5u);
+  const std::atomic<bool> cancel{false};
+  const RunTotals totals = runner.run(plan, cancel);
+
+  EXPECT_FALSE(totals.interrupted);
+  EXPECT_EQ(fake.seen, (Strings{"skip", "oom", "bad_check", "unsupported", "ok"})) << "the sweep goes on";
+  ASSERT_EQ(cap.records.size(), 5u);
+  const Strings statuses{"skipped", "oom", "error", "skipped", "ok"};
+  for (std::size_t i = 0; i < cap.records.size(); ++i) {
+    const json& r = cap.records[i];
+    SCOPED_TRACE(r.dump());
+    EXPECT_EQ(r["seq"], static_cast<int>(i));
+    EXPECT_EQ(r["status"], statuses[i]);
+    EXPECT_EQ(r["run_id"], "run-1");
+    EXPECT_EQ(r["workload"], "fake");
+    EXPECT_EQ(r["device"], "cpu");
+    EXPECT_EQ(r["schema_version"], 1);
+    EXPECT_EQ(r["context"], (json{{"host", "testhost"}}));
+    EXPECT_TRUE(r.contains("started_at"));
+    EXPECT_GE(r["wall_s"].get<double>(), 0.0);
+    // Numbers stay numbers.
+    EXPECT_TRUE(r["params"]["size"].is_number_integer());
+    EXPECT_EQ(r["params"]["size"], 3);
+    EXPECT_EQ(r["params"]["case"], fake.seen[i]);
+  }
+  EXPECT_EQ(cap.records[0]["reason"], "not for this point");
+  EXPECT_TRUE(contains(cap.records[1]["reason"], "device full"));
+  EXPECT_TRUE(contains(cap.records[2]["reason"], "fake check"));
+  EXPECT_EQ(cap.records[2]["check"]["passed"], false);
+  EXPECT_DOUBLE_EQ(cap.records[2]["check"]["rel_error"].get<double>(), 0.5);
+  EXPECT_TRUE(contains(cap.records[3]["reason"], "no such precision here"));
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_FALSE(cap.records[i].contains("time")) << i;
+    EXPECT_FALSE(cap.records[i].contains("rates")) << i;
+  }
+
+  const json& ok = cap.records[4];
+  EXPECT_FALSE(ok.contains("reason"));
+  EXPECT_EQ(ok["check"]["passed"], true);
+  EXPECT_EQ(ok["metrics"]["size_seen"], 3);
+  EXPECT_EQ(ok["counts"]["samples"], 4.0);
+  EXPECT_EQ(ok["counts"]["flops"], 1e6);
+  ASSERT_TRUE(ok.contains("time"));
+  const json& t = ok["time"];
+  const double median = t["median_s"];
+  EXPECT_GT(median, 0.0);
+  for (const char* key : {"mean_s", "min_s", "max_s", "p90_s", "p99_s", "q1_s", "q3_s", "iqr_s", "stddev_s",
+                          "rel_spread", "measured_s", "iterations_per_sample", "total_iterations", "converged",
+                          "stop_reason", "mode", "count"})
+    EXPECT_TRUE(t.contains(key)) << key;
+  EXPECT_EQ(t["mode"], "batch");
+  EXPECT_LE(t["min_s"].get<double>(), median);
+  EXPECT_GE(t["max_s"].get<double>(), median);
+  ASSERT_TRUE(t["samples_s"].is_array());
+  EXPECT_EQ(t["samples_s"].size(), t["count"].get<std::size_t>());
+  EXPECT_GE(t["count"].get<std::size_t>(), 10u);
+  EXPECT_GE(fake.iterations, t["total_iterations"].get<std::int64_t>());
+  ASSERT_TRUE(ok.contains("rates"));
+  const json& rates = ok["rates"];
+  EXPECT_NEAR(rates["samples_per_s"].get<double>(), 4.0 / median, 1e-9 * 4.0 / median);
+  EXPECT_NEAR(rates["tflops"].get<double>(), 1e6 / median / 1e12, 1e-9 * 1e6 / median / 1e12);
+  EXPECT_NEAR(rates["gbps"].get<double>(), 2e6 / median / 1e9, 1e-9 * 2e6 / median / 1e9);
+  EXPECT_EQ(rates["primary"], "tflops");
+  EXPECT_FALSE(rates.contains("pct_of_ceiling"));
+
+  // Totals: statuses counted; records without samples and context.
+  EXPECT_EQ(totals.by_status.at("skipped"), 2);
+  EXPECT_EQ(totals.by_status.at("oom"), 1);
+  EXPECT_EQ(totals.by_status.at("error"), 1);
+  EXPECT_EQ(totals.by_status.at("ok"), 1);
+  ASSERT_EQ(totals.records.size(), 5u);
+  EXPECT_FALSE(totals.records[4]["time"].contains("samples_s"));
+  EXPECT_TRUE(totals.records[4]["time"].contains("median_s"));
+  EXPECT_FALSE(totals.records[0].contains("context"));
+
+  const std::string log = progress.str();
+  EXPECT_TRUE(contains(log, "[1/5]")) << log;
+  EXPECT_TRUE(contains(log, "[5/5]")) << log;
+  EXPECT_TRUE(contains(log, "oom: device full")) << log;
+  std::ostringstream table;
+  print_summary(table, totals.records);
+  EXPECT_TRUE(contains(table.str(), "fake")) << table.str();
+  EXPECT_TRUE(contains(table.str(), "FLOP/s")) << table.str();
+}
+
+TEST(Runner, OtherFailuresAreRecorded) {
+  auto be = backend::make_backend("cpu");
+  FakeWorkload fake;
+  Captured cap;
+  Runner runner(*be, fast_settings(), json::object(), "run-2", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{false};
+  const RunTotals totals = runner.run(plan_for(fake, "cpu", {{{"case"}, "nothing,usage,throw,ok"}}), cancel);
+  ASSERT_EQ(cap.records.size(), 4u);
+  EXPECT_EQ(cap.records[0]["status"], "error");
+  EXPECT_TRUE(contains(cap.records[0]["reason"], "measured nothing"));
+  EXPECT_EQ(cap.records[1]["status"], "invalid");
+  EXPECT_TRUE(contains(cap.records[1]["reason"], "bad size for fake"));
+  EXPECT_EQ(cap.records[2]["status"], "error");
+  EXPECT_TRUE(contains(cap.records[2]["reason"], "something broke"));
+  EXPECT_EQ(cap.records[3]["status"], "ok");
+  EXPECT_EQ(totals.by_status.at("error"), 2);
+}
+
+// Publishes a ceiling, uses it, or uses a stored one: per-iteration time set through the backend.
+class CeilingWorkload final : public Workload {
+ public:
+  explicit CeilingWorkload(ScriptedClockBackend& be) : be_(be) {}
+  std::string name() const override { return "ceil"; }
+  std::string description() const override { return "test double for ceilings"; }
+  std::vector<AxisSpec> axes(const std::string&) const override {
+    return {{"role", AxisKind::text, {"publish", "use", "stored"}, {"publish", "use", "stored"}, ""}};
+  }
+  void run(State& state) override {
+    const std::string role = state.get_text("role");
+    if (role == "publish") {
+      be_.per_iteration_s = 0x1.0p-10;
+      state.set_counts({1.0, 2e9, 0.0});  // 2.048 TFLOP/s
+      state.set_ceiling_key("gemm.fake");
+      state.set_publishes_ceiling("gemm.fake");
+    } else if (role == "use") {
+      be_.per_iteration_s = 0x1.0p-9;
+      state.set_counts({1.0, 2e9, 0.0});  // 1.024 TFLOP/s: 50% of the published ceiling
+      state.set_ceiling_key("gemm.fake");
+    } else {
+      be_.per_iteration_s = 0x1.0p-10;
+      state.set_counts({1.0, 0.0, 1e9});  // 1024 GB/s
+      state.set_ceiling_key("memory.fake");
+    }
+    state.exec([] {});
+  }
+
+ private:
+  ScriptedClockBackend& be_;
+};
+
+TEST(Runner, CeilingPublishedInRunIsUsedLater) {
+  ScriptedClockBackend be;
+  CeilingWorkload w(be);
+  Captured cap;
+  RunnerHooks hooks = cap.hooks();
+  Strings asked;
+  hooks.find_stored_ceiling = [&asked](const std::string& key) -> std::optional<Ceiling> {
+    asked.push_back(key);
+    if (key == "memory.fake") return Ceiling{4096.0, "GB/s", "run old-run seq 3"};
+    if (key == "gemm.fake") return Ceiling{1000.0, "TFLOP/s", "stale"};
+    return std::nullopt;
+  };
+  Runner runner(be, fast_settings(), json::object(), "run-c", hooks, nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan_for(w, "cpu", {}), cancel);
+  ASSERT_EQ(cap.records.size(), 3u);
+  for (const auto& r : cap.records) {
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    EXPECT_EQ(r["time"]["rel_spread"], 0.0);
+    EXPECT_EQ(r["time"]["converged"], true);
+  }
+
+  const json& pub = cap.records[0]["rates"];
+  EXPECT_NEAR(pub["tflops"].get<double>(), 2.048, 1e-12);
+  EXPECT_FALSE(pub.contains("pct_of_ceiling")) << "a point is not compared with itself";
+  EXPECT_EQ(pub["ceiling"]["key"], "gemm.fake");
+  EXPECT_NEAR(pub["ceiling"]["value"].get<double>(), 2.048, 1e-12);
+  EXPECT_EQ(pub["ceiling"]["unit"], "TFLOP/s");
+
+  const json& use = cap.records[1]["rates"];
+  EXPECT_NEAR(use["tflops"].get<double>(), 1.024, 1e-12);
+  ASSERT_TRUE(use.contains("pct_of_ceiling")) << use.dump();
+  EXPECT_NEAR(use["pct_of_ceiling"].get<double>(), 50.0, 1e-9);
+  EXPECT_EQ(use["ceiling"]["key"], "gemm.fake");
+  EXPECT_NEAR(use["ceiling"]["value"].get<double>(), 2.048, 1e-12);
+  EXPECT_TRUE(contains(use["ceiling"]["source"], "run-c")) << use.dump();
+  EXPECT_EQ(use["primary"], "tflops");
+
+  // Not measured in this run: the stored ceiling, and GB/s for a memory ceiling.
+  const json& stored = cap.records[2]["rates"];
+  EXPECT_NEAR(stored["gbps"].get<double>(), 1024.0, 1e-9);
+  ASSERT_TRUE(stored.contains("pct_of_ceiling")) << stored.dump();
+  EXPECT_NEAR(stored["pct_of_ceiling"].get<double>(), 25.0, 1e-9);
+  EXPECT_EQ(stored["ceiling"]["source"], "run old-run seq 3");
+  EXPECT_EQ(stored["ceiling"]["unit"], "GB/s");
+  EXPECT_EQ(stored["primary"], "gbps");
+  // The in-run gemm ceiling was preferred over the stale stored one (which would give 0.1%): once it
+  // exists the store is not asked for it again.
+  EXPECT_EQ(std::count(asked.begin(), asked.end(), "memory.fake"), 1);
+  EXPECT_LE(std::count(asked.begin(), asked.end(), "gemm.fake"), 1);
+}
+
+TEST(Runner, NoCeilingNoPercentage) {
+  ScriptedClockBackend be;
+  CeilingWorkload w(be);
+  Captured cap;
+  Runner runner(be, fast_settings(), json::object(), "run-d", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan_for(w, "cpu", {{{"role"}, "use,stored"}}), cancel);
+  ASSERT_EQ(cap.records.size(), 2u);
+  for (const auto& r : cap.records) {
+    EXPECT_EQ(r["status"], "ok");
+    EXPECT_FALSE(r["rates"].contains("pct_of_ceiling")) << r.dump();
+    EXPECT_FALSE(r["rates"].contains("ceiling")) << r.dump();
+  }
+}
+
+TEST(Runner, TelemetryHookGetsTheMeasuredWindow) {
+  ScriptedClockBackend be;
+  FakeWorkload fake;
+  Captured cap;
+  RunnerHooks hooks = cap.hooks();
+  std::vector<std::array<double, 3>> calls;
+  hooks.telemetry = [&calls](double t0, double t1, double samples) -> json {
+    calls.push_back({t0, t1, samples});
+    return json{{"mean_power_w", 123.0}};
+  };
+  Runner runner(be, fast_settings(), json::object(), "run-t", hooks, nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan_for(fake, "cpu", {{{"case"}, "skip,ok"}}), cancel);
+  ASSERT_EQ(cap.records.size(), 2u);
+  ASSERT_EQ(calls.size(), 1u) << "only measured points have a window";
+  EXPECT_LE(calls[0][0], calls[0][1]);
+  const double total_iterations = cap.records[1]["time"]["total_iterations"];
+  EXPECT_DOUBLE_EQ(calls[0][2], 4.0 * total_iterations);
+  EXPECT_EQ(cap.records[1]["telemetry"]["mean_power_w"], 123.0);
+  EXPECT_FALSE(cap.records[0].contains("telemetry"));
+}
+
+TEST(Runner, CancelledBeforeRunRecordsNothing) {
+  auto be = backend::make_backend("cpu");
+  FakeWorkload fake;
+  Captured cap;
+  Runner runner(*be, fast_settings(), json::object(), "run-x", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{true};
+  const RunTotals totals = runner.run(plan_for(fake, "cpu", {}), cancel);
+  EXPECT_TRUE(totals.interrupted);
+  EXPECT_TRUE(totals.records.empty());
+  EXPECT_TRUE(cap.records.empty());
+  EXPECT_TRUE(fake.seen.empty());
+}
+
+TEST(Runner, CancelledDuringAPointEndsTheRun) {
+  ScriptedClockBackend be;
+  FakeWorkload fake;
+  std::atomic<bool> cancel{false};
+  fake.cancel = &cancel;
+  Captured cap;
+  Runner runner(be, fast_settings(), json::object(), "run-y", cap.hooks(), nullptr);
+  const RunTotals totals = runner.run(plan_for(fake, "cpu", {{{"case"}, "ok,cancel,ok"}}), cancel);
+  EXPECT_TRUE(totals.interrupted);
+  ASSERT_EQ(cap.records.size(), 2u);
+  EXPECT_EQ(cap.records[0]["status"], "ok");
+  EXPECT_EQ(cap.records[1]["status"], "invalid");
+  EXPECT_TRUE(contains(cap.records[1]["reason"], "interrupted"));
+  EXPECT_EQ(fake.seen, (Strings{"ok", "cancel"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real workloads on the CPU backend
+
+std::vector<json> run_real(const std::string& workload, const std::vector<std::string>& axis_args) {
+  auto be = backend::make_backend("cpu");
+  std::vector<AxisOverride> overrides;
+  for (const auto& a : axis_args) overrides.push_back(parse_axis_argument(a));
+  const std::vector<PlanEntry> plan = plan_for(find_workload(workload), "cpu", overrides);
+  Captured cap;
+  Runner runner(*be, fast_settings(), json::object(), "run-real", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan, cancel);
+  return cap.records;
+}
+
+TEST(RealWorkloads, GemmFp32OnCpu) {
+  const auto records = run_real("gemm", {"precision=fp32", "m,n,k=64"});
+  ASSERT_EQ(records.size(), 1u);
+  const json& r = records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  EXPECT_EQ(r["params"]["m"], 64);
+  EXPECT_EQ(r["params"]["trans"], "auto");
+  EXPECT_EQ(r["check"]["passed"], true);
+  EXPECT_LE(r["check"]["rel_error"].get<double>(), r["check"]["tolerance"].get<double>());
+  EXPECT_EQ(r["counts"]["flops"], 2.0 * 64 * 64 * 64);
+  EXPECT_GT(r["rates"]["tflops"].get<double>(), 0.0);
+  EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(r["rates"]["primary"], "tflops");
+  EXPECT_TRUE(r["metrics"].contains("algorithm"));
+  EXPECT_GT(r["time"]["median_s"].get<double>(), 0.0);
+}
+
+TEST(RealWorkloads, StreamOnCpu) {
+  const auto records = run_real("stream", {"array_bytes=1048576"});
+  ASSERT_EQ(records.size(), 4u);
+  const Strings ops{"copy", "scale", "add", "triad"};
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const json& r = records[i];
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    EXPECT_EQ(r["params"]["op"], ops[i]);
+    EXPECT_EQ(r["params"]["array_bytes"], 1048576);
+    EXPECT_EQ(r["check"]["passed"], true);
+    EXPECT_EQ(r["counts"]["bytes"], (i < 2 ? 2.0 : 3.0) * 1048576.0);
+    EXPECT_GT(r["rates"]["gbps"].get<double>(), 0.0);
+    EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
+    EXPECT_EQ(r["rates"]["primary"], "gbps");
+  }
+}
+
+TEST(RealWorkloads, MeasuredBandwidthCeilingIsUsedByStream) {
+  auto be = backend::make_backend("cpu");
+  auto plan = plan_for(find_workload("ceilings"), "cpu",
+                       {parse_axis_argument("target=memory.bandwidth"), parse_axis_argument("array_bytes=1048576")});
+  const auto stream = plan_for(find_workload("stream"), "cpu",
+                               {parse_axis_argument("op=triad"), parse_axis_argument("array_bytes=1048576")});
+  plan.insert(plan.end(), stream.begin(), stream.end());
+  ASSERT_EQ(plan.size(), 2u);
+  Captured cap;
+  Runner runner(*be, fast_settings(), json::object(), "run-ceil", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan, cancel);
+  ASSERT_EQ(cap.records.size(), 2u);
+  ASSERT_EQ(cap.records[0]["status"], "ok") << cap.records[0].dump();
+  ASSERT_EQ(cap.records[1]["status"], "ok") << cap.records[1].dump();
+  EXPECT_EQ(cap.records[0]["rates"]["ceiling"]["key"], "memory.bandwidth");
+  const json& rates = cap.records[1]["rates"];
+  ASSERT_TRUE(rates.contains("pct_of_ceiling")) << rates.dump();
+  EXPECT_GT(rates["pct_of_ceiling"].get<double>(), 0.0);
+  EXPECT_NEAR(rates["pct_of_ceiling"].get<double>(),
+              100.0 * rates["gbps"].get<double>() / cap.records[0]["rates"]["gbps"].get<double>(), 1e-9);
+}
+
+}  // namespace
+}  // namespace ab::workloads
