@@ -36,6 +36,7 @@ nlohmann::json time_json(const measure::Result& r, measure::TimingMode mode) {
           {"iterations_per_sample", r.iterations_per_sample},
           {"total_iterations", r.total_iterations},
           {"measured_s", r.measured_s},
+          {"window_start_s", r.window_start_s}, {"window_end_s", r.window_end_s},  // monotonic clock of the telemetry trace
           {"count", s.count},
           {"median_s", s.median}, {"mean_s", s.mean}, {"min_s", s.min}, {"max_s", s.max},
           {"p90_s", s.p90}, {"p99_s", s.p99}, {"q1_s", s.q1}, {"q3_s", s.q3}, {"iqr_s", s.iqr},
