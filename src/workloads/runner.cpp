@@ -204,8 +204,13 @@ void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records
       << std::right << std::setw(12) << "median" << std::setw(16) << "rate" << std::setw(10) << "% ceil"
       << std::setw(8) << "noise" << '\n';
   for (const auto& r : records) {
-    std::string point;
-    for (const auto& [k, v] : r["params"].items()) point += (point.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+    // Text axes (precision, op, target) say most about a point: they come first.
+    std::string text_part, number_part;
+    for (const auto& [k, v] : r["params"].items()) {
+      std::string& part = v.is_string() ? text_part : number_part;
+      part += (part.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+    }
+    std::string point = text_part + (text_part.empty() || number_part.empty() ? "" : " ") + number_part;
     if (point.size() > 43) point = point.substr(0, 40) + "...";
     out << std::left << std::setw(10) << r["workload"].get<std::string>() << std::setw(44) << point << std::setw(9)
         << r["status"].get<std::string>() << std::right;
