@@ -43,7 +43,7 @@ class FakeGpuSource final : public GpuSource {
   FakeGpuSource(Script s, std::shared_ptr<std::atomic<int>> reads) : s_(std::move(s)), reads_(std::move(reads)) {}
   std::string name() const override { return "Fake GPU"; }
   std::string pci_bus_id() const override { return "00000000:01:00.0"; }
-  GpuSample read(double t_s, bool read_counters) override {
+  GpuSample read(double t_s, ReadLevel level) override {
     const int k = (*reads_)++;
     GpuSample g;
     g.t_s = t_s;
@@ -52,9 +52,9 @@ class FakeGpuSource final : public GpuSource {
       return g;
     }
     g.power_w = s_.power_w(t_s);
-    if (read_counters) g.energy_j = s_.energy_j(t_s);
+    if (level == ReadLevel::counters) g.energy_j = s_.energy_j(t_s);
     g.sm_clock_mhz = s_.sm_clock_mhz(t_s);
-    g.temperature_c = s_.temperature_c;
+    if (level != ReadLevel::fast) g.temperature_c = s_.temperature_c;
     g.throttle_reasons = s_.throttle;
     return g;
   }
@@ -356,6 +356,32 @@ TEST(TelemetrySampler, SparseCounterReadingsStillGiveTheWindowEnergy) {
   EXPECT_NEAR(j["gpus"][0]["energy_j"].get<double>(), (1060 + 300 * 0.25) - (1000 + 100 * 0.25), 1e-6);
 }
 
+TEST(TelemetrySampler, ReadLevelsFollowTheirCadences) {
+  auto reads = std::make_shared<std::atomic<int>>(0);
+  Script s;
+  s.temperature_c = 40;  // read at the slow level only
+  SamplerOptions o;
+  o.period_s = 0.001;
+  o.slow_period_s = 0.005;     // every 5th periodic reading
+  o.counter_period_s = 0.010;  // every 10th
+  Sampler sampler(one_gpu(s, reads), nullptr, o, stepping_clock());
+  sampler.start();
+  wait_for_reads(*reads, 40);
+  sampler.stop();
+  const json samples = sampler.trace()["gpus"][0]["samples"];
+  int slow = 0, counters = 0;
+  for (std::size_t i = 1; i + 1 < samples.size(); ++i) {  // between the full start and stop readings
+    slow += samples[i].contains("temperature_c");
+    counters += samples[i].contains("energy_j");
+    if (samples[i].contains("energy_j")) {
+      EXPECT_TRUE(samples[i].contains("temperature_c"));
+    }
+  }
+  const int periodic = static_cast<int>(samples.size()) - 2;
+  EXPECT_EQ(slow, periodic / 5);
+  EXPECT_EQ(counters, periodic / 10);
+}
+
 TEST(TelemetrySampler, NoPowerWithoutPowerFields) {
   Script s;
   s.power_w = [](double) { return std::nullopt; };
@@ -515,16 +541,20 @@ TEST(TelemetryNvml, RealDevicesWhenPresent) {
     return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
   };
   for (auto& g : gpus) {
-    g->read(ab::measure::monotonic_seconds(), true);  // primes the counter rates
-    for (bool counters : {false, true}) {
-      const int n = 20;
-      const double c0 = cpu_s(), w0 = ab::measure::monotonic_seconds();
-      for (int i = 0; i < n; ++i) g->read(ab::measure::monotonic_seconds(), counters);
-      std::cout << "[ nvml ] " << g->name() << " " << g->pci_bus_id() << ": one reading "
-                << (counters ? "with" : "without") << " counters costs " << (cpu_s() - c0) / n * 1e6 << " us CPU, "
-                << (ab::measure::monotonic_seconds() - w0) / n * 1e6 << " us wall\n";
+    g->read(ab::measure::monotonic_seconds(), ReadLevel::counters);  // primes the counter rates
+    for (ReadLevel level : {ReadLevel::fast, ReadLevel::slow, ReadLevel::counters}) {
+      const int n = 10;
+      double cpu = 0;
+      for (int i = 0; i < n; ++i) {  // after a sleep, as in the sampler: a warm loop is far cheaper
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const double c0 = cpu_s();
+        g->read(ab::measure::monotonic_seconds(), level);
+        cpu += cpu_s() - c0;
+      }
+      std::cout << "[ nvml ] " << g->name() << " " << g->pci_bus_id() << ": a " << static_cast<int>(level)
+                << " (0 fast, 1 slow, 2 counters) reading costs " << cpu / n * 1e6 << " us CPU\n";
     }
-    const GpuSample s = g->read(ab::measure::monotonic_seconds(), true);
+    const GpuSample s = g->read(ab::measure::monotonic_seconds(), ReadLevel::counters);
     std::cout << "[ nvml ] " << to_json(s).dump() << "\n";
     EXPECT_TRUE(s.power_w || s.energy_j);
     EXPECT_FALSE(s.error) << *s.error;

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/report_commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"accelbench: measures what an accelerator really does on training, inference and kernels"};
@@ -47,6 +48,27 @@ int main(int argc, char** argv) {
   monitor->add_option("--interval", monitor_interval_ms, "milliseconds between lines (default 1000)")->check(CLI::PositiveNumber);
   monitor->add_option("--duration", monitor_duration_s, "seconds to run (default: until Ctrl-C)")->check(CLI::NonNegativeNumber);
 
+  ab::cli::ReportOptions report_opts;
+  auto* report = app.add_subcommand("report", "One offline HTML file (or Markdown) with charts and tables of runs");
+  report->add_option("runs", report_opts.runs, "run ids, run folders, points.jsonl files or system names (default: the newest run)");
+  report->add_option("-o,--output", report_opts.output, "file to write (default: report.html; Markdown goes to standard output)");
+  report->add_option("--format", report_opts.format, "html (default) or md")->check(CLI::IsMember({"html", "md"}));
+  report->add_option("--out", report_opts.out_dir, "the folder given to `run --out`, where run ids are looked up");
+
+  ab::cli::CompareOptions compare_opts;
+  auto* compare = app.add_subcommand("compare", "Runs or systems side by side: ratio and verdict per matched point");
+  compare->add_option("runs", compare_opts.runs, "two or more runs (ids, folders or system names); the first is the baseline")
+      ->required()->expected(2, -1);
+  compare->add_option("--format", compare_opts.format, "text (default), md or html")->check(CLI::IsMember({"text", "md", "html"}));
+  compare->add_option("-o,--output", compare_opts.output, "write to this file instead of standard output");
+  compare->add_option("--out", compare_opts.out_dir, "the folder given to `run --out`, where run ids are looked up");
+
+  std::string import_file, import_system, import_out = ".";
+  auto* import = app.add_subcommand("import", "Bring published figures (CSV) into the store, marked external with their source");
+  import->add_option("file", import_file, "CSV with header workload,params,metric,value,unit,source (docs/RESULTS.md)")->required();
+  import->add_option("--system", import_system, "name of the system the figures are for, e.g. IPU-M2000")->required();
+  import->add_option("--out", import_out, "the store's folder, as given to `run --out`");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,5 +82,8 @@ int main(int argc, char** argv) {
   if (*run) return ab::cli::run(run_opts);
   if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file);
   if (*monitor) return ab::cli::monitor(monitor_interval_ms, monitor_duration_s);
+  if (*report) return ab::cli::report(report_opts);
+  if (*compare) return ab::cli::compare(compare_opts);
+  if (*import) return ab::cli::import_results(import_file, import_system, import_out, run_opts.command_line);
   return 2;
 }

@@ -43,7 +43,7 @@ class ResultStore {
   // transaction), both durable when this returns. The record needs string "workload" and
   // "status"; "seq" defaults to the next number in this run.
   void append(const nlohmann::json& record);
-  // "complete" | "interrupted" | "failed": updates the runs row and rewrites run.json.
+  // "complete" | "interrupted" | "failed" (or "external" for imports): updates the runs row and rewrites run.json.
   void finish(const std::string& status);
 
   std::filesystem::path run_dir() const;
@@ -80,5 +80,16 @@ std::optional<nlohmann::json> latest_point(const std::filesystem::path& db_path,
 // workload, device, device_name, status, reason, params.* (union over points, sorted), the time
 // and rates summaries, and telemetry power/energy columns when any point has them.
 void write_csv(std::ostream& out, const std::vector<nlohmann::json>& points);
+
+// Published figures from a CSV file (workload,params,metric,value,unit,source; docs/RESULTS.md,
+// "External results") stored as one run of status "external" whose records are marked external
+// with their source. The whole file is checked first: a malformed one throws ab::UsageError
+// "<file>:<line>: <reason>" and nothing is stored.
+struct ImportResult {
+  std::string run_id;
+  std::size_t rows = 0, points = 0;  // CSV rows read; records written (rows of one point merge)
+};
+ImportResult import_csv(const std::filesystem::path& csv, const std::string& system, const std::filesystem::path& out_dir,
+                        const std::string& command_line);
 
 }  // namespace ab::results

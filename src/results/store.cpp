@@ -33,7 +33,10 @@ std::optional<std::string> string_field(const json& j, const char* key) {
 // Invalid UTF-8 (say, in an error message from a driver) must not cost the point: replace it.
 std::string dump_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-bool valid_final_status(const std::string& s) { return s == "complete" || s == "interrupted" || s == "failed"; }
+// "external": a run of published figures brought in by `accelbench import`, not measured.
+bool valid_final_status(const std::string& s) {
+  return s == "complete" || s == "interrupted" || s == "failed" || s == "external";
+}
 
 }  // namespace
 
@@ -132,7 +135,7 @@ void ResultStore::Impl::write_run_json(const std::string& status, const std::str
 
 void ResultStore::Impl::finish(const std::string& status) {
   if (!valid_final_status(status))
-    throw Error("run status '" + status + "' is not one of complete, interrupted, failed");
+    throw Error("run status '" + status + "' is not one of complete, interrupted, failed, external");
   const std::string ended_at = utc_now_iso8601();
   {
     detail::Transaction tx(*db);

@@ -80,7 +80,7 @@ int run_monitor(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<Ho
 
   // A first reading primes the rates (CPU busy, byte counters) that need a previous one.
   const double t_start = measure::monotonic_seconds();
-  for (auto& g : gpus) g->read(t_start, true);
+  for (auto& g : gpus) g->read(t_start, ReadLevel::counters);
   std::optional<HostSample> prev_host;
   if (host) prev_host = host->read(t_start);
 
@@ -94,7 +94,7 @@ int run_monitor(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<Ho
     char time_col[32];
     std::snprintf(time_col, sizeof time_col, "%9.2f", t - t_start);
     for (std::size_t i = 0; i < gpus.size(); ++i) {
-      const GpuSample s = gpus[i]->read(t, true);
+      const GpuSample s = gpus[i]->read(t, ReadLevel::counters);
       out << time_col << " " << std::string(5 - std::min<std::size_t>(5, std::to_string(i).size()), ' ') << i
           << cell(s.power_w, 8, 1) << cell(s.power_instant_w, 8, 1) << cell(s.temperature_c, 8, 0)
           << cell(s.gpu_util_pct, 8, 0) << cell(s.mem_util_pct, 8, 0) << cell(s.sm_clock_mhz, 8, 0)

@@ -90,7 +90,7 @@ class NvmlGpuSource final : public GpuSource {
   std::string name() const override { return name_.empty() ? "NVIDIA GPU" : name_; }
   std::string pci_bus_id() const override { return bus_id_; }
 
-  GpuSample read(double t_s, bool read_counters) override {
+  GpuSample read(double t_s, ReadLevel level) override {
     GpuSample s;
     s.t_s = t_s;
     std::string errors;
@@ -108,29 +108,31 @@ class NvmlGpuSource final : public GpuSource {
       }
       return false;
     };
+    const bool slow = level != ReadLevel::fast, counters = level == ReadLevel::counters;
     // The energy counter first: it is the reading the timestamp matters most for.
     unsigned long long mj = 0;
-    if (read_counters && call(fns_.total_energy, "nvmlDeviceGetTotalEnergyConsumption", &mj))
+    if (counters && call(fns_.total_energy, "nvmlDeviceGetTotalEnergyConsumption", &mj))
       s.energy_j = static_cast<double>(mj) / 1e3;
-    unsigned mw = 0;
+    unsigned mw = 0, mhz = 0;
     if (call(fns_.power_usage, "nvmlDeviceGetPowerUsage", &mw)) s.power_w = mw / 1e3;
-    if (call(fns_.power_limit, "nvmlDeviceGetEnforcedPowerLimit", &mw)) s.power_limit_w = mw / 1e3;
-    unsigned mhz = 0;
+    if (!lost) read_fields(fast_fields_, s, t_s, errors);
     if (call(fns_.sm_clock, "nvmlDeviceGetClockInfo(SM)", nvml::kClockSm, &mhz)) s.sm_clock_mhz = mhz;
-    if (call(fns_.mem_clock, "nvmlDeviceGetClockInfo(MEM)", nvml::kClockMem, &mhz)) s.mem_clock_mhz = mhz;
-    unsigned temp = 0;
-    if (call(fns_.temperature, "nvmlDeviceGetTemperature", nvml::kTemperatureGpu, &temp)) s.temperature_c = temp;
-    nvml::Utilization util{};
-    if (call(fns_.utilization, "nvmlDeviceGetUtilizationRates", &util)) {
-      s.gpu_util_pct = util.gpu;
-      s.mem_util_pct = util.memory;
-    }
-    nvml::Memory mem{};
-    if (call(fns_.memory_info, "nvmlDeviceGetMemoryInfo", &mem)) s.mem_used_bytes = static_cast<double>(mem.used);
     unsigned long long reasons = 0;
     if (call(fns_.clock_reasons, "nvmlDeviceGetCurrentClocksEventReasons", &reasons)) s.throttle_reasons = reasons;
-    if (!lost) read_fields(fast_fields_, s, t_s, errors);
-    if (!lost && read_counters) read_fields(counter_fields_, s, t_s, errors);
+    if (slow) {
+      if (call(fns_.power_limit, "nvmlDeviceGetEnforcedPowerLimit", &mw)) s.power_limit_w = mw / 1e3;
+      if (call(fns_.mem_clock, "nvmlDeviceGetClockInfo(MEM)", nvml::kClockMem, &mhz)) s.mem_clock_mhz = mhz;
+      unsigned temp = 0;
+      if (call(fns_.temperature, "nvmlDeviceGetTemperature", nvml::kTemperatureGpu, &temp)) s.temperature_c = temp;
+      nvml::Utilization util{};
+      if (call(fns_.utilization, "nvmlDeviceGetUtilizationRates", &util)) {
+        s.gpu_util_pct = util.gpu;
+        s.mem_util_pct = util.memory;
+      }
+      nvml::Memory mem{};
+      if (call(fns_.memory_info, "nvmlDeviceGetMemoryInfo", &mem)) s.mem_used_bytes = static_cast<double>(mem.used);
+    }
+    if (!lost && counters) read_fields(counter_fields_, s, t_s, errors);
     if (!errors.empty()) s.error = errors;
     return s;
   }

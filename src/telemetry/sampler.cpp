@@ -41,12 +41,12 @@ Sampler::Sampler(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<H
                  SamplerOptions options, std::function<double()> clock)
     : gpus_(std::move(gpus)), host_(std::move(host)), period_s_(options.period_s), clock_(std::move(clock)) {
   if (!(period_s_ > 0) || !std::isfinite(period_s_)) throw UsageError("telemetry period must be positive");
-  if (!(options.host_period_s >= 0) || !(options.counter_period_s >= 0))
-    throw UsageError("telemetry host and counter periods must not be negative");
+  if (!(options.slow_period_s >= 0) || !(options.counter_period_s >= 0))
+    throw UsageError("telemetry slow and counter periods must not be negative");
   if (!clock_) clock_ = measure::monotonic_seconds;
   const double counter_s =
       options.counter_period_s > 0 ? options.counter_period_s : 1.0 * static_cast<double>(std::max<std::size_t>(1, gpus_.size()));
-  host_every_ = std::max(1L, std::lround(options.host_period_s / period_s_));
+  slow_every_ = std::max(1L, std::lround(options.slow_period_s / period_s_));
   counter_every_ = std::max(1L, std::lround(counter_s / period_s_));
   gpu_series_.resize(gpus_.size());
 }
@@ -155,11 +155,13 @@ double Sampler::tick(bool full) {
     for (std::size_t i = 0; i < gpus_.size(); ++i) {
       // Devices take turns for the expensive counter reads, spread evenly over the counter period.
       const long offset = static_cast<long>(i) * counter_every_ / static_cast<long>(gpus_.size());
-      const bool counters = full || (n + offset) % counter_every_ == 0;
+      const ReadLevel level = full || (n + offset) % counter_every_ == 0 ? ReadLevel::counters
+                              : n % slow_every_ == 0                      ? ReadLevel::slow
+                                                                           : ReadLevel::fast;
       const double t = clock_();  // per device: with many GPUs the reads take a while
       if (i == 0) first_t = t;
       try {
-        g.push_back(gpus_[i]->read(t, counters));
+        g.push_back(gpus_[i]->read(t, level));
       } catch (const std::exception& e) {  // a source is not supposed to throw; record it anyway
         GpuSample s;
         s.t_s = t;
@@ -168,7 +170,7 @@ double Sampler::tick(bool full) {
       }
     }
     std::optional<HostSample> h;
-    if (host_ && (full || n % host_every_ == 0)) {
+    if (host_ && (full || n % slow_every_ == 0)) {
       const double t = clock_();
       if (gpus_.empty()) first_t = t;
       h = host_->read(t);
@@ -271,7 +273,7 @@ nlohmann::json Sampler::summarize(double t0_s, double t1_s, double samples_proce
 nlohmann::json Sampler::trace() const {
   std::lock_guard lk(data_m_);
   nlohmann::json out = {{"period_s", period_s_},
-                        {"host_period_s", period_s_ * static_cast<double>(host_every_)},
+                        {"slow_period_s", period_s_ * static_cast<double>(slow_every_)},
                         {"counter_period_s", period_s_ * static_cast<double>(counter_every_)},
                         {"overhead_cpu_s", overhead_cpu_s_}};
   nlohmann::json gpus = nlohmann::json::array();

@@ -45,16 +45,24 @@ struct HostSample {
   std::optional<std::string> error;
 };
 
+// What a reading includes; each level includes the ones before it. Costs per GPU on an H200 with
+// driver 580, CPU time after a 20 ms sleep: fast ~20 us (values the driver caches); slow adds
+// ~90 us (nvmlDeviceGetMemoryInfo alone ~70 us); counters add ~5 ms (the energy counter spins
+// for 4-5 ms, the PCIe byte counters ~0.7 ms).
+enum class ReadLevel {
+  fast,      // power (driver and instant), SM clock, throttle reasons
+  slow,      // + power limit, memory clock, temperature, utilisation, memory used
+  counters,  // + energy counter, PCIe/NVLink byte counters
+};
+
 // One device. read() is called from one thread at a time and must not throw: failures go into
-// GpuSample::error. `read_counters` adds the cumulative counters (energy, PCIe/NVLink bytes): on
-// an H200 with driver 580 the energy counter alone costs 3.6 ms of busy CPU per call, while the
-// other fields are cached by the driver and cost under a microsecond.
+// GpuSample::error.
 class GpuSource {
  public:
   virtual ~GpuSource() = default;
   virtual std::string name() const = 0;
   virtual std::string pci_bus_id() const { return {}; }
-  virtual GpuSample read(double t_s, bool read_counters) = 0;
+  virtual GpuSample read(double t_s, ReadLevel level) = 0;
 };
 
 // libnvidia-ml.so.1 resolved at run time; every function looked up with dlsym, so a driver that
@@ -140,13 +148,13 @@ std::vector<std::string> decode_throttle_reasons(std::uint64_t mask);
 nlohmann::json to_json(const GpuSample& s);
 nlohmann::json to_json(const HostSample& s);
 
-// How often each kind of reading is taken; the costs are in docs/TELEMETRY.md.
+// How often each level of reading is taken; costs in docs/TELEMETRY.md.
 struct SamplerOptions {
-  double period_s = 0.020;       // GPU power, clocks, utilisation, throttle reasons (cheap, cached)
-  double host_period_s = 0.100;  // /proc and powercap; /proc/stat counts in 10 ms ticks anyway
-  // GPU energy and byte counters, per device, staggered across devices; 0 = 1 s per device, so
-  // one expensive counter read happens per second whatever the GPU count. start(), stop() and
-  // summarize() always take a reading with every counter.
+  double period_s = 0.020;       // ReadLevel::fast of every GPU
+  double slow_period_s = 0.100;  // ReadLevel::slow and the host (/proc/stat counts in 10 ms ticks anyway)
+  // ReadLevel::counters, per device, staggered across devices; 0 = 1 s per device, so one
+  // expensive counter read happens per second whatever the GPU count. start(), stop() and the
+  // reading summarize() asks for always read everything.
   double counter_period_s = 0;
 };
 
@@ -190,7 +198,7 @@ class Sampler {
   std::vector<std::unique_ptr<GpuSource>> gpus_;
   std::unique_ptr<HostSource> host_;
   double period_s_;
-  long host_every_ = 1, counter_every_ = 1;  // in periods
+  long slow_every_ = 1, counter_every_ = 1;  // in periods
   long tick_index_ = 0;                       // periodic ticks so far (sampler thread only)
   std::function<double()> clock_;
 
