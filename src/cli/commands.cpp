@@ -215,7 +215,11 @@ int run(const RunOptions& o) {
       return std::nullopt;
     }
   };
-  hooks.telemetry = [&sampler](double t0, double t1, double samples) { return sampler.summarize(t0, t1, samples); };
+  hooks.telemetry = [&sampler, keep = o.telemetry_trace](double t0, double t1, double samples) {
+    nlohmann::json summary = sampler.summarize(t0, t1, samples);
+    if (!keep) sampler.discard_before(t1);  // bounded memory on long runs unless the trace is wanted
+    return summary;
+  };
   hooks.sink = [&store](const nlohmann::json& record) { store->append(record); };
 
   std::signal(SIGINT, on_interrupt);

@@ -214,7 +214,7 @@ void Sampler::wait_for_reading_at_or_after(double t_s) const {
   std::unique_lock lk(data_m_);
   // Bounded: with a clock that lags t_s (a test's fake clock) the wait gives up.
   data_cv_.wait_for(lk, std::chrono::duration<double>(0.25 + 2 * period_s_),
-                    [&] { return last_full_t_ >= t_s || !running_; });
+                    [&] { return last_full_t_ >= t_s || !running_ || !thread_error_.empty(); });
 }
 
 nlohmann::json Sampler::summarize(double t0_s, double t1_s, double samples_processed) const {

@@ -45,10 +45,9 @@ struct HostSample {
   std::optional<std::string> error;
 };
 
-// What a reading includes; each level includes the ones before it. Costs per GPU on an H200 with
-// driver 580, CPU time after a 20 ms sleep: fast ~20 us (values the driver caches); slow adds
-// ~90 us (nvmlDeviceGetMemoryInfo alone ~70 us); counters add ~5 ms (the energy counter spins
-// for 4-5 ms, the PCIe byte counters ~0.7 ms).
+// What a reading includes; each level includes the ones before it. CPU time per GPU on an H200
+// with driver 580, after a 20 ms sleep: fast ~35 us (values the driver caches); slow ~110 us
+// (nvmlDeviceGetMemoryInfo alone ~70 us); counters ~5 ms (the energy counter spins for 4-5 ms).
 enum class ReadLevel {
   fast,      // power (driver and instant), SM clock, throttle reasons
   slow,      // + power limit, memory clock, temperature, utilisation, memory used
@@ -162,7 +161,8 @@ struct SamplerOptions {
 class Sampler {
  public:
   // `clock` stamps the samples; it must be the clock of the measured windows and safe to call
-  // from two threads. Sleeping between samples always uses steady_clock.
+  // from two threads. Sleeping between samples always uses steady_clock. This form takes the slow
+  // level every max(period_s, 100 ms) and the counters at their default.
   Sampler(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<HostSource> host,
           double period_s = 0.020, std::function<double()> clock = {});
   Sampler(std::vector<std::unique_ptr<GpuSource>> gpus, std::unique_ptr<HostSource> host, SamplerOptions options,
@@ -178,13 +178,13 @@ class Sampler {
   bool running() const;
 
   // Summary of [t0_s, t1_s]; see docs/TELEMETRY.md for every key. If the sampler is running and
-  // has no reading at or after t1_s yet, it asks the thread for one and waits for it (bounded).
+  // has no full reading at or after t1_s yet, it asks the thread for one and waits (bounded).
   nlohmann::json summarize(double t0_s, double t1_s, double samples_processed) const;
   nlohmann::json trace() const;  // raw time series for --telemetry-trace
   // Drops readings older than t_s (keeping the last one before it, to bracket later windows).
   void discard_before(double t_s);
   bool has_power() const;         // any GPU reported power or energy
-  double overhead_cpu_s() const;  // CPU time spent reading sources (thread + start/stop reads)
+  double overhead_cpu_s() const;  // sampler CPU: the thread (wake-ups included) + start/stop reads
   std::size_t gpu_count() const { return gpus_.size(); }
 
  private:
