@@ -221,6 +221,7 @@ int run(const RunOptions& o) {
     return summary;
   };
   hooks.sink = [&store](const nlohmann::json& record) { store->append(record); };
+  hooks.artifact_dir = store->run_dir();
 
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);

@@ -90,6 +90,21 @@ void Runner::add_rates(nlohmann::json& record, const State& state) {
   record["rates"] = rates;
 }
 
+// A scenario run: its block as measured, rates from its throughput, telemetry over its window.
+void Runner::add_scenario(nlohmann::json& record, const State& state) {
+  const ScenarioReport& s = *state.scenario_result();
+  record["scenario"] = s.summary;
+  if (record["status"] == "ok" && s.samples_per_s > 0) {
+    nlohmann::json rates = {{"samples_per_s", s.samples_per_s}, {"primary", "samples_per_s"}};
+    if (state.counts().flops > 0) rates["tflops"] = state.counts().flops * s.samples_per_s / 1e12;
+    record["rates"] = rates;
+  }
+  if (hooks_.telemetry && s.window_end_s > s.window_start_s) {
+    nlohmann::json t = hooks_.telemetry(s.window_start_s, s.window_end_s, s.samples);
+    if (!t.is_null()) record["telemetry"] = t;
+  }
+}
+
 nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel) {
   // Numbers stay numbers in the record so queries and charts need no parsing.
   nlohmann::json params = nlohmann::json::object();
@@ -109,13 +124,17 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
   const double start = measure::monotonic_seconds();
   measure::Settings settings = settings_;
   State state(entry.point, backend_, settings, &cancel);
+  if (!hooks_.artifact_dir.empty()) state.set_artifact_dir(hooks_.artifact_dir / "artifacts" / std::to_string(seq_));
   std::string status = "ok", reason;
   try {
     entry.workload->run(state);
-    if (!state.result()) {
+    if (!state.result() && !state.scenario_result()) {
       status = "error";
       reason = "workload measured nothing";
-    } else if (state.result()->stop_reason == "cancelled") {
+    } else if (state.scenario_result() && state.scenario_result()->interrupted) {
+      status = "invalid";
+      reason = "interrupted before the scenario run ended";
+    } else if (state.result() && state.result()->stop_reason == "cancelled") {
       status = "invalid";
       reason = "interrupted before the stopping rule ended the point";
     }
@@ -146,6 +165,7 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
     record["counts"] = {{"samples", c.samples}, {"flops", c.flops}, {"bytes", c.bytes}, {"ops_unit", c.ops_unit}};
   if (!state.check_json().empty()) record["check"] = state.check_json();
   if (!state.metrics().empty()) record["metrics"] = state.metrics();
+  if (state.scenario_result()) add_scenario(record, state);
   if (state.result() && state.result()->summary.count > 0) {
     record["time"] = time_json(*state.result(), settings.mode);
     if (status == "ok") add_rates(record, state);
@@ -185,6 +205,15 @@ RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool
       *progress_ << "    " << status;
       if (record.contains("reason")) *progress_ << ": " << record["reason"].get<std::string>();
       if (record.contains("time")) *progress_ << "  median " << format_time(record["time"]["median_s"]);
+      if (record.contains("scenario")) {
+        const auto& sc = record["scenario"];
+        std::ostringstream line;
+        line << "  " << sc.value("result", "") << "  " << std::setprecision(4) << sc.value("completed_samples_per_s", 0.0)
+             << " samples/s, p99 " << format_time(sc["latency_s"].value("p99", 0.0));
+        *progress_ << line.str();
+        if (sc.value("lost_queries", 0) > 0) *progress_ << ", " << sc["lost_queries"].get<std::uint64_t>() << " queries lost";
+        if (!sc.value("valid", true)) *progress_ << " (failed: " << sc["failed_constraints"].dump() << ")";
+      }
       *progress_ << std::endl;
     }
     if (record.contains("time")) record["time"].erase("samples_s");
@@ -214,6 +243,18 @@ void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records
     if (point.size() > 43) point = point.substr(0, 40) + "...";
     out << std::left << std::setw(10) << r["workload"].get<std::string>() << std::setw(44) << point << std::setw(9)
         << r["status"].get<std::string>() << std::right;
+    if (r.contains("scenario") && r["scenario"].is_object()) {
+      // Scenario runs: the headline latency (server and offline: p99), the throughput, the verdict.
+      const auto& sc = r["scenario"];
+      const double latency = sc.value("name", "") == "single-stream" || sc.value("name", "") == "multi-stream"
+                                 ? sc["metric"].value("value", 0.0)
+                                 : sc["latency_s"].value("p99", 0.0);
+      std::ostringstream rate;
+      rate << std::setprecision(4) << sc.value("completed_samples_per_s", 0.0) << " /s";
+      out << std::setw(12) << format_time(latency) << std::setw(16) << rate.str() << std::setw(10) << ""
+          << std::setw(8) << sc.value("result", "") << '\n';
+      continue;
+    }
     if (!r.contains("time")) {
       out << '\n';
       continue;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -38,6 +39,8 @@ struct RunnerHooks {
   std::function<nlohmann::json(double t0_s, double t1_s, double samples)> telemetry;
   // Every record, as soon as it exists.
   std::function<void(const nlohmann::json& record)> sink;
+  // The run folder: a point that writes files gets <artifact_dir>/artifacts/<seq>; empty = no files.
+  std::filesystem::path artifact_dir;
 };
 
 struct RunTotals {
@@ -55,6 +58,7 @@ class Runner {
  private:
   nlohmann::json measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel);
   void add_rates(nlohmann::json& record, const State& state);
+  void add_scenario(nlohmann::json& record, const State& state);
 
   backend::Backend& backend_;
   measure::Settings settings_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -33,6 +34,17 @@ struct CheckFailed {
   std::string reason;
 };
 
+// What a workload that drives the load generator (src/scenarios) measures instead of exec()'s
+// iteration times: one scenario run, copied into the record as `scenario`.
+struct ScenarioReport {
+  nlohmann::json summary;     // the record's `scenario` block (docs/RESULTS.md)
+  double window_start_s = 0;  // measure::monotonic_seconds() bounds of the measured run, for telemetry
+  double window_end_s = 0;
+  double samples = 0;         // samples completed in the window
+  double samples_per_s = 0;   // the run's throughput: the record's rates.samples_per_s
+  bool interrupted = false;   // stopped by Ctrl-C: the point becomes "invalid"
+};
+
 class State {
  public:
   State(const Point& point, backend::Backend& backend, const measure::Settings& settings,
@@ -57,9 +69,18 @@ class State {
   // Measures `iteration` with the run's settings (harness-owned timing). Call once per point.
   void exec(const std::function<void()>& iteration);
   void exec(const std::function<void()>& iteration, const measure::Settings& settings);
+  // A scenario run measured instead of exec() (the loadgen workload).
+  void set_scenario_result(ScenarioReport r) { scenario_ = std::move(r); }
+  // A folder of this point's own for files it writes (created by the writer); empty when the run
+  // keeps no files. The runner sets it to <run folder>/artifacts/<seq>.
+  const std::filesystem::path& artifact_dir() const { return artifact_dir_; }
+  void set_artifact_dir(std::filesystem::path dir) { artifact_dir_ = std::move(dir); }
+  // Set by Ctrl-C; workloads that run long loops of their own poll it (null: no cancellation).
+  const std::atomic<bool>* cancel_flag() const { return cancel_; }
 
   const Counts& counts() const { return counts_; }
   const std::optional<measure::Result>& result() const { return result_; }
+  const std::optional<ScenarioReport>& scenario_result() const { return scenario_; }
   const std::string& ceiling_key() const { return ceiling_key_; }
   const std::string& publishes_ceiling() const { return publishes_ceiling_; }
   const nlohmann::json& check_json() const { return check_; }
@@ -75,6 +96,8 @@ class State {
   nlohmann::json check_ = nlohmann::json::object();
   nlohmann::json metrics_ = nlohmann::json::object();
   std::optional<measure::Result> result_;
+  std::optional<ScenarioReport> scenario_;
+  std::filesystem::path artifact_dir_;
 };
 
 class Workload {
