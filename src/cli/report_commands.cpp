@@ -1,0 +1,111 @@
+#include "cli/report_commands.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "core/error.h"
+#include "report/report.h"
+#include "results/results.h"
+
+namespace ab::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<report::Run> load_runs(std::vector<std::string> names, const std::string& out_dir) {
+  if (names.empty()) {
+    const fs::path db = fs::path(out_dir) / "runs" / "accelbench.db";
+    if (!fs::exists(db)) throw UsageError("no run given and no results store at " + db.string() + " (pass a run or --out)");
+    const auto rows = results::list_runs(db);
+    if (rows.empty()) throw UsageError(db.string() + " holds no runs");
+    names.push_back(rows.front().run_id);
+  }
+  std::vector<report::Run> runs;
+  for (const auto& n : names) runs.push_back(report::load_run(n, out_dir));
+  return runs;
+}
+
+// Written to a temporary beside the target and renamed, so a failed write leaves no half file.
+void write_output(const std::string& path, const std::string& text) {
+  const fs::path target(path), tmp = fs::path(path + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw UsageError("cannot write " + tmp.string());
+    out << text;
+    out.close();
+    if (!out) throw Error("writing " + tmp.string() + " failed");
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw UsageError("cannot write " + path + ": " + ec.message());
+  }
+}
+
+template <class F>
+int guarded(const char* name, F&& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::cerr << "accelbench " << name << ": " << e.what() << '\n';
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "accelbench " << name << ": " << e.what() << '\n';
+    return 1;
+  }
+}
+
+}  // namespace
+
+int report(const ReportOptions& o) {
+  return guarded("report", [&] {
+    if (o.format == "html") {
+      std::string why;
+      if (!report::html_available(&why)) throw Error("cannot write an HTML report: " + why + " (`--format md` needs no scripts)");
+    }
+    const auto runs = load_runs(o.runs, o.out_dir);
+    const auto doc = report::build_report(runs);
+    const std::string text = o.format == "html" ? report::render_html(doc) : report::render_markdown(doc);
+    const std::string path = !o.output.empty() ? o.output : o.format == "html" ? "report.html" : "";
+    if (path.empty() || path == "-") {
+      std::cout << text;
+      return 0;
+    }
+    write_output(path, text);
+    std::cerr << "accelbench report: " << runs.size() << (runs.size() == 1 ? " run, " : " runs, ") << doc.chart_count()
+              << " charts -> " << path << '\n';
+    return 0;
+  });
+}
+
+int compare(const CompareOptions& o) {
+  return guarded("compare", [&] {
+    if (o.runs.size() < 2) throw UsageError("compare needs two or more runs (the first is the baseline)");
+    if (o.format == "html") {
+      std::string why;
+      if (!report::html_available(&why)) throw Error("cannot write HTML: " + why);
+    }
+    const auto runs = load_runs(o.runs, o.out_dir);
+    const auto doc = report::build_comparison(runs);
+    const std::string text = o.format == "md"     ? report::render_markdown(doc)
+                             : o.format == "html" ? report::render_html(doc)
+                                                  : report::render_text(doc);
+    if (o.output.empty() || o.output == "-") std::cout << text;
+    else write_output(o.output, text);
+    return 0;
+  });
+}
+
+int import_results(const std::string& csv, const std::string& system, const std::string& out_dir,
+                   const std::string& command_line) {
+  return guarded("import", [&] {
+    const auto r = results::import_csv(csv, system, out_dir, command_line);
+    std::cout << "imported " << r.rows << " row(s) of " << csv << " as " << r.points << " external point(s) of system "
+              << system << ": run " << r.run_id << " in " << (fs::path(out_dir) / "runs" / r.run_id).string() << '\n';
+    return 0;
+  });
+}
+
+}  // namespace ab::cli

@@ -1,0 +1,40 @@
+// Internal to src/report: the chart builders. Each returns a Vega-Lite spec together with the table
+// of every number it draws; points that were not measured, did not converge or are noisy appear in
+// both, marked (docs/REPORTS.md lists which chart a workload gets and why).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "report/model.h"
+
+namespace ab::report::detail {
+
+struct ChartInput {
+  std::string workload;
+  const std::vector<Point>& points;  // every point of the workload, every status, every run
+  const AxisPlan& plan;
+  bool multi_run = false;
+};
+
+// Lines need an x axis and few enough series with at least two points on average.
+bool lines_fit(const ChartInput& in);
+
+std::optional<Chart> throughput_chart(const ChartInput& in, const Metric& metric, const std::vector<Ceiling>& ceilings);
+std::optional<Chart> per_point_chart(const ChartInput& in, const Metric& metric);  // no x axis fits
+std::optional<Chart> latency_chart(const ChartInput& in);
+std::optional<Chart> energy_chart(const ChartInput& in);
+std::optional<Chart> precision_chart(const ChartInput& in, const Metric& metric);
+std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceiling>& ceilings);
+std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric);
+// Power and host CPU over the run, from telemetry.json; empty without a trace.
+std::vector<Block> telemetry_blocks(const Run& run);
+
+// Shared by the builders: the shape legend of point quality, the ✕ layer of unmeasured points.
+nlohmann::json quality_shape(const std::vector<std::string>& present);
+std::string not_drawn_note(const std::vector<const Point*>& unmeasured, const std::string& where);
+// Labels ({y, text}) of roofs within 5% of each other share one line of text, so none overprint.
+nlohmann::json merge_close_labels(const nlohmann::json& labels);
+
+}  // namespace ab::report::detail

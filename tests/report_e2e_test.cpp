@@ -1,0 +1,207 @@
+// End to end through the real binary: a small real run, its report opened in headless Chromium
+// with networking off (every chart drawn, no error or warning on the console, a screenshot kept
+// under test-output/report_e2e/), hostile names inert in the browser, and the CLI's exit codes.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "report/report.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBinary = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench";
+const fs::path kOutput = fs::path(AB_TEST_BINARY_DIR) / "test-output" / "report_e2e";
+
+struct Outcome {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Outcome shell(const std::string& cmd) {
+  Outcome o;
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return o;
+  char buf[65536];
+  std::size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) o.output.append(buf, n);
+  const int status = pclose(pipe);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+Outcome accelbench(const std::vector<std::string>& args) {
+  std::string cmd = quote(kBinary);
+  for (const auto& a : args) cmd += " " + quote(a);
+  return shell(cmd);
+}
+
+std::string find_chromium() {
+  if (const char* env = std::getenv("AB_CHROMIUM"); env && *env) return env;
+  for (const char* name : {"chromium", "chromium-browser", "google-chrome"}) {
+    const auto o = shell(std::string("command -v ") + name);
+    if (o.code == 0 && !o.output.empty()) return o.output.substr(0, o.output.find('\n'));
+  }
+  return {};
+}
+
+// Headless, sandbox off (containers), and no network: every host resolves to nothing and every
+// request goes to a closed local port.
+std::string chromium(const std::string& browser, const fs::path& profile, const std::string& action, const fs::path& page) {
+  return quote(browser) + " --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update"
+         " --disable-sync --no-first-run --disable-extensions --proxy-server=127.0.0.1:9"
+         " --host-resolver-rules='MAP * ~NOTFOUND' --user-data-dir=" + quote(profile.string()) +
+         " --virtual-time-budget=15000 " + action + " " + quote("file://" + page.string());
+}
+
+struct PageStatus {
+  int charts = -1, rendered = -1, errors = -1, warnings = -1, done = 0;
+  std::string text;
+};
+
+PageStatus page_status(const std::string& dom) {
+  PageStatus s;
+  std::smatch m;
+  const std::regex div(R"re(<div id="ab-status"([^>]*)>([^<]*))re");
+  if (!std::regex_search(dom, m, div)) return s;
+  const std::string attrs = m[1];
+  s.text = m[2];
+  auto attr = [&attrs](const std::string& name) {
+    std::smatch a;
+    return std::regex_search(attrs, a, std::regex("data-" + name + "=\"(\\d+)\"")) ? std::stoi(a[1]) : -1;
+  };
+  s.charts = attr("charts"), s.rendered = attr("rendered"), s.errors = attr("errors"), s.warnings = attr("warnings");
+  s.done = attr("done");
+  return s;
+}
+
+std::string run_id_of(const std::string& output) {
+  std::smatch m;
+  return std::regex_search(output, m, std::regex(R"(run (\d{8}-\d{6}-[0-9a-f]{6}):)")) ? std::string(m[1]) : std::string();
+}
+
+class ReportE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    browser_ = find_chromium();
+    if (browser_.empty()) GTEST_SKIP() << "chromium is not installed (apt-get install chromium; scripts/install-deps.sh does)";
+    std::string why;
+    if (!ab::report::html_available(&why)) GTEST_SKIP() << "no HTML reports in this build: " << why;
+    fs::create_directories(kOutput);
+  }
+  std::string browser_;
+};
+
+TEST_F(ReportE2E, RealRunRendersEveryChartOffline) {
+  const fs::path dir = kOutput / "real";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto run = accelbench({"run", "stream", "--device", "cpu", "--axis", "array_bytes=1048576:8388608:x2", "--min-time",
+                               "0.05", "--timeout", "5", "--telemetry-trace", "--quiet", "--out", (dir / "store").string()});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string id = run_id_of(run.output);
+  ASSERT_FALSE(id.empty()) << run.output;
+  const fs::path html = kOutput / "report.html";
+  const auto rep = accelbench({"report", id, "-o", html.string(), "--out", (dir / "store").string()});
+  ASSERT_EQ(rep.code, 0) << rep.output;
+  const auto md = accelbench({"report", id, "--format", "md", "--out", (dir / "store").string()});
+  ASSERT_EQ(md.code, 0) << md.output;
+  EXPECT_NE(md.output.find("## Workload: stream"), std::string::npos);
+
+  const auto dom = shell(chromium(browser_, dir / "profile", "--dump-dom", html));
+  const PageStatus st = page_status(dom.output);
+  EXPECT_EQ(st.done, 1) << "the page never finished drawing: " << st.text;
+  EXPECT_GE(st.charts, 3) << "throughput, roofline and host CPU over time";
+  EXPECT_EQ(st.rendered, st.charts) << st.text;
+  EXPECT_EQ(st.errors, 0) << st.text;
+  EXPECT_EQ(st.warnings, 0) << st.text;
+  EXPECT_EQ(dom.output.find("class=\"vis failed\""), std::string::npos);
+
+  const fs::path png = kOutput / "report.png";
+  fs::remove(png);
+  const auto shot = shell(chromium(browser_, dir / "profile", "--hide-scrollbars --window-size=1400,2400 --screenshot=" + quote(png.string()), html));
+  ASSERT_TRUE(fs::exists(png)) << shot.output;
+  EXPECT_GT(fs::file_size(png), 20000u);
+}
+
+TEST_F(ReportE2E, HostileNamesStayInertInTheBrowser) {
+  const fs::path dir = kOutput / "hostile";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string csv = (dir / "evil.csv").string();
+  std::ofstream(csv) << "workload,params,metric,value,unit,source\n"
+                        "\"<img src=x onerror=alert(1)>\",batch=1;model=<script>alert(3)</script>,samples_per_s,10,samples/s,\"<script>alert(2)</script>\"\n"
+                        "\"<img src=x onerror=alert(1)>\",batch=2;model=<script>alert(3)</script>,samples_per_s,19,samples/s,\"<script>alert(2)</script>\"\n"
+                        "\"<img src=x onerror=alert(1)>\",batch=4;model=<script>alert(3)</script>,samples_per_s,35,samples/s,\"<script>alert(2)</script>\"\n";
+  const std::string system = "<b>sys</b>\"'&<svg onload=alert(4)>";
+  const auto imp = accelbench({"import", csv, "--system", system, "--out", (dir / "store").string()});
+  ASSERT_EQ(imp.code, 0) << imp.output;
+  const fs::path html = dir / "hostile.html";
+  const auto rep = accelbench({"report", system, "-o", html.string(), "--out", (dir / "store").string()});
+  ASSERT_EQ(rep.code, 0) << rep.output;
+  const auto dom = shell(chromium(browser_, dir / "profile", "--dump-dom", html));
+  const PageStatus st = page_status(dom.output);
+  EXPECT_EQ(st.done, 1) << st.text;
+  EXPECT_GE(st.charts, 1);
+  EXPECT_EQ(st.rendered, st.charts) << st.text;
+  EXPECT_EQ(st.errors, 0) << st.text;  // an alert() that ran would be counted here
+  EXPECT_EQ(dom.output.find("<img src=\"x\""), std::string::npos);
+  EXPECT_EQ(dom.output.find("<b>sys</b>"), std::string::npos);
+  EXPECT_EQ(dom.output.find("<svg onload"), std::string::npos);
+  EXPECT_NE(dom.output.find("&lt;img src=x onerror=alert(1)&gt;"), std::string::npos);
+}
+
+TEST(ReportCli, ExitCodesAndMessages) {
+  const fs::path dir = kOutput / "cli";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string store = (dir / "store").string();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    const auto r = accelbench({"run", "stream", "--device", "cpu", "--axis", "array_bytes=1048576", "--axis", "op=copy",
+                               "--min-time", "0.02", "--timeout", "3", "--quiet", "--out", store});
+    ASSERT_EQ(r.code, 0) << r.output;
+    ids.push_back(run_id_of(r.output));
+  }
+  auto o = accelbench({"report", "nope", "--format", "md", "--out", store});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("newest runs: "), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find(ids[1]), std::string::npos) << o.output;
+
+  std::ofstream(dir / "foreign.bin", std::ios::binary) << std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10);
+  o = accelbench({"report", (dir / "foreign.bin").string(), "--format", "md"});
+  EXPECT_EQ(o.code, 1) << o.output;
+  EXPECT_NE(o.output.find("not an accelbench points file"), std::string::npos) << o.output;
+
+  std::ofstream(dir / "bad.csv") << "workload,params,metric,value,unit,source\nw,batch=1,tflops,lots,TFLOP/s,paper\n";
+  o = accelbench({"import", (dir / "bad.csv").string(), "--system", "X", "--out", store});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("bad.csv:2: value 'lots' is not a number"), std::string::npos) << o.output;
+
+  o = accelbench({"compare", ids[0], "--out", store});
+  EXPECT_EQ(o.code, 2) << o.output;
+  o = accelbench({"compare", ids[0], ids[1], "--out", store});
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_NE(o.output.find("1 matched point(s)"), std::string::npos) << o.output;
+  EXPECT_TRUE(std::regex_search(o.output, std::regex("stream +array_bytes=1048576 op=copy .*(faster|slower|same|unsure)"))) << o.output;
+  o = accelbench({"compare", ids[0], ids[1], "--format", "md", "--out", store});
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_NE(o.output.find("| workload | point | A | B | B/A | verdict |"), std::string::npos) << o.output;
+}
+
+}  // namespace

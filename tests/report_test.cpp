@@ -1,0 +1,301 @@
+// Tests for src/report: charts and tables from synthetic records (flagged points shown, never
+// dropped), escaping of hostile strings, the compare rule, CSV import, loading corrupt files,
+// Markdown. The browser end-to-end test is in report_e2e_test.cpp.
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "report/report.h"
+#include "results/results.h"
+
+namespace ab::report {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json rec(int seq, const std::string& workload, json params, const std::string& status = "ok", double median_s = 1e-3,
+         json rates = json::object(), json extra = json::object()) {
+  json r = {{"schema_version", 1}, {"run_id", "R1"}, {"seq", seq}, {"workload", workload}, {"device", "cuda:0"},
+            {"device_name", "Dev"}, {"params", std::move(params)}, {"status", status}};
+  if (status != "ok") {
+    r["reason"] = "because " + status;
+  } else {
+    r["time"] = {{"median_s", median_s}, {"p90_s", median_s * 1.1}, {"p99_s", median_s * 1.2}, {"converged", true},
+                 {"rel_spread", 0.004}, {"count", 20}, {"samples_s", json::array()}};
+    r["rates"] = std::move(rates);
+  }
+  for (const auto& [k, v] : extra.items()) r[k] = v;
+  return r;
+}
+
+ab::report::Run make_run(std::vector<json> points, const std::string& id = "R1") {
+  ab::report::Run r;
+  r.id = r.label = id;
+  r.origin = "test";
+  r.info = {{"run_id", id}, {"status", "complete"}};
+  r.context = {{"host", {{"hostname", "node1"}}}, {"measurement", {{"max_noise_pct", 1.0}}}};
+  r.points = std::move(points);
+  for (auto& p : r.points) p["run_id"] = id;
+  return r;
+}
+
+// A training-like sweep: batch x precision, with a skipped, an oom, an unconverged and a noisy point.
+ab::report::Run training_run() {
+  std::vector<json> pts;
+  int seq = 0;
+  for (const std::string prec : {"fp32", "bf16"}) {
+    for (int batch : {1, 2, 4, 8}) {
+      const double sps = batch * 100.0 * (prec == "bf16" ? 2 : 1);
+      json rates = {{"samples_per_s", sps}, {"tflops", sps / 1000}, {"primary", "tflops"}};
+      json extra = {{"counts", {{"samples", batch}, {"flops", batch * 1e9}, {"bytes", batch * 1e7}}},
+                    {"telemetry", {{"samples_per_j", sps / 300}, {"mean_power_w", 300.0}}}};
+      if (prec == "bf16" && batch == 8) pts.push_back(rec(seq++, "train", {{"batch", batch}, {"precision", prec}}, "oom"));
+      else pts.push_back(rec(seq++, "train", {{"batch", batch}, {"precision", prec}}, "ok", batch / sps, rates, extra));
+    }
+  }
+  pts.push_back(rec(seq++, "train", {{"batch", 16}, {"precision", "fp8"}}, "skipped"));
+  pts[1]["time"]["converged"] = false;
+  pts[1]["time"]["stop_reason"] = "timeout before the noise target";
+  pts[2]["time"]["rel_spread"] = 0.05;
+  return make_run(pts);
+}
+
+const Chart* find_chart(const Document& d, const std::string& title_part) {
+  for (const auto& s : d.sections)
+    for (const auto& b : s.blocks)
+      if (const auto* c = std::get_if<Chart>(&b); c && c->title.find(title_part) != std::string::npos) return c;
+  return nullptr;
+}
+
+const Section* find_section(const Document& d, const std::string& title_part) {
+  for (const auto& s : d.sections)
+    if (s.title.find(title_part) != std::string::npos) return &s;
+  return nullptr;
+}
+
+bool table_has(const Table& t, const std::string& text) {
+  for (const auto& row : t.rows)
+    for (const auto& c : row) {
+      if (c.text.find(text) != std::string::npos) return true;
+      for (const auto& b : c.badges)
+        if (b == text) return true;
+    }
+  return false;
+}
+
+TEST(ReportCharts, ThroughputVsBatchOnLog2WithEveryPointInTheTable) {
+  const ab::report::Run run = training_run();
+  const Document doc = build_report({run});
+  const Chart* c = find_chart(doc, "samples/s vs batch");
+  ASSERT_NE(c, nullptr);
+  const std::string spec = c->spec.dump();
+  EXPECT_NE(spec.find(R"("scale":{"base":2,"type":"log"})"), std::string::npos) << spec;
+  // Every point of the workload is a row: 8 measured or oom, 1 skipped.
+  EXPECT_EQ(c->table.rows.size(), 9u);
+  EXPECT_TRUE(table_has(c->table, "oom"));
+  EXPECT_TRUE(table_has(c->table, "skipped"));
+  EXPECT_TRUE(table_has(c->table, "unconverged"));
+  EXPECT_TRUE(table_has(c->table, "noisy"));
+  // The oom point is drawn as a cross with its status; the unconverged one keeps its value, shaped.
+  EXPECT_NE(spec.find(R"("shape":"cross")"), std::string::npos);
+  EXPECT_NE(spec.find(R"("status":"oom")"), std::string::npos);
+  EXPECT_NE(spec.find(R"("quality":"unconverged")"), std::string::npos);
+  EXPECT_NE(spec.find(R"("quality":"noisy")"), std::string::npos);
+  EXPECT_NE(c->note.find("1 oom"), std::string::npos) << c->note;
+  EXPECT_NE(c->note.find("1 skipped"), std::string::npos) << c->note;
+}
+
+TEST(ReportCharts, LatencyEnergyPrecisionAndRooflineCharts) {
+  const Document doc = build_report({training_run()});
+  const Chart* lat = find_chart(doc, "Latency percentiles");
+  ASSERT_NE(lat, nullptr);
+  EXPECT_EQ(lat->table.columns[lat->table.columns.size() - 4], "median");
+  EXPECT_NE(lat->spec.dump().find(R"("percentile":"p99")"), std::string::npos);
+  ASSERT_NE(find_chart(doc, "samples/J"), nullptr);
+
+  const Chart* prec = find_chart(doc, "Precision speed-up");
+  ASSERT_NE(prec, nullptr);
+  ASSERT_EQ(prec->table.rows.size(), 5u);  // the 4 bf16 points and the fp8 one
+  EXPECT_EQ(prec->table.rows[0].back().text, "2");  // bf16 runs at twice the fp32 rate
+  EXPECT_TRUE(table_has(prec->table, "oom"));
+  EXPECT_TRUE(table_has(prec->table, "no fp32 point"));
+
+  const Chart* roof = find_chart(doc, "Roofline");
+  ASSERT_NE(roof, nullptr);
+  EXPECT_TRUE(table_has(roof->table, "100"));  // FLOP/byte = 1e9 / 1e7
+  EXPECT_NE(roof->note.find("No ceilings were measured"), std::string::npos);
+}
+
+TEST(ReportCharts, RooflineDrawsMeasuredCeilings) {
+  ab::report::Run run = training_run();
+  run.points.push_back(rec(20, "ceilings", {{"target", "gemm.fp32"}}, "ok", 1e-3,
+                           {{"ceiling", {{"key", "gemm.fp32"}, {"value", 10.0}, {"unit", "TFLOP/s"}, {"source", "this point"}}}}));
+  run.points.push_back(rec(21, "ceilings", {{"target", "memory.bandwidth"}}, "ok", 1e-3,
+                           {{"ceiling", {{"key", "memory.bandwidth"}, {"value", 100.0}, {"unit", "GB/s"}, {"source", "this point"}}}}));
+  run.points.push_back(rec(22, "ceilings", {{"target", "gemm.bf16"}}, "skipped"));
+  const Document doc = build_report({run});
+  const Section* ceil = find_section(doc, "Measured ceilings");
+  ASSERT_NE(ceil, nullptr);
+  const auto& t = std::get<Table>(ceil->blocks[1]);
+  EXPECT_EQ(t.rows.size(), 3u);
+  EXPECT_TRUE(table_has(t, "skipped"));
+  const Chart* roof = find_chart(doc, "Roofline");
+  ASSERT_NE(roof, nullptr);
+  const std::string spec = roof->spec.dump();
+  // Ridge of gemm.fp32 at 10 TFLOP/s over 100 GB/s: 100 FLOP/byte.
+  EXPECT_NE(spec.find(R"("order":1,"roof":"gemm.fp32","x":100.0,"y":10.0)"), std::string::npos) << spec;
+  EXPECT_NE(roof->note.find("Roofs (measured)"), std::string::npos);
+  EXPECT_EQ(find_section(doc, "Workload: ceilings"), nullptr);  // ceilings have their own section
+}
+
+TEST(ReportCharts, ScalingEfficiencyAndPerPointFallback) {
+  std::vector<json> pts;
+  const double rates[] = {100, 190, 360};
+  int i = 0;
+  for (int g : {1, 2, 4}) pts.push_back(rec(i, "allreduce", {{"gpus", g}}, "ok", 1e-3, {{"samples_per_s", rates[i]}})), ++i;
+  pts.push_back(rec(3, "infer", {{"model", "resnet50"}}, "ok", 1e-3, {{"samples_per_s", 900.0}}));
+  pts.push_back(rec(4, "infer", {{"model", "bert"}}, "invalid"));
+  const Document doc = build_report({make_run(pts)});
+  const Chart* sc = find_chart(doc, "Scaling efficiency");
+  ASSERT_NE(sc, nullptr);
+  ASSERT_EQ(sc->table.rows.size(), 3u);
+  EXPECT_EQ(sc->table.rows[1].back().text, "0.95");
+  EXPECT_EQ(sc->table.rows[2].back().text, "0.9");
+  const Chart* bars = find_chart(doc, "per point");
+  ASSERT_NE(bars, nullptr);
+  EXPECT_TRUE(table_has(bars->table, "invalid"));
+  EXPECT_NE(bars->spec.dump().find(R"("status":"invalid")"), std::string::npos);
+}
+
+TEST(ReportSummary, AttentionTableListsEveryFlaggedPoint) {
+  const Document doc = build_report({training_run()});
+  const Section* s = find_section(doc, "Summary");
+  ASSERT_NE(s, nullptr);
+  const auto& t = std::get<Table>(s->blocks[1]);
+  EXPECT_EQ(t.rows.size(), 4u);  // unconverged, noisy, oom, skipped
+  EXPECT_NE(std::get<Paragraph>(s->blocks[0]).text.find("1 did not converge"), std::string::npos);
+}
+
+TEST(ReportEscaping, MarkupInRecordsIsInert) {
+  const std::string evil = "<script>alert(1)</script>\"'&";
+  std::vector<json> pts = {rec(0, evil, {{"batch", 1}, {"model", evil}}, "ok", 1e-3, {{"samples_per_s", 5.0}}),
+                           rec(1, evil, {{"batch", 2}, {"model", evil}}, "error", 0, {}, {{"reason", evil}}),
+                           rec(2, evil, {{"batch", 4}, {"model", evil}}, "ok", 1e-3, {{"samples_per_s", 9.0}})};
+  ab::report::Run run = make_run(pts, "R1");
+  run.context["host"]["hostname"] = evil;
+  run.context["command_line"] = evil;
+  const Document doc = build_report({run});
+  const std::string md = render_markdown(doc);
+  EXPECT_EQ(md.find("<script>"), std::string::npos);
+  EXPECT_NE(md.find("\\<script\\>alert(1)\\</script\\>"), std::string::npos);
+  std::string why;
+  if (!html_available(&why)) GTEST_SKIP() << "HTML: " << why;
+  const std::string html = render_html(doc);
+  EXPECT_EQ(html.find("<script>alert"), std::string::npos);
+  EXPECT_EQ(html.find("</script>\"'&"), std::string::npos);
+  EXPECT_NE(html.find("&lt;script&gt;alert(1)&lt;/script&gt;&quot;&#39;&amp;"), std::string::npos);
+  EXPECT_NE(html.find("\\u003cscript\\u003ealert(1)\\u003c/script\\u003e"), std::string::npos);
+  // Our scripts only: the capture, the three libraries, the drawing code, and one JSON spec per chart.
+  std::size_t scripts = 0;
+  for (std::size_t at = 0; (at = html.find("<script", at)) != std::string::npos; ++at) ++scripts;
+  EXPECT_EQ(scripts, 5 + doc.chart_count());
+}
+
+TEST(ReportEscaping, JsonForScriptCannotCloseTheElement) {
+  const json j = {{"a", "</script><!-- & \xE2\x80\xA8"}};
+  const std::string s = json_for_script(j);
+  EXPECT_EQ(s.find('<'), std::string::npos);
+  EXPECT_EQ(s.find('>'), std::string::npos);
+  EXPECT_EQ(s.find('&'), std::string::npos);
+  EXPECT_EQ(s.find("\xE2\x80\xA8"), std::string::npos);
+  EXPECT_EQ(json::parse(s), j);  // still the same JSON
+  EXPECT_EQ(escape_html("a<b>&\"'"), "a&lt;b&gt;&amp;&quot;&#39;");
+}
+
+TEST(ReportMarkdown, SameContentAsTables) {
+  const std::string md = render_markdown(build_report({training_run()}));
+  EXPECT_NE(md.find("## Workload: train"), std::string::npos);
+  EXPECT_NE(md.find("#### samples/s vs batch"), std::string::npos);
+  EXPECT_NE(md.find("| batch | precision | status | samples/s |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| oom: because oom |"), std::string::npos);
+  EXPECT_NE(md.find("ok · unconverged: did not converge: timeout before the noise target"), std::string::npos);
+}
+
+// Deterministic samples around `median` with relative noise `rel`.
+std::vector<double> samples(double median, double rel, int n, unsigned seed) {
+  std::vector<double> v;
+  unsigned x = seed * 2654435761u + 1;
+  for (int i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    const double u = (x >> 8) / double(1u << 24) - 0.5;  // [-0.5, 0.5)
+    v.push_back(median * (1 + 2 * rel * u));
+  }
+  return v;
+}
+
+TEST(CompareRule, MannWhitneyNormalApproximation) {
+  // U = 0 for fully separated samples of 5: z = (12.5 - 0.5) / sqrt(25 * 11 / 12), p = 0.01218.
+  EXPECT_NEAR(mann_whitney_p({1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}), 0.01218, 1e-4);
+  EXPECT_DOUBLE_EQ(mann_whitney_p({1, 1, 1}, {1, 1, 1}), 1.0);  // all tied
+  EXPECT_DOUBLE_EQ(mann_whitney_p({}, {1.0}), 1.0);
+  EXPECT_GT(mann_whitney_p({1, 3, 5, 7, 9}, {2, 4, 6, 8, 10}), 0.5);
+}
+
+TEST(CompareRule, FasterSlowerSameUnsure) {
+  const auto a = samples(1.0, 0.01, 50, 1);
+  auto c = compare_times(a, samples(0.8, 0.01, 50, 2));
+  EXPECT_EQ(c.verdict, Verdict::faster) << c.why;
+  EXPECT_NEAR(c.ratio, 1.25, 0.01);
+  EXPECT_EQ(compare_times(a, samples(1.3, 0.01, 50, 3)).verdict, Verdict::slower);
+  c = compare_times(a, samples(1.002, 0.001, 50, 4));
+  EXPECT_EQ(c.verdict, Verdict::same) << c.why;
+  c = compare_times(samples(1.0, 0.4, 8, 5), samples(1.05, 0.4, 8, 6));
+  EXPECT_EQ(c.verdict, Verdict::unsure) << c.why;
+  EXPECT_NE(c.why.find("noisy"), std::string::npos);
+  c = compare_times({1, 1, 1}, {2, 2, 2});
+  EXPECT_EQ(c.verdict, Verdict::unsure);
+  EXPECT_NE(c.why.find("too few samples"), std::string::npos);
+  // A single published figure is exact; the measured one brings its interval.
+  EXPECT_EQ(compare_rates(100, 0, 101, 0).verdict, Verdict::same);
+  EXPECT_EQ(compare_rates(100, 0, 150, 0).verdict, Verdict::faster);
+  EXPECT_EQ(compare_rates(100, 0.01, 80, 0).verdict, Verdict::slower);
+  EXPECT_EQ(compare_rates(100, 0.1, 105, 0).verdict, Verdict::unsure);
+}
+
+TEST(CompareRule, RunsMatchedByWorkloadAndAxes) {
+  auto with_samples = [](json r, const std::vector<double>& s) {
+    r["time"]["samples_s"] = s;
+    return r;
+  };
+  ab::report::Run a = make_run({with_samples(rec(0, "gemm", {{"m", 1024}}), samples(1.0, 0.01, 30, 1)),
+                    with_samples(rec(1, "gemm", {{"m", 2048}}), samples(1.0, 0.01, 30, 2)),
+                    rec(2, "gemm", {{"m", 4096}}, "oom"), rec(3, "gemm", {{"m", 8}})},
+                   "A");
+  ab::report::Run b = make_run({with_samples(rec(0, "gemm", {{"m", 1024.0}}), samples(0.5, 0.01, 30, 3)),
+                    with_samples(rec(1, "gemm", {{"m", 2048}}), samples(1.0, 0.01, 30, 4)),
+                    with_samples(rec(2, "gemm", {{"m", 4096}}), samples(1.0, 0.01, 30, 5)), rec(3, "gemm", {{"m", 16}})},
+                   "B");
+  const Document doc = build_comparison({a, b});
+  const Section* s = find_section(doc, "B (B) vs A (A)");
+  ASSERT_NE(s, nullptr);
+  const auto& t = std::get<Table>(s->blocks[1]);
+  ASSERT_EQ(t.rows.size(), 3u);
+  EXPECT_EQ(t.rows[0][5].badges[0], "faster");
+  EXPECT_EQ(t.rows[1][5].badges[0], "same");
+  EXPECT_EQ(t.rows[2][5].badges[0], "unsure");
+  EXPECT_NE(t.rows[2][8].text.find("A is oom"), std::string::npos);
+  const auto& only = std::get<Table>(s->blocks[2]);
+  EXPECT_EQ(only.rows.size(), 2u);  // m=8 only in A, m=16 only in B
+  EXPECT_NE(render_text(doc).find("faster"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ab::report
