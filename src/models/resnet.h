@@ -1,0 +1,52 @@
+// ResNet v1.5 and ResNeXt as torchvision defines them (bottleneck blocks, the stride on the 3x3
+// convolution, a batch norm after every convolution), built into an nn graph. One configuration
+// struct covers ResNet-50/101/152, ResNeXt-50/101 and tiny variants for the reference backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/graph.h"
+
+namespace ab::models {
+
+struct ResNetConfig {
+  std::string name = "resnet50";
+  std::vector<int> blocks{3, 4, 6, 3};                  // bottlenecks per stage
+  std::vector<std::int64_t> planes{64, 128, 256, 512};  // per stage; a block outputs planes * expansion
+  std::int64_t expansion = 4;
+  // ResNeXt: the 3x3 convolution has `groups` groups and the bottleneck is
+  // planes * width_per_group / 64 * groups wide (torchvision's rule); 1 and 64 give ResNet.
+  std::int64_t groups = 1;
+  std::int64_t width_per_group = 64;
+  std::int64_t in_channels = 3;
+  std::int64_t stem_channels = 64;
+  std::int64_t stem_kernel = 7;  // padding kernel / 2
+  std::int64_t stem_stride = 2;
+  bool stem_maxpool = true;      // 3x3, stride 2, padding 1
+  std::int64_t num_classes = 1000;
+};
+
+ResNetConfig resnet50();
+ResNetConfig resnet101();
+ResNetConfig resnext50_32x4d();
+ResNetConfig resnext101_32x4d();
+ResNetConfig resnext101_32x8d();
+// Two stages of one bottleneck each, a 3x3 stride-1 stem and no max pool: a few thousand
+// parameters, for small images on the reference backend (tests, CI).
+ResNetConfig tiny_resnet(std::int64_t in_channels, std::int64_t num_classes);
+
+// Adds the network to `b` and returns the logits [N, num_classes]. Layer and parameter names
+// follow torchvision's state_dict ("layer1.0.conv2.weight"). Throws nn::LayerError for a
+// configuration that does not fit (the message names the layer).
+nn::Value resnet(nn::GraphBuilder& b, nn::Value images, const ResNetConfig& c);
+
+// A classifier ready to train: images [N, C, H, W], i32 labels [N], logits and the mean
+// softmax cross-entropy loss (set as the graph's loss; logits kept readable).
+struct Classifier {
+  nn::Value images, labels, logits, loss;
+};
+Classifier build_classifier(nn::GraphBuilder& b, const ResNetConfig& c, std::int64_t batch, std::int64_t image_px);
+
+}  // namespace ab::models

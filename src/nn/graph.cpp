@@ -1,0 +1,171 @@
+// Graph: gradient flow, lifetimes and the memory plan (at construction); binding to a backend;
+// the fixed forward/backward/update sequence; the per-op report.
+#include <algorithm>
+
+#include "nn/graph_internal.h"
+
+namespace ab::nn {
+
+Graph::Graph(GraphBuilder&& builder) : s_(std::make_unique<State>()) {
+  GraphBuilder::State& b = *builder.s_;
+  s_->options = b.options;
+  s_->values = std::move(b.values);
+  s_->nodes = std::move(b.nodes);
+  s_->loss = b.loss;
+  if (s_->options.training && s_->loss < 0) throw Error("a training graph needs a loss (GraphBuilder::set_loss)");
+  for (const auto& node : s_->nodes) s_->specs.push_back(node.op->parameters());
+  s_->plan_gradients();
+  s_->plan_lifetimes();
+  s_->plan = plan_memory(s_->lifetimes);
+  s_->forward_s.assign(s_->n(), 0.0);
+  s_->backward_s.assign(s_->n(), 0.0);
+}
+
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+
+void Graph::State::plan_gradients() {
+  runs_backward.assign(n(), false);
+  din_accumulate.assign(n(), {});
+  zero_grads.assign(n(), {});
+  has_grad.assign(values.size(), false);
+  std::vector<bool> written(values.size(), false);
+  if (options.training && value(loss).requires_grad) has_grad[static_cast<std::size_t>(loss)] = true;
+  // Reverse order is the backward order: the first op met that writes a gradient overwrites it,
+  // later ones accumulate into it.
+  for (std::size_t i = n(); i-- > 0;) {
+    Node& node = nodes[i];
+    bool any_out = false;
+    for (int o : node.outputs) any_out = any_out || has_grad[static_cast<std::size_t>(o)];
+    bool trainable = false;
+    for (const auto& spec : specs[i]) trainable = trainable || spec.trainable();
+    bool any_in = false;
+    for (int in : node.inputs) any_in = any_in || value(in).requires_grad;
+    runs_backward[i] = options.training && any_out && (trainable || any_in);
+    std::vector<bool> needs(node.inputs.size(), false);
+    din_accumulate[i].assign(node.inputs.size(), false);
+    if (runs_backward[i]) {
+      for (int o : node.outputs)
+        if (!has_grad[static_cast<std::size_t>(o)]) {
+          has_grad[static_cast<std::size_t>(o)] = true;
+          zero_grads[i].push_back(o);
+        }
+      for (std::size_t s = 0; s < node.inputs.size(); ++s) {
+        const auto in = static_cast<std::size_t>(node.inputs[s]);
+        if (!values[in].requires_grad) continue;
+        needs[s] = true;
+        din_accumulate[i][s] = written[in];
+        written[in] = true;
+        has_grad[in] = true;
+      }
+    }
+    node.op->set_context(options.training, needs);
+  }
+}
+
+void Graph::State::plan_lifetimes() {
+  value_buffer.assign(values.size(), -1);
+  grad_buffer.assign(values.size(), -1);
+  saved_buffer.assign(n(), {});
+  std::vector<int> last(values.size()), grad_first(values.size(), -1);
+  for (std::size_t v = 0; v < values.size(); ++v) {
+    const ValueInfo& info = values[v];
+    last[v] = info.producer >= 0 ? fwd_step(static_cast<std::size_t>(info.producer)) : 0;
+    if (info.producer >= 0 && runs_backward[static_cast<std::size_t>(info.producer)] &&
+        nodes[static_cast<std::size_t>(info.producer)].op->backward_reads_output(info.producer_slot))
+      last[v] = std::max(last[v], bwd_step(static_cast<std::size_t>(info.producer)));
+    // Graph inputs stay intact for the whole step: a benchmark writes a batch once and replays
+    // steps on it, which it could not if backward reused the input's bytes.
+    if (info.keep || info.producer < 0) last[v] = end_step();
+  }
+  for (std::size_t i = 0; i < n(); ++i) {
+    const Node& node = nodes[i];
+    for (std::size_t s = 0; s < node.inputs.size(); ++s) {
+      const auto in = static_cast<std::size_t>(node.inputs[s]);
+      last[in] = std::max(last[in], fwd_step(i));
+      if (runs_backward[i] && node.op->backward_reads_input(static_cast<int>(s)))
+        last[in] = std::max(last[in], bwd_step(i));
+      // The gradient is first written by the last consumer in forward order (first in backward).
+      if (runs_backward[i] && has_grad[in]) grad_first[in] = std::max(grad_first[in], static_cast<int>(i));
+    }
+  }
+  for (std::size_t v = 0; v < values.size(); ++v) {
+    const ValueInfo& info = values[v];
+    const int first = info.producer >= 0 ? fwd_step(static_cast<std::size_t>(info.producer)) : 0;
+    value_buffer[v] = static_cast<int>(lifetimes.size());
+    lifetimes.push_back({info.desc.size_bytes(), first, last[v], info.name});
+  }
+  for (std::size_t v = 0; v < values.size(); ++v) {
+    if (!has_grad[v]) continue;
+    const ValueInfo& info = values[v];
+    // A graph input's gradient is kept to the end of the step for the caller to read.
+    const int end = info.producer >= 0 ? bwd_step(static_cast<std::size_t>(info.producer)) : end_step();
+    int first = grad_first[v] >= 0 ? bwd_step(static_cast<std::size_t>(grad_first[v])) : -1;
+    if (first < 0) first = end;  // zero-filled just before its producer's backward
+    // The loss's gradient is seeded when backward starts, whichever op produced the loss.
+    if (static_cast<int>(v) == loss) first = std::min(first, bwd_step(n() - 1));
+    grad_buffer[v] = static_cast<int>(lifetimes.size());
+    lifetimes.push_back({info.desc.size_bytes(), first, end, "grad " + info.name});
+  }
+  for (std::size_t i = 0; i < n(); ++i) {
+    const auto saved = nodes[i].op->saved();
+    for (std::size_t j = 0; j < saved.size(); ++j) {
+      saved_buffer[i].push_back(static_cast<int>(lifetimes.size()));
+      const int end = runs_backward[i] ? bwd_step(i) : fwd_step(i);
+      lifetimes.push_back({saved[j].size_bytes(), fwd_step(i), end,
+                           nodes[i].op->name() + ":saved" + std::to_string(j)});
+    }
+  }
+}
+
+const GraphOptions& Graph::options() const { return s_->options; }
+const Op& Graph::op(std::size_t i) const { return *s_->nodes.at(i).op; }
+std::size_t Graph::op_count() const { return s_->n(); }
+const std::vector<BufferLifetime>& Graph::buffers() const { return s_->lifetimes; }
+const MemoryPlan& Graph::memory_plan() const { return s_->plan; }
+
+std::int64_t Graph::parameter_count() const {
+  std::int64_t total = 0;
+  for (const auto& specs : s_->specs)
+    for (const auto& spec : specs)
+      if (spec.trainable()) total += spec.shape.numel();
+  return total;
+}
+
+std::int64_t Graph::forward_flops() const {
+  std::int64_t total = 0;
+  for (const auto& node : s_->nodes) total += node.op->flops(Pass::forward);
+  return total;
+}
+
+std::int64_t Graph::backward_flops() const {
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < s_->n(); ++i)
+    if (s_->runs_backward[i]) total += s_->nodes[i].op->flops(Pass::backward);
+  return total;
+}
+
+std::vector<OpReport> Graph::report() const {
+  std::vector<OpReport> rows;
+  for (std::size_t i = 0; i < s_->n(); ++i) {
+    const Op& op = *s_->nodes[i].op;
+    OpReport r;
+    r.name = op.name();
+    r.kind = std::string(op.kind());
+    r.out_shape = op.outputs().empty() ? Shape{} : op.outputs()[0].shape;
+    for (const auto& spec : s_->specs[i])
+      if (spec.trainable()) r.params += spec.shape.numel();
+    r.forward_flops = op.flops(Pass::forward);
+    r.forward_bytes = op.bytes(Pass::forward);
+    if (s_->runs_backward[i]) {
+      r.backward_flops = op.flops(Pass::backward);
+      r.backward_bytes = op.bytes(Pass::backward);
+    }
+    r.forward_s = s_->forward_s[i];
+    r.backward_s = s_->backward_s[i];
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+}  // namespace ab::nn

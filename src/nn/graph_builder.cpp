@@ -1,0 +1,99 @@
+// GraphBuilder: records inputs and layers, inferring shapes as each layer is added.
+#include "nn/graph_internal.h"
+
+namespace ab::nn {
+
+GraphBuilder::GraphBuilder(GraphOptions options) : s_(std::make_unique<State>()) { s_->options = options; }
+GraphBuilder::GraphBuilder(GraphBuilder&&) noexcept = default;
+GraphBuilder::~GraphBuilder() = default;
+
+namespace {
+
+// Rank-4 tensors take the graph's layout; others are row-major.
+Tensor place(const GraphOptions& o, DType dtype, const Shape& shape) {
+  return Tensor::describe(dtype, shape, shape.rank() == 4 ? o.layout : Layout::nchw);
+}
+
+}  // namespace
+
+Tensor graph_desc(const GraphOptions& o, DType dtype, const Shape& shape) { return place(o, dtype, shape); }
+
+Value GraphBuilder::input(const std::string& name, const Shape& shape, bool requires_grad) {
+  ValueInfo v;
+  v.name = name;
+  v.desc = place(s_->options, s_->options.dtype, shape);
+  v.requires_grad = requires_grad;
+  s_->values.push_back(std::move(v));
+  return Value{static_cast<int>(s_->values.size()) - 1};
+}
+
+Value GraphBuilder::input(const std::string& name, const Shape& shape, DType dtype) {
+  ValueInfo v;
+  v.name = name;
+  v.desc = place(s_->options, dtype, shape);
+  s_->values.push_back(std::move(v));
+  return Value{static_cast<int>(s_->values.size()) - 1};
+}
+
+std::vector<Value> GraphBuilder::add(std::unique_ptr<Op> op, const std::vector<Value>& inputs) {
+  if (!op) throw Error("GraphBuilder::add: null op");
+  const std::string label = "layer '" + op->name() + "' (" + std::string(op->kind()) + "): ";
+  if (s_->names.count(op->name()) != 0) throw LayerError(label + "the name is already used");
+  Node node;
+  std::vector<Tensor> descs;
+  bool requires_grad = false;
+  for (Value in : inputs) {
+    if (in.id < 0 || in.id >= static_cast<int>(s_->values.size()))
+      throw LayerError(label + "input value " + std::to_string(in.id) + " does not exist");
+    descs.push_back(s_->values[static_cast<std::size_t>(in.id)].desc);
+    requires_grad = requires_grad || s_->values[static_cast<std::size_t>(in.id)].requires_grad;
+    node.inputs.push_back(in.id);
+  }
+  const std::vector<Tensor> outs = op->infer(descs);
+  for (const auto& spec : op->parameters()) requires_grad = requires_grad || spec.trainable();
+  std::vector<Value> result;
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    ValueInfo v;
+    v.name = op->name() + (outs.size() > 1 ? ":" + std::to_string(i) : "");
+    v.desc = place(s_->options, outs[i].dtype, outs[i].shape);
+    v.producer = static_cast<int>(s_->nodes.size());
+    v.producer_slot = static_cast<int>(i);
+    v.requires_grad = requires_grad;
+    s_->values.push_back(std::move(v));
+    node.outputs.push_back(static_cast<int>(s_->values.size()) - 1);
+    result.push_back(Value{node.outputs.back()});
+  }
+  s_->names.insert(op->name());
+  node.op = std::move(op);
+  s_->nodes.push_back(std::move(node));
+  return result;
+}
+
+Value GraphBuilder::add1(std::unique_ptr<Op> op, const std::vector<Value>& inputs) {
+  const std::string label = op ? "layer '" + op->name() + "' (" + std::string(op->kind()) + "): " : "";
+  auto outs = add(std::move(op), inputs);
+  if (outs.size() != 1) throw LayerError(label + "has " + std::to_string(outs.size()) + " outputs, expected one");
+  return outs[0];
+}
+
+void GraphBuilder::set_loss(Value v) {
+  const Tensor& d = desc(v);
+  if (d.numel() != 1) throw Error("the loss must be a scalar, got " + d.shape.to_string());
+  s_->loss = v.id;
+  mark_output(v);
+}
+
+void GraphBuilder::mark_output(Value v) {
+  desc(v);  // validates
+  s_->values[static_cast<std::size_t>(v.id)].keep = true;
+}
+
+const Tensor& GraphBuilder::desc(Value v) const {
+  if (v.id < 0 || v.id >= static_cast<int>(s_->values.size()))
+    throw Error("value " + std::to_string(v.id) + " does not exist");
+  return s_->values[static_cast<std::size_t>(v.id)].desc;
+}
+
+const GraphOptions& GraphBuilder::options() const { return s_->options; }
+
+}  // namespace ab::nn

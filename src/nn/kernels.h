@@ -1,0 +1,141 @@
+// The per-op kernel contract a backend implements: ops (nn/ops.h) call these, and know nothing of
+// how a device computes. The reference implementation (nn/ref) is the float64-accumulating oracle;
+// the CUDA backend implements the same interface with cuDNN, cuBLASLt and its own kernels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "measure/timer.h"
+
+namespace ab::nn {
+
+// Rank-4 tensors are logical NCHW (filters KCRS) in any layout; a kernel reads the strides.
+struct Conv2dDesc {
+  std::int64_t stride_h = 1, stride_w = 1;
+  std::int64_t pad_h = 0, pad_w = 0;
+  std::int64_t dilation_h = 1, dilation_w = 1;
+  std::int64_t groups = 1;
+};
+
+// Max pooling window; padded positions never win (they count as -infinity, as in PyTorch).
+struct Pool2dDesc {
+  std::int64_t window_h = 1, window_w = 1;
+  std::int64_t stride_h = 1, stride_w = 1;
+  std::int64_t pad_h = 0, pad_w = 0;
+};
+
+// PyTorch's conventions: normalise with the biased batch variance, update the running variance
+// with the unbiased one; running = (1 - momentum) * running + momentum * batch.
+struct BatchNormDesc {
+  double epsilon = 1e-5;
+  double momentum = 0.1;
+};
+
+// v = momentum * v + (g + weight_decay * w);  w -= learning_rate * v   (PyTorch's SGD).
+struct SgdStep {
+  double learning_rate = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+};
+
+// LARS (You et al. 2017, as in MLPerf's ResNet reference): with adapt, the layer's learning rate
+// is scaled by trust = eta * |w| / (|g| + weight_decay * |w| + epsilon) (1 where a norm is 0);
+// v = momentum * v + lr * trust * (g + weight_decay * w);  w -= v.
+struct LarsStep {
+  double learning_rate = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  double trust_coefficient = 0.001;  // eta
+  double epsilon = 0.0;
+  bool adapt = true;  // false for batch-norm and bias parameters: plain momentum SGD
+};
+
+// Scratch memory for one kernel call (cuDNN workspaces): the graph sizes it once, at bind time,
+// from what prepare() asked for, and lends the same block to every op.
+struct Workspace {
+  void* data = nullptr;
+  std::int64_t bytes = 0;
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual std::string_view name() const = 0;  // "ref", "cuda"
+  virtual Allocator& allocator() = 0;
+  virtual std::unique_ptr<measure::IterationTimer> make_timer() = 0;
+  virtual void synchronize() = 0;
+
+  // Whole contiguous tensors to and from host bytes in the tensor's dtype.
+  virtual void upload(const Tensor& dst, const void* host) = 0;
+  virtual void download(const Tensor& src, void* host) = 0;
+  virtual void fill(const Tensor& t, double value) = 0;
+
+  // Called once per layer when a graph is bound. Throws Unsupported with the reason where this
+  // backend cannot store the tensor or run the configuration (the graph adds the layer's name).
+  // conv2d_prepare returns the workspace bytes the convolution needs; the CUDA backend runs and
+  // caches its algorithm search per shape here, so nothing is searched while timing.
+  virtual void check_tensor(const Tensor& t) = 0;
+  virtual std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+
+  // Backward kernels that produce an input gradient take `accumulate`: add into dx instead of
+  // overwriting it (cuDNN's beta = 1). That is how a value feeding several layers (a residual
+  // branch point) gets the sum of its gradients without a separate buffer and add.
+  virtual void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                              Workspace ws) = 0;
+  virtual void conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx,
+                                    bool accumulate, Workspace ws) = 0;
+  virtual void conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
+                                      Workspace ws) = 0;
+
+  // x, y: [N, C, H, W]; gamma, beta, running and saved statistics: [C].
+  virtual void batchnorm_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& running_mean,
+                                          const Tensor& running_var, const Tensor& y, const Tensor& saved_mean,
+                                          const Tensor& saved_invstd) = 0;
+  virtual void batchnorm_forward_inference(const BatchNormDesc& d, const Tensor& x, const Tensor& gamma,
+                                           const Tensor& beta, const Tensor& running_mean,
+                                           const Tensor& running_var, const Tensor& y) = 0;
+  virtual void batchnorm_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                  const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& dx,
+                                  bool accumulate, const Tensor& dgamma, const Tensor& dbeta) = 0;
+
+  // Elementwise ops take operands of one shape and layout. ReLU's backward reads its output
+  // (y > 0), so the input need not be kept and an in-place ReLU stays possible.
+  virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) = 0;
+  virtual void add_forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  virtual void copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate) = 0;  // dx (+)= dy
+
+  virtual void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) = 0;
+  // Routes dy to the first maximum of each window (row-major scan), as PyTorch does.
+  virtual void maxpool_backward(const Pool2dDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
+                                const Tensor& dx, bool accumulate) = 0;
+  // x: [N, C, H, W] -> y: [N, C], the mean over H and W.
+  virtual void global_avgpool_forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void global_avgpool_backward(const Tensor& dy, const Tensor& dx, bool accumulate) = 0;
+
+  // x: [N, in], w: [out, in], bias: [out] (may be undefined), y: [N, out]; y = x w^T + bias.
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
+  virtual void linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) = 0;
+  virtual void linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) = 0;
+
+  // logits: [N, K], labels: [N] i32 in [0, K), probs: [N, K] (kept for backward), loss: [1], the
+  // mean over the batch. dlogits = dloss * (probs - onehot(labels)) / N.
+  virtual void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                             const Tensor& loss) = 0;
+  virtual void softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
+                                              const Tensor& dlogits, bool accumulate) = 0;
+
+  // One optimizer step on one parameter tensor; v is its velocity (same shape, zeroed at start).
+  virtual void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) = 0;
+  virtual void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) = 0;
+};
+
+// The reference kernels (nn/ref): host memory, f32 or f64 storage, float64 accumulation, and
+// work split over outputs only, so results are bit-identical for any thread count.
+std::unique_ptr<Kernels> make_ref_kernels();
+
+}  // namespace ab::nn

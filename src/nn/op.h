@@ -1,0 +1,113 @@
+// The Op interface: one layer of a static graph. An op infers its output shapes from its inputs
+// and attributes, declares its parameters, runs forward and backward through Kernels, and counts
+// its own FLOPs and bytes (rules in docs/ENGINE.md), so every model figure is traceable to an op.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "nn/kernels.h"
+
+namespace ab::nn {
+
+enum class Pass { forward, backward };
+
+// What a parameter is, which decides its initialisation and how optimizers treat it (LARS does
+// not adapt or decay norm and bias parameters; running statistics are state, not trained).
+enum class ParamRole { weight, bias, norm_scale, norm_shift, running_stat };
+
+struct ParamInit {
+  enum class Dist { zeros, ones, normal, uniform };
+  Dist dist = Dist::zeros;
+  double scale = 0.0;  // normal: standard deviation; uniform: bound b of U(-b, b)
+};
+
+struct ParamSpec {
+  std::string name;  // "weight", "bias", "running_mean", ... (PyTorch's names)
+  Shape shape;
+  ParamRole role = ParamRole::weight;
+  ParamInit init;
+  bool trainable() const { return role != ParamRole::running_stat; }
+};
+
+// The tensors of one op call, bound once by the graph and reused every step. Gradient tensors
+// are undefined (null data) where none is computed: an input that needs no gradient (the images,
+// the labels) or a running statistic.
+struct OpTensors {
+  std::vector<Tensor> in, out, params, saved;
+  std::vector<Tensor> din, dout, dparams;
+  std::vector<bool> din_accumulate;  // add into din[i] rather than overwrite it
+  Workspace workspace;
+  bool training = true;  // batch statistics (training) or running statistics (inference)
+};
+
+// Thrown for a layer the graph cannot build: the message names the layer, its kind and the reason.
+class LayerError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Op {
+ public:
+  explicit Op(std::string name) : name_(std::move(name)) {}
+  virtual ~Op() = default;
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  const std::string& name() const { return name_; }
+  virtual std::string_view kind() const = 0;  // "conv2d", "batchnorm2d", ...
+
+  // Output descriptors (dtype and shape; the graph sets layout and strides) from the inputs'.
+  // Remembers both for the cost functions. Throws LayerError naming the layer and the reason.
+  std::vector<Tensor> infer(const std::vector<Tensor>& inputs);
+  const std::vector<Tensor>& inputs() const { return in_; }
+  const std::vector<Tensor>& outputs() const { return out_; }
+
+  virtual std::vector<ParamSpec> parameters() const { return {}; }
+  // Tensors written by forward and read by backward besides inputs and outputs (batch statistics).
+  virtual std::vector<Tensor> saved() const { return {}; }
+  // Which activations backward reads: the memory planner keeps exactly these alive.
+  virtual bool backward_reads_input(int /*i*/) const { return false; }
+  virtual bool backward_reads_output(int /*i*/) const { return false; }
+
+  // Set by the graph for the cost model: whether the graph trains (batch norm's forward differs)
+  // and whether input i's gradient is computed (the first layer's is not, which removes a
+  // convolution's data gradient from both the work and the count).
+  void set_context(bool training, std::vector<bool> input_needs_grad) {
+    training_ = training;
+    needs_grad_ = std::move(input_needs_grad);
+  }
+  bool input_needs_grad(int i) const { return needs_grad_.empty() || needs_grad_[static_cast<std::size_t>(i)]; }
+
+  // Checks the backend can run this layer (descriptors only, no data) and returns the workspace
+  // bytes it needs. The default checks every tensor's storage type; convolution asks for its
+  // algorithm. Throws Unsupported; the graph prefixes the layer's name.
+  virtual std::int64_t prepare(Kernels& k, const OpTensors& descs);
+  virtual void forward(Kernels& k, const OpTensors& t) = 0;
+  virtual void backward(Kernels& k, const OpTensors& t) = 0;
+
+  // Per call, for the batch in the inferred shapes. A multiply-add is 2 FLOPs; bytes count each
+  // kernel's operands read once and results written once (docs/ENGINE.md).
+  virtual std::int64_t flops(Pass p) const = 0;
+  virtual std::int64_t bytes(Pass p) const = 0;
+
+ protected:
+  virtual std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) = 0;
+  // Throws LayerError "layer 'NAME' (KIND): reason" unless `ok`.
+  void require(bool ok, const std::string& reason) const;
+  [[noreturn]] void fail(const std::string& reason) const;
+  std::int64_t element_bytes() const;  // of the first input's dtype
+
+  std::vector<Tensor> in_, out_;
+  std::vector<bool> needs_grad_;
+  bool training_ = true;
+
+ private:
+  std::string name_;
+};
+
+}  // namespace ab::nn

@@ -1,0 +1,184 @@
+// Layers with parameters: convolution, batch norm, linear. Cost rules: docs/ENGINE.md.
+#include <cmath>
+
+#include "nn/ops.h"
+
+namespace ab::nn {
+namespace {
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
+
+std::int64_t conv_out_extent(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t pad,
+                             std::int64_t dilation) {
+  const std::int64_t span = dilation * (kernel - 1) + 1;
+  if (in + 2 * pad < span) return 0;
+  return (in + 2 * pad - span) / stride + 1;
+}
+
+}  // namespace
+
+// ---- conv2d
+
+std::vector<Tensor> Conv2d::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
+  const Tensor& x = in[0];
+  require(x.shape.rank() == 4, "input must be [N, C, H, W], got " + x.shape.to_string());
+  require(is_float(x.dtype), "input dtype " + std::string(to_string(x.dtype)) + " is not a floating type");
+  const Conv2dDesc& c = a_.conv;
+  require(a_.out_channels >= 1 && a_.kernel_h >= 1 && a_.kernel_w >= 1, "out_channels and kernel must be >= 1");
+  require(c.stride_h >= 1 && c.stride_w >= 1, "stride must be >= 1");
+  require(c.dilation_h >= 1 && c.dilation_w >= 1, "dilation must be >= 1");
+  require(c.pad_h >= 0 && c.pad_w >= 0, "padding must be >= 0");
+  require(c.groups >= 1, "groups must be >= 1");
+  require(x.shape[1] % c.groups == 0, "input channels " + std::to_string(x.shape[1]) + " not divisible by groups " +
+                                          std::to_string(c.groups));
+  require(a_.out_channels % c.groups == 0, "output channels " + std::to_string(a_.out_channels) +
+                                               " not divisible by groups " + std::to_string(c.groups));
+  const std::int64_t oh = conv_out_extent(x.shape[2], a_.kernel_h, c.stride_h, c.pad_h, c.dilation_h);
+  const std::int64_t ow = conv_out_extent(x.shape[3], a_.kernel_w, c.stride_w, c.pad_w, c.dilation_w);
+  require(oh >= 1 && ow >= 1, "dilated kernel " + std::to_string(a_.kernel_h) + "x" + std::to_string(a_.kernel_w) +
+                                  " does not fit the padded input " + x.shape.to_string());
+  return {Tensor::describe(x.dtype, Shape{x.shape[0], a_.out_channels, oh, ow})};
+}
+
+std::vector<ParamSpec> Conv2d::parameters() const {
+  const std::int64_t cin = in_.empty() ? 0 : in_[0].shape[1];
+  // torchvision's ResNet init: kaiming_normal_(mode="fan_out", nonlinearity="relu"),
+  // fan_out = out_channels * kernel area (PyTorch ignores groups here).
+  const double fan_out = static_cast<double>(a_.out_channels * a_.kernel_h * a_.kernel_w);
+  ParamSpec w{"weight", Shape{a_.out_channels, cin / a_.conv.groups, a_.kernel_h, a_.kernel_w}, ParamRole::weight,
+              {ParamInit::Dist::normal, std::sqrt(2.0 / fan_out)}};
+  return {w};
+}
+
+std::int64_t Conv2d::macs() const {
+  const Shape& y = out_[0].shape;
+  return y[0] * y[1] * y[2] * y[3] * (in_[0].shape[1] / a_.conv.groups) * a_.kernel_h * a_.kernel_w;
+}
+
+std::int64_t Conv2d::prepare(Kernels& k, const OpTensors& d) {
+  Op::prepare(k, d);
+  return k.conv2d_prepare(a_.conv, d.in[0], d.params[0], d.out[0]);
+}
+
+void Conv2d::forward(Kernels& k, const OpTensors& t) {
+  k.conv2d_forward(a_.conv, t.in[0], t.params[0], t.out[0], t.workspace);
+}
+
+void Conv2d::backward(Kernels& k, const OpTensors& t) {
+  if (t.din[0].defined())
+    k.conv2d_backward_data(a_.conv, t.dout[0], t.params[0], t.din[0], t.din_accumulate[0], t.workspace);
+  k.conv2d_backward_filter(a_.conv, t.in[0], t.dout[0], t.dparams[0], t.workspace);
+}
+
+std::int64_t Conv2d::flops(Pass p) const {
+  // Backward: the filter gradient always, the data gradient where the input needs one; each
+  // costs as much as the forward pass.
+  return 2 * macs() * (p == Pass::forward ? 1 : (input_needs_grad(0) ? 2 : 1));
+}
+
+std::int64_t Conv2d::bytes(Pass p) const {
+  const std::int64_t x = in_[0].numel(), y = out_[0].numel();
+  const std::int64_t w = a_.out_channels * (in_[0].shape[1] / a_.conv.groups) * a_.kernel_h * a_.kernel_w;
+  if (p == Pass::forward) return (x + w + y) * element_bytes();
+  const std::int64_t filter = x + y + w, data = input_needs_grad(0) ? y + w + x : 0;
+  return (filter + data) * element_bytes();
+}
+
+// ---- batchnorm2d
+
+std::vector<Tensor> BatchNorm2d::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
+  require(in[0].shape.rank() == 4, "input must be [N, C, H, W], got " + in[0].shape.to_string());
+  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require(d_.epsilon > 0, "epsilon must be > 0");
+  return {Tensor::describe(in[0].dtype, in[0].shape)};
+}
+
+std::vector<ParamSpec> BatchNorm2d::parameters() const {
+  const Shape c{in_.empty() ? 0 : in_[0].shape[1]};
+  return {{"weight", c, ParamRole::norm_scale, {ParamInit::Dist::ones, 0}},
+          {"bias", c, ParamRole::norm_shift, {ParamInit::Dist::zeros, 0}},
+          {"running_mean", c, ParamRole::running_stat, {ParamInit::Dist::zeros, 0}},
+          {"running_var", c, ParamRole::running_stat, {ParamInit::Dist::ones, 0}}};
+}
+
+std::vector<Tensor> BatchNorm2d::saved() const {
+  const Tensor c = Tensor::describe(in_[0].dtype, Shape{in_[0].shape[1]});
+  return {c, c};
+}
+
+void BatchNorm2d::forward(Kernels& k, const OpTensors& t) {
+  const auto& p = t.params;
+  if (t.training)
+    k.batchnorm_forward_training(d_, t.in[0], p[0], p[1], p[2], p[3], t.out[0], t.saved[0], t.saved[1]);
+  else
+    k.batchnorm_forward_inference(d_, t.in[0], p[0], p[1], p[2], p[3], t.out[0]);
+}
+
+void BatchNorm2d::backward(Kernels& k, const OpTensors& t) {
+  k.batchnorm_backward(d_, t.in[0], t.dout[0], t.params[0], t.saved[0], t.saved[1], t.din[0],
+                       t.din_accumulate.empty() ? false : t.din_accumulate[0], t.dparams[0], t.dparams[1]);
+}
+
+std::int64_t BatchNorm2d::flops(Pass p) const {
+  // Per element: training forward 6 (sum, sum of squares, normalise, scale and shift), inference
+  // forward 2 (one folded scale and shift), backward 9 (two reductions and the data gradient).
+  const std::int64_t n = in_[0].numel();
+  if (p == Pass::backward) return 9 * n;
+  return (training_ ? 6 : 2) * n;
+}
+
+std::int64_t BatchNorm2d::bytes(Pass p) const {
+  const std::int64_t n = in_[0].numel(), c = in_[0].shape[1];
+  if (p == Pass::backward) return (2 * n + (input_needs_grad(0) ? n : 0) + 5 * c) * element_bytes();
+  // Training reads gamma, beta and the running statistics and writes them and the saved pair.
+  return (2 * n + (training_ ? 8 : 4) * c) * element_bytes();
+}
+
+// ---- linear
+
+std::vector<Tensor> Linear::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
+  require(in[0].shape.rank() == 2, "input must be [N, features], got " + in[0].shape.to_string());
+  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require(out_features_ >= 1, "out_features must be >= 1");
+  return {Tensor::describe(in[0].dtype, Shape{in[0].shape[0], out_features_})};
+}
+
+std::vector<ParamSpec> Linear::parameters() const {
+  const std::int64_t fan_in = in_.empty() ? 0 : in_[0].shape[1];
+  // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
+  const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+  std::vector<ParamSpec> p{{"weight", Shape{out_features_, fan_in}, ParamRole::weight,
+                            {ParamInit::Dist::uniform, bound}}};
+  if (bias_) p.push_back({"bias", Shape{out_features_}, ParamRole::bias, {ParamInit::Dist::uniform, bound}});
+  return p;
+}
+
+std::int64_t Linear::macs() const { return in_[0].shape[0] * in_[0].shape[1] * out_features_; }
+
+void Linear::forward(Kernels& k, const OpTensors& t) {
+  k.linear_forward(t.in[0], t.params[0], bias_ ? t.params[1] : Tensor{}, t.out[0]);
+}
+
+void Linear::backward(Kernels& k, const OpTensors& t) {
+  if (t.din[0].defined()) k.linear_backward_data(t.dout[0], t.params[0], t.din[0], t.din_accumulate[0]);
+  k.linear_backward_weights(t.in[0], t.dout[0], t.dparams[0], bias_ ? t.dparams[1] : Tensor{});
+}
+
+std::int64_t Linear::flops(Pass p) const {
+  const std::int64_t bias = bias_ ? in_[0].shape[0] * out_features_ : 0;
+  if (p == Pass::forward) return 2 * macs() + bias;
+  return 2 * macs() * (input_needs_grad(0) ? 2 : 1) + bias;
+}
+
+std::int64_t Linear::bytes(Pass p) const {
+  const std::int64_t x = in_[0].numel(), y = out_[0].numel(), w = out_features_ * in_[0].shape[1];
+  const std::int64_t b = bias_ ? out_features_ : 0;
+  if (p == Pass::forward) return (x + w + b + y) * element_bytes();
+  const std::int64_t data = input_needs_grad(0) ? y + w + x : 0;
+  return (data + x + y + w + b) * element_bytes();
+}
+
+}  // namespace ab::nn

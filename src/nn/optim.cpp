@@ -1,0 +1,59 @@
+#include "nn/optim.h"
+
+#include "core/error.h"
+
+namespace ab::nn {
+
+void Optimizer::step(Kernels& k, std::vector<Parameter>& params) {
+  const void* key = params.empty() ? nullptr : params[0].value.data;
+  if (velocities_.size() != params.size() || bound_to_ != key) {
+    // First step (or another graph): one zeroed block holds every trainable parameter's velocity.
+    bound_to_ = key;
+    velocities_.assign(params.size(), Tensor{});
+    std::int64_t total = 0;
+    for (const auto& p : params)
+      if (p.spec.trainable()) total += align_up(p.value.size_bytes());
+    velocity_ = Buffer(k.allocator(), total);
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].spec.trainable()) continue;
+      velocities_[i] = velocity_.view(params[i].value, offset);
+      offset += align_up(params[i].value.size_bytes());
+      k.fill(velocities_[i], 0.0);
+    }
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].spec.trainable()) continue;
+    if (!params[i].grad.defined()) throw Error("optimizer: parameter " + params[i].name + " has no gradient");
+    update(k, params[i], velocities_[i]);
+  }
+}
+
+namespace {
+
+bool is_norm_or_bias(ParamRole r) {
+  return r == ParamRole::bias || r == ParamRole::norm_scale || r == ParamRole::norm_shift;
+}
+
+}  // namespace
+
+void Sgd::update(Kernels& k, const Parameter& p, const Tensor& velocity) {
+  SgdStep s;
+  s.learning_rate = learning_rate();
+  s.momentum = momentum_;
+  s.weight_decay = (decay_norm_and_bias_ || !is_norm_or_bias(p.spec.role)) ? weight_decay_ : 0.0;
+  k.sgd_update(s, p.value, p.grad, velocity);
+}
+
+void Lars::update(Kernels& k, const Parameter& p, const Tensor& velocity) {
+  LarsStep s;
+  s.learning_rate = learning_rate();
+  s.momentum = momentum_;
+  s.trust_coefficient = eta_;
+  s.epsilon = epsilon_;
+  s.adapt = !is_norm_or_bias(p.spec.role);
+  s.weight_decay = s.adapt ? weight_decay_ : 0.0;
+  k.lars_update(s, p.value, p.grad, velocity);
+}
+
+}  // namespace ab::nn

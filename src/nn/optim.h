@@ -1,0 +1,71 @@
+// Optimizers: one step over a graph's parameters through the backend's update kernels. Each
+// keeps its velocity buffers (allocated on the first step) and counts its own FLOPs and bytes.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "nn/graph.h"
+#include "nn/kernels.h"
+
+namespace ab::nn {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string_view name() const = 0;
+  void step(Kernels& k, std::vector<Parameter>& params);
+  void set_learning_rate(double lr) { learning_rate_ = lr; }
+  double learning_rate() const { return learning_rate_; }
+  // Per step, for `elements` trainable parameter elements of `element_bytes` each.
+  virtual std::int64_t flops(std::int64_t elements) const = 0;
+  virtual std::int64_t bytes(std::int64_t elements, std::int64_t element_bytes) const = 0;
+
+ protected:
+  explicit Optimizer(double lr) : learning_rate_(lr) {}
+  virtual void update(Kernels& k, const Parameter& p, const Tensor& velocity) = 0;
+
+ private:
+  double learning_rate_;
+  Buffer velocity_;
+  std::vector<Tensor> velocities_;
+  const void* bound_to_ = nullptr;  // the first parameter's storage: which graph the velocities are for
+};
+
+// PyTorch's SGD with momentum and weight decay; the decay applies to every parameter unless
+// `decay_norm_and_bias` is false (torchvision's --norm-weight-decay 0).
+class Sgd final : public Optimizer {
+ public:
+  Sgd(double lr, double momentum, double weight_decay, bool decay_norm_and_bias = true)
+      : Optimizer(lr), momentum_(momentum), weight_decay_(weight_decay), decay_norm_and_bias_(decay_norm_and_bias) {}
+  std::string_view name() const override { return "sgd"; }
+  std::int64_t flops(std::int64_t elements) const override { return 6 * elements; }
+  std::int64_t bytes(std::int64_t elements, std::int64_t element_bytes) const override {
+    return 5 * elements * element_bytes;  // read w, g, v; write w, v
+  }
+
+ private:
+  void update(Kernels& k, const Parameter& p, const Tensor& velocity) override;
+  double momentum_, weight_decay_;
+  bool decay_norm_and_bias_;
+};
+
+// LARS as MLPerf's ResNet reference runs it: layer-wise trust ratio for weights; batch-norm
+// and bias parameters take plain momentum SGD without decay.
+class Lars final : public Optimizer {
+ public:
+  Lars(double lr, double momentum, double weight_decay, double trust_coefficient = 0.001, double epsilon = 0.0)
+      : Optimizer(lr), momentum_(momentum), weight_decay_(weight_decay), eta_(trust_coefficient), epsilon_(epsilon) {}
+  std::string_view name() const override { return "lars"; }
+  std::int64_t flops(std::int64_t elements) const override { return 10 * elements; }  // + two norms
+  std::int64_t bytes(std::int64_t elements, std::int64_t element_bytes) const override {
+    return 7 * elements * element_bytes;  // norms read w, g; update reads w, g, v, writes w, v
+  }
+
+ private:
+  void update(Kernels& k, const Parameter& p, const Tensor& velocity) override;
+  double momentum_, weight_decay_, eta_, epsilon_;
+};
+
+}  // namespace ab::nn

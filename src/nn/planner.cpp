@@ -1,0 +1,82 @@
+#include "nn/planner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/tensor.h"
+
+namespace ab::nn {
+namespace {
+
+bool lifetimes_intersect(const BufferLifetime& a, const BufferLifetime& b) {
+  return a.first_step <= b.last_step && b.first_step <= a.last_step;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const std::vector<BufferLifetime>& buffers) {
+  MemoryPlan plan;
+  const std::size_t n = buffers.size();
+  plan.offsets_bytes.assign(n, 0);
+  std::vector<std::int64_t> sizes(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    sizes[i] = align_up(buffers[i].bytes);
+    plan.total_bytes += sizes[i];
+  }
+
+  // Largest first (ties: earlier start, then index) so that big buffers claim low offsets and small
+  // ones fill the gaps between them.
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (sizes[a] != sizes[b]) return sizes[a] > sizes[b];
+    if (buffers[a].first_step != buffers[b].first_step) return buffers[a].first_step < buffers[b].first_step;
+    return a < b;
+  });
+
+  std::vector<std::size_t> placed;
+  std::vector<std::pair<std::int64_t, std::int64_t>> busy;  // [begin, end) of conflicting buffers
+  for (std::size_t i : order) {
+    if (sizes[i] == 0) continue;
+    busy.clear();
+    for (std::size_t j : placed)
+      if (lifetimes_intersect(buffers[i], buffers[j]))
+        busy.emplace_back(plan.offsets_bytes[j], plan.offsets_bytes[j] + sizes[j]);
+    std::sort(busy.begin(), busy.end());
+    // The first gap from offset 0 upwards that holds the buffer.
+    std::int64_t offset = 0;
+    for (const auto& [begin, end] : busy) {
+      if (begin - offset >= sizes[i]) break;
+      offset = std::max(offset, end);
+    }
+    plan.offsets_bytes[i] = offset;
+    plan.peak_bytes = std::max(plan.peak_bytes, offset + sizes[i]);
+    placed.push_back(i);
+  }
+
+  // The live-bytes bound: at each step, the sum of the buffers alive then.
+  int last = 0;
+  for (const auto& b : buffers) last = std::max(last, b.last_step);
+  std::vector<std::int64_t> live(static_cast<std::size_t>(last) + 2, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    live[static_cast<std::size_t>(buffers[i].first_step)] += sizes[i];
+    live[static_cast<std::size_t>(buffers[i].last_step) + 1] -= sizes[i];
+  }
+  std::int64_t running = 0;
+  for (std::int64_t delta : live) {
+    running += delta;
+    plan.live_bound_bytes = std::max(plan.live_bound_bytes, running);
+  }
+  return plan;
+}
+
+bool plan_conflict(const std::vector<BufferLifetime>& buffers, const MemoryPlan& plan, std::size_t i,
+                   std::size_t j) {
+  if (i == j || !lifetimes_intersect(buffers[i], buffers[j])) return false;
+  if (buffers[i].bytes == 0 || buffers[j].bytes == 0) return false;
+  const std::int64_t bi = plan.offsets_bytes[i], ei = bi + buffers[i].bytes;
+  const std::int64_t bj = plan.offsets_bytes[j], ej = bj + buffers[j].bytes;
+  return bi < ej && bj < ei;
+}
+
+}  // namespace ab::nn

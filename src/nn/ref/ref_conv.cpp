@@ -1,0 +1,162 @@
+// Reference convolution: direct loops over strided NCHW/NHWC tensors, float64 accumulators.
+// Each parallel task owns whole outputs (a (n, k) plane, a (n, c) plane, a filter row), so the
+// order of every sum is fixed whatever the thread count.
+#include <algorithm>
+#include <vector>
+
+#include "nn/ref/ref_kernels.h"
+
+namespace ab::nn::ref {
+namespace {
+
+// The output positions o in [lo, hi) whose input index o * stride + offset lies in [0, extent).
+struct Range {
+  std::int64_t lo, hi;
+};
+Range valid_outputs(std::int64_t offset, std::int64_t stride, std::int64_t extent, std::int64_t out_extent) {
+  const std::int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  const std::int64_t hi = extent - 1 - offset < 0 ? 0 : (extent - 1 - offset) / stride + 1;
+  return {lo, std::min(hi, out_extent)};
+}
+
+template <typename T>
+void conv_forward(const Conv2dDesc& d, const Tensor& xt, const Tensor& wt, const Tensor& yt) {
+  const View4<const T> x(xt), w(wt);
+  const View4<T> y(yt);
+  const std::int64_t cg = x.c / d.groups, kg = y.c / d.groups, planes = y.n * y.c;
+#pragma omp parallel if (worth_threads(y.n * y.c * y.h * y.w * cg * w.h * w.w))
+  {
+    std::vector<double> acc(sz(y.h * y.w));
+#pragma omp for schedule(static)
+    for (std::int64_t nk = 0; nk < planes; ++nk) {
+      const std::int64_t n = nk / y.c, k = nk % y.c, g = k / kg;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::int64_t c = 0; c < cg; ++c) {
+        const T* xp = x.plane(n, g * cg + c);
+        for (std::int64_t r = 0; r < w.h; ++r) {
+          for (std::int64_t s = 0; s < w.w; ++s) {
+            const double wv = w.at(k, c, r, s);
+            const std::int64_t off_w = s * d.dilation_w - d.pad_w;
+            const Range ow = valid_outputs(off_w, d.stride_w, x.w, y.w);
+            for (std::int64_t oh = 0; oh < y.h; ++oh) {
+              const std::int64_t ih = oh * d.stride_h - d.pad_h + r * d.dilation_h;
+              if (ih < 0 || ih >= x.h) continue;
+              const T* row = xp + ih * x.sh;
+              double* out = acc.data() + oh * y.w;
+              for (std::int64_t o = ow.lo; o < ow.hi; ++o) out[o] += wv * row[(o * d.stride_w + off_w) * x.sw];
+            }
+          }
+        }
+      }
+      for (std::int64_t oh = 0; oh < y.h; ++oh)
+        for (std::int64_t o = 0; o < y.w; ++o) y.at(n, k, oh, o) = static_cast<T>(acc[sz(oh * y.w + o)]);
+    }
+  }
+}
+
+template <typename T>
+void conv_backward_data(const Conv2dDesc& d, const Tensor& dyt, const Tensor& wt, const Tensor& dxt, bool accumulate) {
+  const View4<const T> dy(dyt), w(wt);
+  const View4<T> dx(dxt);
+  const std::int64_t cg = dx.c / d.groups, kg = dy.c / d.groups, planes = dx.n * dx.c;
+#pragma omp parallel if (worth_threads(dx.n * dx.c * dx.h * dx.w * kg * w.h * w.w))
+  {
+    std::vector<double> acc(sz(dx.h * dx.w));
+#pragma omp for schedule(static)
+    for (std::int64_t nc = 0; nc < planes; ++nc) {
+      const std::int64_t n = nc / dx.c, ci = nc % dx.c, g = ci / cg, c = ci % cg;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::int64_t k = g * kg; k < (g + 1) * kg; ++k) {
+        const T* dyp = dy.plane(n, k);
+        for (std::int64_t r = 0; r < w.h; ++r) {
+          for (std::int64_t s = 0; s < w.w; ++s) {
+            const double wv = w.at(k, c, r, s);
+            const std::int64_t off_w = s * d.dilation_w - d.pad_w;
+            const Range ow = valid_outputs(off_w, d.stride_w, dx.w, dy.w);
+            for (std::int64_t oh = 0; oh < dy.h; ++oh) {
+              const std::int64_t ih = oh * d.stride_h - d.pad_h + r * d.dilation_h;
+              if (ih < 0 || ih >= dx.h) continue;
+              const T* row = dyp + oh * dy.sh;
+              double* in = acc.data() + ih * dx.w;
+              for (std::int64_t o = ow.lo; o < ow.hi; ++o) in[o * d.stride_w + off_w] += wv * row[o * dy.sw];
+            }
+          }
+        }
+      }
+      for (std::int64_t ih = 0; ih < dx.h; ++ih)
+        for (std::int64_t iw = 0; iw < dx.w; ++iw) {
+          T& out = dx.at(n, ci, ih, iw);
+          const double v = acc[sz(ih * dx.w + iw)];
+          out = static_cast<T>(accumulate ? static_cast<double>(out) + v : v);
+        }
+    }
+  }
+}
+
+template <typename T>
+void conv_backward_filter(const Conv2dDesc& d, const Tensor& xt, const Tensor& dyt, const Tensor& dwt) {
+  const View4<const T> x(xt), dy(dyt);
+  const View4<T> dw(dwt);
+  const std::int64_t cg = dw.c, kg = dy.c / d.groups;
+#pragma omp parallel for schedule(static) if (worth_threads(dw.n * cg * dw.h * dw.w * x.n * dy.h * dy.w))
+  for (std::int64_t k = 0; k < dw.n; ++k) {
+    const std::int64_t g = k / kg;
+    for (std::int64_t c = 0; c < cg; ++c) {
+      for (std::int64_t r = 0; r < dw.h; ++r) {
+        for (std::int64_t s = 0; s < dw.w; ++s) {
+          const std::int64_t off_w = s * d.dilation_w - d.pad_w;
+          const Range ow = valid_outputs(off_w, d.stride_w, x.w, dy.w);
+          double acc = 0.0;
+          for (std::int64_t n = 0; n < x.n; ++n) {
+            const T* xp = x.plane(n, g * cg + c);
+            const T* dyp = dy.plane(n, k);
+            for (std::int64_t oh = 0; oh < dy.h; ++oh) {
+              const std::int64_t ih = oh * d.stride_h - d.pad_h + r * d.dilation_h;
+              if (ih < 0 || ih >= x.h) continue;
+              const T* xrow = xp + ih * x.sh;
+              const T* dyrow = dyp + oh * dy.sh;
+              for (std::int64_t o = ow.lo; o < ow.hi; ++o)
+                acc += static_cast<double>(dyrow[o * dy.sw]) * xrow[(o * d.stride_w + off_w) * x.sw];
+            }
+          }
+          dw.at(k, c, r, s) = static_cast<T>(acc);
+        }
+      }
+    }
+  }
+}
+
+void check_conv_shapes(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
+  if (x.shape.rank() != 4 || w.shape.rank() != 4 || y.shape.rank() != 4 || x.dtype != w.dtype || x.dtype != y.dtype ||
+      w.shape[1] * d.groups != x.shape[1] || w.shape[0] != y.shape[1] || x.shape[0] != y.shape[0])
+    throw Error("ref conv2d: inconsistent tensors x " + x.to_string() + ", w " + w.to_string() + ", y " + y.to_string());
+}
+
+}  // namespace
+
+std::int64_t RefKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
+  check_tensor(x);
+  check_tensor(w);
+  check_tensor(y);
+  check_conv_shapes(d, x, w, y);
+  return 0;  // direct loops need no workspace
+}
+
+void RefKernels::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace) {
+  check_conv_shapes(d, x, w, y);
+  dispatch(x.dtype, [&](auto t) { conv_forward<decltype(t)>(d, x, w, y); });
+}
+
+void RefKernels::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx,
+                                      bool accumulate, Workspace) {
+  check_conv_shapes(d, dx, w, dy);
+  dispatch(dy.dtype, [&](auto t) { conv_backward_data<decltype(t)>(d, dy, w, dx, accumulate); });
+}
+
+void RefKernels::conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
+                                        Workspace) {
+  check_conv_shapes(d, x, dw, dy);
+  dispatch(x.dtype, [&](auto t) { conv_backward_filter<decltype(t)>(d, x, dy, dw); });
+}
+
+}  // namespace ab::nn::ref

@@ -1,0 +1,217 @@
+// Reference batch norm (training, inference, backward) and pooling (max, global average).
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "nn/ref/ref_kernels.h"
+
+namespace ab::nn::ref {
+namespace {
+
+// Calls f(n, h, w) over one channel's elements in a fixed order.
+template <typename V, typename F>
+void each_in_channel(const V& x, F&& f) {
+  for (std::int64_t n = 0; n < x.n; ++n)
+    for (std::int64_t h = 0; h < x.h; ++h)
+      for (std::int64_t w = 0; w < x.w; ++w) f(n, h, w);
+}
+
+template <typename T>
+T& at1(const Tensor& t, std::int64_t i) {
+  return t.as<T>()[i * t.strides[0]];
+}
+
+}  // namespace
+
+void RefKernels::batchnorm_forward_training(const BatchNormDesc& d, const Tensor& xt, const Tensor& gamma,
+                                            const Tensor& beta, const Tensor& rmean, const Tensor& rvar,
+                                            const Tensor& yt, const Tensor& smean, const Tensor& sinvstd) {
+  dispatch(xt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> x(xt);
+    const View4<T> y(yt);
+    const auto m = static_cast<double>(x.n * x.h * x.w);
+#pragma omp parallel for schedule(static) if (worth_threads(3 * xt.numel()))
+    for (std::int64_t c = 0; c < x.c; ++c) {
+      // Two passes (mean, then squared deviations): the oracle does not lose digits to cancellation.
+      double sum = 0.0;
+      each_in_channel(x, [&](auto n, auto h, auto w) { sum += x.at(n, c, h, w); });
+      const double mean = sum / m;
+      double sq = 0.0;
+      each_in_channel(x, [&](auto n, auto h, auto w) {
+        const double dv = x.at(n, c, h, w) - mean;
+        sq += dv * dv;
+      });
+      const double var = sq / m, invstd = 1.0 / std::sqrt(var + d.epsilon);
+      const double scale = at1<T>(gamma, c) * invstd, shift = at1<T>(beta, c);
+      each_in_channel(x, [&](auto n, auto h, auto w) {
+        y.at(n, c, h, w) = static_cast<T>((x.at(n, c, h, w) - mean) * scale + shift);
+      });
+      const double unbiased = m > 1 ? var * m / (m - 1) : var;
+      at1<T>(rmean, c) = static_cast<T>((1 - d.momentum) * at1<T>(rmean, c) + d.momentum * mean);
+      at1<T>(rvar, c) = static_cast<T>((1 - d.momentum) * at1<T>(rvar, c) + d.momentum * unbiased);
+      at1<T>(smean, c) = static_cast<T>(mean);
+      at1<T>(sinvstd, c) = static_cast<T>(invstd);
+    }
+  });
+}
+
+void RefKernels::batchnorm_forward_inference(const BatchNormDesc& d, const Tensor& xt, const Tensor& gamma,
+                                             const Tensor& beta, const Tensor& rmean, const Tensor& rvar,
+                                             const Tensor& yt) {
+  dispatch(xt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> x(xt);
+    const View4<T> y(yt);
+#pragma omp parallel for schedule(static) if (worth_threads(xt.numel()))
+    for (std::int64_t c = 0; c < x.c; ++c) {
+      const double invstd = 1.0 / std::sqrt(static_cast<double>(at1<T>(rvar, c)) + d.epsilon);
+      const double scale = at1<T>(gamma, c) * invstd, mean = at1<T>(rmean, c), shift = at1<T>(beta, c);
+      each_in_channel(x, [&](auto n, auto h, auto w) {
+        y.at(n, c, h, w) = static_cast<T>((x.at(n, c, h, w) - mean) * scale + shift);
+      });
+    }
+  });
+}
+
+void RefKernels::batchnorm_backward(const BatchNormDesc&, const Tensor& xt, const Tensor& dyt, const Tensor& gamma,
+                                    const Tensor& smean, const Tensor& sinvstd, const Tensor& dxt, bool accumulate,
+                                    const Tensor& dgamma, const Tensor& dbeta) {
+  dispatch(xt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> x(xt), dy(dyt);
+    const auto m = static_cast<double>(x.n * x.h * x.w);
+#pragma omp parallel for schedule(static) if (worth_threads(2 * xt.numel()))
+    for (std::int64_t c = 0; c < x.c; ++c) {
+      const double mean = at1<T>(smean, c), invstd = at1<T>(sinvstd, c);
+      double sum_dy = 0.0, sum_dy_xhat = 0.0;
+      each_in_channel(x, [&](auto n, auto h, auto w) {
+        const double g = dy.at(n, c, h, w);
+        sum_dy += g;
+        sum_dy_xhat += g * (x.at(n, c, h, w) - mean) * invstd;
+      });
+      if (dgamma.defined()) at1<T>(dgamma, c) = static_cast<T>(sum_dy_xhat);
+      if (dbeta.defined()) at1<T>(dbeta, c) = static_cast<T>(sum_dy);
+      if (!dxt.defined()) continue;
+      const View4<T> dx(dxt);
+      const double k = at1<T>(gamma, c) * invstd;
+      each_in_channel(x, [&](auto n, auto h, auto w) {
+        const double xhat = (x.at(n, c, h, w) - mean) * invstd;
+        const double g = k * (dy.at(n, c, h, w) - sum_dy / m - xhat * sum_dy_xhat / m);
+        T& out = dx.at(n, c, h, w);
+        out = static_cast<T>(accumulate ? static_cast<double>(out) + g : g);
+      });
+    }
+  });
+}
+
+namespace {
+
+// The flat input index (h * W + w) of the first maximum in output (oh, ow)'s window; -1 if the
+// window is all padding (the op's shape rule prevents it).
+template <typename T>
+std::int64_t window_argmax(const Pool2dDesc& d, const T* plane, std::int64_t sh, std::int64_t sw, std::int64_t h,
+                           std::int64_t w, std::int64_t oh, std::int64_t ow, double* best_value) {
+  double best = -std::numeric_limits<double>::infinity();
+  std::int64_t arg = -1;
+  for (std::int64_t r = 0; r < d.window_h; ++r) {
+    const std::int64_t ih = oh * d.stride_h - d.pad_h + r;
+    if (ih < 0 || ih >= h) continue;
+    for (std::int64_t s = 0; s < d.window_w; ++s) {
+      const std::int64_t iw = ow * d.stride_w - d.pad_w + s;
+      if (iw < 0 || iw >= w) continue;
+      const double v = plane[ih * sh + iw * sw];
+      if (arg < 0 || v > best) {
+        best = v;
+        arg = ih * w + iw;
+      }
+    }
+  }
+  *best_value = best;
+  return arg;
+}
+
+}  // namespace
+
+void RefKernels::maxpool_forward(const Pool2dDesc& d, const Tensor& xt, const Tensor& yt) {
+  dispatch(xt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> x(xt);
+    const View4<T> y(yt);
+#pragma omp parallel for schedule(static) if (worth_threads(yt.numel() * d.window_h * d.window_w))
+    for (std::int64_t nc = 0; nc < x.n * x.c; ++nc) {
+      const std::int64_t n = nc / x.c, c = nc % x.c;
+      for (std::int64_t oh = 0; oh < y.h; ++oh)
+        for (std::int64_t ow = 0; ow < y.w; ++ow) {
+          double best = 0;
+          window_argmax(d, x.plane(n, c), x.sh, x.sw, x.h, x.w, oh, ow, &best);
+          y.at(n, c, oh, ow) = static_cast<T>(best);
+        }
+    }
+  });
+}
+
+void RefKernels::maxpool_backward(const Pool2dDesc& d, const Tensor& xt, const Tensor&, const Tensor& dyt,
+                                  const Tensor& dxt, bool accumulate) {
+  dispatch(xt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> x(xt), dy(dyt);
+    const View4<T> dx(dxt);
+#pragma omp parallel if (worth_threads(dyt.numel() * d.window_h * d.window_w))
+    {
+      std::vector<double> acc(sz(x.h * x.w));
+#pragma omp for schedule(static)
+      for (std::int64_t nc = 0; nc < x.n * x.c; ++nc) {
+        const std::int64_t n = nc / x.c, c = nc % x.c;
+        for (std::int64_t h = 0; h < x.h; ++h)
+          for (std::int64_t w = 0; w < x.w; ++w) acc[sz(h * x.w + w)] = accumulate ? dx.at(n, c, h, w) : 0.0;
+        for (std::int64_t oh = 0; oh < dy.h; ++oh)
+          for (std::int64_t ow = 0; ow < dy.w; ++ow) {
+            double best = 0;
+            const std::int64_t arg = window_argmax(d, x.plane(n, c), x.sh, x.sw, x.h, x.w, oh, ow, &best);
+            if (arg >= 0) acc[sz(arg)] += dy.at(n, c, oh, ow);
+          }
+        for (std::int64_t h = 0; h < x.h; ++h)
+          for (std::int64_t w = 0; w < x.w; ++w) dx.at(n, c, h, w) = static_cast<T>(acc[sz(h * x.w + w)]);
+      }
+    }
+  });
+}
+
+void RefKernels::global_avgpool_forward(const Tensor& xt, const Tensor& yt) {
+  dispatch(xt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> x(xt);
+    const View2<T> y(yt);
+    const auto area = static_cast<double>(x.h * x.w);
+#pragma omp parallel for schedule(static) if (worth_threads(xt.numel()))
+    for (std::int64_t nc = 0; nc < x.n * x.c; ++nc) {
+      const std::int64_t n = nc / x.c, c = nc % x.c;
+      double sum = 0.0;
+      for (std::int64_t h = 0; h < x.h; ++h)
+        for (std::int64_t w = 0; w < x.w; ++w) sum += x.at(n, c, h, w);
+      y.at(n, c) = static_cast<T>(sum / area);
+    }
+  });
+}
+
+void RefKernels::global_avgpool_backward(const Tensor& dyt, const Tensor& dxt, bool accumulate) {
+  dispatch(dyt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View2<const T> dy(dyt);
+    const View4<T> dx(dxt);
+    const auto area = static_cast<double>(dx.h * dx.w);
+#pragma omp parallel for schedule(static) if (worth_threads(dxt.numel()))
+    for (std::int64_t nc = 0; nc < dx.n * dx.c; ++nc) {
+      const std::int64_t n = nc / dx.c, c = nc % dx.c;
+      const double g = dy.at(n, c) / area;
+      for (std::int64_t h = 0; h < dx.h; ++h)
+        for (std::int64_t w = 0; w < dx.w; ++w) {
+          T& out = dx.at(n, c, h, w);
+          out = static_cast<T>(accumulate ? static_cast<double>(out) + g : g);
+        }
+    }
+  });
+}
+
+}  // namespace ab::nn::ref

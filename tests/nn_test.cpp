@@ -1,0 +1,522 @@
+// Tests for core/tensor and the nn ops on the reference kernels: every op's forward against an
+// independent naive formula, every op's backward against central finite differences on fresh
+// random inputs (f64 storage), the accumulate path of every input gradient, layouts, and
+// bit-identical results at any thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "nn/kernels.h"
+#include "nn/ops.h"
+
+namespace ab::nn {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// core/tensor
+
+TEST(Tensor, StridesAndLayouts) {
+  const Shape s{2, 3, 4, 5};
+  EXPECT_EQ(s.numel(), 120);
+  EXPECT_EQ(contiguous_strides(s, Layout::nchw), (Shape{60, 20, 5, 1}));
+  EXPECT_EQ(contiguous_strides(s, Layout::nhwc), (Shape{60, 1, 15, 3}));  // N, H, W, C
+  EXPECT_EQ(contiguous_strides(Shape{7, 9}, Layout::nhwc), (Shape{9, 1}));  // other ranks: row-major
+  const Tensor t = Tensor::describe(DType::bf16, s, Layout::nhwc);
+  EXPECT_EQ(t.size_bytes(), 240);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.to_string(), "bf16[2, 3, 4, 5] nhwc");
+  EXPECT_THROW(Shape({1, -2}), Error);
+  EXPECT_THROW(parse_layout("chwn"), UsageError);
+}
+
+TEST(Tensor, HostValuesKeepLogicalOrderInEveryLayout) {
+  HostAllocator alloc;
+  const Shape s{2, 3, 2, 2};
+  std::vector<double> v(static_cast<std::size_t>(s.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i) + 0.5;
+  Buffer a(alloc, 1024), b(alloc, 1024);
+  const Tensor nchw = a.view(Tensor::describe(DType::f32, s, Layout::nchw));
+  const Tensor nhwc = b.view(Tensor::describe(DType::f32, s, Layout::nhwc));
+  write_host(nchw, v);
+  write_host(nhwc, v);
+  EXPECT_EQ(read_host(nchw), v);
+  EXPECT_EQ(read_host(nhwc), v);
+  // Element (n=0, c=1, h=0, w=0) is logical index 4: second in NHWC memory, fifth in NCHW memory.
+  EXPECT_EQ(nhwc.as<float>()[1], 4.5f);
+  EXPECT_EQ(nchw.as<float>()[4], 4.5f);
+  EXPECT_EQ(alloc.bytes_in_use(), 2048);
+  EXPECT_THROW(a.view(Tensor::describe(DType::f64, Shape{200})), Error);  // 1600 bytes > 1024
+}
+
+TEST(Tensor, BufferReleasesOnMoveAndDestruction) {
+  HostAllocator alloc;
+  {
+    Buffer a(alloc, 4096);
+    Buffer b = std::move(a);
+    EXPECT_EQ(a.data(), nullptr);
+    EXPECT_EQ(alloc.bytes_in_use(), 4096);
+    b = Buffer(alloc, 100);
+    EXPECT_EQ(alloc.bytes_in_use(), 100);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % kAllocAlignment, 0u);
+  }
+  EXPECT_EQ(alloc.bytes_in_use(), 0);
+  EXPECT_EQ(alloc.peak_bytes(), 4196);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The finite-difference harness: one op with every tensor bound to its own host buffer.
+
+struct Harness {
+  std::unique_ptr<Kernels> k = make_ref_kernels();
+  Op& op;
+  std::vector<Buffer> store;
+  OpTensors t;
+  std::vector<double> r;  // the loss is sum(r * y): dy = r
+  std::uint64_t seed;
+
+  Tensor alloc(const Tensor& desc) {
+    store.emplace_back(k->allocator(), desc.size_bytes());
+    return store.back().view(desc);
+  }
+
+  // Inputs get values from `gen` (per input, per element); parameters random, positive where
+  // they are running variances; `needs` says which inputs get a gradient.
+  Harness(Op& o, const std::vector<Tensor>& inputs, const std::vector<bool>& needs, Layout layout,
+          const std::function<double(std::size_t, std::size_t)>& gen)
+      : op(o), seed(fresh_seed()) {
+    auto place = [&](const Tensor& d) { return Tensor::describe(d.dtype, d.shape, layout); };
+    const auto outs = op.infer(inputs);
+    op.set_context(true, needs);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      t.in.push_back(alloc(place(inputs[i])));
+      std::vector<double> v(static_cast<std::size_t>(inputs[i].numel()));
+      for (std::size_t j = 0; j < v.size(); ++j) v[j] = gen(i, j);
+      write_host(t.in.back(), v);
+      t.din.push_back(needs[i] ? alloc(place(inputs[i])) : place(inputs[i]));
+      t.din_accumulate.push_back(false);
+    }
+    std::size_t salt = 1000;
+    for (const auto& spec : op.parameters()) {
+      t.params.push_back(alloc(place(Tensor::describe(inputs[0].dtype, spec.shape))));
+      std::vector<double> v(static_cast<std::size_t>(spec.shape.numel()));
+      for (std::size_t j = 0; j < v.size(); ++j) v[j] = uniform(seed, salt++, spec.name == "running_var" ? 0.5 : -1.0, 1.5);
+      write_host(t.params.back(), v);
+      t.dparams.push_back(spec.trainable() ? alloc(t.params.back()) : t.params.back().with_data(nullptr));
+    }
+    for (const auto& s : op.saved()) t.saved.push_back(alloc(place(s)));
+    for (const auto& o2 : outs) {
+      t.out.push_back(alloc(place(o2)));
+      t.dout.push_back(alloc(place(o2)));
+      for (std::int64_t j = 0; j < o2.numel(); ++j) r.push_back(uniform(seed, salt++, -1.0, 1.0));
+      write_host(t.dout.back(), std::vector<double>(r.end() - o2.numel(), r.end()));
+    }
+    op.prepare(*k, t);
+  }
+
+  double loss() {
+    op.forward(*k, t);
+    const auto y = read_host(t.out[0]);
+    double l = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) l += r[i] * y[i];
+    return l;
+  }
+
+  // Compares the analytic gradient of `x` (in `dx`) with central differences at up to `samples`
+  // elements; also checks that accumulate adds onto what dx held.
+  void check(const Tensor& x, const Tensor& dx, const std::string& what, int samples = 24) {
+    SCOPED_TRACE(op.name() + " d/d" + what + " seed " + std::to_string(seed));
+    const auto grad = read_host(dx);
+    auto values = read_host(x);
+    const auto n = values.size();
+    for (int s = 0; s < samples && s < static_cast<int>(n); ++s) {
+      const std::size_t i = n <= static_cast<std::size_t>(samples) ? static_cast<std::size_t>(s)
+                                                                    : mix64(seed, 7000 + static_cast<std::uint64_t>(s)) % n;
+      const double x0 = values[i], h = 1e-5 * std::max(1.0, std::abs(x0));
+      values[i] = x0 + h;
+      write_host(x, values);
+      const double up = loss();
+      values[i] = x0 - h;
+      write_host(x, values);
+      const double down = loss();
+      values[i] = x0;
+      write_host(x, values);
+      const double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(grad[i], numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "element " << i;
+    }
+  }
+
+  // Runs forward + backward, checks every gradient by finite differences, then the accumulate path.
+  void run_all(int samples = 24) {
+    loss();
+    op.backward(*k, t);
+    for (std::size_t i = 0; i < t.in.size(); ++i)
+      if (t.din[i].defined()) check(t.in[i], t.din[i], "input" + std::to_string(i), samples);
+    const auto specs = op.parameters();
+    for (std::size_t j = 0; j < specs.size(); ++j)
+      if (specs[j].trainable()) check(t.params[j], t.dparams[j], specs[j].name, samples);
+    // Accumulate: din = previous + gradient.
+    std::vector<std::vector<double>> grads, before;
+    for (std::size_t i = 0; i < t.in.size(); ++i) {
+      if (!t.din[i].defined()) continue;
+      grads.push_back(read_host(t.din[i]));
+      std::vector<double> prev(grads.back().size());
+      for (std::size_t j = 0; j < prev.size(); ++j) prev[j] = uniform(seed, 9000 + j, -2.0, 2.0);
+      write_host(t.din[i], prev);
+      before.push_back(prev);
+      t.din_accumulate[i] = true;
+    }
+    loss();
+    op.backward(*k, t);
+    for (std::size_t i = 0, g = 0; i < t.in.size(); ++i) {
+      if (!t.din[i].defined()) continue;
+      const auto now = read_host(t.din[i]);
+      for (std::size_t j = 0; j < now.size(); ++j)
+        ASSERT_NEAR(now[j], before[g][j] + grads[g][j], 1e-12) << op.name() << " accumulate input " << i;
+      t.din_accumulate[i] = false;
+      ++g;
+    }
+  }
+};
+
+// Fresh uniform values, kept away from 0 (ReLU's kink) by at least 0.05.
+std::function<double(std::size_t, std::size_t)> away_from_zero(std::uint64_t seed) {
+  return [seed](std::size_t i, std::size_t j) {
+    const double v = uniform(seed, i * 100000 + j, 0.05, 1.0);
+    return (mix64(seed + 1, i * 100000 + j) & 1) ? v : -v;
+  };
+}
+
+Tensor f64(const Shape& s) { return Tensor::describe(DType::f64, s); }
+
+// ---------------------------------------------------------------------------------------------
+// conv2d: forward against a naive loop over logical indices, backward by finite differences
+
+std::vector<double> naive_conv(const std::vector<double>& x, const Shape& xs, const std::vector<double>& w,
+                               const Shape& ws, const Conv2dDesc& d, const Shape& ys) {
+  std::vector<double> y(static_cast<std::size_t>(ys.numel()), 0.0);
+  const std::int64_t cg = xs[1] / d.groups, kg = ys[1] / d.groups;
+  for (std::int64_t n = 0; n < ys[0]; ++n)
+    for (std::int64_t k = 0; k < ys[1]; ++k)
+      for (std::int64_t oh = 0; oh < ys[2]; ++oh)
+        for (std::int64_t ow = 0; ow < ys[3]; ++ow) {
+          double acc = 0;
+          for (std::int64_t c = 0; c < cg; ++c)
+            for (std::int64_t r = 0; r < ws[2]; ++r)
+              for (std::int64_t s = 0; s < ws[3]; ++s) {
+                const std::int64_t ih = oh * d.stride_h - d.pad_h + r * d.dilation_h;
+                const std::int64_t iw = ow * d.stride_w - d.pad_w + s * d.dilation_w;
+                if (ih < 0 || iw < 0 || ih >= xs[2] || iw >= xs[3]) continue;
+                const std::int64_t ci = (k / kg) * cg + c;
+                acc += x[static_cast<std::size_t>(((n * xs[1] + ci) * xs[2] + ih) * xs[3] + iw)] *
+                       w[static_cast<std::size_t>(((k * ws[1] + c) * ws[2] + r) * ws[3] + s)];
+              }
+          y[static_cast<std::size_t>(((n * ys[1] + k) * ys[2] + oh) * ys[3] + ow)] = acc;
+        }
+  return y;
+}
+
+struct ConvCase {
+  const char* label;
+  Shape x;
+  Conv2dAttrs a;
+};
+
+std::vector<ConvCase> conv_cases() {
+  auto attrs = [](std::int64_t k, std::int64_t kh, std::int64_t kw, std::int64_t sh, std::int64_t sw, std::int64_t ph,
+                  std::int64_t pw, std::int64_t dil, std::int64_t groups) {
+    Conv2dAttrs a;
+    a.out_channels = k;
+    a.kernel_h = kh;
+    a.kernel_w = kw;
+    a.conv = Conv2dDesc{sh, sw, ph, pw, dil, dil, groups};
+    return a;
+  };
+  return {{"3x3 pad 1", Shape{2, 3, 5, 5}, attrs(4, 3, 3, 1, 1, 1, 1, 1, 1)},
+          {"3x3 stride 2 pad 1", Shape{2, 3, 7, 6}, attrs(4, 3, 3, 2, 2, 1, 1, 1, 1)},
+          {"1x1 stride 2 (projection)", Shape{2, 4, 6, 6}, attrs(6, 1, 1, 2, 2, 0, 0, 1, 1)},
+          {"3x3 dilation 2 pad 2", Shape{1, 2, 7, 7}, attrs(3, 3, 3, 1, 1, 2, 2, 2, 1)},
+          {"1x3 stride 2x1 pad 0x1", Shape{2, 2, 5, 6}, attrs(3, 1, 3, 2, 1, 0, 1, 1, 1)},
+          {"3x3 groups 2", Shape{2, 4, 5, 5}, attrs(6, 3, 3, 1, 1, 1, 1, 1, 2)},
+          {"3x3 depthwise stride 2", Shape{2, 4, 6, 6}, attrs(4, 3, 3, 2, 2, 1, 1, 1, 4)},
+          {"7x7 stride 2 pad 3 (stem)", Shape{1, 3, 9, 9}, attrs(2, 7, 7, 2, 2, 3, 3, 1, 1)}};
+}
+
+TEST(Conv2d, ForwardMatchesNaiveLoopInBothLayouts) {
+  for (const auto& c : conv_cases()) {
+    SCOPED_TRACE(c.label);
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      Conv2d op("conv", c.a);
+      const std::uint64_t seed = fresh_seed();
+      Harness h(op, {f64(c.x)}, {true}, layout, [&](std::size_t, std::size_t j) { return uniform(seed, j, -1, 1); });
+      op.forward(*h.k, h.t);
+      const auto want = naive_conv(read_host(h.t.in[0]), c.x, read_host(h.t.params[0]), h.t.params[0].shape, c.a.conv,
+                                   h.t.out[0].shape);
+      const auto got = read_host(h.t.out[0]);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+    }
+  }
+}
+
+TEST(Conv2d, NhwcGivesBitIdenticalResultsToNchw) {
+  // Same logical values, same summation order: any difference is a stride bug.
+  const auto c = conv_cases()[5];
+  const std::uint64_t seed = fresh_seed();
+  std::vector<std::vector<double>> y;
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    Conv2d op("conv", c.a);
+    Harness h(op, {f64(c.x)}, {true}, layout, [&](std::size_t, std::size_t j) { return uniform(seed, j, -1, 1); });
+    std::vector<double> w(static_cast<std::size_t>(h.t.params[0].numel()));
+    for (std::size_t j = 0; j < w.size(); ++j) w[j] = uniform(seed + 1, j, -1, 1);
+    write_host(h.t.params[0], w);
+    op.forward(*h.k, h.t);
+    y.push_back(read_host(h.t.out[0]));
+  }
+  EXPECT_EQ(y[0], y[1]);
+}
+
+TEST(Conv2d, BackwardMatchesFiniteDifferences) {
+  for (Layout layout : {Layout::nchw, Layout::nhwc})
+    for (const auto& c : conv_cases()) {
+      SCOPED_TRACE(std::string(c.label) + " " + std::string(to_string(layout)));
+      Conv2d op("conv", c.a);
+      Harness h(op, {f64(c.x)}, {true}, layout, away_from_zero(fresh_seed()));
+      h.run_all();
+    }
+}
+
+TEST(Conv2d, FirstLayerSkipsTheDataGradientAndItsCost) {
+  Conv2d op("conv1", conv_cases()[0].a);
+  Harness h(op, {f64(conv_cases()[0].x)}, {false}, Layout::nchw, away_from_zero(fresh_seed()));
+  EXPECT_EQ(op.flops(Pass::backward), op.flops(Pass::forward));
+  h.run_all();  // only the filter gradient is checked; din is undefined
+  op.set_context(true, {true});
+  EXPECT_EQ(op.flops(Pass::backward), 2 * op.flops(Pass::forward));
+  EXPECT_EQ(op.flops(Pass::forward), 2 * 2 * 4 * 5 * 5 * 3 * 3 * 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// batch norm, relu, add, pools, linear, loss
+
+TEST(BatchNorm2d, TrainingForwardNormalisesAndUpdatesRunningStatistics) {
+  BatchNorm2d op("bn", BatchNormDesc{1e-5, 0.1});
+  const Shape s{3, 2, 3, 2};
+  Harness h(op, {f64(s)}, {true}, Layout::nhwc, away_from_zero(fresh_seed()));
+  const auto rm0 = read_host(h.t.params[2]), rv0 = read_host(h.t.params[3]);
+  const auto gamma = read_host(h.t.params[0]), beta = read_host(h.t.params[1]);
+  op.forward(*h.k, h.t);
+  const auto x = read_host(h.t.in[0]), y = read_host(h.t.out[0]);
+  const auto rm = read_host(h.t.params[2]), rv = read_host(h.t.params[3]);
+  for (std::int64_t c = 0; c < 2; ++c) {
+    std::vector<double> xs;
+    for (std::int64_t n = 0; n < 3; ++n)
+      for (std::int64_t i = 0; i < 6; ++i) xs.push_back(x[static_cast<std::size_t>((n * 2 + c) * 6 + i)]);
+    const double mean = std::accumulate(xs.begin(), xs.end(), 0.0) / 18.0;
+    double var = 0;
+    for (double v : xs) var += (v - mean) * (v - mean) / 18.0;
+    const auto cu = static_cast<std::size_t>(c);
+    EXPECT_NEAR(rm[cu], 0.9 * rm0[cu] + 0.1 * mean, 1e-12);
+    EXPECT_NEAR(rv[cu], 0.9 * rv0[cu] + 0.1 * var * 18.0 / 17.0, 1e-12);  // unbiased, as PyTorch
+    for (std::int64_t n = 0; n < 3; ++n)
+      for (std::int64_t i = 0; i < 6; ++i) {
+        const auto j = static_cast<std::size_t>((n * 2 + c) * 6 + i);
+        EXPECT_NEAR(y[j], (x[j] - mean) / std::sqrt(var + 1e-5) * gamma[cu] + beta[cu], 1e-12);
+      }
+  }
+}
+
+TEST(BatchNorm2d, InferenceUsesRunningStatistics) {
+  BatchNorm2d op("bn");
+  Harness h(op, {f64(Shape{2, 3, 2, 2})}, {true}, Layout::nchw, away_from_zero(fresh_seed()));
+  h.t.training = false;
+  op.forward(*h.k, h.t);
+  const auto x = read_host(h.t.in[0]), y = read_host(h.t.out[0]);
+  const auto g = read_host(h.t.params[0]), b = read_host(h.t.params[1]);
+  const auto rm = read_host(h.t.params[2]), rv = read_host(h.t.params[3]);
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    const std::size_t c = (j / 4) % 3;
+    EXPECT_NEAR(y[j], (x[j] - rm[c]) / std::sqrt(rv[c] + 1e-5) * g[c] + b[c], 1e-12);
+  }
+  EXPECT_EQ(op.flops(Pass::forward), 6 * 24);  // the training graph's count
+}
+
+TEST(BatchNorm2d, BackwardMatchesFiniteDifferences) {
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    BatchNorm2d op("bn");
+    Harness h(op, {f64(Shape{3, 3, 3, 2})}, {true}, layout, away_from_zero(fresh_seed()));
+    h.run_all();
+  }
+}
+
+TEST(Relu, ForwardAndBackward) {
+  Relu op("relu");
+  Harness h(op, {f64(Shape{2, 3, 3, 3})}, {true}, Layout::nchw, away_from_zero(fresh_seed()));
+  op.forward(*h.k, h.t);
+  const auto x = read_host(h.t.in[0]), y = read_host(h.t.out[0]);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], x[i] > 0 ? x[i] : 0.0);
+  h.run_all();
+}
+
+TEST(Add, ForwardAndBackwardOfBothInputs) {
+  Add op("add");
+  Harness h(op, {f64(Shape{2, 2, 3, 3}), f64(Shape{2, 2, 3, 3})}, {true, true}, Layout::nhwc,
+            away_from_zero(fresh_seed()));
+  op.forward(*h.k, h.t);
+  const auto a = read_host(h.t.in[0]), b = read_host(h.t.in[1]), y = read_host(h.t.out[0]);
+  for (std::size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], a[i] + b[i]);
+  h.run_all();
+}
+
+// Distinct values 0.01 apart (a shuffled ramp): a finite-difference step never changes which
+// element of a window is the maximum.
+std::function<double(std::size_t, std::size_t)> distinct_values(std::uint64_t seed, std::size_t n) {
+  std::vector<double> v(n);
+  std::iota(v.begin(), v.end(), 0.0);
+  for (std::size_t i = n; i > 1; --i) std::swap(v[i - 1], v[mix64(seed, i) % i]);  // Fisher-Yates
+  return [v](std::size_t, std::size_t j) { return v[j] * 0.01 - 1.0; };
+}
+
+TEST(MaxPool2d, ForwardMatchesNaiveWindowsAndPadsWithMinusInfinity) {
+  MaxPool2d op("maxpool", Pool2dDesc{3, 3, 2, 2, 1, 1});
+  Harness h(op, {f64(Shape{1, 2, 5, 5})}, {true}, Layout::nchw, [](std::size_t, std::size_t j) {
+    return -100.0 - static_cast<double>(j);  // all negative: a zero-padded pool would return 0
+  });
+  op.forward(*h.k, h.t);
+  EXPECT_EQ(h.t.out[0].shape, (Shape{1, 2, 3, 3}));
+  const auto y = read_host(h.t.out[0]);
+  // Output (0, 0) sees input rows/cols 0..1: the max of -100 - {0, 1, 5, 6} is -100.
+  EXPECT_EQ(y[0], -100.0);
+  EXPECT_EQ(y[4], -100.0 - 6.0);           // centre (1, 1) sees rows/cols 1..3: max at (1, 1)
+  EXPECT_EQ(y[9], -100.0 - 25.0);          // channel 1, output (0, 0)
+}
+
+TEST(MaxPool2d, TiesRouteTheGradientToTheFirstMaximumOfEachWindow) {
+  MaxPool2d op("maxpool", Pool2dDesc{2, 2, 2, 2, 0, 0});
+  Harness h(op, {f64(Shape{1, 1, 2, 4})}, {true}, Layout::nchw, [](std::size_t, std::size_t) { return 0.5; });
+  write_host(h.t.dout[0], {3.0, 7.0});
+  op.forward(*h.k, h.t);
+  op.backward(*h.k, h.t);
+  EXPECT_EQ(read_host(h.t.din[0]), (std::vector<double>{3, 0, 7, 0, 0, 0, 0, 0}));  // PyTorch's choice
+}
+
+TEST(MaxPool2d, BackwardMatchesFiniteDifferences) {
+  for (const auto& d : {Pool2dDesc{3, 3, 2, 2, 1, 1}, Pool2dDesc{2, 2, 2, 2, 0, 0}, Pool2dDesc{3, 2, 1, 2, 1, 0}}) {
+    MaxPool2d op("maxpool", d);
+    Harness h(op, {f64(Shape{2, 2, 6, 5})}, {true}, Layout::nhwc, distinct_values(fresh_seed(), 120));
+    h.run_all(40);
+  }
+}
+
+TEST(GlobalAvgPool, ForwardAndBackward) {
+  GlobalAvgPool op("avgpool");
+  Harness h(op, {f64(Shape{2, 3, 3, 2})}, {true}, Layout::nhwc, away_from_zero(fresh_seed()));
+  op.forward(*h.k, h.t);
+  EXPECT_EQ(h.t.out[0].shape, (Shape{2, 3}));
+  const auto x = read_host(h.t.in[0]), y = read_host(h.t.out[0]);
+  for (std::size_t nc = 0; nc < 6; ++nc)
+    EXPECT_NEAR(y[nc], std::accumulate(x.begin() + static_cast<long>(nc * 6), x.begin() + static_cast<long>(nc * 6 + 6), 0.0) / 6,
+                1e-12);
+  h.run_all();
+}
+
+TEST(Linear, ForwardAndBackward) {
+  Linear op("fc", 5);
+  Harness h(op, {f64(Shape{3, 4})}, {true}, Layout::nchw, away_from_zero(fresh_seed()));
+  op.forward(*h.k, h.t);
+  const auto x = read_host(h.t.in[0]), w = read_host(h.t.params[0]), b = read_host(h.t.params[1]);
+  const auto y = read_host(h.t.out[0]);
+  for (std::size_t n = 0; n < 3; ++n)
+    for (std::size_t o = 0; o < 5; ++o) {
+      double want = b[o];
+      for (std::size_t i = 0; i < 4; ++i) want += x[n * 4 + i] * w[o * 4 + i];
+      EXPECT_NEAR(y[n * 5 + o], want, 1e-12);
+    }
+  h.run_all();
+  EXPECT_EQ(op.flops(Pass::forward), 2 * 3 * 4 * 5 + 3 * 5);
+}
+
+TEST(SoftmaxCrossEntropy, KnownValuesAndBackward) {
+  SoftmaxCrossEntropy op("loss");
+  const std::uint64_t seed = fresh_seed();
+  Harness h(op, {f64(Shape{4, 3}), Tensor::describe(DType::i32, Shape{4})}, {true, false}, Layout::nchw,
+            [&](std::size_t i, std::size_t j) { return i == 1 ? static_cast<double>(j % 3) : uniform(seed, j, -3, 3); });
+  // Equal logits: loss ln(3) whatever the labels.
+  write_host(h.t.in[0], std::vector<double>(12, 0.7));
+  h.loss();
+  EXPECT_NEAR(read_host(h.t.out[0])[0], std::log(3.0), 1e-14);
+  // One confident row per label, stable for large logits.
+  write_host(h.t.in[0], {1000, 0, 0, 0, 1000, 0, 0, 0, 1000, 2, 1, 0});
+  h.loss();
+  const double row4 = std::log(std::exp(2.0) + std::exp(1.0) + 1.0) - 2.0;  // label 0, logits (2, 1, 0)
+  EXPECT_NEAR(read_host(h.t.out[0])[0], row4 / 4.0, 1e-12);
+  // Backward by finite differences on fresh logits.
+  std::vector<double> z(12);
+  for (std::size_t j = 0; j < 12; ++j) z[j] = uniform(seed, 50 + j, -3, 3);
+  write_host(h.t.in[0], z);
+  h.run_all();
+}
+
+TEST(SoftmaxCrossEntropy, LabelOutOfRangeIsAnError) {
+  SoftmaxCrossEntropy op("loss");
+  Harness h(op, {f64(Shape{2, 3}), Tensor::describe(DType::i32, Shape{2})}, {true, false}, Layout::nchw,
+            [](std::size_t i, std::size_t j) { return i == 1 ? 3.0 * static_cast<double>(j) : 0.1; });
+  try {
+    h.loss();
+    FAIL() << "no error for label 3 of 3 classes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 3"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// determinism: work is split over outputs only, so the thread count cannot change a bit
+
+TEST(RefKernels, ResultsDoNotDependOnTheThreadCount) {
+  Conv2dAttrs a{16, 3, 3, Conv2dDesc{1, 1, 1, 1, 1, 1, 1}};
+  Conv2d conv("conv", a);
+  BatchNorm2d bn("bn");
+  MaxPool2d pool("pool", Pool2dDesc{3, 3, 2, 2, 1, 1});
+  Linear fc("fc", 128);
+  const std::uint64_t seed = fresh_seed();
+  const auto gen = [seed](std::size_t, std::size_t j) { return uniform(seed, j, -1, 1); };
+  // Each problem is above the size at which the kernels start threads (kParallelMinWork).
+  std::vector<std::unique_ptr<Harness>> hs;
+  hs.push_back(std::make_unique<Harness>(conv, std::vector<Tensor>{f64(Shape{4, 16, 24, 24})}, std::vector<bool>{true},
+                                         Layout::nchw, gen));
+  hs.push_back(std::make_unique<Harness>(bn, std::vector<Tensor>{f64(Shape{16, 64, 32, 32})}, std::vector<bool>{true},
+                                         Layout::nhwc, gen));
+  hs.push_back(std::make_unique<Harness>(pool, std::vector<Tensor>{f64(Shape{16, 64, 32, 32})},
+                                         std::vector<bool>{true}, Layout::nchw, gen));
+  hs.push_back(std::make_unique<Harness>(fc, std::vector<Tensor>{f64(Shape{64, 256})}, std::vector<bool>{true},
+                                         Layout::nchw, gen));
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<std::vector<double>>> runs;
+  for (int t : {1, 2}) {
+    omp_set_num_threads(t);
+    runs.emplace_back();
+    for (auto& h : hs) {
+      h->op.forward(*h->k, h->t);
+      h->op.backward(*h->k, h->t);
+      runs.back().push_back(read_host(h->t.out[0]));
+      runs.back().push_back(read_host(h->t.din[0]));
+      for (const auto& dp : h->t.dparams)
+        if (dp.defined()) runs.back().push_back(read_host(dp));
+    }
+  }
+  omp_set_num_threads(threads);
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (std::size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "result " << i;
+}
+
+}  // namespace
+}  // namespace ab::nn
