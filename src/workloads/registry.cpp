@@ -1,4 +1,5 @@
 #include "core/error.h"
+#include "workloads/loadgen.h"
 #include "workloads/micro/micro.h"
 #include "workloads/workload.h"
 
@@ -11,6 +12,7 @@ const std::vector<std::unique_ptr<Workload>>& registry() {
     v.push_back(micro::make_gemm());
     v.push_back(micro::make_stream());
     v.push_back(micro::make_copy());
+    v.push_back(make_loadgen());
     return v;
   }();
   return all;
