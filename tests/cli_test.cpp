@@ -130,7 +130,7 @@ TEST(Cli, ListShowsWorkloadsAndAxes) {
     EXPECT_NE(o.output.find(w), std::string::npos) << w;
   const Outcome j = run({"list", "--json"});
   ASSERT_EQ(j.code, 0);
-  EXPECT_EQ(nlohmann::json::parse(j.output).size(), 5u);
+  EXPECT_EQ(nlohmann::json::parse(j.output).size(), 6u);
 }
 
 TEST(Cli, SysinfoNamesTheCpu) {

@@ -13,6 +13,7 @@ const std::vector<std::unique_ptr<Workload>>& registry() {
     v.push_back(micro::make_stream());
     v.push_back(micro::make_copy());
     v.push_back(make_loadgen());
+    v.push_back(micro::make_collectives());
     return v;
   }();
   return all;

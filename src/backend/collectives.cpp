@@ -1,0 +1,76 @@
+#include "backend/collectives.h"
+
+#include <array>
+#include <utility>
+
+#include "core/error.h"
+#ifdef ACCELBENCH_WITH_CUDA
+#include "backend/cuda/collectives.h"
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace ab::backend {
+namespace {
+
+constexpr std::array<std::pair<CollectiveOp, const char*>, 7> kOps{{{CollectiveOp::all_reduce, "all_reduce"},
+                                                                    {CollectiveOp::all_gather, "all_gather"},
+                                                                    {CollectiveOp::reduce_scatter, "reduce_scatter"},
+                                                                    {CollectiveOp::broadcast, "broadcast"},
+                                                                    {CollectiveOp::reduce, "reduce"},
+                                                                    {CollectiveOp::all_to_all, "all_to_all"},
+                                                                    {CollectiveOp::send_recv, "send_recv"}}};
+
+}  // namespace
+
+std::string collective_op_name(CollectiveOp op) {
+  for (const auto& [value, name] : kOps)
+    if (value == op) return name;
+  return "?";
+}
+
+CollectiveOp parse_collective_op(const std::string& name) {
+  std::string valid;
+  for (const auto& [value, n] : kOps) {
+    if (n == name) return value;
+    valid += valid.empty() ? n : std::string(", ") + n;
+  }
+  throw UsageError("unknown collective '" + name + "'; valid: " + valid);
+}
+
+const std::vector<std::string>& collective_op_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& [value, name] : kOps) v.emplace_back(name);
+    return v;
+  }();
+  return names;
+}
+
+bool collective_has_in_place(CollectiveOp op) {
+  return op != CollectiveOp::all_to_all && op != CollectiveOp::send_recv;
+}
+
+const std::vector<std::string>& collective_dtype_names() {
+  static const std::vector<std::string> names{"f32", "f16", "bf16", "i32"};
+  return names;
+}
+
+int collective_device_count() {
+#ifdef ACCELBENCH_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpus) {
+#ifdef ACCELBENCH_WITH_CUDA
+  return cuda::make_collective_group(backend, gpus);
+#else
+  (void)backend;
+  (void)gpus;
+  throw Unsupported("collectives need the CUDA build and NCCL (cmake --preset cuda); this build is CPU-only");
+#endif
+}
+
+}  // namespace ab::backend

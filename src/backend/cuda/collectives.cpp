@@ -1,0 +1,369 @@
+// One communicator per device from ncclCommInitAll; every collective is one NCCL group call over
+// all ranks. Rank 0 runs on the backend's stream; ranks 1.. fork from it (an event rank 0 records
+// before the group) and join back (rank 0 waits on an event each records after), so the backend's
+// event timer covers the collective until the slowest rank has finished.
+#include "backend/cuda/collectives.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+
+namespace ab::backend::cuda {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* call, const std::string& what) {
+  if (r == ncclSuccess) return;
+  std::string msg = std::string(call) + " failed (" + what + "): " + ncclGetErrorString(r);
+  const char* last = ncclGetLastError(nullptr);
+  if (last != nullptr && *last != '\0') msg += ": " + std::string(last);
+  throw Error(msg);
+}
+#define AB_NCCL(call, what) check_nccl((call), #call, (what))
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    default: break;
+  }
+  throw Unsupported("collectives take f32, f16, bf16 or i32, not " + std::string(to_string(t)));
+}
+
+// Input element i of rank r: a small positive integer, exact in every dtype, and so is any sum of
+// up to 64 of them (at most 4 × 64 = 256, bf16's last exact integer).
+double input_value(int rank, std::int64_t i) { return 1.0 + static_cast<double>((rank + i) % 4); }
+
+void encode(DType t, const std::vector<double>& v, std::vector<unsigned char>& out) {
+  const std::size_t es = size_bytes(t);
+  out.resize(v.size() * es);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    unsigned char* p = out.data() + i * es;
+    if (t == DType::f32) {
+      const auto x = static_cast<float>(v[i]);
+      std::memcpy(p, &x, es);
+    } else if (t == DType::i32) {
+      const auto x = static_cast<std::int32_t>(v[i]);
+      std::memcpy(p, &x, es);
+    } else {
+      const std::uint16_t x =
+          t == DType::f16 ? float_to_half_bits(static_cast<float>(v[i])) : float_to_bf16_bits(static_cast<float>(v[i]));
+      std::memcpy(p, &x, es);
+    }
+  }
+}
+
+struct Rank {
+  int device = 0;
+  cudaStream_t stream = nullptr;  // rank 0: the backend's; others: `own_stream`
+  StreamPtr own_stream;
+  ncclComm_t comm = nullptr;
+  EventPtr join;  // recorded on this rank's stream after each collective (ranks 1..)
+};
+
+class NcclGroup;
+
+class NcclPlan final : public CollectivePlan {
+ public:
+  NcclPlan(NcclGroup& group, const CollectiveDesc& desc);
+  void run() override;
+  std::int64_t check() override;
+  std::vector<double> per_rank_seconds(int iterations) override;
+
+ private:
+  void enqueue(std::size_t r);
+  double expected(int rank, std::int64_t i) const;
+  std::int64_t send_offset(int rank) const;  // elements into `buf` where the input starts (in place)
+  std::int64_t recv_offset(int rank) const;
+
+  NcclGroup& g_;
+  CollectiveDesc d_;
+  ncclDataType_t type_;
+  std::int64_t es_, send_len_ = 0, recv_len_ = 0;
+  std::vector<DeviceBuffer> send_, recv_;  // in place: recv_ only
+  std::array<double, 4> sums_{};  // sum over ranks of input_value(rank, j); it depends on j % 4 only
+};
+
+class NcclGroup final : public CollectiveGroup {
+ public:
+  NcclGroup(Backend& backend, int gpus) {
+    const std::string& id = backend.info().id;
+    if (backend.info().kind != "cuda") throw Unsupported("collectives run on CUDA devices, not " + id);
+    const int visible = device_count();
+    if (gpus < 1) throw UsageError("a collective group needs gpus >= 1, not " + std::to_string(gpus));
+    if (gpus > visible)
+      throw Error("a group of " + std::to_string(gpus) + " GPUs needs that many; " + std::to_string(visible) +
+                  " visible");
+    const int first = std::stoi(id.substr(id.find(':') + 1));
+    // NVLink SHARP (multicast) stays off in every run: the lent machines forbid it, and a number
+    // that depends on it would not compare with one that does not.
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
+    forced_["NCCL_NVLS_ENABLE"] = "0";
+
+    std::vector<int> devices;
+    ranks_.resize(static_cast<std::size_t>(gpus));
+    for (int r = 0; r < gpus; ++r) {
+      Rank& rank = ranks_[static_cast<std::size_t>(r)];
+      rank.device = (first + r) % visible;
+      devices.push_back(rank.device);
+      if (r == 0) {
+        rank.stream = static_cast<cudaStream_t>(native_stream(backend));
+      } else {
+        AB_CUDA(cudaSetDevice(rank.device), "collective rank " + std::to_string(r));
+        rank.own_stream = create_stream("collective rank " + std::to_string(r) + " stream");
+        rank.stream = rank.own_stream.get();
+        rank.join = create_event("collective rank " + std::to_string(r) + " join");
+      }
+      ids_.push_back("cuda:" + std::to_string(rank.device));
+    }
+    AB_CUDA(cudaSetDevice(ranks_[0].device), "collective rank 0");
+    fork_ = create_event("collective fork");
+    std::vector<ncclComm_t> comms(ranks_.size());
+    AB_NCCL(ncclCommInitAll(comms.data(), gpus, devices.data()), std::to_string(gpus) + " communicators");
+    for (std::size_t r = 0; r < ranks_.size(); ++r) ranks_[r].comm = comms[r];
+    AB_CUDA(cudaSetDevice(ranks_[0].device), "collective rank 0");
+  }
+
+  ~NcclGroup() override {
+    // Work still queued must finish before the communicators and buffers go; errors cannot be
+    // reported from here.
+    for (auto& r : ranks_) {
+      cudaSetDevice(r.device);
+      cudaStreamSynchronize(r.stream);
+    }
+    for (auto& r : ranks_)
+      if (r.comm != nullptr) ncclCommDestroy(r.comm);
+    if (!ranks_.empty()) cudaSetDevice(ranks_[0].device);
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  std::vector<std::string> device_ids() const override { return ids_; }
+  std::map<std::string, std::string> forced_settings() const override { return forced_; }
+  std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) override {
+    return std::make_unique<NcclPlan>(*this, desc);
+  }
+
+  std::vector<Rank> ranks_;
+  EventPtr fork_;
+
+ private:
+  std::vector<std::string> ids_;
+  std::map<std::string, std::string> forced_;
+};
+
+NcclPlan::NcclPlan(NcclGroup& group, const CollectiveDesc& desc)
+    : g_(group), d_(desc), type_(nccl_type(desc.dtype)), es_(static_cast<std::int64_t>(size_bytes(desc.dtype))) {
+  const std::int64_t n = g_.size();
+  const std::string name = collective_op_name(d_.op);
+  if (d_.count < 1) throw UsageError(name + " needs a count >= 1");
+  const bool split = d_.op == CollectiveOp::all_gather || d_.op == CollectiveOp::reduce_scatter ||
+                     d_.op == CollectiveOp::all_to_all;
+  if (split && d_.count % n != 0)
+    throw UsageError(name + " needs a count that is a multiple of the " + std::to_string(n) + " ranks");
+  if (d_.in_place && !collective_has_in_place(d_.op)) throw Unsupported(name + " has no in-place form in NCCL");
+  send_len_ = d_.op == CollectiveOp::all_gather ? d_.count / n : d_.count;
+  recv_len_ = d_.op == CollectiveOp::reduce_scatter ? d_.count / n : d_.count;
+  for (std::int64_t j = 0; j < 4; ++j)
+    for (int q = 0; q < g_.size(); ++q) sums_[static_cast<std::size_t>(j)] += input_value(q, j);
+  for (const Rank& rank : g_.ranks_) {
+    const std::string what = name + " buffer on cuda:" + std::to_string(rank.device);
+    AB_CUDA(cudaSetDevice(rank.device), what);
+    if (d_.in_place) {
+      recv_.emplace_back(d_.count * es_, what);  // the larger of the two is `count` for every op
+    } else {
+      send_.emplace_back(send_len_ * es_, what + " (input)");
+      recv_.emplace_back(recv_len_ * es_, what + " (output)");
+    }
+  }
+  AB_CUDA(cudaSetDevice(g_.ranks_[0].device), "collective rank 0");
+}
+
+std::int64_t NcclPlan::send_offset(int rank) const {
+  return d_.in_place && d_.op == CollectiveOp::all_gather ? rank * send_len_ : 0;
+}
+std::int64_t NcclPlan::recv_offset(int rank) const {
+  return d_.in_place && d_.op == CollectiveOp::reduce_scatter ? rank * recv_len_ : 0;
+}
+
+void NcclPlan::enqueue(std::size_t ri) {
+  const Rank& rank = g_.ranks_[ri];
+  const int r = static_cast<int>(ri);
+  const int n = g_.size();
+  auto* base_recv = static_cast<char*>(recv_[ri].get());
+  const char* sendp = d_.in_place ? base_recv + send_offset(r) * es_ : static_cast<const char*>(send_[ri].get());
+  char* recvp = base_recv + recv_offset(r) * es_;
+  const auto count = static_cast<std::size_t>(d_.count);
+  const std::string what = collective_op_name(d_.op) + " on rank " + std::to_string(r);
+  switch (d_.op) {
+    case CollectiveOp::all_reduce:
+      AB_NCCL(ncclAllReduce(sendp, recvp, count, type_, ncclSum, rank.comm, rank.stream), what);
+      break;
+    case CollectiveOp::all_gather:
+      AB_NCCL(ncclAllGather(sendp, recvp, static_cast<std::size_t>(send_len_), type_, rank.comm, rank.stream), what);
+      break;
+    case CollectiveOp::reduce_scatter:
+      AB_NCCL(ncclReduceScatter(sendp, recvp, static_cast<std::size_t>(recv_len_), type_, ncclSum, rank.comm,
+                                rank.stream),
+              what);
+      break;
+    case CollectiveOp::broadcast:
+      AB_NCCL(ncclBroadcast(sendp, recvp, count, type_, 0, rank.comm, rank.stream), what);
+      break;
+    case CollectiveOp::reduce:
+      AB_NCCL(ncclReduce(sendp, recvp, count, type_, ncclSum, 0, rank.comm, rank.stream), what);
+      break;
+    case CollectiveOp::all_to_all: {
+      const std::int64_t chunk = d_.count / n;
+      for (int p = 0; p < n; ++p) {
+        AB_NCCL(ncclSend(sendp + p * chunk * es_, static_cast<std::size_t>(chunk), type_, p, rank.comm, rank.stream),
+                what);
+        AB_NCCL(ncclRecv(recvp + p * chunk * es_, static_cast<std::size_t>(chunk), type_, p, rank.comm, rank.stream),
+                what);
+      }
+      break;
+    }
+    case CollectiveOp::send_recv:
+      AB_NCCL(ncclSend(sendp, count, type_, (r + 1) % n, rank.comm, rank.stream), what);
+      AB_NCCL(ncclRecv(recvp, count, type_, (r + n - 1) % n, rank.comm, rank.stream), what);
+      break;
+  }
+}
+
+void NcclPlan::run() {
+  auto& ranks = g_.ranks_;
+  const std::size_t n = ranks.size();
+  if (n > 1) {
+    AB_CUDA(cudaEventRecord(g_.fork_.get(), ranks[0].stream), "collective fork");
+    for (std::size_t r = 1; r < n; ++r)
+      AB_CUDA(cudaStreamWaitEvent(ranks[r].stream, g_.fork_.get(), 0), "collective fork");
+  }
+  AB_NCCL(ncclGroupStart(), "collective group");
+  for (std::size_t r = 0; r < n; ++r) enqueue(r);
+  AB_NCCL(ncclGroupEnd(), "collective group");
+  for (std::size_t r = 1; r < n; ++r) {
+    AB_CUDA(cudaSetDevice(ranks[r].device), "collective join");
+    AB_CUDA(cudaEventRecord(ranks[r].join.get(), ranks[r].stream), "collective join");
+    AB_CUDA(cudaStreamWaitEvent(ranks[0].stream, ranks[r].join.get(), 0), "collective join");
+  }
+  if (n > 1) AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");
+}
+
+double NcclPlan::expected(int rank, std::int64_t i) const {
+  const int n = g_.size();
+  auto sum_over_ranks = [this](std::int64_t j) { return sums_[static_cast<std::size_t>(j % 4)]; };
+  switch (d_.op) {
+    case CollectiveOp::all_reduce:
+    case CollectiveOp::reduce: return sum_over_ranks(i);
+    case CollectiveOp::all_gather: return input_value(static_cast<int>(i / send_len_), i % send_len_);
+    case CollectiveOp::reduce_scatter: return sum_over_ranks(rank * recv_len_ + i);
+    case CollectiveOp::broadcast: return input_value(0, i);
+    case CollectiveOp::all_to_all: {
+      const std::int64_t chunk = d_.count / n;
+      return input_value(static_cast<int>(i / chunk), rank * chunk + i % chunk);
+    }
+    case CollectiveOp::send_recv: return input_value((rank + n - 1) % n, i);
+  }
+  return 0;
+}
+
+std::int64_t NcclPlan::check() {
+  constexpr std::int64_t kChunk = std::int64_t{1} << 22;  // elements moved to and from the host at a time
+  auto& ranks = g_.ranks_;
+  std::vector<double> values;
+  std::vector<unsigned char> bytes;
+  for (std::size_t ri = 0; ri < ranks.size(); ++ri) {
+    const int r = static_cast<int>(ri);
+    const Rank& rank = ranks[ri];
+    AB_CUDA(cudaSetDevice(rank.device), "collective check");
+    // Outputs start at 0, a value no correct result has; inputs are written over them in place.
+    AB_CUDA(cudaMemsetAsync(recv_[ri].get(), 0, static_cast<std::size_t>(recv_[ri].bytes()), rank.stream),
+            "collective check");
+    char* sendp = d_.in_place ? static_cast<char*>(recv_[ri].get()) + send_offset(r) * es_
+                              : static_cast<char*>(send_[ri].get());
+    for (std::int64_t c = 0; c < send_len_; c += kChunk) {
+      const std::int64_t len = std::min(kChunk, send_len_ - c);
+      values.resize(static_cast<std::size_t>(len));
+      for (std::int64_t j = 0; j < len; ++j) values[static_cast<std::size_t>(j)] = input_value(r, c + j);
+      encode(d_.dtype, values, bytes);
+      AB_CUDA(cudaMemcpyAsync(sendp + c * es_, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, rank.stream),
+              "collective check input");
+      AB_CUDA(cudaStreamSynchronize(rank.stream), "collective check input");
+    }
+  }
+  AB_CUDA(cudaSetDevice(ranks[0].device), "collective check");
+  run();
+  for (auto& rank : ranks) {
+    AB_CUDA(cudaSetDevice(rank.device), "collective check");
+    AB_CUDA(cudaStreamSynchronize(rank.stream), "collective check run");
+  }
+  std::int64_t wrong = 0;
+  for (std::size_t ri = 0; ri < ranks.size(); ++ri) {
+    const int r = static_cast<int>(ri);
+    if (d_.op == CollectiveOp::reduce && r != 0) continue;  // only the root's output is defined
+    AB_CUDA(cudaSetDevice(ranks[ri].device), "collective check");
+    const char* recvp = static_cast<const char*>(recv_[ri].get()) + recv_offset(r) * es_;
+    for (std::int64_t c = 0; c < recv_len_; c += kChunk) {
+      const std::int64_t len = std::min(kChunk, recv_len_ - c);
+      bytes.resize(static_cast<std::size_t>(len * es_));
+      AB_CUDA(cudaMemcpy(bytes.data(), recvp + c * es_, bytes.size(), cudaMemcpyDeviceToHost), "collective check output");
+      const std::vector<double> got = to_doubles(d_.dtype, bytes.data(), static_cast<std::size_t>(len));
+      for (std::int64_t j = 0; j < len; ++j)
+        if (got[static_cast<std::size_t>(j)] != expected(r, c + j)) ++wrong;
+    }
+  }
+  AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");
+  return wrong;
+}
+
+std::vector<double> NcclPlan::per_rank_seconds(int iterations) {
+  auto& ranks = g_.ranks_;
+  iterations = std::max(iterations, 1);
+  std::vector<EventPtr> start, stop;
+  for (auto& rank : ranks) {
+    AB_CUDA(cudaSetDevice(rank.device), "per-rank timing");
+    AB_CUDA(cudaStreamSynchronize(rank.stream), "per-rank timing");
+    start.push_back(create_event("per-rank timing"));
+    stop.push_back(create_event("per-rank timing"));
+    AB_CUDA(cudaEventRecord(start.back().get(), rank.stream), "per-rank timing start");
+  }
+  for (int it = 0; it < iterations; ++it) {
+    AB_NCCL(ncclGroupStart(), "collective group");
+    for (std::size_t r = 0; r < ranks.size(); ++r) enqueue(r);
+    AB_NCCL(ncclGroupEnd(), "collective group");
+  }
+  std::vector<double> out;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    AB_CUDA(cudaSetDevice(ranks[r].device), "per-rank timing");
+    AB_CUDA(cudaEventRecord(stop[r].get(), ranks[r].stream), "per-rank timing stop");
+  }
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    AB_CUDA(cudaSetDevice(ranks[r].device), "per-rank timing");
+    AB_CUDA(cudaEventSynchronize(stop[r].get()), "per-rank timing stop");
+    float ms = 0;
+    AB_CUDA(cudaEventElapsedTime(&ms, start[r].get(), stop[r].get()), "per-rank timing elapsed");
+    out.push_back(static_cast<double>(ms) * 1e-3 / iterations);
+  }
+  AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpus) {
+  return std::make_unique<NcclGroup>(backend, gpus);
+}
+
+}  // namespace ab::backend::cuda
