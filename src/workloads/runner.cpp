@@ -229,7 +229,7 @@ RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool
 }
 
 void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records) {
-  out << std::left << std::setw(10) << "workload" << std::setw(44) << "point" << std::setw(9) << "status"
+  out << std::left << std::setw(12) << "workload" << std::setw(44) << "point" << std::setw(9) << "status"
       << std::right << std::setw(12) << "median" << std::setw(16) << "rate" << std::setw(10) << "% ceil"
       << std::setw(8) << "noise" << '\n';
   for (const auto& r : records) {
@@ -241,7 +241,7 @@ void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records
     }
     std::string point = text_part + (text_part.empty() || number_part.empty() ? "" : " ") + number_part;
     if (point.size() > 43) point = point.substr(0, 40) + "...";
-    out << std::left << std::setw(10) << r["workload"].get<std::string>() << std::setw(44) << point << std::setw(9)
+    out << std::left << std::setw(12) << r["workload"].get<std::string>() << std::setw(44) << point << std::setw(9)
         << r["status"].get<std::string>() << std::right;
     if (r.contains("scenario") && r["scenario"].is_object()) {
       // Scenario runs: the headline latency (server and offline: p99), the throughput, the verdict.
