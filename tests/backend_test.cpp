@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_support.h"
+
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/ref/ref.h"
@@ -22,19 +24,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-template <typename E, typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "nothing thrown";
-  return {};
-}
 
 GemmDesc desc(std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb,
               Precision p = Precision::fp32) {
@@ -189,7 +178,7 @@ TEST_F(CpuBackendTest, GemmRunsRepeatedlyAndFreshDataPerPlan) {
 
 TEST_F(CpuBackendTest, GemmOtherPrecisionsAreUnsupported) {
   for (Precision p : {Precision::tf32, Precision::fp16, Precision::bf16, Precision::fp8, Precision::int8}) {
-    const std::string msg = error_message<Unsupported>([&] { be_->make_gemm(desc(8, 8, 8, false, false, p)); });
+    const std::string msg = ab::test::error_message<Unsupported>([&] { be_->make_gemm(desc(8, 8, 8, false, false, p)); });
     EXPECT_NE(msg.find(std::string(to_string(p))), std::string::npos) << msg;
   }
 }
@@ -253,7 +242,7 @@ TEST(Devices, MakeBackend) {
   ASSERT_NE(cpu, nullptr);
   EXPECT_EQ(cpu->info().id, "cpu");
   for (const char* bad : {"gpu", "cuda:x", "cuda:", "cuda:-1", "cuda:0x", "cuda: 0", "CPU", "", "cuda0"}) {
-    const std::string msg = error_message<UsageError>([&] { make_backend(bad); });
+    const std::string msg = ab::test::error_message<UsageError>([&] { make_backend(bad); });
     EXPECT_NE(msg.find("cpu"), std::string::npos) << bad << ": " << msg;
   }
 }
@@ -295,7 +284,7 @@ TEST(Names, StreamOps) {
   EXPECT_EQ(stream_arrays_touched(StreamOp::scale), 2);
   EXPECT_EQ(stream_arrays_touched(StreamOp::add), 3);
   EXPECT_EQ(stream_arrays_touched(StreamOp::triad), 3);
-  const std::string msg = error_message<UsageError>([] { parse_stream_op("fma"); });
+  const std::string msg = ab::test::error_message<UsageError>([] { parse_stream_op("fma"); });
   for (const char* n : {"fma", "copy", "scale", "add", "triad"})
     EXPECT_NE(msg.find(n), std::string::npos) << n << " missing from: " << msg;
   EXPECT_THROW(parse_stream_op("Copy"), UsageError);
@@ -307,7 +296,7 @@ TEST(Names, CopyKinds) {
   EXPECT_EQ(parse_copy_kind("d2d"), CopyKind::device_to_device);
   for (CopyKind k : {CopyKind::host_to_device, CopyKind::device_to_host, CopyKind::device_to_device})
     EXPECT_EQ(parse_copy_kind(copy_kind_name(k)), k);
-  const std::string msg = error_message<UsageError>([] { parse_copy_kind("h2h"); });
+  const std::string msg = ab::test::error_message<UsageError>([] { parse_copy_kind("h2h"); });
   for (const char* n : {"h2h", "h2d", "d2h", "d2d"}) EXPECT_NE(msg.find(n), std::string::npos) << msg;
 }
 

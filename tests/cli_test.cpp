@@ -1,6 +1,8 @@
 // End-to-end tests of the accelbench binary: exit codes, error messages, records on disk, and
 // crash safety (a killed or interrupted run keeps every point measured before it).
 #include <gtest/gtest.h>
+
+#include "test_support.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -23,6 +25,8 @@ extern char** environ;
 
 namespace fs = std::filesystem;
 namespace {
+
+using ab::test::TempDir;
 
 const std::string kBinary = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench";
 
@@ -69,21 +73,6 @@ pid_t spawn(const std::vector<std::string>& args) {
   return pid;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("ab_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
 
 std::vector<fs::path> run_dirs(const fs::path& out) {
   std::vector<fs::path> dirs;

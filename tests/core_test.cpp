@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_support.h"
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -23,20 +25,6 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 std::uint32_t bits(float v) { return std::bit_cast<std::uint32_t>(v); }
 
-// Returns the message of the UsageError `f` throws; fails the test if it throws nothing or another type.
-template <typename F>
-std::string usage_error_message(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected ab::UsageError, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected ab::UsageError, nothing was thrown";
-  return {};
-}
 
 // ---------------------------------------------------------------------------------------------
 // fp16
@@ -385,21 +373,21 @@ TEST(Names, PrecisionRoundTrip) {
 }
 
 TEST(Names, ParseDTypeErrorListsValidNames) {
-  const std::string msg = usage_error_message([] { parse_dtype("float"); });
+  const std::string msg = ab::test::usage_error([] { parse_dtype("float"); });
   EXPECT_NE(msg.find("'float'"), std::string::npos) << msg;
   for (const char* n : {"f64", "f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i8", "i32", "i64"})
     EXPECT_NE(msg.find(n), std::string::npos) << n << " missing from: " << msg;
   // Case matters and no partial matches.
-  usage_error_message([] { parse_dtype("BF16"); });
-  usage_error_message([] { parse_dtype("bf1"); });
-  usage_error_message([] { parse_dtype(""); });
+  ab::test::usage_error([] { parse_dtype("BF16"); });
+  ab::test::usage_error([] { parse_dtype("bf1"); });
+  ab::test::usage_error([] { parse_dtype(""); });
 }
 
 TEST(Names, ParsePrecisionErrorListsValidNames) {
-  const std::string msg = usage_error_message([] { parse_precision("fp64"); });
+  const std::string msg = ab::test::usage_error([] { parse_precision("fp64"); });
   EXPECT_NE(msg.find("'fp64'"), std::string::npos) << msg;
   for (const auto& n : precision_names()) EXPECT_NE(msg.find(n), std::string::npos) << n << " missing from: " << msg;
-  usage_error_message([] { parse_precision("f32"); });  // a dtype name is not a precision
+  ab::test::usage_error([] { parse_precision("f32"); });  // a dtype name is not a precision
   // UsageError is an ab::Error, so generic handlers catch it too.
   EXPECT_THROW(parse_precision("x"), Error);
 }

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "test_support.h"
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -34,6 +36,8 @@
 namespace ab::scenarios {
 namespace {
 
+using ab::test::TempDir;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -42,33 +46,7 @@ double elapsed_s(Clock::time_point since) { return std::chrono::duration<double>
 
 bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
-template <typename F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected UsageError, got: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected UsageError, nothing thrown";
-  return {};
-}
 
-class TempDir {
- public:
-  TempDir() : path_(fs::temp_directory_path() / ("ab_scen_" + std::to_string(getpid()) + "_" + std::to_string(n_++))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int n_ = 0;
-  fs::path path_;
-};
 
 // Settings that make a run take a fraction of a second.
 Settings fast(Scenario sc, double min_duration_s = 0.1) {
@@ -507,37 +485,37 @@ TEST(Settings, InconsistentSettingsAreRefusedWithTheReason) {
   // below max_wait fails by construction.
   Settings ms = fast(Scenario::multi_stream);
   ms.latency_bound_s = 1e-3;
-  std::string msg = usage_error([&] { check_batcher(ms, {3, 2e-3}); });
+  std::string msg = ab::test::usage_error([&] { check_batcher(ms, {3, 2e-3}); });
   EXPECT_NE(msg.find("by construction"), std::string::npos) << msg;
   EXPECT_NE(msg.find("batch of 2"), std::string::npos) << msg;
   EXPECT_NO_THROW(check_batcher(ms, {8, 2e-3})) << "8 samples fill a batch of 8 at once";
   EXPECT_NO_THROW(check_batcher(ms, {3, 0.5e-3}));
   Settings sv = fast(Scenario::server);
   sv.latency_bound_s = 1e-3;
-  msg = usage_error([&] { check_batcher(sv, {8, 1e-3}); });
+  msg = ab::test::usage_error([&] { check_batcher(sv, {8, 1e-3}); });
   EXPECT_NE(msg.find("max_wait"), std::string::npos) << msg;
   // The minimum duration must fit in the timeout (the mlperf preset needs --timeout above 600 s).
   Settings ml = preset_settings(Preset::mlperf, Scenario::offline);
   ml.timeout_s = 60;
-  msg = usage_error([&] { check_settings(ml); });
+  msg = ab::test::usage_error([&] { check_settings(ml); });
   EXPECT_NE(msg.find("--timeout"), std::string::npos) << msg;
   sv.latency_bound_s = 0;
-  msg = usage_error([&] { check_settings(sv); });
+  msg = ab::test::usage_error([&] { check_settings(sv); });
   EXPECT_NE(msg.find("latency bound"), std::string::npos) << msg;
   Settings ss = fast(Scenario::single_stream);
   ss.samples_per_query = 4;
-  usage_error([&] { check_settings(ss); });
+  ab::test::usage_error([&] { check_settings(ss); });
   Settings cap = fast(Scenario::multi_stream);
   cap.max_samples = 1000;
-  msg = usage_error([&] { check_settings(cap); });
+  msg = ab::test::usage_error([&] { check_settings(cap); });
   EXPECT_NE(msg.find("capacity"), std::string::npos) << msg;
   NullSut sut;
   SyntheticLibrary lib(8, 8);
   Settings no_qps = fast(Scenario::server);
-  msg = usage_error([&] { run(sut, lib, no_qps); });
+  msg = ab::test::usage_error([&] { run(sut, lib, no_qps); });
   EXPECT_NE(msg.find("target QPS"), std::string::npos) << msg;
-  usage_error([] { SyntheticLibrary(10, 20); });
-  usage_error([] { parse_scenario("streaming"); });
+  ab::test::usage_error([] { SyntheticLibrary(10, 20); });
+  ab::test::usage_error([] { parse_scenario("streaming"); });
 }
 
 // ---------------------------------------------------------------------------------------------

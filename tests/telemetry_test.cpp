@@ -17,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_support.h"
+
 #include "core/error.h"
 #include "measure/timer.h"
 #include "telemetry/telemetry.h"
@@ -27,6 +29,8 @@ using namespace ab::telemetry;
 using nlohmann::json;
 
 namespace {
+
+using ab::test::TempDir;
 
 // A GPU whose readings are functions of the time it is read at; read number `error_at` fails.
 struct Script {
@@ -83,26 +87,6 @@ void wait_for_reads(const std::atomic<int>& reads, int n) {
   ASSERT_GE(reads.load(), n);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ab_telemetry_XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  void write(const fs::path& rel, const std::string& text) const {
-    fs::create_directories((path_ / rel).parent_path());
-    std::ofstream(path_ / rel) << text;
-  }
-
- private:
-  fs::path path_;
-};
 
 GpuSample gpu_at(double t, std::optional<double> power, std::optional<double> energy) {
   GpuSample s;

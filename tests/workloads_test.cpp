@@ -18,6 +18,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "test_support.h"
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
@@ -35,20 +37,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Strings = std::vector<std::string>;
 
-// Returns the message of the UsageError `f` throws; fails the test if it throws nothing or another type.
-template <typename F>
-std::string usage_error(F&& f) {
-  try {
-    f();
-  } catch (const UsageError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected ab::UsageError, got: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected ab::UsageError, nothing was thrown";
-  return {};
-}
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -90,19 +78,19 @@ TEST(ExpandValues, RangesNearTheLimitsTerminate) {
   EXPECT_EQ(pow2.back(), "4611686018427387904");
   EXPECT_EQ(expand_values("9223372036854775806:9223372036854775807", AxisKind::integer),
             (Strings{"9223372036854775806", "9223372036854775807"}));
-  EXPECT_TRUE(contains(usage_error([] { expand_values("1:1000000", AxisKind::integer); }), "too many"));
+  EXPECT_TRUE(contains(ab::test::usage_error([] { expand_values("1:1000000", AxisKind::integer); }), "too many"));
 }
 
 TEST(ExpandValues, MalformedAndEmptyRanges) {
   for (const char* bad : {"1:2:3:4", "a:10", "1:b", "1:", ":5", "1:10:+0", "1:10:0", "1:10:-1", "1:10:*1",
                           "0:10:pow2", "1:10:foo", "1:10:*", "1:10:+", "1.5:4"}) {
-    const std::string msg = usage_error([&] { expand_values(bad, AxisKind::integer); });
+    const std::string msg = ab::test::usage_error([&] { expand_values(bad, AxisKind::integer); });
     EXPECT_FALSE(msg.empty()) << bad;
   }
-  EXPECT_TRUE(contains(usage_error([] { expand_values("10:1", AxisKind::integer); }), "10:1"));
-  EXPECT_TRUE(contains(usage_error([] { expand_values("256:1:pow2", AxisKind::integer); }), "empty range"));
+  EXPECT_TRUE(contains(ab::test::usage_error([] { expand_values("10:1", AxisKind::integer); }), "10:1"));
+  EXPECT_TRUE(contains(ab::test::usage_error([] { expand_values("256:1:pow2", AxisKind::integer); }), "empty range"));
   for (const char* empty : {"1,,2", "1,", ",1", " ", " , "})
-    EXPECT_FALSE(usage_error([&] { expand_values(empty, AxisKind::integer); }).empty()) << "'" << empty << "'";
+    EXPECT_FALSE(ab::test::usage_error([&] { expand_values(empty, AxisKind::integer); }).empty()) << "'" << empty << "'";
 }
 
 TEST(ParseAxisArgument, NamesAndValues) {
@@ -117,8 +105,8 @@ TEST(ParseAxisArgument, NamesAndValues) {
   EXPECT_EQ(t.values, "1x2");
   EXPECT_EQ(parse_axis_argument("a=b=c").values, "b=c");
   for (const char* bad : {"batch", "=5", "batch=", "m,,n=3", ",m=3", "m,=3"})
-    EXPECT_FALSE(usage_error([&] { parse_axis_argument(bad); }).empty()) << bad;
-  EXPECT_TRUE(contains(usage_error([] { parse_axis_argument("batch"); }), "name=values"));
+    EXPECT_FALSE(ab::test::usage_error([&] { parse_axis_argument(bad); }).empty()) << bad;
+  EXPECT_TRUE(contains(ab::test::usage_error([] { parse_axis_argument("batch"); }), "name=values"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,7 +193,7 @@ TEST(BuildSweep, ZippedGroupFromTable) {
   EXPECT_EQ(mnkt(sweep({"m,n,k=@small", "precision=bf16", "batch=2"})), (Strings{"1x2x3xTN", "4x5x6xNT"}));
   EXPECT_EQ(mnkt(sweep({"m,n,k=@small,32", "precision=bf16", "batch=2"})),
             (Strings{"1x2x3xTN", "4x5x6xNT", "32x32x32xauto"}));
-  const std::string msg = usage_error([] { sweep({"m,n,k=@nope"}); });
+  const std::string msg = ab::test::usage_error([] { sweep({"m,n,k=@nope"}); });
   EXPECT_TRUE(contains(msg, "@nope")) << msg;
   EXPECT_TRUE(contains(msg, "@small")) << msg;
 }
@@ -217,7 +205,7 @@ TEST(BuildSweep, SingleColumnOfAGroup) {
   EXPECT_EQ(sweep({"m=1:4:pow2", "precision=bf16", "batch=2"}).size(), 6u);
   // Every range step works on a single column, "x2" included (its 'x' is not a row separator).
   EXPECT_EQ(mnkt(sweep({"m,n=7", "k=16:32:x2", "precision=bf16", "batch=2"})), (Strings{"7x7x16xauto", "7x7x32xauto"}));
-  EXPECT_FALSE(usage_error([] { sweep({"m=4x5"}); }).empty());
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"m=4x5"}); }).empty());
   EXPECT_EQ(mnkt(sweep({"trans=TT", "precision=bf16", "batch=2"})), (Strings{"128x128x64xTT", "256x256x512xTT"}));
   // After a zipped override, a column override applies to the new rows.
   EXPECT_EQ(mnkt(sweep({"m,n,k=4096", "trans=NN,TN", "precision=bf16", "batch=2"})),
@@ -225,38 +213,38 @@ TEST(BuildSweep, SingleColumnOfAGroup) {
 }
 
 TEST(BuildSweep, UnknownAxisListsValidNames) {
-  const std::string msg = usage_error([] { sweep({"foo=1"}); });
+  const std::string msg = ab::test::usage_error([] { sweep({"foo=1"}); });
   EXPECT_TRUE(contains(msg, "'foo'")) << msg;
   EXPECT_TRUE(contains(msg, "precision, m, n, k, trans, batch, alpha")) << msg;
-  EXPECT_TRUE(contains(usage_error([] { sweep({"m,q,k=1"}); }), "'q'"));
+  EXPECT_TRUE(contains(ab::test::usage_error([] { sweep({"m,q,k=1"}); }), "'q'"));
 }
 
 TEST(BuildSweep, BadChoiceListsChoices) {
-  const std::string msg = usage_error([] { sweep({"precision=fp64"}); });
+  const std::string msg = ab::test::usage_error([] { sweep({"precision=fp64"}); });
   EXPECT_TRUE(contains(msg, "fp64")) << msg;
   EXPECT_TRUE(contains(msg, "fp32, bf16, fp16")) << msg;
-  const std::string t = usage_error([] { sweep({"m,n,k,trans=1x2x3xXY"}); });
+  const std::string t = ab::test::usage_error([] { sweep({"m,n,k,trans=1x2x3xXY"}); });
   EXPECT_TRUE(contains(t, "auto, NN, NT, TN, TT")) << t;
 }
 
 TEST(BuildSweep, MalformedNumbers) {
-  EXPECT_TRUE(contains(usage_error([] { sweep({"batch=abc"}); }), "abc"));
-  EXPECT_FALSE(usage_error([] { sweep({"batch=1.5"}); }).empty());
-  EXPECT_FALSE(usage_error([] { sweep({"m,n,k=12.5"}); }).empty());
-  EXPECT_FALSE(usage_error([] { sweep({"m,n,k=1x2"}); }).empty());  // two fields for three names
-  EXPECT_FALSE(usage_error([] { sweep({"alpha=abc"}); }).empty());
-  EXPECT_FALSE(usage_error([] { sweep({"alpha=inf"}); }).empty());
+  EXPECT_TRUE(contains(ab::test::usage_error([] { sweep({"batch=abc"}); }), "abc"));
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"batch=1.5"}); }).empty());
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"m,n,k=12.5"}); }).empty());
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"m,n,k=1x2"}); }).empty());  // two fields for three names
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"alpha=abc"}); }).empty());
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"alpha=inf"}); }).empty());
   EXPECT_EQ(sweep({"alpha=0.25,1e-3"}).size(), 2u * 2u * 3u * 2u);
 }
 
 TEST(BuildSweep, EmptyValueListIsAnError) {
-  EXPECT_TRUE(contains(usage_error([] { build_sweep(test_axes(), test_groups(), {{{"batch"}, ""}}); }), "batch"));
-  EXPECT_FALSE(usage_error([] { build_sweep(test_axes(), test_groups(), {{{"m", "n"}, ""}}); }).empty());
+  EXPECT_TRUE(contains(ab::test::usage_error([] { build_sweep(test_axes(), test_groups(), {{{"batch"}, ""}}); }), "batch"));
+  EXPECT_FALSE(ab::test::usage_error([] { build_sweep(test_axes(), test_groups(), {{{"m", "n"}, ""}}); }).empty());
 }
 
 TEST(BuildSweep, OnlyDeclaredGroupsZip) {
-  EXPECT_FALSE(usage_error([] { sweep({"precision,batch=1"}); }).empty());
-  EXPECT_FALSE(usage_error([] { sweep({"m,batch=1x2"}); }).empty());
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"precision,batch=1"}); }).empty());
+  EXPECT_FALSE(ab::test::usage_error([] { sweep({"m,batch=1x2"}); }).empty());
 }
 
 TEST(BuildSweep, PointAccess) {
@@ -288,7 +276,7 @@ class SuiteTest : public ::testing::Test {
   // Loads `text` as a suite and expects a UsageError at `line` whose message holds every `parts`.
   void expect_error_at(const std::string& text, int line, const Strings& parts) const {
     const fs::path p = write("bad.yaml", text);
-    const std::string msg = usage_error([&] { load_suite(p); });
+    const std::string msg = ab::test::usage_error([&] { load_suite(p); });
     const std::string where = p.string() + ":" + std::to_string(line) + ":";
     EXPECT_EQ(msg.rfind(where, 0), 0u) << "expected '" << where << "' at the start of: " << msg;
     for (const auto& part : parts) EXPECT_TRUE(contains(msg, part)) << "'" << part << "' missing from: " << msg;
@@ -442,7 +430,7 @@ TEST_F(SuiteTest, StructuralErrors) {
                   "  - axes: {m: 1}\n",
                   3, {"workload"});
   expect_error_at("- just\n- a list\n", 1, {"mapping"});
-  const std::string msg = usage_error([&] { load_suite(dir_ / "missing.yaml"); });
+  const std::string msg = ab::test::usage_error([&] { load_suite(dir_ / "missing.yaml"); });
   EXPECT_TRUE(contains(msg, "missing.yaml")) << msg;
 }
 
@@ -482,7 +470,7 @@ TEST(RepoSuites, LoadAndPlanOnBothDeviceKinds) {
 
 TEST(Registry, FindWorkload) {
   for (const char* n : {"gemm", "stream", "copy", "ceilings"}) EXPECT_EQ(find_workload(n).name(), n);
-  const std::string msg = usage_error([] { find_workload("gemmm"); });
+  const std::string msg = ab::test::usage_error([] { find_workload("gemmm"); });
   EXPECT_TRUE(contains(msg, "gemmm")) << msg;
   EXPECT_TRUE(contains(msg, "gemm, stream") || contains(msg, "stream")) << msg;
   for (const auto& w : registry()) {

@@ -1,7 +1,6 @@
 #include "measure/timer.h"
 
 #include <chrono>
-#include <vector>
 
 namespace ab::measure {
 
@@ -17,11 +16,15 @@ double SteadyClockTimer::time_batch(const std::function<void()>& iteration, std:
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+SteadyClockTimer::~SteadyClockTimer() = default;
+
 double SteadyClockTimer::time_cold(const std::function<void()>& iteration) {
-  // Writing a buffer larger than the last-level cache evicts the working set.
-  std::vector<char> flush(static_cast<std::size_t>(flush_bytes_));
-  for (std::size_t i = 0; i < flush.size(); i += 64) flush[i] = static_cast<char>(i);
-  volatile char sink = flush[flush.size() / 2];
+  // Rewriting a buffer larger than the last-level cache evicts the working set; the buffer is
+  // kept so that a cold sample costs one pass over it, not an allocation and a page-in.
+  if (flush_.empty()) flush_.resize(static_cast<std::size_t>(flush_bytes_));
+  const char stamp = static_cast<char>(flush_[0] + 1);
+  for (std::size_t i = 0; i < flush_.size(); i += 64) flush_[i] = stamp;
+  volatile char sink = flush_[flush_.size() / 2];
   (void)sink;
   return time_batch(iteration, 1);
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace ab::measure {
 
@@ -20,11 +21,13 @@ class IterationTimer {
 class SteadyClockTimer final : public IterationTimer {
  public:
   explicit SteadyClockTimer(std::int64_t flush_bytes = 64 << 20);
+  ~SteadyClockTimer() override;
   double time_batch(const std::function<void()>& iteration, std::int64_t count) override;
   double time_cold(const std::function<void()>& iteration) override;
 
  private:
   std::int64_t flush_bytes_;
+  std::vector<char> flush_;  // allocated on the first cold sample, rewritten before each
 };
 
 // Seconds on the monotonic clock that measurements and telemetry share.
