@@ -6,6 +6,7 @@
 #include <fstream>
 #include <thread>
 
+#include "backend/cpu/cpu_backend.h"
 #include "system/build_info.h"
 
 namespace ab::system {
@@ -33,7 +34,7 @@ HostInfo host_info() {
   utsname u{};
   if (uname(&u) == 0) h.kernel = std::string(u.sysname) + " " + u.release + " " + u.machine;
   h.os = os_release();
-  const backend::DeviceInfo cpu = backend::list_devices().front();
+  const backend::DeviceInfo cpu = backend::cpu::device_info();  // no need to wake the GPUs for host facts
   h.cpu_model = cpu.name;
   h.logical_cores = static_cast<int>(std::thread::hardware_concurrency());
   h.memory_bytes = cpu.memory_bytes;
