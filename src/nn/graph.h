@@ -24,6 +24,11 @@ struct Value {
 
 struct GraphOptions {
   DType dtype = DType::f32;  // activations and parameters; ref also runs f64 (gradient checks)
+  // The precision policy: fp32 (dtype as given), tf32 (f32 storage, TF32 math), bf16 (bf16
+  // activations and weights, fp32 master weights and batch-norm parameters), fp16 (as bf16, plus
+  // dynamic loss scaling). bf16/fp16 override dtype for activations.
+  Precision precision = Precision::fp32;
+  bool deterministic = false;  // bit-identical results run to run (Kernels::set_deterministic)
   Layout layout = Layout::nchw;
   bool training = true;        // plan backward and update; false plans an inference-only graph
   std::uint64_t seed = 1;      // parameter initialisation

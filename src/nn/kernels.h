@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -35,10 +36,13 @@ struct BatchNormDesc {
 };
 
 // v = momentum * v + (g + weight_decay * w);  w -= learning_rate * v   (PyTorch's SGD).
+// skip_if (i32 [1], may be undefined): when it holds non-zero the step changes nothing — fp16 loss
+// scaling found a non-finite gradient. Read on the device, so a captured step needs no host sync.
 struct SgdStep {
   double learning_rate = 0.1;
   double momentum = 0.9;
   double weight_decay = 0.0;
+  Tensor skip_if;
 };
 
 // LARS (You et al. 2017, as in MLPerf's ResNet reference): with adapt, the layer's learning rate
@@ -51,6 +55,24 @@ struct LarsStep {
   double trust_coefficient = 0.001;  // eta
   double epsilon = 0.0;
   bool adapt = true;  // false for batch-norm and bias parameters: plain momentum SGD
+  Tensor skip_if;     // as in SgdStep
+};
+
+// Dynamic loss scaling (fp16), PyTorch's GradScaler rule: after a step with a non-finite gradient
+// scale *= backoff and the good-step count restarts; after growth_interval good steps in a row
+// scale *= growth.
+struct LossScaleRule {
+  double growth = 2.0;
+  double backoff = 0.5;
+  std::int64_t growth_interval = 2000;
+};
+
+// A recorded sequence of kernel launches replayed with no host work: a CUDA graph on the GPU; the
+// reference backend simply runs the recorded function again.
+class Replayable {
+ public:
+  virtual ~Replayable() = default;
+  virtual void replay() = 0;
 };
 
 // Scratch memory for one kernel call (cuDNN workspaces): the graph sizes it once, at bind time,
@@ -132,6 +154,25 @@ class Kernels {
   // One optimizer step on one parameter tensor; v is its velocity (same shape, zeroed at start).
   virtual void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) = 0;
   virtual void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) = 0;
+
+  // Mixed precision. cast: dst = src converted (same shape, any of f64/f32/f16/bf16; rounding to
+  // nearest even). unscale_and_check: g *= 1 / scale[0] (scale: f32 [1]) and found_nonfinite
+  // (i32 [1]) is set to 1 when any element of g is NaN or Inf; it is never cleared here.
+  // update_loss_scale applies LossScaleRule on the device (good_steps: i32 [1]) and clears
+  // found_nonfinite for the next step.
+  virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  virtual void unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) = 0;
+  virtual void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
+                                 const Tensor& found_nonfinite) = 0;
+
+  // Runs `body` once while recording it, and returns what replays it. Nothing in `body` may
+  // allocate or wait for the host (a graph allocates everything at bind, so a step qualifies).
+  virtual std::unique_ptr<Replayable> capture(const std::function<void()>& body) = 0;
+  // Deterministic mode: algorithms and kernels that give bit-identical results run to run (no
+  // atomics-order dependence); may be slower. The reference is always deterministic.
+  virtual void set_deterministic(bool on) = 0;
+  // fp32 convolutions and matmuls may use TF32 tensor cores (Precision::tf32); off by default.
+  virtual void set_tf32(bool allowed) = 0;
 };
 
 // The reference kernels (nn/ref): host memory, f32 or f64 storage, float64 accumulation, and

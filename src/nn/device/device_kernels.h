@@ -1,0 +1,16 @@
+// The engine's kernels for a micro-benchmark backend's device: the CUDA kernels (cuDNN, cuBLASLt
+// and the project's own) on a `cuda:N` backend, on that backend's stream so its timer measures
+// them; the reference kernels on `cpu`. Workloads that run models get their kernels here.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "nn/kernels.h"
+
+namespace ab::nn {
+
+// Throws Unsupported when the backend's device has no engine kernels in this build.
+std::unique_ptr<Kernels> make_device_kernels(backend::Backend& backend);
+
+}  // namespace ab::nn
