@@ -68,7 +68,7 @@ struct LossScaleRule {
 };
 
 // A recorded sequence of kernel launches replayed with no host work: a CUDA graph on the GPU; the
-// reference backend simply runs the recorded function again.
+// reference backend runs the recorded function on each replay.
 class Replayable {
  public:
   virtual ~Replayable() = default;
@@ -165,8 +165,10 @@ class Kernels {
   virtual void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
                                  const Tensor& found_nonfinite) = 0;
 
-  // Runs `body` once while recording it, and returns what replays it. Nothing in `body` may
-  // allocate or wait for the host (a graph allocates everything at bind, so a step qualifies).
+  // Records `body`'s kernel launches and returns what replays them. Capture does NOT run the work
+  // (as with a CUDA graph; the reference records the function and runs it only on replay), so
+  // the first replay is the first execution. Nothing in `body` may allocate or wait for the host
+  // (a graph allocates everything at bind, so a step qualifies).
   virtual std::unique_ptr<Replayable> capture(const std::function<void()>& body) = 0;
   // Deterministic mode: algorithms and kernels that give bit-identical results run to run (no
   // atomics-order dependence); may be slower. The reference is always deterministic.

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 namespace ab::nn::ref {
@@ -197,9 +198,17 @@ void RefKernels::softmax_cross_entropy_backward(const Tensor& pt, const Tensor& 
 
 // ---- optimizers
 
+namespace {
+
+// Loss scaling's verdict, read where a device kernel would read it.
+bool skipped(const Tensor& skip_if) { return skip_if.defined() && *skip_if.as<const std::int32_t>() != 0; }
+
+}  // namespace
+
 void RefKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
   require_same_flat("sgd_update", w, g);
   require_same_flat("sgd_update", w, v);
+  if (skipped(s.skip_if)) return;
   dispatch(w.dtype, [&](auto zero) {
     using T = decltype(zero);
     T *pw = w.as<T>(), *pv = v.as<T>();
@@ -216,6 +225,7 @@ void RefKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, 
 void RefKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
   require_same_flat("lars_update", w, g);
   require_same_flat("lars_update", w, v);
+  if (skipped(s.skip_if)) return;
   dispatch(w.dtype, [&](auto zero) {
     using T = decltype(zero);
     T *pw = w.as<T>(), *pv = v.as<T>();
@@ -240,7 +250,97 @@ void RefKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& g
   });
 }
 
-}  // namespace ab::nn
+// ---- mixed precision
+
+namespace {
+
+// Any floating element at `offset` elements from t.data, widened exactly to double.
+double load_any(const Tensor& t, std::int64_t offset) {
+  switch (t.dtype) {
+    case DType::f64: return t.as<const double>()[offset];
+    case DType::f32: return t.as<const float>()[offset];
+    case DType::f16: return half_bits_to_float(t.as<const std::uint16_t>()[offset]);
+    case DType::bf16: return bf16_bits_to_float(t.as<const std::uint16_t>()[offset]);
+    default: throw Unsupported("ref: no floating load from " + std::string(to_string(t.dtype)));
+  }
+}
+
+void store_any(const Tensor& t, std::int64_t offset, double v) {
+  switch (t.dtype) {
+    case DType::f64: t.as<double>()[offset] = v; break;
+    case DType::f32: t.as<float>()[offset] = static_cast<float>(v); break;
+    case DType::f16: t.as<std::uint16_t>()[offset] = float_to_half_bits(static_cast<float>(v)); break;
+    case DType::bf16: t.as<std::uint16_t>()[offset] = float_to_bf16_bits(static_cast<float>(v)); break;
+    default: throw Unsupported("ref: no floating store to " + std::string(to_string(t.dtype)));
+  }
+}
+
+void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype) {
+  if (t.dtype != dtype || t.numel() != 1 || !t.defined())
+    throw Error(std::string("ref ") + kernel + ": " + what + " must be " + std::string(to_string(dtype)) +
+                "[1], got " + t.to_string());
+}
+
+class RecordedCall final : public Replayable {
+ public:
+  explicit RecordedCall(std::function<void()> body) : body_(std::move(body)) {}
+  void replay() override { body_(); }
+
+ private:
+  std::function<void()> body_;
+};
+
+}  // namespace
+
+void RefKernels::cast(const Tensor& src, const Tensor& dst) {
+  if (!(src.shape == dst.shape) || !(src.strides == dst.strides) || !src.is_contiguous())
+    throw Unsupported("ref cast: operands must be contiguous with one shape and layout (" + src.to_string() + " vs " +
+                      dst.to_string() + ")");
+  for (std::int64_t i = 0; i < src.numel(); ++i) store_any(dst, i, load_any(src, i));
+}
+
+void RefKernels::unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) {
+  require_scalar("unscale_and_check", "scale", scale, DType::f32);
+  require_scalar("unscale_and_check", "found_nonfinite", found_nonfinite, DType::i32);
+  if (!g.is_contiguous()) throw Unsupported("ref unscale_and_check: gradient " + g.to_string() + " is not contiguous");
+  // The reciprocal in f32, as PyTorch's GradScaler forms it; exact for the power-of-two scales.
+  const double inv = static_cast<float>(1.0 / static_cast<double>(*scale.as<const float>()));
+  bool bad = false;
+  for (std::int64_t i = 0; i < g.numel(); ++i) {
+    const double in = load_any(g, i), out = in * inv;
+    bad = bad || !std::isfinite(in) || !std::isfinite(out);
+    store_any(g, i, out);
+  }
+  if (bad) *found_nonfinite.as<std::int32_t>() = 1;
+}
+
+void RefKernels::update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
+                                   const Tensor& found_nonfinite) {
+  require_scalar("update_loss_scale", "scale", scale, DType::f32);
+  require_scalar("update_loss_scale", "good_steps", good_steps, DType::i32);
+  require_scalar("update_loss_scale", "found_nonfinite", found_nonfinite, DType::i32);
+  float& s = *scale.as<float>();
+  std::int32_t& good = *good_steps.as<std::int32_t>();
+  std::int32_t& found = *found_nonfinite.as<std::int32_t>();
+  if (found != 0) {
+    s = static_cast<float>(s * rule.backoff);
+    good = 0;
+  } else if (good + 1 >= rule.growth_interval) {
+    // PyTorch keeps the old scale where growing would overflow it.
+    const auto grown = static_cast<float>(s * rule.growth);
+    if (std::isfinite(grown)) s = grown;
+    good = 0;
+  } else {
+    ++good;
+  }
+  found = 0;
+}
+
+std::unique_ptr<Replayable> RefKernels::capture(const std::function<void()>& body) {
+  return std::make_unique<RecordedCall>(body);
+}
+
+}  // namespace ab::nn::ref
 
 namespace ab::nn {
 

@@ -106,6 +106,17 @@ class RefKernels final : public Kernels {
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
 
+  void cast(const Tensor& src, const Tensor& dst) override;
+  void unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) override;
+  void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
+                         const Tensor& found_nonfinite) override;
+  // Records `body` without running it; replay() runs it. The work happens only on replay, as
+  // with a CUDA graph, so code that captures is tested honestly on the CPU.
+  std::unique_ptr<Replayable> capture(const std::function<void()>& body) override;
+  // The reference is exact and deterministic, and has no TF32: both are no-ops.
+  void set_deterministic(bool) override {}
+  void set_tf32(bool) override {}
+
  private:
   HostAllocator allocator_;
 };
