@@ -67,8 +67,8 @@ void lars_update(cudaStream_t stream, DType t, void* w, const void* g, void* v, 
 // ---- mixed precision
 // dst = src converted, n elements; f64/f32/f16/bf16 either way, rounding to nearest even.
 void cast(cudaStream_t stream, DType src_t, const void* src, DType dst_t, void* dst, std::int64_t n);
-// g *= 1 / scale[0] (scale: f32 [1] on the device); *found_nonfinite = 1 if any input element of g
-// is NaN or Inf (never cleared here).
+// g *= 1 / scale[0] (scale: f32 [1] on the device); *found_nonfinite = 1 if any element of g, as
+// read or unscaled, is NaN or Inf (never cleared here).
 void unscale_and_check(cudaStream_t stream, DType t, void* g, std::int64_t n, const float* scale,
                        std::int32_t* found_nonfinite);
 // PyTorch's GradScaler update on the device: if *found_nonfinite: scale *= backoff, good_steps = 0;
