@@ -1,0 +1,83 @@
+// Internal to the CUDA engine kernels: cuDNN error checking, RAII owners for cuDNN descriptors,
+// dtype mapping, and the hashable keys the per-shape caches use. Not part of any public header.
+#pragma once
+
+#include <cudnn.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "backend/cuda/check.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace ab::nn::cuda {
+
+using backend::cuda::check_cuda;
+
+[[noreturn]] void throw_cudnn(cudnnStatus_t status, const char* call, const std::string& what);
+inline void check_cudnn(cudnnStatus_t status, const char* call, const std::string& what) {
+  if (status != CUDNN_STATUS_SUCCESS) throw_cudnn(status, call, what);
+}
+#define AB_CUDNN(call, what) ::ab::nn::cuda::check_cudnn((call), #call, (what))
+
+struct CudnnHandleDeleter {
+  void operator()(cudnnHandle_t h) const noexcept { cudnnDestroy(h); }
+};
+struct TensorDescDeleter {
+  void operator()(cudnnTensorDescriptor_t d) const noexcept { cudnnDestroyTensorDescriptor(d); }
+};
+struct FilterDescDeleter {
+  void operator()(cudnnFilterDescriptor_t d) const noexcept { cudnnDestroyFilterDescriptor(d); }
+};
+struct ConvDescDeleter {
+  void operator()(cudnnConvolutionDescriptor_t d) const noexcept { cudnnDestroyConvolutionDescriptor(d); }
+};
+struct PoolDescDeleter {
+  void operator()(cudnnPoolingDescriptor_t d) const noexcept { cudnnDestroyPoolingDescriptor(d); }
+};
+using CudnnHandlePtr = std::unique_ptr<std::remove_pointer_t<cudnnHandle_t>, CudnnHandleDeleter>;
+using TensorDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnTensorDescriptor_t>, TensorDescDeleter>;
+using FilterDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnFilterDescriptor_t>, FilterDescDeleter>;
+using ConvDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnConvolutionDescriptor_t>, ConvDescDeleter>;
+using PoolDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnPoolingDescriptor_t>, PoolDescDeleter>;
+
+// cuDNN's storage type for a tensor dtype; throws Unsupported for what cuDNN cannot hold.
+cudnnDataType_t cudnn_dtype(DType t);
+// A 4-d tensor descriptor from the tensor's own strides (NCHW or NHWC alike).
+TensorDescPtr make_tensor_desc(const Tensor& t);
+
+// A fixed-size, hashable fingerprint of the descriptor fields a cached plan depends on.
+struct Key {
+  static constexpr std::size_t kWords = 48;
+  std::array<std::int64_t, kWords> w{};
+  std::size_t n = 0;
+
+  void add(std::int64_t v) {
+    if (n == kWords) throw Error("internal: cache key overflow");
+    w[n++] = v;
+  }
+  void add(const Tensor& t) {
+    add(static_cast<std::int64_t>(t.dtype));
+    add(t.shape.rank());
+    for (int i = 0; i < t.shape.rank(); ++i) {
+      add(t.shape[i]);
+      add(t.strides[i]);
+    }
+  }
+  friend bool operator==(const Key& a, const Key& b) { return a.n == b.n && a.w == b.w; }
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& k) const noexcept {
+    std::uint64_t h = 1469598103934665603ULL;
+    for (std::size_t i = 0; i < k.n; ++i) h = (h ^ static_cast<std::uint64_t>(k.w[i])) * 1099511628211ULL;
+    return static_cast<std::size_t>(h);
+  }
+};
+
+}  // namespace ab::nn::cuda

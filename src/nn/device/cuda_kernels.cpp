@@ -1,0 +1,394 @@
+// The CUDA engine kernels: construction, memory and host copies, the project's own kernels
+// (cuda_pointwise) behind the elementwise, loss, optimizer and mixed-precision entry points, and
+// CUDA-graph capture. Convolution, batch norm, pooling and linear live in their own files.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backend/cuda/cuda_backend.h"
+#include "nn/device/cuda_kernels_impl.h"
+#include "nn/device/cuda_pointwise.h"
+
+namespace ab::nn::cuda {
+
+// ---- shared helpers (cuda_common.h)
+
+void throw_cudnn(cudnnStatus_t status, const char* call, const std::string& what) {
+  std::string name(call);
+  name = name.substr(0, name.find('('));
+  const std::string msg = name + " failed (" + what + "): " + cudnnGetErrorString(status);
+  if (status == CUDNN_STATUS_ALLOC_FAILED) {
+    cudaGetLastError();
+    throw OutOfMemory(msg);
+  }
+  if (status == CUDNN_STATUS_NOT_SUPPORTED) throw Unsupported(msg);
+  throw Error(msg);
+}
+
+cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::i32: return CUDNN_DATA_INT32;
+    default: break;
+  }
+  throw Unsupported("cuDNN stores f32, f16, bf16, f64 or i32 tensors, not " + std::string(to_string(t)));
+}
+
+namespace {
+
+int to_int(std::int64_t v, const Tensor& t) {
+  if (v > std::numeric_limits<int>::max())
+    throw Unsupported("tensor " + t.to_string() + " has a dimension or stride beyond cuDNN's 32-bit range");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+TensorDescPtr make_tensor_desc(const Tensor& t) {
+  if (t.shape.rank() != 4) throw Error("internal: cuDNN tensor descriptor of rank " + std::to_string(t.shape.rank()));
+  cudnnTensorDescriptor_t d = nullptr;
+  AB_CUDNN(cudnnCreateTensorDescriptor(&d), t.to_string());
+  TensorDescPtr owned(d);
+  AB_CUDNN(cudnnSetTensor4dDescriptorEx(d, cudnn_dtype(t.dtype), to_int(t.shape[0], t), to_int(t.shape[1], t),
+                                        to_int(t.shape[2], t), to_int(t.shape[3], t), to_int(t.strides[0], t),
+                                        to_int(t.strides[1], t), to_int(t.strides[2], t), to_int(t.strides[3], t)),
+           t.to_string());
+  return owned;
+}
+
+namespace {
+
+constexpr std::int64_t kLtWorkspaceBytes = std::int64_t{32} << 20;
+constexpr std::int64_t kOnesCount = std::int64_t{1} << 16;  // rows reduced per bias-gradient GEMM
+
+int device_index(const backend::Backend& b) {
+  const std::string& id = b.info().id;
+  const auto colon = id.find(':');
+  if (b.info().kind != "cuda" || colon == std::string::npos)
+    throw Error("make_cuda_kernels: backend '" + id + "' is not a CUDA backend");
+  return std::stoi(id.substr(colon + 1));
+}
+
+// Elementwise operands: one shape, strides and dtype, contiguous, so the kernels walk flat arrays.
+void require_flat(const char* kernel, const Tensor& a, const Tensor& b) {
+  if (!(a.shape == b.shape) || !(a.strides == b.strides) || !a.is_contiguous() || a.dtype != b.dtype)
+    throw Unsupported(std::string("cuda ") + kernel + ": operands must be contiguous with one shape, layout and dtype (" +
+                      a.to_string() + " vs " + b.to_string() + ")");
+}
+
+void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype) {
+  if (t.dtype != dtype || t.numel() != 1 || !t.defined())
+    throw Error(std::string("cuda ") + kernel + ": " + what + " must be " + std::string(to_string(dtype)) +
+                "[1], got " + t.to_string());
+}
+
+const std::int32_t* skip_flag(const Tensor& skip_if) {
+  if (!skip_if.defined()) return nullptr;
+  require_scalar("optimizer step", "skip_if", skip_if, DType::i32);
+  return skip_if.as<const std::int32_t>();
+}
+
+class GraphReplay final : public Replayable {
+ public:
+  GraphReplay(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream, std::string label)
+      : graph_(graph), exec_(exec), stream_(stream), label_(std::move(label)) {}
+  ~GraphReplay() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  GraphReplay(const GraphReplay&) = delete;
+  GraphReplay& operator=(const GraphReplay&) = delete;
+  void replay() override { AB_CUDA(cudaGraphLaunch(exec_, stream_), label_ + " graph replay"); }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+  std::string label_;
+};
+
+}  // namespace
+
+// ---- construction and memory
+
+CudaKernels::CudaKernels(backend::Backend& backend)
+    : backend_(backend),
+      device_(device_index(backend)),
+      label_(backend.info().id),
+      stream_(static_cast<cudaStream_t>(backend::cuda::native_stream(backend))),
+      alloc_(device_, label_) {
+  AB_CUDA(cudaSetDevice(device_), label_ + " engine kernels");
+  AB_CUDA(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, device_), label_);
+  AB_CUDA(cudaDeviceGetAttribute(&cc_minor_, cudaDevAttrComputeCapabilityMinor, device_), label_);
+  cudnnHandle_t h = nullptr;
+  AB_CUDNN(cudnnCreate(&h), label_ + " cuDNN handle");
+  cudnn_.reset(h);
+  AB_CUDNN(cudnnSetStream(h, stream_), label_ + " cuDNN stream");  // once: every call runs on the backend's stream
+  lt_ = backend::cuda::create_lt_handle(label_ + " engine cuBLASLt handle");
+  lt_workspace_ = backend::cuda::DeviceBuffer(kLtWorkspaceBytes, label_ + " engine cuBLASLt workspace");
+  lars_scratch_ = backend::cuda::DeviceBuffer(
+      std::max<std::int64_t>(cuda_pointwise::lars_scratch_floats(), 1) * 4, label_ + " LARS scratch");
+  xent_scratch_ = backend::cuda::DeviceBuffer(
+      std::max<std::int64_t>(cuda_pointwise::softmax_xent_scratch_floats(1024), 1) * 4, label_ + " loss scratch");
+  ones_count_ = kOnesCount;
+  ones_ = backend::cuda::DeviceBuffer(ones_count_ * (4 + 2 + 2), label_ + " ones");
+  auto* base = ones_.as<unsigned char>();
+  cuda_pointwise::fill(stream_, DType::f32, base, ones_count_, 1.0);
+  cuda_pointwise::fill(stream_, DType::f16, base + 4 * ones_count_, ones_count_, 1.0);
+  cuda_pointwise::fill(stream_, DType::bf16, base + 6 * ones_count_, ones_count_, 1.0);
+  AB_CUDA(cudaStreamSynchronize(stream_), label_ + " engine kernels");
+}
+
+CudaKernels::~CudaKernels() {
+  // Queued work may still use buffers the members below free; errors cannot be reported here.
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);
+}
+
+const void* CudaKernels::ones(DType t) const {
+  const auto* base = ones_.as<const unsigned char>();
+  switch (t) {
+    case DType::f32: return base;
+    case DType::f16: return base + 4 * ones_count_;
+    case DType::bf16: return base + 6 * ones_count_;
+    default: throw Unsupported("cuda: no ones vector for " + std::string(to_string(t)));
+  }
+}
+
+Allocator& CudaKernels::allocator() {
+  // A graph asks for the allocator right after preparing its layers: the algorithm search's
+  // scratch operands are no longer needed, and the arena may want their memory.
+  release_search_scratch();
+  return alloc_;
+}
+
+void CudaKernels::release_search_scratch() noexcept {
+  if (search_scratch_.bytes() == 0 || capturing()) return;
+  search_scratch_ = backend::cuda::DeviceBuffer();
+}
+
+bool CudaKernels::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void CudaKernels::synchronize() { AB_CUDA(cudaStreamSynchronize(stream_), label_ + " synchronize"); }
+
+void CudaKernels::upload(const Tensor& dst, const void* host) {
+  if (dst.size_bytes() <= 0) return;
+  // From pageable memory the copy is staged before cudaMemcpyAsync returns, so `host` may be
+  // reused at once; the device side is ordered on the stream like every kernel.
+  AB_CUDA(cudaMemcpyAsync(dst.data, host, static_cast<std::size_t>(dst.size_bytes()), cudaMemcpyHostToDevice, stream_),
+          label_ + " upload " + dst.to_string());
+}
+
+void CudaKernels::download(const Tensor& src, void* host) {
+  if (src.size_bytes() <= 0) return;
+  AB_CUDA(cudaMemcpyAsync(host, src.data, static_cast<std::size_t>(src.size_bytes()), cudaMemcpyDeviceToHost, stream_),
+          label_ + " download " + src.to_string());
+  AB_CUDA(cudaStreamSynchronize(stream_), label_ + " download " + src.to_string());
+}
+
+void CudaKernels::fill(const Tensor& t, double value) {
+  if (!t.is_contiguous()) throw Unsupported("cuda fill: tensor " + t.to_string() + " is not contiguous");
+  if (t.numel() == 0) return;
+  if (value == 0.0 && !std::signbit(value)) {
+    AB_CUDA(cudaMemsetAsync(t.data, 0, static_cast<std::size_t>(t.size_bytes()), stream_),
+            label_ + " fill " + t.to_string());
+    return;
+  }
+  cuda_pointwise::fill(stream_, t.dtype, t.data, t.numel(), value);
+}
+
+void CudaKernels::check_tensor(const Tensor& t) {
+  if (t.dtype != DType::f32 && t.dtype != DType::f16 && t.dtype != DType::bf16 && t.dtype != DType::i32)
+    throw Unsupported("the CUDA kernels store f32, f16 or bf16 (and i32 labels), not " +
+                      std::string(to_string(t.dtype)) + "; f64 runs on the ref kernels");
+  if (!t.is_contiguous())
+    throw Unsupported("the CUDA kernels take contiguous tensors (NCHW or NHWC), not " + t.to_string());
+  if (t.numel() > std::numeric_limits<int>::max())
+    throw Unsupported("tensor " + t.to_string() + " has more elements than cuDNN's 32-bit indexing allows");
+  if (t.shape.rank() == 4 && t.dtype != DType::i32) {
+    // Every activation-shaped tensor may meet a batch norm: size its *Ex workspace now, at bind,
+    // so a step (or a capture) never allocates.
+    const std::int64_t need = bn_ex_workspace_bytes(t);
+    if (need > bn_workspace_.bytes())
+      bn_workspace_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm workspace");
+  }
+  if (t.shape.rank() == 2) {
+    // A [N, K] tensor may be a loss's logits: grow the loss scratch to N rows.
+    const std::int64_t need = cuda_pointwise::softmax_xent_scratch_floats(t.shape[0]) * 4;
+    if (need > xent_scratch_.bytes()) xent_scratch_ = backend::cuda::DeviceBuffer(need, label_ + " loss scratch");
+  }
+}
+
+// ---- the project's own kernels
+
+void CudaKernels::relu_forward(const Tensor& x, const Tensor& y) {
+  require_flat("relu_forward", x, y);
+  cuda_pointwise::relu_forward(stream_, x.dtype, x.data, y.data, x.numel());
+}
+
+void CudaKernels::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) {
+  require_flat("relu_backward", y, dy);
+  require_flat("relu_backward", y, dx);
+  cuda_pointwise::relu_backward(stream_, y.dtype, y.data, dy.data, dx.data, y.numel(), accumulate);
+}
+
+void CudaKernels::add_forward(const Tensor& a, const Tensor& b, const Tensor& y) {
+  require_flat("add_forward", a, b);
+  require_flat("add_forward", a, y);
+  cuda_pointwise::add_forward(stream_, a.dtype, a.data, b.data, y.data, a.numel());
+}
+
+void CudaKernels::copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate) {
+  require_flat("copy_gradient", dy, dx);
+  cuda_pointwise::copy_gradient(stream_, dy.dtype, dy.data, dx.data, dy.numel(), accumulate);
+}
+
+namespace {
+
+void require_pool_operands(const char* kernel, const Tensor& x4, const Tensor& y2) {
+  if (x4.shape.rank() != 4 || y2.shape.rank() != 2 || y2.shape[0] != x4.shape[0] || y2.shape[1] != x4.shape[1] ||
+      !x4.is_contiguous() || !y2.is_contiguous() || x4.dtype != y2.dtype)
+    throw Unsupported(std::string("cuda ") + kernel + ": needs contiguous [N, C, H, W] and [N, C] of one dtype, got " +
+                      x4.to_string() + " and " + y2.to_string());
+}
+
+}  // namespace
+
+void CudaKernels::global_avgpool_forward(const Tensor& x, const Tensor& y) {
+  require_pool_operands("global_avgpool_forward", x, y);
+  cuda_pointwise::global_avgpool_forward(stream_, x.dtype, x.layout, x.data, y.data, x.shape[0], x.shape[1],
+                                         x.shape[2] * x.shape[3]);
+}
+
+void CudaKernels::global_avgpool_backward(const Tensor& dy, const Tensor& dx, bool accumulate) {
+  require_pool_operands("global_avgpool_backward", dx, dy);
+  cuda_pointwise::global_avgpool_backward(stream_, dx.dtype, dx.layout, dy.data, dx.data, dx.shape[0], dx.shape[1],
+                                          dx.shape[2] * dx.shape[3], accumulate);
+}
+
+void CudaKernels::softmax_cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                                const Tensor& loss) {
+  if (logits.shape.rank() != 2 || !(probs.shape == logits.shape) || !logits.is_contiguous() || !probs.is_contiguous() ||
+      labels.dtype != DType::i32 || labels.numel() != logits.shape[0] || !labels.is_contiguous() || loss.numel() != 1)
+    throw Unsupported("cuda softmax_cross_entropy_forward: needs contiguous logits and probs [N, K], i32 labels [N] "
+                      "and a loss [1]; got " + logits.to_string() + ", " + labels.to_string() + ", " +
+                      probs.to_string() + ", " + loss.to_string());
+  const std::int64_t n = logits.shape[0];
+  const std::int64_t need = cuda_pointwise::softmax_xent_scratch_floats(n) * 4;
+  if (need > xent_scratch_.bytes()) {
+    if (capturing())
+      throw Error("cuda softmax_cross_entropy_forward: loss scratch too small for " + std::to_string(n) +
+                  " rows during capture (bind the graph first: check_tensor sizes it)");
+    xent_scratch_ = backend::cuda::DeviceBuffer(need, label_ + " loss scratch");
+  }
+  cuda_pointwise::softmax_xent_forward(stream_, logits.dtype, logits.data, labels.as<const std::int32_t>(), probs.dtype,
+                                       probs.data, loss.dtype, loss.data, n, logits.shape[1],
+                                       xent_scratch_.as<float>());
+}
+
+void CudaKernels::softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
+                                                 const Tensor& dlogits, bool accumulate) {
+  if (probs.shape.rank() != 2 || !(probs.shape == dlogits.shape) || !probs.is_contiguous() ||
+      !dlogits.is_contiguous() || labels.dtype != DType::i32 || labels.numel() != probs.shape[0] || dloss.numel() != 1)
+    throw Unsupported("cuda softmax_cross_entropy_backward: needs contiguous probs and dlogits [N, K], i32 labels [N] "
+                      "and dloss [1]; got " + probs.to_string() + ", " + labels.to_string() + ", " +
+                      dloss.to_string() + ", " + dlogits.to_string());
+  cuda_pointwise::softmax_xent_backward(stream_, probs.dtype, probs.data, labels.as<const std::int32_t>(), dloss.dtype,
+                                        dloss.data, dlogits.dtype, dlogits.data, probs.shape[0], probs.shape[1],
+                                        accumulate);
+}
+
+void CudaKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
+  require_flat("sgd_update", w, g);
+  require_flat("sgd_update", w, v);
+  cuda_pointwise::sgd_update(stream_, w.dtype, w.data, g.data, v.data, w.numel(), s, skip_flag(s.skip_if));
+}
+
+void CudaKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
+  require_flat("lars_update", w, g);
+  require_flat("lars_update", w, v);
+  cuda_pointwise::lars_update(stream_, w.dtype, w.data, g.data, v.data, w.numel(), s, skip_flag(s.skip_if),
+                              lars_scratch_.as<float>());
+}
+
+void CudaKernels::cast(const Tensor& src, const Tensor& dst) {
+  if (!(src.shape == dst.shape) || !(src.strides == dst.strides) || !src.is_contiguous())
+    throw Unsupported("cuda cast: operands must be contiguous with one shape and layout (" + src.to_string() + " vs " +
+                      dst.to_string() + ")");
+  cuda_pointwise::cast(stream_, src.dtype, src.data, dst.dtype, dst.data, src.numel());
+}
+
+void CudaKernels::unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) {
+  require_scalar("unscale_and_check", "scale", scale, DType::f32);
+  require_scalar("unscale_and_check", "found_nonfinite", found_nonfinite, DType::i32);
+  if (!g.is_contiguous()) throw Unsupported("cuda unscale_and_check: gradient " + g.to_string() + " is not contiguous");
+  cuda_pointwise::unscale_and_check(stream_, g.dtype, g.data, g.numel(), scale.as<const float>(),
+                                    found_nonfinite.as<std::int32_t>());
+}
+
+void CudaKernels::update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
+                                    const Tensor& found_nonfinite) {
+  require_scalar("update_loss_scale", "scale", scale, DType::f32);
+  require_scalar("update_loss_scale", "good_steps", good_steps, DType::i32);
+  require_scalar("update_loss_scale", "found_nonfinite", found_nonfinite, DType::i32);
+  cuda_pointwise::update_loss_scale(stream_, rule, scale.as<float>(), good_steps.as<std::int32_t>(),
+                                    found_nonfinite.as<std::int32_t>());
+}
+
+// ---- capture
+
+std::unique_ptr<Replayable> CudaKernels::capture(const std::function<void()>& body) {
+  AB_CUDA(cudaSetDevice(device_), label_ + " capture");
+  // Thread-local mode: an allocation or synchronisation from this thread inside `body` fails
+  // loudly instead of being recorded wrongly; other threads are not affected.
+  AB_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), label_ + " begin capture");
+  try {
+    body();
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream_, &partial);
+    if (partial != nullptr) cudaGraphDestroy(partial);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  if (end != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    AB_CUDA(end, label_ + " end capture: the captured work made a call that cannot be recorded "
+                          "(an allocation, a host synchronisation or a copy from pageable memory)");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  if (inst != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    AB_CUDA(inst, label_ + " instantiate captured graph");
+  }
+  return std::make_unique<GraphReplay>(graph, exec, stream_, label_);
+}
+
+}  // namespace ab::nn::cuda
+
+namespace ab::nn {
+
+std::unique_ptr<Kernels> make_cuda_kernels(backend::Backend& backend) {
+  return std::make_unique<cuda::CudaKernels>(backend);
+}
+
+const CudaKernelStats& cuda_kernel_stats(const Kernels& k) {
+  const auto* c = dynamic_cast<const cuda::CudaKernels*>(&k);
+  if (c == nullptr) throw Error("cuda_kernel_stats: kernels '" + std::string(k.name()) + "' are not the CUDA kernels");
+  return c->stats();
+}
+
+}  // namespace ab::nn

@@ -1,0 +1,35 @@
+// The engine's kernels on an NVIDIA GPU: cuDNN (convolution, batch norm, max pooling), cuBLASLt
+// (linear) and the project's own kernels (nn/device/cuda_pointwise), all on the cuda backend's
+// stream, so the backend's event timer measures them. Built only with ACCELBENCH_CUDA.
+//
+// Differences from the reference a caller must know:
+// - capture() records `body` into a CUDA graph without executing it (stream capture only records
+//   launches), as the contract says; replay() launches the graph on the stream.
+// - conv2d_prepare runs cuDNN's algorithm search (timed runs on scratch operands) once per distinct
+//   (shape, strides, dtype, attributes, deterministic, tf32); binding a graph is where it happens.
+// - Storage: f32, f16, bf16 and i32 (labels); f64 is refused (it runs on the reference kernels).
+//   Batch-norm parameters and statistics are f32 whatever the activations' dtype.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.h"
+#include "nn/kernels.h"
+
+namespace ab::nn {
+
+// Kernels on `backend`'s device and stream; `backend` must be a cuda backend and outlive them.
+// Throws Error when it is not, or when cuDNN/cuBLASLt cannot start on the device.
+std::unique_ptr<Kernels> make_cuda_kernels(backend::Backend& backend);
+
+// Counters for tests and reports: how often the algorithm search ran and how often a prepared
+// plan was found in the cache.
+struct CudaKernelStats {
+  std::int64_t conv_searches = 0;    // distinct convolution configurations searched
+  std::int64_t conv_cache_hits = 0;  // conv2d_prepare calls answered from the cache
+};
+// Throws Error when `k` is not the CUDA kernels.
+const CudaKernelStats& cuda_kernel_stats(const Kernels& k);
+
+}  // namespace ab::nn

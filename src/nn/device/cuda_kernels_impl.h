@@ -1,0 +1,188 @@
+// Internal to the CUDA engine kernels: the Kernels implementation split over cuda_kernels.cpp
+// (memory, elementwise, capture), cuda_conv.cpp, cuda_norm_pool.cpp and cuda_linear.cpp. Every
+// per-shape object (cuDNN descriptors, chosen algorithms, cuBLASLt layouts) is built once and
+// cached by a key of dtypes, shapes, strides and attributes, so a step only looks plans up.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "backend/backend.h"
+#include "backend/cuda/check.h"
+#include "nn/device/cuda_allocator.h"
+#include "nn/device/cuda_common.h"
+#include "nn/device/cuda_kernels.h"
+#include "nn/kernels.h"
+
+namespace ab::nn::cuda {
+
+// One pass of a convolution: its own descriptor (the chosen algorithm fixes the math type) and
+// algorithm; algo < 0 where no algorithm fitted (the pass then refuses to run, naming why).
+struct ConvPass {
+  ConvDescPtr conv;
+  int algo = -1;
+  std::int64_t workspace_bytes = 0;
+  std::string refusal;
+};
+
+struct ConvPlan {
+  TensorDescPtr x, y;
+  FilterDescPtr w;
+  ConvPass fwd, bwd_data, bwd_filter;
+  std::string label;
+};
+
+struct BnPlan {
+  TensorDescPtr x;      // x, y, dy and dx share one shape and strides
+  TensorDescPtr param;  // [1, C, 1, 1] in float (double for f64 activations)
+  cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;
+  bool use_ex = false;  // the *Ex API with a workspace from bn_workspace_
+  std::int64_t fwd_workspace_bytes = 0, bwd_workspace_bytes = 0;
+  std::string label;
+};
+
+struct PoolPlan {
+  PoolDescPtr pool;
+  TensorDescPtr x, y;
+};
+
+struct LtMatmulDeleter {
+  void operator()(cublasLtMatmulDesc_t d) const noexcept { cublasLtMatmulDescDestroy(d); }
+};
+struct LtLayoutDeleter {
+  void operator()(cublasLtMatrixLayout_t l) const noexcept { cublasLtMatrixLayoutDestroy(l); }
+};
+using LtMatmulPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, LtMatmulDeleter>;
+using LtLayoutPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LtLayoutDeleter>;
+
+// A column-major D[m, n] = op(A) op(B) (+ bias over rows) with its heuristic's first algorithm.
+struct LtPlan {
+  LtMatmulPtr op;
+  LtLayoutPtr a, b, c;
+  cublasLtMatmulAlgo_t algo{};
+  std::string label;
+};
+
+// Column-major GEMM shape for cuBLASLt (the row-major tensors are viewed transposed).
+struct GemmShape {
+  DType dtype = DType::f32;
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t lda = 0, ldb = 0, ldc = 0;
+  bool bias = false;        // epilogue: D += bias broadcast over columns (length m)
+  bool allow_tf32 = true;   // f32 may use TF32 when set_tf32(true)
+};
+
+class CudaKernels final : public Kernels {
+ public:
+  explicit CudaKernels(backend::Backend& backend);
+  ~CudaKernels() override;
+
+  std::string_view name() const override { return "cuda"; }
+  Allocator& allocator() override;
+  std::unique_ptr<measure::IterationTimer> make_timer() override { return backend_.make_timer(); }
+  void synchronize() override;
+  void upload(const Tensor& dst, const void* host) override;
+  void download(const Tensor& src, void* host) override;
+  void fill(const Tensor& t, double value) override;
+  void check_tensor(const Tensor& t) override;
+  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) override;
+
+  void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override;
+  void conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate,
+                            Workspace ws) override;
+  void conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
+                              Workspace ws) override;
+
+  void batchnorm_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                  const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
+                                  const Tensor& saved_mean, const Tensor& saved_invstd) override;
+  void batchnorm_forward_inference(const BatchNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   const Tensor& running_mean, const Tensor& running_var, const Tensor& y) override;
+  void batchnorm_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& dx, bool accumulate,
+                          const Tensor& dgamma, const Tensor& dbeta) override;
+
+  void relu_forward(const Tensor& x, const Tensor& y) override;
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) override;
+  void add_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate) override;
+
+  void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) override;
+  void maxpool_backward(const Pool2dDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,
+                        bool accumulate) override;
+  void global_avgpool_forward(const Tensor& x, const Tensor& y) override;
+  void global_avgpool_backward(const Tensor& dy, const Tensor& dx, bool accumulate) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
+  void linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) override;
+  void linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) override;
+
+  void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                     const Tensor& loss) override;
+  void softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
+                                      const Tensor& dlogits, bool accumulate) override;
+
+  void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
+  void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
+
+  void cast(const Tensor& src, const Tensor& dst) override;
+  void unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) override;
+  void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
+                         const Tensor& found_nonfinite) override;
+
+  std::unique_ptr<Replayable> capture(const std::function<void()>& body) override;
+  void set_deterministic(bool on) override { deterministic_ = on; }
+  void set_tf32(bool allowed) override { tf32_ = allowed; }
+
+  const CudaKernelStats& stats() const { return stats_; }
+
+ private:
+  // cuda_conv.cpp
+  Key conv_key(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) const;
+  ConvPlan& conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y);
+  std::unique_ptr<ConvPlan> build_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y);
+  std::int64_t conv_workspace_cap() const;
+  // cuda_norm_pool.cpp
+  BnPlan& bn_plan(const Tensor& x);
+  std::int64_t bn_ex_workspace_bytes(const Tensor& x);
+  PoolPlan& pool_plan(const Pool2dDesc& d, const Tensor& x, const Tensor& y);
+  // cuda_linear.cpp
+  LtPlan& lt_plan(const GemmShape& g);
+  void matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias);
+  void column_sums(const Tensor& dy, const Tensor& dbias);
+
+  void release_search_scratch() noexcept;
+  bool capturing() const;
+  const void* ones(DType t) const;  // ones_count_ ones of dtype t
+
+  backend::Backend& backend_;
+  int device_ = 0;
+  std::string label_;
+  cudaStream_t stream_ = nullptr;
+  int cc_major_ = 0, cc_minor_ = 0;
+  DeviceAllocator alloc_;
+  CudnnHandlePtr cudnn_;
+  backend::cuda::LtHandlePtr lt_;
+  backend::cuda::DeviceBuffer lt_workspace_;
+  backend::cuda::DeviceBuffer lars_scratch_;
+  backend::cuda::DeviceBuffer xent_scratch_;  // the loss's per-row partials, grown at bind
+  backend::cuda::DeviceBuffer ones_;  // f32/f16/bf16 ones for the bias gradient's reduction GEMM
+  std::int64_t ones_count_ = 0;
+  backend::cuda::DeviceBuffer bn_workspace_;  // grown at bind (check_tensor) for the BN *Ex kernels
+  backend::cuda::DeviceBuffer search_scratch_;  // conv algorithm search operands, freed after binding
+  bool deterministic_ = false;
+  bool tf32_ = false;
+  CudaKernelStats stats_;
+
+  std::unordered_map<Key, std::unique_ptr<ConvPlan>, KeyHash> conv_plans_;
+  std::unordered_map<Key, std::unique_ptr<BnPlan>, KeyHash> bn_plans_;
+  std::unordered_map<Key, std::unique_ptr<PoolPlan>, KeyHash> pool_plans_;
+  std::unordered_map<Key, std::unique_ptr<LtPlan>, KeyHash> lt_plans_;
+};
+
+}  // namespace ab::nn::cuda
