@@ -155,11 +155,11 @@ __device__ __forceinline__ D convert(S v) {
   else return from_float<D>(to_math(v));  // f16/bf16/f32 are exact in f32
 }
 
-__device__ __forceinline__ float load_scalar(const void* p, ScalarType t) {
+__device__ __forceinline__ double load_scalar(const void* p, ScalarType t) {
   switch (t) {
     case ScalarType::f16: return __half2float(*static_cast<const __half*>(p));
     case ScalarType::bf16: return __bfloat162float(*static_cast<const __nv_bfloat16*>(p));
-    case ScalarType::f64: return static_cast<float>(*static_cast<const double*>(p));
+    case ScalarType::f64: return *static_cast<const double*>(p);
     default: return *static_cast<const float*>(p);
   }
 }
@@ -198,12 +198,6 @@ template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -600,10 +594,23 @@ __global__ void __launch_bounds__(kThreads) avgpool_nhwc_kernel(const T* x, T* y
 
 // ---- softmax cross-entropy
 
-// One row per warp (kWarpsPerRow 1) or per block (8): the max, then the sum of exp(z - max), then
-// the probabilities and the row's loss log(sum) - (z[label] - max) into row_loss.
-template <int kWarpsPerRow>
-__device__ __forceinline__ float row_reduce(float v, bool is_max, float* shared) {
+__device__ __forceinline__ float math_exp(float v) { return expf(v); }
+__device__ __forceinline__ double math_exp(double v) { return exp(v); }
+__device__ __forceinline__ float math_log(float v) { return logf(v); }
+__device__ __forceinline__ double math_log(double v) { return log(v); }
+__device__ __forceinline__ float math_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double math_max(double a, double b) { return fmax(a, b); }
+
+template <typename A>
+__device__ __forceinline__ A warp_max(A v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = math_max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Max or sum over the threads of one row: a warp (kWarpsPerRow 1) or the whole block (8).
+template <int kWarpsPerRow, typename A>
+__device__ __forceinline__ A row_reduce(A v, bool is_max, A* shared) {
   v = is_max ? warp_max(v) : warp_sum(v);
   if constexpr (kWarpsPerRow == 1) {
     return v;
@@ -613,19 +620,22 @@ __device__ __forceinline__ float row_reduce(float v, bool is_max, float* shared)
     if (threadIdx.x % 32 == 0) shared[warp] = v;
     __syncthreads();
     const int first = warp / kWarpsPerRow * kWarpsPerRow;
-    float r = shared[first];
-    for (int k = 1; k < kWarpsPerRow; ++k) r = is_max ? fmaxf(r, shared[first + k]) : r + shared[first + k];
+    A r = shared[first];
+    for (int k = 1; k < kWarpsPerRow; ++k) r = is_max ? math_max(r, shared[first + k]) : r + shared[first + k];
     return r;
   }
 }
 
+// Per row: the max, the sum of exp(z - max), then the probabilities and the row's loss
+// log(sum) - (z[label] - max) into row_loss, in the math type of the logits.
 template <typename TL, typename TP, int kWarpsPerRow>
 __global__ void __launch_bounds__(kThreads)
-    softmax_xent_rows_kernel(const TL* logits, const int32_t* labels, TP* probs, float* row_loss, int64_t N,
+    softmax_xent_rows_kernel(const TL* logits, const int32_t* labels, TP* probs, double* row_loss, int64_t N,
                              int64_t K) {
+  using A = Math<TL>;
   constexpr int kRowsPerBlock = kWarps / kWarpsPerRow;
   constexpr int kWidth = 32 * kWarpsPerRow;
-  __shared__ float shared[kWarps];
+  __shared__ A shared[kWarps];
   const int warp = threadIdx.x / 32;
   const int t = (warp % kWarpsPerRow) * 32 + threadIdx.x % 32;
   // The row loop is uniform across the block, so the block-wide reductions stay in step.
@@ -633,27 +643,28 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t row = base + warp / kWarpsPerRow;
     const bool valid = row < N;
     const TL* z = logits + (valid ? row : 0) * K;
-    float m = -INFINITY;
+    A m = -INFINITY;
     if (valid)
-      for (int64_t k = t; k < K; k += kWidth) m = fmaxf(m, to_math(z[k]));
+      for (int64_t k = t; k < K; k += kWidth) m = math_max(m, to_math(z[k]));
     m = row_reduce<kWarpsPerRow>(m, true, shared);
-    float sum = 0.0f;
+    A sum = 0;
     if (valid)
-      for (int64_t k = t; k < K; k += kWidth) sum += expf(to_math(z[k]) - m);
+      for (int64_t k = t; k < K; k += kWidth) sum += math_exp(to_math(z[k]) - m);
     sum = row_reduce<kWarpsPerRow>(sum, false, shared);
     if (!valid) continue;
     TP* p = probs + row * K;
-    for (int64_t k = t; k < K; k += kWidth) p[k] = from_float<TP>(expf(to_math(z[k]) - m) / sum);
+    for (int64_t k = t; k < K; k += kWidth) p[k] = from_math<TP>(math_exp(to_math(z[k]) - m) / sum);
     if (t == 0) {
       const int32_t label = labels[row];
-      row_loss[row] = label >= 0 && label < K ? logf(sum) - (to_math(z[label]) - m) : __int_as_float(0x7fc00000);
+      row_loss[row] = label >= 0 && label < K ? static_cast<double>(math_log(sum) - (to_math(z[label]) - m))
+                                              : __longlong_as_double(0x7ff8000000000000LL);
     }
   }
 }
 
 // One block sums the row losses in a fixed order: loss = mean.
 __global__ void __launch_bounds__(kLossThreads)
-    loss_mean_kernel(const float* row_loss, int64_t N, void* loss, ScalarType loss_t) {
+    loss_mean_kernel(const double* row_loss, int64_t N, void* loss, ScalarType loss_t) {
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) sum += row_loss[i];
   sum = block_sum(sum);
@@ -665,14 +676,15 @@ template <typename TP, typename TG>
 __global__ void __launch_bounds__(kThreads)
     softmax_xent_backward_kernel(const TP* probs, const int32_t* labels, const void* dloss, ScalarType dloss_t,
                                  TG* dlogits, int64_t N, int64_t K, bool accumulate) {
-  const float scale = load_scalar(dloss, dloss_t) / static_cast<float>(N);
+  using A = Math<TG>;
+  const A scale = static_cast<A>(load_scalar(dloss, dloss_t)) / static_cast<A>(N);
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const int64_t label = labels[row];
     const TP* p = probs + row * K;
     TG* d = dlogits + row * K;
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-      const float g = scale * (to_math(p[k]) - (k == label ? 1.0f : 0.0f));
-      d[k] = from_float<TG>(accumulate ? to_math(d[k]) + g : g);
+      const A g = scale * (static_cast<A>(to_math(p[k])) - (k == label ? A(1) : A(0)));
+      d[k] = from_math<TG>(accumulate ? to_math(d[k]) + g : g);
     }
   }
 }
@@ -788,13 +800,17 @@ void global_avgpool_backward(cudaStream_t stream, DType t, Layout layout, const 
 
 // ---- softmax cross-entropy
 
-std::int64_t softmax_xent_scratch_floats(std::int64_t N) { return std::max<int64_t>(N, 1); }
+std::int64_t softmax_xent_scratch_floats(std::int64_t N) { return 2 * std::max<int64_t>(N, 1); }  // f64 per row
 
 void softmax_xent_forward(cudaStream_t stream, DType logits_t, const void* logits, const int32_t* labels,
                           DType probs_t, void* probs, DType loss_t, void* loss, int64_t N, int64_t K,
                           float* scratch) {
   const ScalarType lt = scalar_type(loss_t, "softmax_xent_forward (loss)");
   if (N <= 0 || K <= 0) throw Error("cuda_pointwise softmax_xent_forward: N and K must be positive");
+  if (scratch == nullptr || reinterpret_cast<std::uintptr_t>(scratch) % alignof(double) != 0)
+    throw Error("cuda_pointwise softmax_xent_forward: scratch must be 8-byte aligned device memory of "
+                "softmax_xent_scratch_floats(N) floats");
+  auto* row_loss = reinterpret_cast<double*>(scratch);
   dispatch_float(logits_t, "softmax_xent_forward (logits)", [&](auto ltag) {
     using TL = typename decltype(ltag)::type;
     dispatch_float(probs_t, "softmax_xent_forward (probs)", [&](auto ptag) {
@@ -805,15 +821,15 @@ void softmax_xent_forward(cudaStream_t stream, DType logits_t, const void* logit
       // A warp per row while a row is a few reads per lane; a whole block per longer row.
       if (K <= 2048) {
         const int blocks = static_cast<int>(std::clamp<int64_t>((N + kWarps - 1) / kWarps, 1, max_blocks));
-        softmax_xent_rows_kernel<TL, TP, 1><<<blocks, kThreads, 0, stream>>>(z, labels, p, scratch, N, K);
+        softmax_xent_rows_kernel<TL, TP, 1><<<blocks, kThreads, 0, stream>>>(z, labels, p, row_loss, N, K);
       } else {
         const int blocks = static_cast<int>(std::clamp<int64_t>(N, 1, max_blocks));
-        softmax_xent_rows_kernel<TL, TP, kWarps><<<blocks, kThreads, 0, stream>>>(z, labels, p, scratch, N, K);
+        softmax_xent_rows_kernel<TL, TP, kWarps><<<blocks, kThreads, 0, stream>>>(z, labels, p, row_loss, N, K);
       }
     });
   });
   check_launch("softmax_xent_forward (rows)");
-  loss_mean_kernel<<<1, kLossThreads, 0, stream>>>(scratch, N, loss, lt);
+  loss_mean_kernel<<<1, kLossThreads, 0, stream>>>(row_loss, N, loss, lt);
   check_launch("softmax_xent_forward (mean)");
 }
 

@@ -39,9 +39,9 @@ void global_avgpool_backward(cudaStream_t stream, DType t, Layout layout, const 
                              std::int64_t C, std::int64_t HW, bool accumulate);
 
 // ---- softmax cross-entropy
-// Floats of scratch softmax_xent_forward needs for N rows (per-row losses, summed in a fixed order
-// by a second kernel so the loss is bit-identical run to run). Scratch is the caller's: any device
-// memory, 4-byte aligned, contents irrelevant, not read after the call's kernels finish.
+// Floats of scratch softmax_xent_forward needs for N rows (per-row f64 losses, summed in a fixed
+// order by a second kernel so the loss is bit-identical run to run). Scratch is the caller's device
+// memory, 8-byte aligned (every allocation is), contents irrelevant; calls on one stream may share it.
 std::int64_t softmax_xent_scratch_floats(std::int64_t N);
 // logits, probs: [N, K] row-major; labels: i32 [N] in [0, K); loss: [1], the mean over the batch.
 // A label outside [0, K) makes the loss NaN (the device cannot throw; a NaN loss reads "diverged").
