@@ -4,7 +4,6 @@
 // 4-class task and that two runs give bit-identical losses.
 #include <chrono>
 #include <cmath>
-#include <numbers>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "models/resnet.h"
 #include "nn/ops.h"
 #include "nn/optim.h"
+#include "test_support.h"
 
 namespace ab::models {
 namespace {
@@ -128,88 +128,20 @@ TEST(ResNet, FullSizeTrainingPlanReusesMemoryWithoutOverlap) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Learning on the reference backend: 8x8 one-channel images whose class sets a pattern
-// (horizontal stripes, vertical stripes, checkerboard, 2x2 blocks) with random phase, amplitude
-// and Gaussian noise.
+// Learning on the reference backend: the synthetic pattern task of test_support.h.
 
-constexpr std::int64_t kPx = 8, kBatch = 32, kClasses = 4;
+constexpr std::int64_t kClasses = test::kPatternClasses;
 // Over 20 seeds SGD's mean loss of the last 10 of 100 steps was at most 0.014 and LARS's 0.036
 // (chance: ln 4 = 1.39); the margins keep the test deterministic in practice.
 constexpr int kSgdSteps = 120;
 
-struct Batch {
-  std::vector<double> images, labels;
-};
-
-Batch make_batch(std::uint64_t seed, std::uint64_t batch_index) {
-  Batch b;
-  for (std::int64_t i = 0; i < kBatch; ++i) {
-    const std::uint64_t id = batch_index * kBatch + static_cast<std::uint64_t>(i);
-    const auto label = static_cast<int>(mix64(seed, 4 * id) % kClasses);
-    const auto phase = static_cast<std::int64_t>(mix64(seed, 4 * id + 1) % 2);
-    const double amplitude = uniform(seed, 4 * id + 2, 0.5, 1.5);
-    b.labels.push_back(label);
-    for (std::int64_t h = 0; h < kPx; ++h)
-      for (std::int64_t w = 0; w < kPx; ++w) {
-        const std::int64_t bit = label == 0 ? h : label == 1 ? w : label == 2 ? h + w : h / 2 + w / 2;
-        const auto px = static_cast<std::uint64_t>(h * kPx + w);
-        const double u1 = uniform(seed + id + 1, 2 * px, 0, 1), u2 = uniform(seed + id + 1, 2 * px + 1, 0, 1);
-        const double noise = 0.5 * std::sqrt(-2 * std::log(1 - u1)) * std::cos(2 * std::numbers::pi * u2);
-        b.images.push_back(amplitude * (((bit + phase) % 2) ? 1.0 : -1.0) + noise);
-      }
-  }
-  return b;
-}
-
-struct TrainRun {
-  std::vector<double> losses;
-  double accuracy = 0;
-};
+using test::mean_tail;
+using test::TrainRun;
 
 TrainRun train_tiny(std::uint64_t data_seed, std::uint64_t init_seed, int steps, bool lars = false, int eval_batches = 0,
                     Layout layout = Layout::nchw) {
   auto kernels = nn::make_ref_kernels();
-  nn::GraphOptions o;
-  o.seed = init_seed;
-  o.layout = layout;
-  nn::GraphBuilder b(o);
-  const Classifier m = build_classifier(b, tiny_resnet(1, kClasses), kBatch, kPx);
-  nn::Graph g(std::move(b));
-  g.bind(*kernels);
-  nn::Sgd sgd(0.05, 0.9, 5e-4);
-  nn::Lars lars_opt(0.2, 0.9, 5e-4, 0.05);
-  nn::Optimizer& opt = lars ? static_cast<nn::Optimizer&>(lars_opt) : sgd;
-  TrainRun r;
-  for (int step = 0; step < steps; ++step) {
-    const Batch batch = make_batch(data_seed, static_cast<std::uint64_t>(step));
-    g.set_input(m.images, batch.images);
-    g.set_input(m.labels, batch.labels);
-    g.forward();
-    g.backward();
-    g.update(opt);
-    r.losses.push_back(g.read(m.loss)[0]);
-  }
-  int correct = 0;
-  for (int e = 0; e < eval_batches; ++e) {
-    const Batch batch = make_batch(data_seed, 1'000'000 + static_cast<std::uint64_t>(e));  // held out
-    g.set_input(m.images, batch.images);
-    g.set_input(m.labels, batch.labels);
-    g.forward(/*training=*/false);  // running statistics
-    const auto logits = g.read(m.logits);
-    for (std::int64_t i = 0; i < kBatch; ++i) {
-      const auto row = logits.begin() + i * kClasses;
-      const auto best = std::max_element(row, row + kClasses) - row;
-      correct += best == static_cast<long>(batch.labels[static_cast<std::size_t>(i)]) ? 1 : 0;
-    }
-  }
-  if (eval_batches > 0) r.accuracy = correct / static_cast<double>(eval_batches * kBatch);
-  return r;
-}
-
-double mean_tail(const std::vector<double>& v, std::size_t n) {
-  double s = 0;
-  for (std::size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
-  return s / static_cast<double>(n);
+  return test::train_tiny(*kernels, {data_seed, init_seed, steps, lars, eval_batches, layout});
 }
 
 TEST(Learnability, TinyResnetLearnsASyntheticFourClassTaskWithSgd) {

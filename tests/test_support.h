@@ -1,15 +1,25 @@
-// Helpers shared by the test files: a scratch folder and exception-message capture.
+// Helpers shared by the test files: a scratch folder, exception-message capture, and a tiny
+// ResNet trained on a synthetic image task (the learnability tests of every kernel backend).
 #pragma once
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <numbers>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
+#include "models/resnet.h"
+#include "nn/kernels.h"
+#include "nn/optim.h"
 
 namespace ab::test {
 
@@ -56,6 +66,97 @@ std::string error_message(F&& f) {
 template <typename F>
 std::string usage_error(F&& f) {
   return error_message<UsageError>(std::forward<F>(f));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Learning a synthetic task: 8x8 one-channel images whose class sets a pattern (horizontal
+// stripes, vertical stripes, checkerboard, 2x2 blocks) with random phase, amplitude and Gaussian
+// noise.
+
+inline constexpr std::int64_t kPatternPx = 8, kPatternBatch = 32, kPatternClasses = 4;
+
+struct PatternBatch {
+  std::vector<double> images, labels;
+};
+
+inline PatternBatch pattern_batch(std::uint64_t seed, std::uint64_t batch_index) {
+  PatternBatch b;
+  for (std::int64_t i = 0; i < kPatternBatch; ++i) {
+    const std::uint64_t id = batch_index * kPatternBatch + static_cast<std::uint64_t>(i);
+    const auto label = static_cast<int>(mix64(seed, 4 * id) % kPatternClasses);
+    const auto phase = static_cast<std::int64_t>(mix64(seed, 4 * id + 1) % 2);
+    const double amplitude = uniform(seed, 4 * id + 2, 0.5, 1.5);
+    b.labels.push_back(label);
+    for (std::int64_t h = 0; h < kPatternPx; ++h)
+      for (std::int64_t w = 0; w < kPatternPx; ++w) {
+        const std::int64_t bit = label == 0 ? h : label == 1 ? w : label == 2 ? h + w : h / 2 + w / 2;
+        const auto px = static_cast<std::uint64_t>(h * kPatternPx + w);
+        const double u1 = uniform(seed + id + 1, 2 * px, 0, 1), u2 = uniform(seed + id + 1, 2 * px + 1, 0, 1);
+        const double noise = 0.5 * std::sqrt(-2 * std::log(1 - u1)) * std::cos(2 * std::numbers::pi * u2);
+        b.images.push_back(amplitude * (((bit + phase) % 2) ? 1.0 : -1.0) + noise);
+      }
+  }
+  return b;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  double accuracy = 0;
+};
+
+struct TinyTraining {
+  std::uint64_t data_seed = 1, init_seed = 1;
+  int steps = 100;
+  bool lars = false;
+  int eval_batches = 0;  // held-out batches scored with running statistics after training
+  Layout layout = Layout::nchw;
+};
+
+// Trains models::tiny_resnet on `kernels` with SGD (or LARS) and returns every step's loss.
+inline TrainRun train_tiny(nn::Kernels& kernels, const TinyTraining& t) {
+  nn::GraphOptions o;
+  o.seed = t.init_seed;
+  o.layout = t.layout;
+  nn::GraphBuilder b(o);
+  const models::Classifier m =
+      models::build_classifier(b, models::tiny_resnet(1, kPatternClasses), kPatternBatch, kPatternPx);
+  nn::Graph g(std::move(b));
+  g.bind(kernels);
+  nn::Sgd sgd(0.05, 0.9, 5e-4);
+  nn::Lars lars_opt(0.2, 0.9, 5e-4, 0.05);
+  nn::Optimizer& opt = t.lars ? static_cast<nn::Optimizer&>(lars_opt) : sgd;
+  TrainRun r;
+  for (int step = 0; step < t.steps; ++step) {
+    const PatternBatch batch = pattern_batch(t.data_seed, static_cast<std::uint64_t>(step));
+    g.set_input(m.images, batch.images);
+    g.set_input(m.labels, batch.labels);
+    g.forward();
+    g.backward();
+    g.update(opt);
+    r.losses.push_back(g.read(m.loss)[0]);
+  }
+  int correct = 0;
+  for (int e = 0; e < t.eval_batches; ++e) {
+    const PatternBatch batch = pattern_batch(t.data_seed, 1'000'000 + static_cast<std::uint64_t>(e));  // held out
+    g.set_input(m.images, batch.images);
+    g.set_input(m.labels, batch.labels);
+    g.forward(/*training=*/false);  // running statistics
+    const auto logits = g.read(m.logits);
+    for (std::int64_t i = 0; i < kPatternBatch; ++i) {
+      const auto row = logits.begin() + i * kPatternClasses;
+      const auto best = std::max_element(row, row + kPatternClasses) - row;
+      correct += best == static_cast<long>(batch.labels[static_cast<std::size_t>(i)]) ? 1 : 0;
+    }
+  }
+  if (t.eval_batches > 0) r.accuracy = correct / static_cast<double>(t.eval_batches * kPatternBatch);
+  return r;
+}
+
+// Mean of the last n values.
+inline double mean_tail(const std::vector<double>& v, std::size_t n) {
+  double s = 0;
+  for (std::size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
+  return s / static_cast<double>(n);
 }
 
 }  // namespace ab::test

@@ -1,0 +1,520 @@
+// Tests for the CUDA engine kernels (nn/device): cuDNN convolution (strides, padding, dilation,
+// groups, 1x1, NCHW and NHWC), batch norm (training, inference, backward), max pooling and the
+// cuBLASLt linear layer against the reference kernels in f64 on the same dtype-rounded random
+// inputs; the algorithm cache, out-of-memory, CUDA-graph capture and deterministic mode; then
+// whole models (tiny ResNet, ResNet-50 at 64x64) against the reference, logits and every parameter
+// gradient, and a tiny ResNet learning on the GPU. Skips where no GPU answers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "models/resnet.h"
+#include "nn/device/cuda_kernels.h"
+#include "nn/device/device_kernels.h"
+#include "nn/ops.h"
+#include "nn/optim.h"
+#include "test_support.h"
+
+namespace ab::nn {
+namespace {
+
+bool has_gpu() { return backend::cuda::device_count() > 0; }
+
+#define SKIP_WITHOUT_GPU() \
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none)"
+
+std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+// Tolerance relative to the largest reference value: rounding of the stored result plus f32
+// (or TF32, or f16/bf16 operand) arithmetic against the f64 oracle.
+double tolerance(DType t, bool tf32 = false) {
+  if (t == DType::bf16) return 3e-2;
+  if (t == DType::f16) return 1e-2;
+  return tf32 ? 5e-3 : 1e-4;
+}
+
+// A tensor on the GPU in `dtype` and its twin in f64 on the host for the reference kernels,
+// holding the same values (the GPU's rounded ones).
+struct Twin {
+  Buffer dev_buf, ref_buf;
+  Tensor dev, ref;
+};
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    backend_ = backend::make_backend("cuda:0");
+    cuda_ = make_cuda_kernels(*backend_);
+    ref_ = make_ref_kernels();
+  }
+
+  Twin twin(DType dtype, const Shape& shape, Layout layout, const std::vector<double>& values) {
+    Twin t;
+    const Layout l = shape.rank() == 4 ? layout : Layout::nchw;
+    const Tensor d = Tensor::describe(dtype, shape, l, DeviceKind::cuda);
+    const Tensor r = Tensor::describe(DType::f64, shape, l);
+    t.dev_buf = Buffer(cuda_->allocator(), d.size_bytes());
+    t.ref_buf = Buffer(ref_->allocator(), r.size_bytes());
+    t.dev = t.dev_buf.view(d);
+    t.ref = t.ref_buf.view(r);
+    std::vector<unsigned char> host(sz(d.size_bytes()));
+    const Tensor staging = Tensor::describe(dtype, shape, l).with_data(host.data());
+    write_host(staging, values);
+    cuda_->upload(t.dev, host.data());
+    write_host(t.ref, read_host(staging));  // the rounded values
+    return t;
+  }
+
+  Twin random(DType dtype, const Shape& shape, Layout layout = Layout::nchw, double lo = -1, double hi = 1) {
+    std::vector<double> v(sz(shape.numel()));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = uniform(seed_, counter_++, lo, hi);
+    return twin(dtype, shape, layout, v);
+  }
+
+  std::vector<double> read(const Tensor& dev) {
+    std::vector<unsigned char> host(sz(dev.size_bytes()));
+    cuda_->download(dev, host.data());
+    Tensor staging = dev;
+    staging.data = host.data();
+    staging.device = DeviceKind::host;
+    return read_host(staging);
+  }
+
+  // max |gpu - ref| <= tol * max |ref|, reporting the worst element.
+  void expect_close(const Twin& t, double tol, const std::string& what) {
+    const auto got = read(t.dev), want = read_host(t.ref);
+    ASSERT_EQ(got.size(), want.size());
+    double scale = 0, worst = 0;
+    std::size_t at = 0;
+    for (double v : want) scale = std::max(scale, std::abs(v));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (!(std::abs(got[i] - want[i]) <= worst)) {
+        worst = std::isnan(got[i]) ? INFINITY : std::abs(got[i] - want[i]);
+        at = i;
+      }
+    EXPECT_GT(scale, 0) << what << ": an all-zero reference checks nothing";
+    EXPECT_LE(worst, tol * scale) << what << ": worst element " << at << " gpu " << got[at] << " ref " << want[at]
+                                  << " (max |ref| " << scale << ", seed " << seed_ << ")";
+  }
+
+  std::unique_ptr<backend::Backend> backend_;
+  std::unique_ptr<Kernels> cuda_, ref_;
+  std::uint64_t seed_ = fresh_seed();
+  std::uint64_t counter_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// without a GPU: what is refused before any device work
+
+TEST(CudaKernelsRefusal, NonCudaBackendIsRefusedByName) {
+  const auto cpu = backend::make_backend("cpu");
+  const std::string msg = test::error_message<Error>([&] { make_cuda_kernels(*cpu); });
+  EXPECT_NE(msg.find("'cpu' is not a CUDA backend"), std::string::npos) << msg;
+  EXPECT_EQ(make_device_kernels(*cpu)->name(), "ref");
+}
+
+TEST_F(CudaKernelsTest, CheckTensorRefusesWhatTheGpuCannotStore) {
+  EXPECT_EQ(make_device_kernels(*backend_)->name(), "cuda");
+  const std::string f64 =
+      test::error_message<Unsupported>([&] { cuda_->check_tensor(Tensor::describe(DType::f64, Shape{2, 3})); });
+  EXPECT_NE(f64.find("not f64"), std::string::npos) << f64;
+  EXPECT_THROW(cuda_->check_tensor(Tensor::describe(DType::i8, Shape{4})), Unsupported);
+  Tensor strided = Tensor::describe(DType::f32, Shape{2, 3, 4, 5});
+  strided.strides = Strides{60, 1, 15, 3};  // neither NCHW nor NHWC
+  EXPECT_THROW(cuda_->check_tensor(strided), Unsupported);
+  cuda_->check_tensor(Tensor::describe(DType::bf16, Shape{2, 8, 4, 4}, Layout::nhwc));
+  cuda_->check_tensor(Tensor::describe(DType::i32, Shape{2}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// convolution
+
+struct ConvCase {
+  const char* name;
+  std::int64_t n, c, h, w, k, r, s;
+  Conv2dDesc d;
+  Layout layout;
+  DType dtype;
+  bool tf32 = false;
+};
+
+std::int64_t out_extent(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad, std::int64_t dil) {
+  return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+}
+
+TEST_F(CudaKernelsTest, ConvolutionMatchesReferenceInEveryConfiguration) {
+  const std::vector<ConvCase> cases{
+      {"3x3 stride 2 pad 1 nchw f32", 2, 8, 9, 9, 16, 3, 3, {2, 2, 1, 1, 1, 1, 1}, Layout::nchw, DType::f32},
+      {"3x3 dilation 2 nhwc f32", 2, 16, 10, 10, 8, 3, 3, {1, 1, 2, 2, 2, 2, 1}, Layout::nhwc, DType::f32},
+      {"1x3 stride 1x2 pad 0x1 nchw f32", 3, 4, 6, 11, 6, 1, 3, {1, 2, 0, 1, 1, 1, 1}, Layout::nchw, DType::f32},
+      {"grouped 32 (ResNeXt) nhwc f32", 2, 128, 8, 8, 128, 3, 3, {1, 1, 1, 1, 1, 1, 32}, Layout::nhwc, DType::f32},
+      {"grouped 32 stride 2 nhwc bf16", 2, 128, 8, 8, 128, 3, 3, {2, 2, 1, 1, 1, 1, 32}, Layout::nhwc, DType::bf16},
+      {"1x1 nhwc bf16", 4, 64, 7, 7, 256, 1, 1, {}, Layout::nhwc, DType::bf16},
+      {"1x1 stride 2 nchw f16", 2, 32, 8, 8, 64, 1, 1, {2, 2, 0, 0, 1, 1, 1}, Layout::nchw, DType::f16},
+      {"7x7 stride 2 stem nhwc bf16", 2, 3, 32, 32, 64, 7, 7, {2, 2, 3, 3, 1, 1, 1}, Layout::nhwc, DType::bf16},
+      {"3x3 nhwc f16", 2, 32, 12, 12, 32, 3, 3, {1, 1, 1, 1, 1, 1, 1}, Layout::nhwc, DType::f16},
+      {"3x3 nhwc tf32", 2, 32, 12, 12, 32, 3, 3, {1, 1, 1, 1, 1, 1, 1}, Layout::nhwc, DType::f32, true},
+  };
+  for (const ConvCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    cuda_->set_tf32(c.tf32);
+    const Conv2dDesc& d = c.d;
+    const Shape ys{c.n, c.k, out_extent(c.h, c.r, d.stride_h, d.pad_h, d.dilation_h),
+                   out_extent(c.w, c.s, d.stride_w, d.pad_w, d.dilation_w)};
+    Twin x = random(c.dtype, Shape{c.n, c.c, c.h, c.w}, c.layout);
+    Twin w = random(c.dtype, Shape{c.k, c.c / d.groups, c.r, c.s}, c.layout);
+    Twin y = random(c.dtype, ys, c.layout);
+    const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev);
+    ASSERT_GE(ws_bytes, 0);
+    Buffer ws(cuda_->allocator(), ws_bytes);
+    const Workspace space{ws.data(), ws_bytes};
+    const double tol = tolerance(c.dtype, c.tf32);
+
+    cuda_->conv2d_forward(d, x.dev, w.dev, y.dev, space);
+    ref_->conv2d_forward(d, x.ref, w.ref, y.ref, {});
+    expect_close(y, tol, "forward");
+
+    Twin dy = random(c.dtype, ys, c.layout);
+    for (bool accumulate : {false, true}) {
+      Twin dx = random(c.dtype, x.dev.shape, c.layout);  // old values, kept by accumulate
+      cuda_->conv2d_backward_data(d, dy.dev, w.dev, dx.dev, accumulate, space);
+      ref_->conv2d_backward_data(d, dy.ref, w.ref, dx.ref, accumulate, {});
+      expect_close(dx, tol, accumulate ? "backward data, accumulate" : "backward data");
+    }
+    Twin dw = random(c.dtype, w.dev.shape, c.layout);
+    cuda_->conv2d_backward_filter(d, x.dev, dy.dev, dw.dev, space);
+    ref_->conv2d_backward_filter(d, x.ref, dy.ref, dw.ref, {});
+    expect_close(dw, tol, "backward filter");
+  }
+}
+
+TEST_F(CudaKernelsTest, IdenticalConvolutionsSearchOnce) {
+  const auto& stats = cuda_kernel_stats(*cuda_);
+  EXPECT_EQ(stats.conv_searches, 0);
+  const Conv2dDesc d{1, 1, 1, 1, 1, 1, 1};
+  const Tensor x = Tensor::describe(DType::bf16, Shape{4, 64, 14, 14}, Layout::nhwc, DeviceKind::cuda);
+  const Tensor w = Tensor::describe(DType::bf16, Shape{64, 64, 3, 3}, Layout::nhwc, DeviceKind::cuda);
+  const std::int64_t first = cuda_->conv2d_prepare(d, x, w, x);  // descriptors only: no data needed
+  EXPECT_EQ(stats.conv_searches, 1);
+  EXPECT_EQ(cuda_->conv2d_prepare(d, x, w, x), first);  // a second identical layer
+  EXPECT_EQ(stats.conv_searches, 1);
+  EXPECT_EQ(stats.conv_cache_hits, 1);
+  const Tensor x2 = Tensor::describe(DType::bf16, Shape{4, 64, 7, 7}, Layout::nhwc, DeviceKind::cuda);
+  cuda_->conv2d_prepare(d, x2, w, x2);  // another shape searches
+  EXPECT_EQ(stats.conv_searches, 2);
+  cuda_->set_deterministic(true);  // the mode is part of the key
+  cuda_->conv2d_prepare(d, x, w, x);
+  EXPECT_EQ(stats.conv_searches, 3);
+  EXPECT_THROW(cuda_kernel_stats(*ref_), Error);
+}
+
+TEST_F(CudaKernelsTest, DeterministicModeGivesBitIdenticalGradients) {
+  cuda_->set_deterministic(true);
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(std::string(to_string(t)));
+    // Many images reduced into few filter taps: where non-deterministic algorithms would split the sum.
+    const Conv2dDesc d{1, 1, 1, 1, 1, 1, 1};
+    const Shape xs{32, 64, 28, 28}, wsh{64, 64, 3, 3};
+    Twin x = random(t, xs, Layout::nhwc), dy = random(t, xs, Layout::nhwc), w = random(t, wsh, Layout::nhwc);
+    Twin dx = random(t, xs, Layout::nhwc), dw = random(t, wsh, Layout::nhwc);
+    const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, dy.dev);
+    Buffer ws(cuda_->allocator(), ws_bytes);
+    auto run = [&] {
+      cuda_->conv2d_backward_filter(d, x.dev, dy.dev, dw.dev, {ws.data(), ws_bytes});
+      cuda_->conv2d_backward_data(d, dy.dev, w.dev, dx.dev, false, {ws.data(), ws_bytes});
+      std::vector<unsigned char> gw(sz(dw.dev.size_bytes())), gx(sz(dx.dev.size_bytes()));
+      cuda_->download(dw.dev, gw.data());
+      cuda_->download(dx.dev, gx.data());
+      return std::pair{gw, gx};
+    };
+    const auto first = run();
+    const auto second = run();
+    EXPECT_EQ(first.first, second.first) << "backward filter differs between two runs";
+    EXPECT_EQ(first.second, second.second) << "backward data differs between two runs";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// batch norm and pooling
+
+TEST_F(CudaKernelsTest, BatchNormMatchesReferenceInTrainingInferenceAndBackward) {
+  struct Case {
+    Layout layout;
+    DType dtype;
+  };
+  for (const Case& c : {Case{Layout::nchw, DType::f32}, Case{Layout::nhwc, DType::f32}, Case{Layout::nhwc, DType::bf16},
+                        Case{Layout::nhwc, DType::f16}, Case{Layout::nchw, DType::bf16}}) {
+    SCOPED_TRACE(std::string(to_string(c.layout)) + " " + std::string(to_string(c.dtype)));
+    const std::int64_t ch = 16;
+    const Shape xs{4, ch, 5, 6};
+    const BatchNormDesc d{1e-5, 0.1};
+    const double tol = tolerance(c.dtype);
+    Twin x = random(c.dtype, xs, c.layout, -2, 3);
+    cuda_->check_tensor(x.dev);  // as binding does: sizes the NHWC kernels' workspace
+    // Parameters and statistics stay f32 whatever the activations' dtype.
+    Twin gamma = random(DType::f32, Shape{ch}, Layout::nchw, 0.5, 1.5);
+    Twin beta = random(DType::f32, Shape{ch}, Layout::nchw, -0.5, 0.5);
+    Twin rmean = random(DType::f32, Shape{ch}, Layout::nchw, -0.2, 0.2);
+    Twin rvar = random(DType::f32, Shape{ch}, Layout::nchw, 0.5, 1.5);
+    Twin smean = random(DType::f32, Shape{ch}), sinv = random(DType::f32, Shape{ch});
+    Twin y = random(c.dtype, xs, c.layout);
+
+    cuda_->batchnorm_forward_training(d, x.dev, gamma.dev, beta.dev, rmean.dev, rvar.dev, y.dev, smean.dev, sinv.dev);
+    ref_->batchnorm_forward_training(d, x.ref, gamma.ref, beta.ref, rmean.ref, rvar.ref, y.ref, smean.ref, sinv.ref);
+    expect_close(y, tol, "training y");
+    expect_close(smean, tol, "saved mean");
+    expect_close(sinv, tol, "saved inverse std");
+    expect_close(rmean, tol, "running mean (momentum)");
+    expect_close(rvar, tol, "running variance (unbiased)");
+
+    Twin dy = random(c.dtype, xs, c.layout);
+    for (bool accumulate : {false, true}) {
+      Twin dx = random(c.dtype, xs, c.layout);
+      Twin dgamma = random(DType::f32, Shape{ch}), dbeta = random(DType::f32, Shape{ch});
+      cuda_->batchnorm_backward(d, x.dev, dy.dev, gamma.dev, smean.dev, sinv.dev, dx.dev, accumulate, dgamma.dev,
+                                dbeta.dev);
+      ref_->batchnorm_backward(d, x.ref, dy.ref, gamma.ref, smean.ref, sinv.ref, dx.ref, accumulate, dgamma.ref,
+                               dbeta.ref);
+      expect_close(dx, tol, accumulate ? "dx, accumulate" : "dx");
+      expect_close(dgamma, tol, "dgamma");
+      expect_close(dbeta, tol, "dbeta");
+    }
+
+    Twin yi = random(c.dtype, xs, c.layout);
+    cuda_->batchnorm_forward_inference(d, x.dev, gamma.dev, beta.dev, rmean.dev, rvar.dev, yi.dev);
+    ref_->batchnorm_forward_inference(d, x.ref, gamma.ref, beta.ref, rmean.ref, rvar.ref, yi.ref);
+    expect_close(yi, tol, "inference y");
+  }
+}
+
+TEST_F(CudaKernelsTest, MaxPoolMatchesReferenceAndPaddingNeverWins) {
+  struct Case {
+    Pool2dDesc d;
+    Layout layout;
+    DType dtype;
+  };
+  for (const Case& c : {Case{{3, 3, 2, 2, 1, 1}, Layout::nchw, DType::f32}, Case{{3, 3, 2, 2, 1, 1}, Layout::nhwc, DType::bf16},
+                        Case{{2, 2, 2, 2, 0, 0}, Layout::nhwc, DType::f32}, Case{{3, 3, 1, 1, 1, 1}, Layout::nchw, DType::f16}}) {
+    SCOPED_TRACE(std::string(to_string(c.layout)) + " " + std::string(to_string(c.dtype)) + " window " +
+                 std::to_string(c.d.window_h) + " stride " + std::to_string(c.d.stride_h));
+    const std::int64_t n = 2, ch = 5, h = 12, w = 11;
+    // Distinct values in every plane, exact in bf16 (multiples of 1/64 below 2): no ties, so
+    // which maximum receives the gradient is unambiguous. Most are negative, so a padded zero
+    // that won a window would show.
+    std::vector<double> v(sz(n * ch * h * w));
+    for (std::int64_t p = 0; p < n * ch; ++p) {
+      std::vector<double> plane(sz(h * w));
+      for (std::int64_t i = 0; i < h * w; ++i) plane[sz(i)] = static_cast<double>(i - h * w + 8) / 64.0;
+      for (std::size_t i = plane.size(); i > 1; --i) std::swap(plane[i - 1], plane[mix64(seed_, counter_++) % i]);
+      std::copy(plane.begin(), plane.end(), v.begin() + p * h * w);
+    }
+    Twin x = twin(c.dtype, Shape{n, ch, h, w}, c.layout, v);
+    const Shape ys{n, ch, (h + 2 * c.d.pad_h - c.d.window_h) / c.d.stride_h + 1,
+                   (w + 2 * c.d.pad_w - c.d.window_w) / c.d.stride_w + 1};
+    Twin y = random(c.dtype, ys, c.layout);
+    cuda_->maxpool_forward(c.d, x.dev, y.dev);
+    ref_->maxpool_forward(c.d, x.ref, y.ref);
+    expect_close(y, 0.0, "forward (exact: a maximum is one of the inputs)");
+    Twin dy = random(c.dtype, ys, c.layout);
+    for (bool accumulate : {false, true}) {
+      Twin dx = random(c.dtype, x.dev.shape, c.layout);
+      cuda_->maxpool_backward(c.d, x.dev, y.dev, dy.dev, dx.dev, accumulate);
+      ref_->maxpool_backward(c.d, x.ref, y.ref, dy.ref, dx.ref, accumulate);
+      expect_close(dx, tolerance(c.dtype), accumulate ? "backward, accumulate" : "backward");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear
+
+TEST_F(CudaKernelsTest, LinearMatchesReferenceWithAndWithoutBiasAndAccumulate) {
+  struct Case {
+    DType dtype;
+    bool tf32, bias;
+    std::int64_t n, in, out;
+  };
+  for (const Case& c : {Case{DType::f32, false, true, 8, 40, 24}, Case{DType::f32, true, true, 16, 64, 10},
+                        Case{DType::bf16, false, false, 8, 64, 32}, Case{DType::f16, false, true, 12, 48, 20},
+                        Case{DType::bf16, false, true, 32, 2048, 1000},
+                        Case{DType::f32, false, true, 70000, 8, 4}}) {  // more rows than one bias-sum chunk
+    SCOPED_TRACE(std::string(to_string(c.dtype)) + (c.tf32 ? " tf32" : "") + (c.bias ? " bias" : "") + " n=" +
+                 std::to_string(c.n) + " in=" + std::to_string(c.in) + " out=" + std::to_string(c.out));
+    cuda_->set_tf32(c.tf32);
+    const double tol = tolerance(c.dtype, c.tf32);
+    Twin x = random(c.dtype, Shape{c.n, c.in}), w = random(c.dtype, Shape{c.out, c.in});
+    Twin b = random(c.dtype, Shape{c.out}), y = random(c.dtype, Shape{c.n, c.out});
+    const Tensor no_bias;
+    cuda_->linear_forward(x.dev, w.dev, c.bias ? b.dev : no_bias, y.dev);
+    ref_->linear_forward(x.ref, w.ref, c.bias ? b.ref : no_bias, y.ref);
+    expect_close(y, tol, "forward");
+
+    Twin dy = random(c.dtype, Shape{c.n, c.out});
+    for (bool accumulate : {false, true}) {
+      Twin dx = random(c.dtype, Shape{c.n, c.in});
+      cuda_->linear_backward_data(dy.dev, w.dev, dx.dev, accumulate);
+      ref_->linear_backward_data(dy.ref, w.ref, dx.ref, accumulate);
+      expect_close(dx, tol, accumulate ? "dx, accumulate" : "dx");
+    }
+    Twin dw = random(c.dtype, Shape{c.out, c.in}), db = random(c.dtype, Shape{c.out});
+    cuda_->linear_backward_weights(x.dev, dy.dev, dw.dev, c.bias ? db.dev : no_bias);
+    ref_->linear_backward_weights(x.ref, dy.ref, dw.ref, c.bias ? db.ref : no_bias);
+    expect_close(dw, tol, "dw");
+    if (c.bias) expect_close(db, tol, "dbias (column sums of dy)");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// memory and capture
+
+TEST_F(CudaKernelsTest, HugeAllocationThrowsOutOfMemoryNamingTheSize) {
+  const std::int64_t huge = std::int64_t{1} << 50;  // 1 PiB
+  const std::string msg = test::error_message<OutOfMemory>([&] { cuda_->allocator().allocate(huge); });
+  EXPECT_NE(msg.find(std::to_string(huge)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+  // The device is still usable, and a freed block is handed out again from the cache.
+  Allocator& a = cuda_->allocator();
+  void* p = a.allocate(1 << 20);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % kAllocAlignment, 0u);
+  a.deallocate(p, 1 << 20);
+  EXPECT_EQ(a.allocate(1 << 20), p);
+  a.deallocate(p, 1 << 20);
+}
+
+TEST_F(CudaKernelsTest, CapturedStepReplaysToTheSameResultsAsDirectCalls) {
+  const Conv2dDesc d{1, 1, 1, 1, 1, 1, 1};
+  const DType t = DType::bf16;
+  Twin x = random(t, Shape{4, 32, 10, 10}, Layout::nhwc), w = random(t, Shape{32, 32, 3, 3}, Layout::nhwc);
+  Twin y = random(t, Shape{4, 32, 10, 10}, Layout::nhwc), z = random(t, Shape{4, 32, 10, 10}, Layout::nhwc);
+  Twin p = random(t, Shape{4, 32, 5, 5}, Layout::nhwc), g = random(t, Shape{4, 32});
+  Twin fc = random(t, Shape{10, 32}), logits = random(t, Shape{4, 10});
+  Twin gamma = random(DType::f32, Shape{32}), beta = random(DType::f32, Shape{32});
+  Twin rm = random(DType::f32, Shape{32}), rv = random(DType::f32, Shape{32}, Layout::nchw, 0.5, 1.5);
+  Twin sm = random(DType::f32, Shape{32}), si = random(DType::f32, Shape{32});
+  for (const Tensor* v : {&x.dev, &y.dev, &z.dev}) cuda_->check_tensor(*v);
+  const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev);
+  Buffer ws(cuda_->allocator(), ws_bytes);
+  auto step = [&] {
+    cuda_->conv2d_forward(d, x.dev, w.dev, y.dev, {ws.data(), ws_bytes});
+    cuda_->batchnorm_forward_training({}, y.dev, gamma.dev, beta.dev, rm.dev, rv.dev, z.dev, sm.dev, si.dev);
+    cuda_->relu_forward(z.dev, z.dev);
+    cuda_->maxpool_forward({2, 2, 2, 2, 0, 0}, z.dev, p.dev);
+    cuda_->global_avgpool_forward(p.dev, g.dev);
+    cuda_->linear_forward(g.dev, fc.dev, {}, logits.dev);
+  };
+  step();
+  const auto direct_p = read(p.dev), direct_logits = read(logits.dev);
+  cuda_->fill(p.dev, 0.0);
+  cuda_->fill(logits.dev, 0.0);
+  const auto graph = cuda_->capture(step);
+  cuda_->synchronize();
+  for (double v : read(logits.dev)) ASSERT_EQ(v, 0.0) << "capture ran the work; it should only record it";
+  graph->replay();
+  EXPECT_EQ(read(p.dev), direct_p);
+  EXPECT_EQ(read(logits.dev), direct_logits);
+  // The graph reads its buffers at replay: new inputs give what direct calls give on them.
+  Twin x2 = random(t, Shape{4, 32, 10, 10}, Layout::nhwc);
+  std::vector<unsigned char> bytes(sz(x2.dev.size_bytes()));
+  cuda_->download(x2.dev, bytes.data());
+  cuda_->upload(x.dev, bytes.data());
+  graph->replay();
+  const auto replayed = read(logits.dev);
+  step();
+  EXPECT_EQ(replayed, read(logits.dev));
+  EXPECT_NE(replayed, direct_logits);
+}
+
+// ---------------------------------------------------------------------------------------------
+// whole models against the reference
+
+// Builds the classifier twice (CUDA in f32, ref in f64), gives both the same parameters and
+// batch, and compares logits, the loss and every parameter gradient after one forward/backward.
+void compare_model(Kernels& cuda, const models::ResNetConfig& c, std::int64_t batch, std::int64_t px, Layout layout,
+                   double tol) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed));
+  GraphOptions oc, orf;
+  oc.layout = layout;
+  oc.seed = orf.seed = seed;
+  orf.dtype = DType::f64;
+  GraphBuilder bc(oc), br(orf);
+  const models::Classifier mc = models::build_classifier(bc, c, batch, px);
+  const models::Classifier mr = models::build_classifier(br, c, batch, px);
+  Graph gc(std::move(bc)), gr(std::move(br));
+  gc.bind(cuda);
+  auto ref = make_ref_kernels();
+  gr.bind(*ref);
+  ASSERT_EQ(gc.parameters().size(), gr.parameters().size());
+  for (std::size_t i = 0; i < gc.parameters().size(); ++i) {
+    ASSERT_EQ(gc.parameters()[i].name, gr.parameters()[i].name);
+    write_host(gr.parameters()[i].value, gc.read(gc.parameters()[i].value));  // the f32 values
+  }
+  std::vector<double> images(sz(batch * c.in_channels * px * px)), labels(sz(batch));
+  for (std::size_t i = 0; i < images.size(); ++i) images[i] = static_cast<float>(uniform(seed, i, -1, 1));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>(mix64(seed, i) % c.num_classes);
+  for (auto [g, m] : {std::pair{&gc, &mc}, std::pair{&gr, &mr}}) {
+    g->set_input(m->images, images);
+    g->set_input(m->labels, labels);
+    g->forward();
+    g->backward();
+  }
+  auto close = [&](const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double scale = 0, worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      scale = std::max(scale, std::abs(want[i]));
+      worst = std::max(worst, std::isnan(got[i]) ? INFINITY : std::abs(got[i] - want[i]));
+    }
+    EXPECT_GT(scale, 0) << what;
+    EXPECT_LE(worst, tol * scale) << what << " (max |ref| " << scale << ")";
+  };
+  close(gc.read(mc.logits), gr.read(mr.logits), "logits");
+  close(gc.read(mc.loss), gr.read(mr.loss), "loss");
+  int checked = 0;
+  for (std::size_t i = 0; i < gc.parameters().size(); ++i) {
+    const Parameter& p = gc.parameters()[i];
+    if (!p.spec.trainable()) continue;
+    close(gc.read(p.grad), read_host(gr.parameters()[i].grad), "gradient of " + p.name);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST_F(CudaKernelsTest, TinyResnetLogitsAndGradientsMatchReference) {
+  compare_model(*cuda_, models::tiny_resnet(3, 5), 8, 8, Layout::nchw, 1e-3);
+}
+
+TEST_F(CudaKernelsTest, Resnet50At64PixelsLogitsAndGradientsMatchReference) {
+  models::ResNetConfig c = models::resnet50();
+  c.num_classes = 10;
+  compare_model(*cuda_, c, 2, 64, Layout::nhwc, 1e-3);
+  // 53 convolutions, far fewer distinct configurations: identical layers searched once.
+  const auto& stats = cuda_kernel_stats(*cuda_);
+  EXPECT_LT(stats.conv_searches, 30);
+  EXPECT_GT(stats.conv_cache_hits, 20);
+}
+
+TEST_F(CudaKernelsTest, TinyResnetLearnsTheSyntheticTaskOnTheGpu) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const test::TrainRun r = test::train_tiny(*cuda_, {seed, seed + 1, 200, false, 4, Layout::nhwc});
+  const double chance = std::log(static_cast<double>(test::kPatternClasses));
+  EXPECT_NEAR(test::mean_tail({r.losses.begin(), r.losses.begin() + 5}, 5), chance, 0.5);  // starts near chance
+  EXPECT_LT(test::mean_tail(r.losses, 10), 0.25 * chance);
+  EXPECT_GT(r.accuracy, 0.9);
+  std::printf("tiny resnet on cuda, SGD: loss %.3f -> %.3f in %zu steps, held-out accuracy %.3f\n", r.losses.front(),
+              test::mean_tail(r.losses, 10), r.losses.size(), r.accuracy);
+}
+
+}  // namespace
+}  // namespace ab::nn
