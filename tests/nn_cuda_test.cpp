@@ -303,8 +303,9 @@ TEST_F(CudaKernelsTest, MaxPoolMatchesReferenceAndPaddingNeverWins) {
     Layout layout;
     DType dtype;
   };
-  for (const Case& c : {Case{{3, 3, 2, 2, 1, 1}, Layout::nchw, DType::f32}, Case{{3, 3, 2, 2, 1, 1}, Layout::nhwc, DType::bf16},
-                        Case{{2, 2, 2, 2, 0, 0}, Layout::nhwc, DType::f32}, Case{{3, 3, 1, 1, 1, 1}, Layout::nchw, DType::f16}}) {
+  for (const Case& c :
+       {Case{{3, 3, 2, 2, 1, 1}, Layout::nchw, DType::f32}, Case{{3, 3, 2, 2, 1, 1}, Layout::nhwc, DType::bf16},
+        Case{{2, 2, 2, 2, 0, 0}, Layout::nhwc, DType::f32}, Case{{3, 3, 1, 1, 1, 1}, Layout::nchw, DType::f16}}) {
     SCOPED_TRACE(std::string(to_string(c.layout)) + " " + std::string(to_string(c.dtype)) + " window " +
                  std::to_string(c.d.window_h) + " stride " + std::to_string(c.d.stride_h));
     const std::int64_t n = 2, ch = 5, h = 12, w = 11;

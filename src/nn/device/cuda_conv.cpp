@@ -22,7 +22,8 @@ std::string conv_label(const Conv2dDesc& d, const Tensor& x, const Tensor& w, co
 }
 
 int narrow(std::int64_t v, const std::string& what) {
-  if (v < 0 || v > std::numeric_limits<int>::max()) throw Unsupported(what + ": value " + std::to_string(v) + " out of range");
+  if (v < 0 || v > std::numeric_limits<int>::max())
+    throw Unsupported(what + ": value " + std::to_string(v) + " out of range");
   return static_cast<int>(v);
 }
 
@@ -78,12 +79,14 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
 
   plan->x = make_tensor_desc(x);
   plan->y = make_tensor_desc(y);
-  // Filters carry no strides in cuDNN: their layout is named (KCRS or KRSC).
-  cudnnTensorFormat_t wformat = CUDNN_TENSOR_NCHW;
-  if (w.strides == contiguous_strides(w.shape, Layout::nhwc) && !(w.strides == contiguous_strides(w.shape, Layout::nchw)))
-    wformat = CUDNN_TENSOR_NHWC;
-  else if (!(w.strides == contiguous_strides(w.shape, Layout::nchw)))
-    throw Unsupported(label + ": filter strides are neither KCRS nor KRSC");
+  // Filters carry no strides in cuDNN: their layout is named (KCRS or KRSC). Where both name the
+  // same bytes (one input channel per group) the activations' layout decides, so cuDNN sees one.
+  const bool w_nchw = w.strides == contiguous_strides(w.shape, Layout::nchw);
+  const bool w_nhwc = w.strides == contiguous_strides(w.shape, Layout::nhwc);
+  const bool x_nhwc = x.strides == contiguous_strides(x.shape, Layout::nhwc) &&
+                      !(x.strides == contiguous_strides(x.shape, Layout::nchw));
+  if (!w_nchw && !w_nhwc) throw Unsupported(label + ": filter strides are neither KCRS nor KRSC");
+  const cudnnTensorFormat_t wformat = (w_nhwc && (!w_nchw || x_nhwc)) ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   cudnnFilterDescriptor_t wd = nullptr;
   AB_CUDNN(cudnnCreateFilterDescriptor(&wd), label);
   plan->w.reset(wd);
@@ -227,8 +230,9 @@ namespace {
 const ConvPass& usable(const ConvPass& pass, const ConvPlan& plan, const Workspace& ws, const char* what) {
   if (pass.algo < 0) throw Unsupported(pass.refusal);
   if (pass.workspace_bytes > ws.bytes)
-    throw Error(plan.label + ": the " + what + " algorithm needs a workspace of " + std::to_string(pass.workspace_bytes) +
-                " bytes, got " + std::to_string(ws.bytes) + " (size it from conv2d_prepare)");
+    throw Error(plan.label + ": the " + what + " algorithm needs a workspace of " +
+                std::to_string(pass.workspace_bytes) + " bytes, got " + std::to_string(ws.bytes) +
+                " (size it from conv2d_prepare)");
   return pass;
 }
 

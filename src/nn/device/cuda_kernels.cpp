@@ -75,8 +75,9 @@ int device_index(const backend::Backend& b) {
 // Elementwise operands: one shape, strides and dtype, contiguous, so the kernels walk flat arrays.
 void require_flat(const char* kernel, const Tensor& a, const Tensor& b) {
   if (!(a.shape == b.shape) || !(a.strides == b.strides) || !a.is_contiguous() || a.dtype != b.dtype)
-    throw Unsupported(std::string("cuda ") + kernel + ": operands must be contiguous with one shape, layout and dtype (" +
-                      a.to_string() + " vs " + b.to_string() + ")");
+    throw Unsupported(std::string("cuda ") + kernel +
+                      ": operands must be contiguous with one shape, layout and dtype (" + a.to_string() + " vs " +
+                      b.to_string() + ")");
 }
 
 void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype) {
@@ -101,7 +102,7 @@ class GraphReplay final : public Replayable {
   }
   GraphReplay(const GraphReplay&) = delete;
   GraphReplay& operator=(const GraphReplay&) = delete;
-  void replay() override { AB_CUDA(cudaGraphLaunch(exec_, stream_), label_ + " graph replay"); }
+  void replay() override { AB_CUDA_LAZY(cudaGraphLaunch(exec_, stream_), label_ + " graph replay"); }
 
  private:
   cudaGraph_t graph_;
@@ -179,29 +180,31 @@ bool CudaKernels::capturing() const {
   return status != cudaStreamCaptureStatusNone;
 }
 
-void CudaKernels::synchronize() { AB_CUDA(cudaStreamSynchronize(stream_), label_ + " synchronize"); }
+void CudaKernels::synchronize() { AB_CUDA_LAZY(cudaStreamSynchronize(stream_), label_ + " synchronize"); }
 
 void CudaKernels::upload(const Tensor& dst, const void* host) {
   if (dst.size_bytes() <= 0) return;
   // From pageable memory the copy is staged before cudaMemcpyAsync returns, so `host` may be
   // reused at once; the device side is ordered on the stream like every kernel.
-  AB_CUDA(cudaMemcpyAsync(dst.data, host, static_cast<std::size_t>(dst.size_bytes()), cudaMemcpyHostToDevice, stream_),
-          label_ + " upload " + dst.to_string());
+  AB_CUDA_LAZY(
+      cudaMemcpyAsync(dst.data, host, static_cast<std::size_t>(dst.size_bytes()), cudaMemcpyHostToDevice, stream_),
+      label_ + " upload " + dst.to_string());
 }
 
 void CudaKernels::download(const Tensor& src, void* host) {
   if (src.size_bytes() <= 0) return;
-  AB_CUDA(cudaMemcpyAsync(host, src.data, static_cast<std::size_t>(src.size_bytes()), cudaMemcpyDeviceToHost, stream_),
-          label_ + " download " + src.to_string());
-  AB_CUDA(cudaStreamSynchronize(stream_), label_ + " download " + src.to_string());
+  AB_CUDA_LAZY(
+      cudaMemcpyAsync(host, src.data, static_cast<std::size_t>(src.size_bytes()), cudaMemcpyDeviceToHost, stream_),
+      label_ + " download " + src.to_string());
+  AB_CUDA_LAZY(cudaStreamSynchronize(stream_), label_ + " download " + src.to_string());
 }
 
 void CudaKernels::fill(const Tensor& t, double value) {
   if (!t.is_contiguous()) throw Unsupported("cuda fill: tensor " + t.to_string() + " is not contiguous");
   if (t.numel() == 0) return;
   if (value == 0.0 && !std::signbit(value)) {
-    AB_CUDA(cudaMemsetAsync(t.data, 0, static_cast<std::size_t>(t.size_bytes()), stream_),
-            label_ + " fill " + t.to_string());
+    AB_CUDA_LAZY(cudaMemsetAsync(t.data, 0, static_cast<std::size_t>(t.size_bytes()), stream_),
+                 label_ + " fill " + t.to_string());
     return;
   }
   cuda_pointwise::fill(stream_, t.dtype, t.data, t.numel(), value);

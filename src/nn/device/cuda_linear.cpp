@@ -48,18 +48,18 @@ LtPlan& CudaKernels::lt_plan(const GemmShape& g) {
   const std::string& label = plan->label;
   const cudaDataType_t t = lt_dtype(g.dtype);
   cublasLtMatmulDesc_t op = nullptr;
-  AB_CUBLAS(cublasLtMatmulDescCreate(&op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F), label);
+  AB_LT(cublasLtMatmulDescCreate(&op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F), label);
   plan->op.reset(op);
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  AB_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), label);
-  AB_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), label);
+  AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), label);
+  AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), label);
   if (g.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // bias in D's dtype, one per row of D
-    AB_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), label);
+    AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), label);
   }
   auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
     cublasLtMatrixLayout_t l = nullptr;
-    AB_CUBLAS(cublasLtMatrixLayoutCreate(&l, t, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld),
+    AB_LT(cublasLtMatrixLayoutCreate(&l, t, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld),
               label);
     return LtLayoutPtr(l);
   };
@@ -68,17 +68,17 @@ LtPlan& CudaKernels::lt_plan(const GemmShape& g) {
   plan->c = layout(g.m, g.n, g.ldc);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  AB_CUBLAS(cublasLtMatmulPreferenceCreate(&pref), label);
+  AB_LT(cublasLtMatmulPreferenceCreate(&pref), label);
   const std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)>
       pref_owner(pref, &cublasLtMatmulPreferenceDestroy);
   const auto ws = static_cast<std::uint64_t>(lt_workspace_.bytes());
-  AB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+  AB_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
             label);
   if (deterministic_) {
     // cuBLASLt is bit-reproducible run to run by design; deterministic mode also rules out
     // split-K reductions so no partial-sum order can depend on scheduling.
     const std::uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-    AB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+    AB_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
                                                    sizeof(mask)),
               label);
   }
@@ -97,10 +97,10 @@ LtPlan& CudaKernels::lt_plan(const GemmShape& g) {
 void CudaKernels::matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias) {
   LtPlan& p = lt_plan(g);
   if (g.bias)  // host-side attribute, read when the call is enqueued (and recorded by a capture)
-    AB_CUBLAS(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+    AB_LT(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
               p.label);
   const float alpha = 1.0f;
-  AB_CUBLAS(cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c,
+  AB_LT(cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c,
                            p.c.get(), &p.algo, lt_workspace_.get(), static_cast<std::size_t>(lt_workspace_.bytes()),
                            stream_),
             p.label);

@@ -13,7 +13,8 @@ namespace ab::nn::cuda {
 namespace {
 
 bool is_nhwc(const Tensor& t) {
-  return t.strides == contiguous_strides(t.shape, Layout::nhwc) && !(t.strides == contiguous_strides(t.shape, Layout::nchw));
+  return t.strides == contiguous_strides(t.shape, Layout::nhwc) &&
+         !(t.strides == contiguous_strides(t.shape, Layout::nchw));
 }
 
 void require_like(const char* kernel, const Tensor& x, const Tensor& t, const char* what) {
