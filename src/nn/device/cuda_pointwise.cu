@@ -27,7 +27,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kBlocksPerSm = 8;
 // LARS norm partials: at most this many blocks, two f64 sums each (lars_scratch_floats).
 constexpr int kMaxNormBlocks = 1024;
-constexpr int kNormBlocksPerSm = 2;
+constexpr int kNormBlocksPerSm = 4;
 constexpr int kLossThreads = 1024;
 
 // ---- host helpers
