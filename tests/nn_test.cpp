@@ -1,12 +1,14 @@
 // Tests for core/tensor and the nn ops on the reference kernels: every op's forward against an
 // independent naive formula, every op's backward against central finite differences on fresh
 // random inputs (f64 storage), the accumulate path of every input gradient, layouts, and
-// bit-identical results at any thread count.
+// bit-identical results at any thread count; 16-bit storage (each op's result is the f64 result
+// rounded once), casts, loss scaling, skipped optimizer steps and capture on the reference kernels.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "core/tensor.h"
 #include "nn/kernels.h"
 #include "nn/ops.h"
+#include "nn/ref/ref_kernels.h"
 
 namespace ab::nn {
 namespace {
@@ -107,7 +110,7 @@ struct Harness {
     }
     std::size_t salt = 1000;
     for (const auto& spec : op.parameters()) {
-      t.params.push_back(alloc(place(Tensor::describe(inputs[0].dtype, spec.shape))));
+      t.params.push_back(alloc(place(Tensor::describe(spec.dtype, spec.shape))));
       std::vector<double> v(static_cast<std::size_t>(spec.shape.numel()));
       for (std::size_t j = 0; j < v.size(); ++j) v[j] = uniform(seed, salt++, spec.name == "running_var" ? 0.5 : -1.0, 1.5);
       write_host(t.params.back(), v);
@@ -516,6 +519,294 @@ TEST(RefKernels, ResultsDoNotDependOnTheThreadCount) {
   omp_set_num_threads(threads);
   ASSERT_EQ(runs[0].size(), runs[1].size());
   for (std::size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "result " << i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit storage, mixed precision and capture on the reference kernels
+
+// The nearest value of a 16-bit format to v (ties to the even encoding), by brute force over the
+// neighbours of v's float rounding: independent of the kernels' round-to-odd path.
+double nearest_16bit(DType t, double v) {
+  const float f = static_cast<float>(v);
+  const auto bits = t == DType::f16 ? float_to_half_bits(f) : float_to_bf16_bits(f);
+  auto value = [t](std::uint16_t b) { return t == DType::f16 ? half_bits_to_float(b) : bf16_bits_to_float(b); };
+  std::uint16_t best = bits;
+  for (int d : {-1, 1}) {
+    const auto b = static_cast<std::uint16_t>(bits + d);
+    const double err = std::abs(value(b) - v), best_err = std::abs(value(best) - v);
+    if (err < best_err || (err == best_err && (b & 1) == 0)) best = b;
+  }
+  return value(best);
+}
+
+// v rounded once to t, by the independent oracle above.
+double round_to(DType t, double v) {
+  switch (t) {
+    case DType::f16:
+    case DType::bf16: return nearest_16bit(t, v);
+    case DType::f32: return static_cast<float>(v);
+    default: return v;
+  }
+}
+
+TEST(SixteenBit, LoadsAreExactAndStoresRoundOnceToNearestEven) {
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const double h = ref::Half::from_bits(bits), want_h = half_bits_to_float(bits);
+    const double bf = ref::BFloat16::from_bits(bits), want_bf = bf16_bits_to_float(bits);
+    ASSERT_TRUE(h == want_h || (std::isnan(h) && std::isnan(want_h))) << "f16 bits " << b;
+    ASSERT_TRUE(bf == want_bf || (std::isnan(bf) && std::isnan(want_bf))) << "bf16 bits " << b;
+  }
+  // Just above a 16-bit tie: rounding to float first lands on the tie, and ties-to-even would
+  // then round down; a single rounding goes up.
+  EXPECT_EQ(static_cast<double>(ref::Half(1 + 0x1p-11 + 0x1p-40)), 1 + 0x1p-10);
+  EXPECT_EQ(static_cast<double>(ref::BFloat16(1 + 0x1p-8 + 0x1p-40)), 1 + 0x1p-7);
+  EXPECT_EQ(static_cast<double>(ref::Half(1 + 0x1p-11)), 1.0);  // an exact tie goes to even
+  EXPECT_TRUE(std::isinf(static_cast<double>(ref::Half(70000.0))));
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (std::uint64_t i = 0; i < 20000; ++i) {
+    // Magnitudes from half subnormals (below 2^-14) to 2^15, short of f16 overflow.
+    const double v = uniform(seed, i, -1, 1) * std::ldexp(1.0, static_cast<int>(mix64(seed, i) % 36) - 20);
+    ASSERT_EQ(static_cast<double>(ref::Half(v)), nearest_16bit(DType::f16, v)) << v;
+    ASSERT_EQ(static_cast<double>(ref::BFloat16(v)), nearest_16bit(DType::bf16, v)) << v;
+  }
+}
+
+// Runs an op on `t` storage (parameters and statistics as the op declares them: f32 beside
+// 16-bit data) and on f64 with the same values, and demands that every 16-bit result be the f64
+// result rounded once: the kernels load exactly, sum in f64 in one order, and round on store.
+void expect_f64_rounded_once(const std::function<std::unique_ptr<Op>()>& make, const std::vector<Tensor>& inputs,
+                             DType t, const std::function<double(std::size_t, std::size_t)>& gen) {
+  SCOPED_TRACE(std::string(make()->kind()) + " in " + std::string(to_string(t)));
+  std::vector<Tensor> narrow = inputs;
+  std::vector<bool> needs;
+  for (auto& d : narrow) {
+    needs.push_back(d.dtype != DType::i32);
+    if (d.dtype != DType::i32) d.dtype = t;
+  }
+  auto lo_op = make(), hi_op = make();
+  Harness lo(*lo_op, narrow, needs, Layout::nhwc, gen), hi(*hi_op, inputs, needs, Layout::nhwc, gen);
+  auto copy = [](const std::vector<Tensor>& from, const std::vector<Tensor>& to) {
+    for (std::size_t i = 0; i < from.size(); ++i)
+      if (from[i].defined()) write_host(to[i], read_host(from[i]));
+  };
+  copy(lo.t.in, hi.t.in);
+  copy(lo.t.params, hi.t.params);
+  copy(lo.t.dout, hi.t.dout);
+  auto expect_rounded = [](const std::vector<Tensor>& narrow_results, const std::vector<Tensor>& wide,
+                           const std::string& what) {
+    for (std::size_t i = 0; i < narrow_results.size(); ++i) {
+      if (!narrow_results[i].defined()) continue;
+      const auto got = read_host(narrow_results[i]), want = read_host(wide[i]);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t j = 0; j < got.size(); ++j)
+        ASSERT_EQ(got[j], round_to(narrow_results[i].dtype, want[j])) << what << " " << i << " element " << j;
+    }
+  };
+  lo_op->forward(*lo.k, lo.t);
+  hi_op->forward(*hi.k, hi.t);
+  expect_rounded(lo.t.out, hi.t.out, "output");
+  expect_rounded(lo.t.saved, hi.t.saved, "saved");
+  expect_rounded(lo.t.params, hi.t.params, "parameter");  // running statistics
+  // Backward from the same saved tensors and outputs as the narrow run stored them.
+  copy(lo.t.saved, hi.t.saved);
+  copy(lo.t.out, hi.t.out);
+  lo_op->backward(*lo.k, lo.t);
+  hi_op->backward(*hi.k, hi.t);
+  expect_rounded(lo.t.din, hi.t.din, "input gradient");
+  expect_rounded(lo.t.dparams, hi.t.dparams, "parameter gradient");
+}
+
+TEST(SixteenBit, EveryOpGivesTheF64ResultRoundedOnce) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto gen = away_from_zero(seed);
+  for (DType t : {DType::bf16, DType::f16}) {
+    expect_f64_rounded_once([] { return std::make_unique<Conv2d>("conv", conv_cases()[5].a); },
+                            {f64(conv_cases()[5].x)}, t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<BatchNorm2d>("bn"); }, {f64(Shape{3, 4, 3, 2})}, t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<Relu>("relu"); }, {f64(Shape{2, 3, 3, 3})}, t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<Add>("add"); }, {f64(Shape{2, 2, 3, 3}), f64(Shape{2, 2, 3, 3})},
+                            t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<MaxPool2d>("pool", Pool2dDesc{3, 3, 2, 2, 1, 1}); },
+                            {f64(Shape{2, 2, 6, 5})}, t, distinct_values(seed, 120));
+    expect_f64_rounded_once([] { return std::make_unique<GlobalAvgPool>("gap"); }, {f64(Shape{2, 3, 3, 2})}, t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<Linear>("fc", 5); }, {f64(Shape{3, 4})}, t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<SoftmaxCrossEntropy>("loss"); },
+                            {f64(Shape{4, 3}), Tensor::describe(DType::i32, Shape{4})}, t,
+                            [&](std::size_t i, std::size_t j) { return i == 1 ? static_cast<double>(j % 3) : gen(i, j); });
+  }
+}
+
+TEST(SixteenBit, OpsDeclareWideStatisticsLossAndParameters) {
+  BatchNorm2d bn("bn");
+  const auto y = bn.infer({Tensor::describe(DType::bf16, Shape{2, 8, 4, 4})});
+  EXPECT_EQ(y[0].dtype, DType::bf16);
+  for (const auto& s : bn.saved()) EXPECT_EQ(s.dtype, DType::f32);
+  for (const auto& p : bn.parameters()) EXPECT_EQ(p.dtype, DType::f32) << p.name;
+  // Bytes: data in 2-byte elements, the 8 per-channel vectors of training in 4-byte ones.
+  bn.set_context(true, {true});
+  EXPECT_EQ(bn.bytes(Pass::forward), 2 * 256 * 2 + 8 * 8 * 4);
+  Conv2d conv("conv", Conv2dAttrs{4, 3, 3, Conv2dDesc{1, 1, 1, 1, 1, 1, 1}});
+  conv.infer({Tensor::describe(DType::f16, Shape{2, 8, 4, 4})});
+  EXPECT_EQ(conv.parameters()[0].dtype, DType::f16);  // the graph keeps an f32 master beside it
+  EXPECT_EQ(conv.bytes(Pass::forward), (256 + 4 * 8 * 9 + 128) * 2);
+  SoftmaxCrossEntropy loss("loss");
+  const auto l = loss.infer({Tensor::describe(DType::f16, Shape{4, 10}), Tensor::describe(DType::i32, Shape{4})});
+  EXPECT_EQ(l[0].dtype, DType::f32);
+  EXPECT_EQ(loss.saved()[0].dtype, DType::f32);
+  EXPECT_EQ(loss.bytes(Pass::forward), 40 * 2 + 41 * 4 + 4 * 4);
+}
+
+struct HostTensors {
+  std::unique_ptr<Kernels> k = make_ref_kernels();
+  std::vector<Buffer> store;
+  Tensor make(DType t, const Shape& s) {
+    const Tensor d = Tensor::describe(t, s);
+    store.emplace_back(k->allocator(), d.size_bytes());
+    return store.back().view(d);
+  }
+  Tensor scalar(DType t, double v) {
+    const Tensor x = make(t, Shape{1});
+    write_host(x, {v});
+    return x;
+  }
+};
+
+TEST(MixedPrecision, CastRoundsToNearestEvenBothWays) {
+  HostTensors h;
+  const std::uint64_t seed = fresh_seed();
+  std::vector<double> v(257);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = uniform(seed, i, -3, 3) * std::ldexp(1.0, static_cast<int>(i % 30) - 15);
+  const Tensor src = h.make(DType::f32, Shape{257});
+  write_host(src, v);
+  const auto wide = read_host(src);
+  for (DType t : {DType::f16, DType::bf16}) {
+    const Tensor narrow = h.make(t, Shape{257}), back = h.make(DType::f32, Shape{257});
+    h.k->cast(src, narrow);
+    h.k->cast(narrow, back);
+    const auto n = read_host(narrow), b = read_host(back);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const auto f = static_cast<float>(wide[i]);
+      const double want = t == DType::f16 ? half_bits_to_float(float_to_half_bits(f)) : bf16_bits_to_float(float_to_bf16_bits(f));
+      ASSERT_EQ(n[i], want) << to_string(t) << " element " << i;
+      ASSERT_EQ(b[i], n[i]);  // widening is exact
+    }
+  }
+  EXPECT_THROW(h.k->cast(src, h.make(DType::f32, Shape{256})), Unsupported);
+}
+
+TEST(MixedPrecision, UnscaleAndCheckAndTheLossScaleRuleFollowGradScaler) {
+  HostTensors h;
+  const Tensor g = h.make(DType::f32, Shape{5});
+  const Tensor scale = h.scalar(DType::f32, 1024), found = h.scalar(DType::i32, 0), good = h.scalar(DType::i32, 0);
+  const std::uint64_t seed = fresh_seed();
+  std::vector<double> v(5);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = uniform(seed, i, -1000, 1000);
+  write_host(g, v);
+  const auto stored = read_host(g);
+  h.k->unscale_and_check(g, scale, found);
+  const auto u = read_host(g);
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(u[i], stored[i] / 1024);  // exact: power-of-two scale
+  EXPECT_EQ(read_host(found)[0], 0);
+  v[3] = std::numeric_limits<double>::infinity();
+  write_host(g, v);
+  h.k->unscale_and_check(g, scale, found);
+  EXPECT_EQ(read_host(found)[0], 1);
+  write_host(g, {1, 2, 3, 4, 5});
+  h.k->unscale_and_check(g, scale, found);
+  EXPECT_EQ(read_host(found)[0], 1) << "a finite gradient must not clear the flag";
+  write_host(g, {1, std::nan(""), 3, 4, 5});
+  const Tensor found2 = h.scalar(DType::i32, 0);
+  h.k->unscale_and_check(g, scale, found2);
+  EXPECT_EQ(read_host(found2)[0], 1) << "NaN";
+
+  const LossScaleRule rule{2.0, 0.5, 3};
+  h.k->update_loss_scale(rule, scale, good, found);  // overflow: back off, restart the count
+  EXPECT_EQ(read_host(scale)[0], 512);
+  EXPECT_EQ(read_host(good)[0], 0);
+  EXPECT_EQ(read_host(found)[0], 0) << "cleared for the next step";
+  const std::vector<double> want_scale{512, 512, 1024, 1024, 1024, 2048}, want_good{1, 2, 0, 1, 2, 0};
+  for (std::size_t step = 0; step < want_scale.size(); ++step) {
+    h.k->update_loss_scale(rule, scale, good, found);
+    EXPECT_EQ(read_host(scale)[0], want_scale[step]) << "good step " << step;
+    EXPECT_EQ(read_host(good)[0], want_good[step]) << "good step " << step;
+  }
+  write_host(scale, {3e38});
+  write_host(good, {2});
+  h.k->update_loss_scale(rule, scale, good, found);
+  EXPECT_EQ(read_host(scale)[0], static_cast<float>(3e38)) << "growth to infinity is refused";
+}
+
+TEST(MixedPrecision, SkipIfLeavesSgdAndLarsStepsWithoutEffect) {
+  HostTensors h;
+  const std::uint64_t seed = fresh_seed();
+  for (bool lars : {false, true}) {
+    const Tensor w = h.make(DType::f32, Shape{6}), g = h.make(DType::f32, Shape{6}), v = h.make(DType::f32, Shape{6});
+    std::vector<double> w0(6), g0(6), v0(6);
+    for (std::size_t i = 0; i < 6; ++i) {
+      w0[i] = uniform(seed, i, -1, 1);
+      g0[i] = uniform(seed, 10 + i, -1, 1);
+      v0[i] = uniform(seed, 20 + i, -1, 1);
+    }
+    write_host(w, w0);
+    write_host(g, g0);
+    write_host(v, v0);
+    const auto wb = read_host(w), vb = read_host(v);
+    const Tensor skip = h.scalar(DType::i32, 1);
+    auto step = [&] {
+      if (lars)
+        h.k->lars_update(LarsStep{0.1, 0.9, 1e-4, 0.001, 0.0, true, skip}, w, g, v);
+      else
+        h.k->sgd_update(SgdStep{0.1, 0.9, 1e-4, skip}, w, g, v);
+    };
+    step();
+    EXPECT_EQ(read_host(w), wb);
+    EXPECT_EQ(read_host(v), vb);
+    write_host(skip, {0});
+    step();
+    EXPECT_NE(read_host(w), wb);
+    EXPECT_NE(read_host(v), vb);
+  }
+}
+
+TEST(Capture, RecordsKernelCallsAndRunsThemOnlyOnReplay) {
+  HostTensors h;
+  const Tensor x = h.make(DType::f32, Shape{8}), y = h.make(DType::f32, Shape{8});
+  const std::uint64_t seed = fresh_seed();
+  std::vector<double> v(8);
+  for (std::size_t i = 0; i < 8; ++i) v[i] = uniform(seed, i, -1, 1);
+  write_host(x, v);
+  write_host(y, std::vector<double>(8, 42.0));
+  double value = 3.0;
+  int host_runs = 0;
+  auto replay = h.k->capture([&] {
+    ++host_runs;
+    h.k->relu_forward(x, y);
+    h.k->fill(x, value);  // the value is taken now, as a CUDA graph's kernel argument would be
+  });
+  EXPECT_EQ(host_runs, 1);
+  EXPECT_EQ(read_host(y), std::vector<double>(8, 42.0)) << "capture ran the work";
+  value = 5.0;
+  replay->replay();
+  EXPECT_EQ(host_runs, 1) << "replay ran host code";
+  const auto first = read_host(y);
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(first[i], std::max(static_cast<double>(static_cast<float>(v[i])), 0.0));
+  EXPECT_EQ(read_host(x), std::vector<double>(8, 3.0));
+  replay->replay();  // relu of the filled 3s
+  EXPECT_EQ(read_host(y), std::vector<double>(8, 3.0));
+
+  // What a CUDA graph could not hold fails on the CPU too, and leaves the kernels usable.
+  EXPECT_THROW(h.k->capture([&] { Buffer b(h.k->allocator(), 64); }), Error);
+  std::vector<float> host(8);
+  EXPECT_THROW(h.k->capture([&] { h.k->download(x, host.data()); }), Error);
+  EXPECT_THROW(h.k->capture([&] { h.k->synchronize(); }), Error);
+  EXPECT_THROW(h.k->capture([&] { h.k->capture([] {}); }), Error);
+  h.k->fill(x, 1.0);
+  EXPECT_EQ(read_host(x), std::vector<double>(8, 1.0));
+  Buffer after(h.k->allocator(), 64);
+  EXPECT_NE(after.data(), nullptr);
 }
 
 }  // namespace

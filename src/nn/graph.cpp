@@ -107,6 +107,17 @@ void Graph::State::plan_lifetimes() {
     grad_buffer[v] = static_cast<int>(lifetimes.size());
     lifetimes.push_back({info.desc.size_bytes(), first, end, "grad " + info.name});
   }
+  grad16_buffer.assign(n(), {});
+  for (std::size_t i = 0; i < n(); ++i)
+    for (const auto& spec : specs[i]) {
+      grad16_buffer[i].push_back(-1);
+      if (!runs_backward[i] || !has_copy(spec)) continue;
+      grad16_buffer[i].back() = static_cast<int>(lifetimes.size());
+      const std::int64_t bytes = Tensor::describe(spec.dtype, spec.shape).size_bytes();
+      lifetimes.push_back({bytes, bwd_step(i), bwd_step(i),
+                           "grad " + nodes[i].op->name() + "." + spec.name + " (" + std::string(to_string(spec.dtype)) +
+                               ")"});
+    }
   for (std::size_t i = 0; i < n(); ++i) {
     const auto saved = nodes[i].op->saved();
     for (std::size_t j = 0; j < saved.size(); ++j) {

@@ -23,16 +23,29 @@ struct Value {
 };
 
 struct GraphOptions {
-  DType dtype = DType::f32;  // activations and parameters; ref also runs f64 (gradient checks)
-  // The precision policy: fp32 (dtype as given), tf32 (f32 storage, TF32 math), bf16 (bf16
-  // activations and weights, fp32 master weights and batch-norm parameters), fp16 (as bf16, plus
-  // dynamic loss scaling). bf16/fp16 override dtype for activations.
+  DType dtype = DType::f32;  // storage under Precision::fp32; ref also runs f64 (gradient checks)
+  // The precision policy (docs/ENGINE.md):
+  //  fp32  everything in `dtype`.
+  //  tf32  f32 storage; convolutions and matmuls may use TF32 (Kernels::set_tf32 at bind).
+  //  bf16  activations and their gradients in bf16; convolution and linear parameters as f32
+  //        masters (what the optimizer updates) with the bf16 copies the ops read, refreshed after
+  //        each update; batch-norm parameters and statistics, probabilities and the loss in f32.
+  //  fp16  as bf16 in f16, plus dynamic loss scaling (GradScaler's rule, `loss_scale_rule`)
+  //        kept on the device: a step with a non-finite gradient changes no parameter.
+  // tf32, bf16 and fp16 set the types themselves: `dtype` must stay f32.
   Precision precision = Precision::fp32;
-  bool deterministic = false;  // bit-identical results run to run (Kernels::set_deterministic)
+  bool deterministic = false;  // bit-identical results run to run (Kernels::set_deterministic at bind)
+  double initial_loss_scale = 65536.0;  // fp16: PyTorch's GradScaler default, 2^16
+  LossScaleRule loss_scale_rule;        // fp16
   Layout layout = Layout::nchw;
   bool training = true;        // plan backward and update; false plans an inference-only graph
   std::uint64_t seed = 1;      // parameter initialisation
 };
+
+// The storage type of activations and their gradients under the options' precision policy.
+// Throws UsageError for a precision the graph does not run (fp8, int8) or a dtype the policy
+// overrides.
+DType activation_dtype(const GraphOptions& o);
 
 class GraphBuilder {
  public:
@@ -41,7 +54,8 @@ class GraphBuilder {
   ~GraphBuilder();
 
   // A graph input the caller fills before forward (images, labels). `requires_grad` asks for its
-  // gradient too (gradient checks); images and labels need none.
+  // gradient too (gradient checks); images and labels need none. The first form stores it in
+  // the activation dtype (bf16 under the bf16 policy).
   Value input(const std::string& name, const Shape& shape, bool requires_grad = false);
   Value input(const std::string& name, const Shape& shape, DType dtype);
   // Adds a layer: infers its outputs now, so a bad configuration fails at the line that made it.
@@ -74,8 +88,9 @@ struct OpReport {
 struct Parameter {
   std::string name;  // "layer1.0.conv1.weight"
   ParamSpec spec;
-  Tensor value;      // bound after bind()
-  Tensor grad;       // undefined for running statistics
+  Tensor value;      // bound after bind(); the f32 master where `copy` is defined
+  Tensor grad;       // undefined for running statistics; f32 beside a 16-bit copy, and unscaled (fp16)
+  Tensor copy;       // bf16/fp16: the 16-bit copy the op reads, `value` rounded; else undefined
 };
 
 class Graph {
@@ -110,9 +125,29 @@ class Graph {
   std::vector<double> read(const Tensor& t) const;
 
   // The fixed sequence. forward(false) uses running statistics (evaluation on a training graph).
+  // None of them allocates or waits for the host, so a step can be captured (capture_step).
+  // backward() seeds the loss gradient with 1 (fp16: with the loss scale), and under bf16/fp16
+  // casts each 16-bit parameter gradient into its f32 master gradient (fp16: then unscales and
+  // checks every parameter gradient). update() steps the optimizer (fp16: skipped on the device
+  // if a gradient was non-finite), refreshes the 16-bit copies and (fp16) updates the loss scale.
   void forward(bool training = true);
   void backward();
   void update(Optimizer& optimizer);
+
+  // Records one whole step for replay with no host work: forward(true) + backward() +
+  // update(*optimizer) on a training graph, forward(false) for an inference graph or a null
+  // optimizer. Binds the optimizer first (a captured step must not allocate). Nothing runs at
+  // capture; each replay() runs the step on the inputs then in place. Host values are frozen at
+  // capture (the learning rate), and the graph, its kernels and the optimizer must outlive the
+  // result. Throws Error while profiling (timing synchronises).
+  std::unique_ptr<Replayable> capture_step(Optimizer* optimizer);
+
+  // fp16 loss scaling (outside the step: these read or write the device and synchronise). The
+  // scale the next step will use (1 without loss scaling); whether the last update() was skipped
+  // for a non-finite gradient; set_loss_scale restarts the scale (and the good-step count).
+  double loss_scale() const;
+  bool last_step_skipped() const;
+  void set_loss_scale(double scale);
 
   // Per-op timing: each op's forward and backward is timed with the backend's timer (which
   // synchronises), so a profiled step is slower than a plain one; report() shows the times.

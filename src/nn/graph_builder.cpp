@@ -1,9 +1,42 @@
 // GraphBuilder: records inputs and layers, inferring shapes as each layer is added.
+#include <cmath>
+#include <limits>
+
 #include "nn/graph_internal.h"
 
 namespace ab::nn {
 
-GraphBuilder::GraphBuilder(GraphOptions options) : s_(std::make_unique<State>()) { s_->options = options; }
+DType activation_dtype(const GraphOptions& o) {
+  switch (o.precision) {
+    case Precision::fp32: return o.dtype;
+    case Precision::tf32:
+    case Precision::bf16:
+    case Precision::fp16:
+      if (o.dtype != DType::f32)
+        throw UsageError("graph precision " + std::string(to_string(o.precision)) +
+                         " sets the storage types itself; leave dtype at f32 (got " + std::string(to_string(o.dtype)) +
+                         ")");
+      return o.precision == Precision::bf16 ? DType::bf16 : o.precision == Precision::fp16 ? DType::f16 : DType::f32;
+    default:
+      throw UsageError("graph precision must be fp32, tf32, bf16 or fp16, got " + std::string(to_string(o.precision)));
+  }
+}
+
+GraphBuilder::GraphBuilder(GraphOptions options) : s_(std::make_unique<State>()) {
+  activation_dtype(options);  // validates
+  if (options.precision == Precision::fp16) {
+    const LossScaleRule& r = options.loss_scale_rule;
+    if (!(options.initial_loss_scale > 0) || !std::isfinite(static_cast<float>(options.initial_loss_scale)))
+      throw UsageError("initial_loss_scale must be positive and finite in f32, got " +
+                       std::to_string(options.initial_loss_scale));
+    if (!(r.growth > 1) || !(r.backoff > 0 && r.backoff < 1) || r.growth_interval < 1 ||
+        r.growth_interval > std::numeric_limits<std::int32_t>::max())
+      throw UsageError("loss scale rule needs growth > 1, 0 < backoff < 1 and growth_interval >= 1 (got " +
+                       std::to_string(r.growth) + ", " + std::to_string(r.backoff) + ", " +
+                       std::to_string(r.growth_interval) + ")");
+  }
+  s_->options = options;
+}
 GraphBuilder::GraphBuilder(GraphBuilder&&) noexcept = default;
 GraphBuilder::~GraphBuilder() = default;
 
@@ -21,7 +54,7 @@ Tensor graph_desc(const GraphOptions& o, DType dtype, const Shape& shape) { retu
 Value GraphBuilder::input(const std::string& name, const Shape& shape, bool requires_grad) {
   ValueInfo v;
   v.name = name;
-  v.desc = place(s_->options, s_->options.dtype, shape);
+  v.desc = place(s_->options, activation_dtype(s_->options), shape);
   v.requires_grad = requires_grad;
   s_->values.push_back(std::move(v));
   return Value{static_cast<int>(s_->values.size()) - 1};

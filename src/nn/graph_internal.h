@@ -48,14 +48,21 @@ struct Graph::State {
   std::vector<int> value_buffer, grad_buffer;     // per value: index into lifetimes (-1: none)
   std::vector<std::vector<int>> saved_buffer;     // per node
   std::vector<std::vector<ParamSpec>> specs;      // per node
+  // Per node and parameter: the 16-bit gradient an op writes for a 16-bit copy, an arena buffer
+  // alive for that op's backward step only (cast into the f32 master gradient at once); -1: none.
+  std::vector<std::vector<int>> grad16_buffer;
   std::vector<BufferLifetime> lifetimes;
   MemoryPlan plan;
 
   // Binding.
   Kernels* kernels = nullptr;
-  Buffer arena, param_store, grad_store, workspace;
+  Buffer arena, param_store, copy_store, grad_store, workspace, scaler_store;
   std::vector<Parameter> params;
-  std::vector<OpTensors> bound;  // per node
+  std::vector<std::vector<std::size_t>> param_index;  // per node and spec: index into params
+  std::vector<OpTensors> bound;                       // per node
+  // fp16 loss scaling, on the device: scale (f32 [1]), good_steps and found_nonfinite (i32 [1]),
+  // and the scale before the last update (f32 [1]) to tell a skipped step afterwards.
+  Tensor scale, good_steps, found_nonfinite, scale_before;
 
   bool profiling = false;
   std::unique_ptr<measure::IterationTimer> timer;
@@ -70,8 +77,13 @@ struct Graph::State {
     if (kernels == nullptr) throw Error("graph is not bound to a backend (call bind)");
     return *kernels;
   }
+  bool loss_scaling() const { return options.precision == Precision::fp16; }
   void plan_gradients();
   void plan_lifetimes();
+  // The step, on State so that a captured step does not depend on where the Graph object lives.
+  void run_forward(bool training);
+  void run_backward();
+  void run_update(Optimizer& optimizer);
   Tensor view_of(int buffer, const Tensor& desc) const {
     if (buffer < 0) return desc;  // undefined: no storage
     return arena.view(desc, plan.offsets_bytes[static_cast<std::size_t>(buffer)]);
@@ -79,5 +91,8 @@ struct Graph::State {
 };
 
 Tensor graph_desc(const GraphOptions& o, DType dtype, const Shape& shape);
+
+// A trainable parameter the op reads in 16 bits is kept as an f32 master plus that copy.
+inline bool has_copy(const ParamSpec& spec) { return spec.trainable() && is_16bit(spec.dtype); }
 
 }  // namespace ab::nn

@@ -45,16 +45,22 @@ void Graph::bind(Kernels& kernels) {
   State& s = *s_;
   s.kernels = &kernels;
   s.params.clear();
+  s.param_index.assign(s.n(), {});
   s.bound.assign(s.n(), OpTensors{});
+  kernels.set_deterministic(s.options.deterministic);
+  kernels.set_tf32(s.options.precision == Precision::tf32);
 
-  // Parameters and gradients in two blocks, each tensor aligned like an arena buffer.
-  std::vector<std::vector<Tensor>> param_descs(s.n());
-  std::int64_t param_bytes = 0, grad_bytes = 0;
+  // Parameters (f32 masters beside 16-bit copies), the copies, and the gradients in three blocks,
+  // each tensor aligned like an arena buffer. `read` is what the op reads: the copy or the value.
+  std::vector<std::vector<Tensor>> master_descs(s.n()), read_descs(s.n());
+  std::int64_t param_bytes = 0, copy_bytes = 0, grad_bytes = 0;
   for (std::size_t i = 0; i < s.n(); ++i)
     for (const auto& spec : s.specs[i]) {
-      param_descs[i].push_back(graph_desc(s.options, s.options.dtype, spec.shape));
-      param_bytes += align_up(param_descs[i].back().size_bytes());
-      if (spec.trainable()) grad_bytes += align_up(param_descs[i].back().size_bytes());
+      read_descs[i].push_back(graph_desc(s.options, spec.dtype, spec.shape));
+      master_descs[i].push_back(has_copy(spec) ? graph_desc(s.options, DType::f32, spec.shape) : read_descs[i].back());
+      param_bytes += align_up(master_descs[i].back().size_bytes());
+      if (has_copy(spec)) copy_bytes += align_up(read_descs[i].back().size_bytes());
+      if (spec.trainable()) grad_bytes += align_up(master_descs[i].back().size_bytes());
     }
 
   // Describe every op's tensors (no data yet) and let the backend refuse what it cannot run.
@@ -71,13 +77,15 @@ void Graph::bind(Kernels& kernels) {
       t.out.push_back(s.value(o).desc);
       t.dout.push_back(s.value(o).desc);
     }
-    t.params = param_descs[i];
-    t.dparams = param_descs[i];
+    t.params = read_descs[i];
+    t.dparams = read_descs[i];
     t.saved = node.op->saved();
     for (auto& d : t.saved) d = graph_desc(s.options, d.dtype, d.shape);
     t.din_accumulate = s.din_accumulate[i];
     try {
       workspace_bytes = std::max(workspace_bytes, node.op->prepare(kernels, t));
+      for (std::size_t j = 0; j < s.specs[i].size(); ++j)
+        if (has_copy(s.specs[i][j])) kernels.check_tensor(master_descs[i][j]);
     } catch (const LayerError&) {
       throw;
     } catch (const Unsupported& e) {
@@ -97,9 +105,10 @@ void Graph::bind(Kernels& kernels) {
   s.arena = Buffer(alloc, s.plan.peak_bytes);
   s.workspace = Buffer(alloc, workspace_bytes);
   s.param_store = Buffer(alloc, param_bytes);
+  s.copy_store = Buffer(alloc, copy_bytes);
   s.grad_store = Buffer(alloc, grad_bytes);
 
-  std::int64_t param_offset = 0, grad_offset = 0;
+  std::int64_t param_offset = 0, copy_offset = 0, grad_offset = 0;
   for (std::size_t i = 0; i < s.n(); ++i) {
     const Node& node = s.nodes[i];
     OpTensors& t = s.bound[i];
@@ -122,14 +131,21 @@ void Graph::bind(Kernels& kernels) {
       Parameter p;
       p.name = node.op->name() + "." + spec.name;
       p.spec = spec;
-      p.value = s.param_store.view(param_descs[i][j], param_offset);
+      p.value = s.param_store.view(master_descs[i][j], param_offset);
       param_offset += align_up(p.value.size_bytes());
+      if (has_copy(spec)) {
+        p.copy = s.copy_store.view(read_descs[i][j], copy_offset);
+        copy_offset += align_up(p.copy.size_bytes());
+      }
       if (spec.trainable()) {
-        p.grad = s.grad_store.view(param_descs[i][j], grad_offset);
+        p.grad = s.grad_store.view(master_descs[i][j], grad_offset);
         grad_offset += align_up(p.grad.size_bytes());
       }
-      t.params[j] = p.value;
-      t.dparams[j] = p.grad.defined() ? p.grad : param_descs[i][j];
+      t.params[j] = p.copy.defined() ? p.copy : p.value;
+      if (p.copy.defined())  // the op writes the 16-bit gradient; backward casts it into p.grad
+        t.dparams[j] = s.view_of(s.grad16_buffer[i][j], read_descs[i][j]);
+      else
+        t.dparams[j] = p.grad.defined() ? p.grad : read_descs[i][j];
       // Initialise through a host staging copy in the tensor's own dtype and strides.
       std::vector<unsigned char> host(static_cast<std::size_t>(p.value.size_bytes()));
       Tensor staging = p.value;
@@ -137,8 +153,21 @@ void Graph::bind(Kernels& kernels) {
       staging.device = DeviceKind::host;
       write_host(staging, initial_values(spec, s.options.seed, p.name));
       kernels.upload(p.value, host.data());
+      if (p.copy.defined()) kernels.cast(p.value, p.copy);
+      s.param_index[i].push_back(s.params.size());
       s.params.push_back(std::move(p));
     }
+  }
+
+  if (s.loss_scaling()) {
+    // Four scalars, each aligned as a buffer would be.
+    s.scaler_store = Buffer(alloc, 4 * kAllocAlignment);
+    const Tensor f32 = Tensor::describe(DType::f32, Shape{1}), i32 = Tensor::describe(DType::i32, Shape{1});
+    s.scale = s.scaler_store.view(f32, 0);
+    s.good_steps = s.scaler_store.view(i32, kAllocAlignment);
+    s.found_nonfinite = s.scaler_store.view(i32, 2 * kAllocAlignment);
+    s.scale_before = s.scaler_store.view(f32, 3 * kAllocAlignment);
+    set_loss_scale(s.options.initial_loss_scale);
   }
   if (s.profiling) s.timer = kernels.make_timer();
 }
@@ -188,39 +217,106 @@ void Graph::set_profiling(bool on) {
   if (on && s_->kernels != nullptr && !s_->timer) s_->timer = s_->kernels->make_timer();
 }
 
-void Graph::forward(bool training) {
-  State& s = *s_;
-  Kernels& k = s.k();
-  for (std::size_t i = 0; i < s.n(); ++i) {
-    s.bound[i].training = training;
-    Op& op = *s.nodes[i].op;
-    if (s.profiling)
-      s.forward_s[i] = s.timer->time_batch([&] { op.forward(k, s.bound[i]); }, 1);
+void Graph::forward(bool training) { s_->run_forward(training); }
+void Graph::backward() { s_->run_backward(); }
+void Graph::update(Optimizer& optimizer) { s_->run_update(optimizer); }
+
+void Graph::State::run_forward(bool training) {
+  Kernels& kk = k();
+  for (std::size_t i = 0; i < n(); ++i) {
+    bound[i].training = training;
+    Op& op = *nodes[i].op;
+    if (profiling)
+      forward_s[i] = timer->time_batch([&] { op.forward(kk, bound[i]); }, 1);
     else
-      op.forward(k, s.bound[i]);
+      op.forward(kk, bound[i]);
   }
 }
 
-void Graph::backward() {
-  State& s = *s_;
-  Kernels& k = s.k();
-  if (!s.options.training) throw Error("backward on an inference graph");
-  if (s.grad_buffer[static_cast<std::size_t>(s.loss)] < 0) return;  // nothing trainable
-  k.fill(grad(Value{s.loss}), 1.0);
-  for (std::size_t i = s.n(); i-- > 0;) {
-    if (!s.runs_backward[i]) continue;
-    Op& op = *s.nodes[i].op;
-    for (int o : s.zero_grads[i]) k.fill(grad(Value{o}), 0.0);
-    if (s.profiling)
-      s.backward_s[i] = s.timer->time_batch([&] { op.backward(k, s.bound[i]); }, 1);
+void Graph::State::run_backward() {
+  Kernels& kk = k();
+  if (!options.training) throw Error("backward on an inference graph");
+  const auto loss_id = static_cast<std::size_t>(loss);
+  if (grad_buffer[loss_id] < 0) return;  // nothing trainable
+  // The seed is a device copy of the scale, not a host value, so a captured step keeps scaling.
+  const Tensor dloss = view_of(grad_buffer[loss_id], values[loss_id].desc);
+  if (loss_scaling())
+    kk.cast(scale, dloss);
+  else
+    kk.fill(dloss, 1.0);
+  for (std::size_t i = n(); i-- > 0;) {
+    if (!runs_backward[i]) continue;
+    Op& op = *nodes[i].op;
+    for (int o : zero_grads[i]) kk.fill(view_of(grad_buffer[static_cast<std::size_t>(o)], value(o).desc), 0.0);
+    const auto body = [&] {
+      op.backward(kk, bound[i]);
+      // The 16-bit gradient buffer is reused at the next step: widen it into the master's now.
+      for (std::size_t j = 0; j < specs[i].size(); ++j)
+        if (grad16_buffer[i][j] >= 0) kk.cast(bound[i].dparams[j], params[param_index[i][j]].grad);
+    };
+    if (profiling)
+      backward_s[i] = timer->time_batch(body, 1);
     else
-      op.backward(k, s.bound[i]);
+      body();
+  }
+  if (loss_scaling())
+    for (std::size_t i = 0; i < n(); ++i) {
+      if (!runs_backward[i]) continue;
+      for (std::size_t j = 0; j < specs[i].size(); ++j)
+        if (specs[i][j].trainable()) kk.unscale_and_check(params[param_index[i][j]].grad, scale, found_nonfinite);
+    }
+}
+
+void Graph::State::run_update(Optimizer& optimizer) {
+  if (!options.training) throw Error("update on an inference graph");
+  Kernels& kk = k();
+  optimizer.step(kk, params, loss_scaling() ? found_nonfinite : Tensor{});
+  for (const auto& p : params)
+    if (p.copy.defined()) kk.cast(p.value, p.copy);
+  if (loss_scaling()) {
+    kk.cast(scale, scale_before);
+    kk.update_loss_scale(options.loss_scale_rule, scale, good_steps, found_nonfinite);
   }
 }
 
-void Graph::update(Optimizer& optimizer) {
-  if (!s_->options.training) throw Error("update on an inference graph");
-  optimizer.step(s_->k(), s_->params);
+std::unique_ptr<Replayable> Graph::capture_step(Optimizer* optimizer) {
+  State& s = *s_;
+  Kernels& k = s.k();
+  if (s.profiling)
+    throw Error("capture_step: per-op profiling synchronises; call set_profiling(false) before capturing");
+  const bool train = s.options.training && optimizer != nullptr;
+  if (train) optimizer->bind(k, s.params);
+  State* state = &s;
+  return k.capture([state, optimizer, train] {
+    if (!train) return state->run_forward(false);
+    state->run_forward(true);
+    state->run_backward();
+    state->run_update(*optimizer);
+  });
+}
+
+double Graph::loss_scale() const {
+  if (!s_->loss_scaling()) return 1.0;
+  return read(s_->scale)[0];
+}
+
+bool Graph::last_step_skipped() const {
+  if (!s_->loss_scaling()) return false;
+  // A skipped step is the only update that lowers the scale (backoff < 1); at 0 every step skips.
+  const double now = read(s_->scale)[0], before = read(s_->scale_before)[0];
+  return now < before || now == 0.0;
+}
+
+void Graph::set_loss_scale(double scale) {
+  State& s = *s_;
+  if (!s.loss_scaling()) throw Error("set_loss_scale: the graph's precision is not fp16 (no loss scaling)");
+  if (!(scale > 0) || !std::isfinite(static_cast<float>(scale)))
+    throw UsageError("loss scale must be positive and finite in f32, got " + std::to_string(scale));
+  Kernels& k = s.k();
+  k.fill(s.scale, scale);
+  k.fill(s.scale_before, scale);
+  k.fill(s.good_steps, 0.0);
+  k.fill(s.found_nonfinite, 0.0);
 }
 
 }  // namespace ab::nn

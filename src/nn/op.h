@@ -26,11 +26,19 @@ struct ParamInit {
   double scale = 0.0;  // normal: standard deviation; uniform: bound b of U(-b, b)
 };
 
+// 16-bit data keeps its batch-norm parameters and statistics, softmax probabilities and the loss
+// in f32 (cuDNN requires it of batch norm; the loss wants the range); wider types keep their own.
+inline bool is_16bit(DType t) { return t == DType::f16 || t == DType::bf16; }
+inline DType wide_dtype(DType t) { return is_16bit(t) ? DType::f32 : t; }
+
 struct ParamSpec {
   std::string name;  // "weight", "bias", "running_mean", ... (PyTorch's names)
   Shape shape;
   ParamRole role = ParamRole::weight;
   ParamInit init;
+  // The type the op reads the parameter in. A trainable 16-bit parameter is stored by the graph
+  // as an f32 master (what the optimizer updates) plus the 16-bit copy the op reads.
+  DType dtype = DType::f32;
   bool trainable() const { return role != ParamRole::running_stat; }
 };
 
@@ -101,6 +109,7 @@ class Op {
   void require(bool ok, const std::string& reason) const;
   [[noreturn]] void fail(const std::string& reason) const;
   std::int64_t element_bytes() const;  // of the first input's dtype
+  static std::int64_t bytes_of(DType t) { return static_cast<std::int64_t>(size_bytes(t)); }
 
   std::vector<Tensor> in_, out_;
   std::vector<bool> needs_grad_;

@@ -47,7 +47,7 @@ std::vector<ParamSpec> Conv2d::parameters() const {
   // fan_out = out_channels * kernel area (PyTorch ignores groups here).
   const double fan_out = static_cast<double>(a_.out_channels * a_.kernel_h * a_.kernel_w);
   ParamSpec w{"weight", Shape{a_.out_channels, cin / a_.conv.groups, a_.kernel_h, a_.kernel_w}, ParamRole::weight,
-              {ParamInit::Dist::normal, std::sqrt(2.0 / fan_out)}};
+              {ParamInit::Dist::normal, std::sqrt(2.0 / fan_out)}, in_.empty() ? DType::f32 : in_[0].dtype};
   return {w};
 }
 
@@ -97,14 +97,15 @@ std::vector<Tensor> BatchNorm2d::do_infer(const std::vector<Tensor>& in) {
 
 std::vector<ParamSpec> BatchNorm2d::parameters() const {
   const Shape c{in_.empty() ? 0 : in_[0].shape[1]};
-  return {{"weight", c, ParamRole::norm_scale, {ParamInit::Dist::ones, 0}},
-          {"bias", c, ParamRole::norm_shift, {ParamInit::Dist::zeros, 0}},
-          {"running_mean", c, ParamRole::running_stat, {ParamInit::Dist::zeros, 0}},
-          {"running_var", c, ParamRole::running_stat, {ParamInit::Dist::ones, 0}}};
+  const DType t = in_.empty() ? DType::f32 : wide_dtype(in_[0].dtype);
+  return {{"weight", c, ParamRole::norm_scale, {ParamInit::Dist::ones, 0}, t},
+          {"bias", c, ParamRole::norm_shift, {ParamInit::Dist::zeros, 0}, t},
+          {"running_mean", c, ParamRole::running_stat, {ParamInit::Dist::zeros, 0}, t},
+          {"running_var", c, ParamRole::running_stat, {ParamInit::Dist::ones, 0}, t}};
 }
 
 std::vector<Tensor> BatchNorm2d::saved() const {
-  const Tensor c = Tensor::describe(in_[0].dtype, Shape{in_[0].shape[1]});
+  const Tensor c = Tensor::describe(wide_dtype(in_[0].dtype), Shape{in_[0].shape[1]});
   return {c, c};
 }
 
@@ -131,9 +132,10 @@ std::int64_t BatchNorm2d::flops(Pass p) const {
 
 std::int64_t BatchNorm2d::bytes(Pass p) const {
   const std::int64_t n = in_[0].numel(), c = in_[0].shape[1];
-  if (p == Pass::backward) return (2 * n + (input_needs_grad(0) ? n : 0) + 5 * c) * element_bytes();
+  const std::int64_t e = element_bytes(), ec = bytes_of(wide_dtype(in_[0].dtype));  // data; per-channel
+  if (p == Pass::backward) return (2 * n + (input_needs_grad(0) ? n : 0)) * e + 5 * c * ec;
   // Training reads gamma, beta and the running statistics and writes them and the saved pair.
-  return (2 * n + (training_ ? 8 : 4) * c) * element_bytes();
+  return 2 * n * e + (training_ ? 8 : 4) * c * ec;
 }
 
 // ---- linear
@@ -150,9 +152,10 @@ std::vector<ParamSpec> Linear::parameters() const {
   const std::int64_t fan_in = in_.empty() ? 0 : in_[0].shape[1];
   // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
   const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+  const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
   std::vector<ParamSpec> p{{"weight", Shape{out_features_, fan_in}, ParamRole::weight,
-                            {ParamInit::Dist::uniform, bound}}};
-  if (bias_) p.push_back({"bias", Shape{out_features_}, ParamRole::bias, {ParamInit::Dist::uniform, bound}});
+                            {ParamInit::Dist::uniform, bound}, t}};
+  if (bias_) p.push_back({"bias", Shape{out_features_}, ParamRole::bias, {ParamInit::Dist::uniform, bound}, t});
   return p;
 }
 

@@ -123,10 +123,12 @@ std::vector<Tensor> SoftmaxCrossEntropy::do_infer(const std::vector<Tensor>& in)
   require(in[1].dtype == DType::i32, "labels must be i32, got " + std::string(to_string(in[1].dtype)));
   require(in[1].shape == Shape{z.shape[0]},
           "labels must be [" + std::to_string(z.shape[0]) + "], got " + in[1].shape.to_string());
-  return {Tensor::describe(z.dtype, Shape{1})};
+  return {Tensor::describe(wide_dtype(z.dtype), Shape{1})};
 }
 
-std::vector<Tensor> SoftmaxCrossEntropy::saved() const { return {Tensor::describe(in_[0].dtype, in_[0].shape)}; }
+std::vector<Tensor> SoftmaxCrossEntropy::saved() const {
+  return {Tensor::describe(wide_dtype(in_[0].dtype), in_[0].shape)};
+}
 
 void SoftmaxCrossEntropy::forward(Kernels& k, const OpTensors& t) {
   k.softmax_cross_entropy_forward(t.in[0], t.in[1], t.saved[0], t.out[0]);
@@ -144,9 +146,11 @@ std::int64_t SoftmaxCrossEntropy::flops(Pass p) const {
 }
 
 std::int64_t SoftmaxCrossEntropy::bytes(Pass p) const {
+  // Logits and their gradient in the data type e; probabilities and the loss in w (f32 for 16-bit).
   const std::int64_t nk = in_[0].numel(), n = in_[0].shape[0], e = element_bytes();
-  if (p == Pass::forward) return (2 * nk + 1) * e + 4 * n;  // logits, probs, loss; i32 labels
-  return 2 * nk * e + 4 * n + e;                              // probs, dlogits, labels, dloss
+  const std::int64_t w = bytes_of(wide_dtype(in_[0].dtype));
+  if (p == Pass::forward) return nk * e + (nk + 1) * w + 4 * n;  // logits, probs, loss; i32 labels
+  return nk * w + nk * e + 4 * n + w;                             // probs, dlogits, labels, dloss
 }
 
 // ---- builder helpers

@@ -4,28 +4,35 @@
 
 namespace ab::nn {
 
-void Optimizer::step(Kernels& k, std::vector<Parameter>& params) {
+bool Optimizer::bound_to(const std::vector<Parameter>& params) const {
   const void* key = params.empty() ? nullptr : params[0].value.data;
-  if (velocities_.size() != params.size() || bound_to_ != key) {
-    // First step (or another graph): one zeroed block holds every trainable parameter's velocity.
-    bound_to_ = key;
-    velocities_.assign(params.size(), Tensor{});
-    std::int64_t total = 0;
-    for (const auto& p : params)
-      if (p.spec.trainable()) total += align_up(p.value.size_bytes());
-    velocity_ = Buffer(k.allocator(), total);
-    std::int64_t offset = 0;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].spec.trainable()) continue;
-      velocities_[i] = velocity_.view(params[i].value, offset);
-      offset += align_up(params[i].value.size_bytes());
-      k.fill(velocities_[i], 0.0);
-    }
+  return velocities_.size() == params.size() && bound_to_ == key;
+}
+
+void Optimizer::bind(Kernels& k, const std::vector<Parameter>& params) {
+  if (bound_to(params)) return;
+  // One zeroed block holds every trainable parameter's velocity.
+  bound_to_ = params.empty() ? nullptr : params[0].value.data;
+  velocities_.assign(params.size(), Tensor{});
+  std::int64_t total = 0;
+  for (const auto& p : params)
+    if (p.spec.trainable()) total += align_up(p.value.size_bytes());
+  velocity_ = Buffer(k.allocator(), total);
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].spec.trainable()) continue;
+    velocities_[i] = velocity_.view(params[i].value, offset);
+    offset += align_up(params[i].value.size_bytes());
+    k.fill(velocities_[i], 0.0);
   }
+}
+
+void Optimizer::step(Kernels& k, std::vector<Parameter>& params, const Tensor& skip_if) {
+  bind(k, params);
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].spec.trainable()) continue;
     if (!params[i].grad.defined()) throw Error("optimizer: parameter " + params[i].name + " has no gradient");
-    update(k, params[i], velocities_[i]);
+    update(k, params[i], velocities_[i], skip_if);
   }
 }
 
@@ -37,16 +44,18 @@ bool is_norm_or_bias(ParamRole r) {
 
 }  // namespace
 
-void Sgd::update(Kernels& k, const Parameter& p, const Tensor& velocity) {
+void Sgd::update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) {
   SgdStep s;
+  s.skip_if = skip_if;
   s.learning_rate = learning_rate();
   s.momentum = momentum_;
   s.weight_decay = (decay_norm_and_bias_ || !is_norm_or_bias(p.spec.role)) ? weight_decay_ : 0.0;
   k.sgd_update(s, p.value, p.grad, velocity);
 }
 
-void Lars::update(Kernels& k, const Parameter& p, const Tensor& velocity) {
+void Lars::update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) {
   LarsStep s;
+  s.skip_if = skip_if;
   s.learning_rate = learning_rate();
   s.momentum = momentum_;
   s.trust_coefficient = eta_;

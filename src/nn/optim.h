@@ -1,5 +1,6 @@
 // Optimizers: one step over a graph's parameters through the backend's update kernels. Each
-// keeps its velocity buffers (allocated on the first step) and counts its own FLOPs and bytes.
+// keeps its velocity buffers (allocated by bind, or on the first step) and counts its own FLOPs
+// and bytes.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,17 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual std::string_view name() const = 0;
-  void step(Kernels& k, std::vector<Parameter>& params);
+  // Allocates and zeroes one velocity per trainable parameter (in the parameter's dtype: the f32
+  // master under bf16/fp16). A no-op when already bound to these parameters; call it before
+  // capturing a step, which must not allocate (Graph::capture_step does).
+  void bind(Kernels& k, const std::vector<Parameter>& params);
+  bool bound_to(const std::vector<Parameter>& params) const;
+  // Binds if needed, then updates every trainable parameter. skip_if (i32 [1], may be undefined)
+  // is read on the device: non-zero leaves every parameter and velocity unchanged (fp16 loss
+  // scaling found a non-finite gradient).
+  void step(Kernels& k, std::vector<Parameter>& params, const Tensor& skip_if = {});
+  // The learning rate is a host value passed with each update kernel: a captured step keeps the
+  // one it was captured with (recapture after changing it).
   void set_learning_rate(double lr) { learning_rate_ = lr; }
   double learning_rate() const { return learning_rate_; }
   // Per step, for `elements` trainable parameter elements of `element_bytes` each.
@@ -24,7 +35,7 @@ class Optimizer {
 
  protected:
   explicit Optimizer(double lr) : learning_rate_(lr) {}
-  virtual void update(Kernels& k, const Parameter& p, const Tensor& velocity) = 0;
+  virtual void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) = 0;
 
  private:
   double learning_rate_;
@@ -46,7 +57,7 @@ class Sgd final : public Optimizer {
   }
 
  private:
-  void update(Kernels& k, const Parameter& p, const Tensor& velocity) override;
+  void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) override;
   double momentum_, weight_decay_;
   bool decay_norm_and_bias_;
 };
@@ -64,7 +75,7 @@ class Lars final : public Optimizer {
   }
 
  private:
-  void update(Kernels& k, const Parameter& p, const Tensor& velocity) override;
+  void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) override;
   double momentum_, weight_decay_, eta_, epsilon_;
 };
 

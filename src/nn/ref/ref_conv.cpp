@@ -1,4 +1,5 @@
-// Reference convolution: direct loops over strided NCHW/NHWC tensors, float64 accumulators.
+// Reference convolution: direct loops over strided NCHW/NHWC tensors of one storage type (f64, f32,
+// f16 or bf16, as cuDNN wants them alike), float64 accumulators.
 // Each parallel task owns whole outputs (a (n, k) plane, a (n, c) plane, a filter row), so the
 // order of every sum is fixed whatever the thread count.
 #include <algorithm>
@@ -142,19 +143,22 @@ std::int64_t RefKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, co
   return 0;  // direct loops need no workspace
 }
 
-void RefKernels::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace) {
+void RefKernels::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) {
+  if (deferred([=, this] { conv2d_forward(d, x, w, y, ws); })) return;
   check_conv_shapes(d, x, w, y);
   dispatch(x.dtype, [&](auto t) { conv_forward<decltype(t)>(d, x, w, y); });
 }
 
 void RefKernels::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx,
-                                      bool accumulate, Workspace) {
+                                      bool accumulate, Workspace ws) {
+  if (deferred([=, this] { conv2d_backward_data(d, dy, w, dx, accumulate, ws); })) return;
   check_conv_shapes(d, dx, w, dy);
   dispatch(dy.dtype, [&](auto t) { conv_backward_data<decltype(t)>(d, dy, w, dx, accumulate); });
 }
 
 void RefKernels::conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
-                                        Workspace) {
+                                        Workspace ws) {
+  if (deferred([=, this] { conv2d_backward_filter(d, x, dy, dw, ws); })) return;
   check_conv_shapes(d, x, dw, dy);
   dispatch(x.dtype, [&](auto t) { conv_backward_filter<decltype(t)>(d, x, dy, dw); });
 }

@@ -1,10 +1,9 @@
-// Reference kernels: memory, elementwise ops, linear, the loss and the optimizer updates.
+// Reference kernels: memory, capture, elementwise ops, linear, the loss, the optimizer updates
+// and mixed precision (casts, loss scaling).
 #include "nn/ref/ref_kernels.h"
 
-#include <cmath>
 #include <cstring>
-#include <functional>
-#include <vector>
+#include <utility>
 
 namespace ab::nn::ref {
 
@@ -14,19 +13,99 @@ void require_same_flat(const char* kernel, const Tensor& a, const Tensor& b) {
                       a.to_string() + " vs " + b.to_string() + ")");
 }
 
+double load(const Tensor& t, std::int64_t offset) {
+  switch (t.dtype) {
+    case DType::f64: return t.as<const double>()[offset];
+    case DType::f32: return t.as<const float>()[offset];
+    case DType::f16: return t.as<const Half>()[offset];
+    case DType::bf16: return t.as<const BFloat16>()[offset];
+    default: throw Unsupported("ref: " + std::string(to_string(t.dtype)) + " is not f64, f32, f16 or bf16");
+  }
+}
+
+void store(const Tensor& t, std::int64_t offset, double v) {
+  switch (t.dtype) {
+    case DType::f64: t.as<double>()[offset] = v; break;
+    case DType::f32: t.as<float>()[offset] = static_cast<float>(v); break;
+    case DType::f16: t.as<Half>()[offset] = Half(v); break;
+    case DType::bf16: t.as<BFloat16>()[offset] = BFloat16(v); break;
+    default: throw Unsupported("ref: " + std::string(to_string(t.dtype)) + " is not f64, f32, f16 or bf16");
+  }
+}
+
+// ---- memory and capture
+
+void* RefAllocator::allocate(std::int64_t bytes) {
+  if (*capturing_)
+    throw Error("ref: allocation of " + std::to_string(bytes) +
+                " bytes while capturing; a captured step must allocate nothing (allocate at bind)");
+  void* p = host_.allocate(bytes);
+  if (p != nullptr) note_allocate(bytes);
+  return p;
+}
+
+void RefAllocator::deallocate(void* p, std::int64_t bytes) noexcept {
+  if (p == nullptr) return;
+  host_.deallocate(p, bytes);
+  note_deallocate(bytes);
+}
+
+namespace {
+
+class Tape final : public Replayable {
+ public:
+  explicit Tape(std::vector<std::function<void()>> calls) : calls_(std::move(calls)) {}
+  void replay() override {
+    for (const auto& call : calls_) call();
+  }
+
+ private:
+  std::vector<std::function<void()>> calls_;
+};
+
+}  // namespace
+
+std::unique_ptr<Replayable> RefKernels::capture(const std::function<void()>& body) {
+  if (capturing_) throw Error("ref capture: already capturing (captures do not nest)");
+  std::vector<std::function<void()>> calls;
+  capturing_ = true;
+  tape_ = &calls;
+  try {
+    body();
+  } catch (...) {
+    capturing_ = false;
+    tape_ = nullptr;
+    throw;
+  }
+  capturing_ = false;
+  tape_ = nullptr;
+  return std::make_unique<Tape>(std::move(calls));
+}
+
+void RefKernels::refuse_while_capturing(const char* what) const {
+  if (capturing_)
+    throw Error(std::string("ref: ") + what +
+                " while capturing; a captured step must not wait for or copy to/from the host");
+}
+
 std::unique_ptr<measure::IterationTimer> RefKernels::make_timer() {
   return std::make_unique<measure::SteadyClockTimer>();
 }
 
+void RefKernels::synchronize() { refuse_while_capturing("synchronize"); }
+
 void RefKernels::upload(const Tensor& dst, const void* host) {
+  refuse_while_capturing("upload");
   if (dst.size_bytes() > 0) std::memcpy(dst.data, host, static_cast<std::size_t>(dst.size_bytes()));
 }
 
 void RefKernels::download(const Tensor& src, void* host) {
+  refuse_while_capturing("download");
   if (src.size_bytes() > 0) std::memcpy(host, src.data, static_cast<std::size_t>(src.size_bytes()));
 }
 
 void RefKernels::fill(const Tensor& t, double value) {
+  if (deferred([=, this] { fill(t, value); })) return;
   if (!t.is_contiguous()) throw Unsupported("ref fill: tensor " + t.to_string() + " is not contiguous");
   const std::int64_t n = t.numel();
   if (t.dtype == DType::i32) {
@@ -43,24 +122,27 @@ void RefKernels::fill(const Tensor& t, double value) {
 
 void RefKernels::check_tensor(const Tensor& t) {
   if (t.device != DeviceKind::host) throw Unsupported("the ref kernels run on host memory only");
-  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::i32)
-    throw Unsupported("the ref kernels store f32 or f64 (and i32 labels), not " + std::string(to_string(t.dtype)) +
-                      "; reduced precisions run on a device backend");
+  if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::f16 && t.dtype != DType::bf16 &&
+      t.dtype != DType::i32)
+    throw Unsupported("the ref kernels store f64, f32, f16 or bf16 (and i32 labels), not " +
+                      std::string(to_string(t.dtype)));
 }
 
 // ---- elementwise
 
 void RefKernels::relu_forward(const Tensor& x, const Tensor& y) {
+  if (deferred([=, this] { relu_forward(x, y); })) return;
   require_same_flat("relu_forward", x, y);
   dispatch(x.dtype, [&](auto z) {
     using T = decltype(z);
     const T* in = x.as<T>();
     T* out = y.as<T>();
-    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = in[i] > T(0) ? in[i] : T(0);
+    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = static_cast<double>(in[i]) > 0 ? in[i] : T(0.0);
   });
 }
 
 void RefKernels::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) {
+  if (deferred([=, this] { relu_backward(y, dy, dx, accumulate); })) return;
   require_same_flat("relu_backward", y, dy);
   require_same_flat("relu_backward", y, dx);
   dispatch(y.dtype, [&](auto z) {
@@ -68,46 +150,63 @@ void RefKernels::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& 
     const T *out = y.as<T>(), *g = dy.as<T>();
     T* d = dx.as<T>();
     for (std::int64_t i = 0; i < y.numel(); ++i) {
-      const T v = out[i] > T(0) ? g[i] : T(0);
-      d[i] = accumulate ? d[i] + v : v;
+      const double v = static_cast<double>(out[i]) > 0 ? static_cast<double>(g[i]) : 0.0;
+      d[i] = static_cast<T>(accumulate ? static_cast<double>(d[i]) + v : v);
     }
   });
 }
 
 void RefKernels::add_forward(const Tensor& a, const Tensor& b, const Tensor& y) {
+  if (deferred([=, this] { add_forward(a, b, y); })) return;
   require_same_flat("add_forward", a, b);
   require_same_flat("add_forward", a, y);
   dispatch(a.dtype, [&](auto z) {
     using T = decltype(z);
     const T *pa = a.as<T>(), *pb = b.as<T>();
     T* out = y.as<T>();
-    for (std::int64_t i = 0; i < a.numel(); ++i) out[i] = pa[i] + pb[i];
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+      out[i] = static_cast<T>(static_cast<double>(pa[i]) + static_cast<double>(pb[i]));
   });
 }
 
 void RefKernels::copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate) {
+  if (deferred([=, this] { copy_gradient(dy, dx, accumulate); })) return;
   require_same_flat("copy_gradient", dy, dx);
   dispatch(dy.dtype, [&](auto z) {
     using T = decltype(z);
     const T* g = dy.as<T>();
     T* d = dx.as<T>();
-    for (std::int64_t i = 0; i < dy.numel(); ++i) d[i] = accumulate ? d[i] + g[i] : g[i];
+    for (std::int64_t i = 0; i < dy.numel(); ++i)
+      d[i] = accumulate ? static_cast<T>(static_cast<double>(d[i]) + static_cast<double>(g[i])) : g[i];
   });
 }
 
-// ---- linear
+// ---- linear (x, w, y, dx, dy, dw in one type; the bias and its gradient in any)
+
+namespace {
+
+void require_same_dtype(const char* kernel, const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (a.dtype != b.dtype || a.dtype != c.dtype)
+    throw Unsupported(std::string("ref ") + kernel + ": operands must share one dtype (" + a.to_string() + ", " +
+                      b.to_string() + ", " + c.to_string() + ")");
+}
+
+}  // namespace
 
 void RefKernels::linear_forward(const Tensor& xt, const Tensor& wt, const Tensor& bt, const Tensor& yt) {
+  if (deferred([=, this] { linear_forward(xt, wt, bt, yt); })) return;
+  require_same_dtype("linear_forward", xt, wt, yt);
   dispatch(xt.dtype, [&](auto z) {
     using T = decltype(z);
     const View2<const T> x(xt), w(wt);
     const View2<T> y(yt);
-    const T* b = bt.defined() ? bt.as<const T>() : nullptr;
-    const std::int64_t bs = bt.defined() ? bt.strides[0] : 0;
+    std::vector<double> bias(sz(y.cols), 0.0);
+    if (bt.defined())
+      for (std::int64_t o = 0; o < y.cols; ++o) bias[sz(o)] = load(bt, o * bt.strides[0]);
 #pragma omp parallel for schedule(static) if (worth_threads(y.rows * y.cols * x.cols))
     for (std::int64_t no = 0; no < y.rows * y.cols; ++no) {
       const std::int64_t n = no / y.cols, o = no % y.cols;
-      double acc = b ? static_cast<double>(b[o * bs]) : 0.0;
+      double acc = bias[sz(o)];
       for (std::int64_t i = 0; i < x.cols; ++i) acc += static_cast<double>(x.at(n, i)) * w.at(o, i);
       y.at(n, o) = static_cast<T>(acc);
     }
@@ -115,6 +214,8 @@ void RefKernels::linear_forward(const Tensor& xt, const Tensor& wt, const Tensor
 }
 
 void RefKernels::linear_backward_data(const Tensor& dyt, const Tensor& wt, const Tensor& dxt, bool accumulate) {
+  if (deferred([=, this] { linear_backward_data(dyt, wt, dxt, accumulate); })) return;
+  require_same_dtype("linear_backward_data", dyt, wt, dxt);
   dispatch(dyt.dtype, [&](auto z) {
     using T = decltype(z);
     const View2<const T> dy(dyt), w(wt);
@@ -130,6 +231,8 @@ void RefKernels::linear_backward_data(const Tensor& dyt, const Tensor& wt, const
 }
 
 void RefKernels::linear_backward_weights(const Tensor& xt, const Tensor& dyt, const Tensor& dwt, const Tensor& dbt) {
+  if (deferred([=, this] { linear_backward_weights(xt, dyt, dwt, dbt); })) return;
+  require_same_dtype("linear_backward_weights", xt, dyt, dwt);
   dispatch(xt.dtype, [&](auto z) {
     using T = decltype(z);
     const View2<const T> x(xt), dy(dyt);
@@ -141,25 +244,23 @@ void RefKernels::linear_backward_weights(const Tensor& xt, const Tensor& dyt, co
       for (std::int64_t n = 0; n < x.rows; ++n) acc += static_cast<double>(dy.at(n, o)) * x.at(n, i);
       dw.at(o, i) = static_cast<T>(acc);
     }
-    if (dbt.defined()) {
-      T* db = dbt.as<T>();
+    if (dbt.defined())
       for (std::int64_t o = 0; o < dy.cols; ++o) {
         double acc = 0.0;
         for (std::int64_t n = 0; n < dy.rows; ++n) acc += dy.at(n, o);
-        db[o * dbt.strides[0]] = static_cast<T>(acc);
+        store(dbt, o * dbt.strides[0], acc);
       }
-    }
   });
 }
 
-// ---- softmax cross-entropy
+// ---- softmax cross-entropy (logits and their gradient in one type; probs, loss, dloss in any)
 
 void RefKernels::softmax_cross_entropy_forward(const Tensor& zt, const Tensor& labels, const Tensor& pt,
                                                const Tensor& loss) {
+  if (deferred([=, this] { softmax_cross_entropy_forward(zt, labels, pt, loss); })) return;
   dispatch(zt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View2<const T> z(zt);
-    const View2<T> p(pt);
     const auto* label = labels.as<const std::int32_t>();
     double total = 0.0;
     std::vector<double> e(sz(z.cols));
@@ -172,25 +273,25 @@ void RefKernels::softmax_cross_entropy_forward(const Tensor& zt, const Tensor& l
       for (std::int64_t k = 1; k < z.cols; ++k) m = std::max(m, static_cast<double>(z.at(n, k)));
       double sum = 0.0;
       for (std::int64_t k = 0; k < z.cols; ++k) sum += e[sz(k)] = std::exp(static_cast<double>(z.at(n, k)) - m);
-      for (std::int64_t k = 0; k < z.cols; ++k) p.at(n, k) = static_cast<T>(e[sz(k)] / sum);
+      for (std::int64_t k = 0; k < z.cols; ++k) store(pt, n * pt.strides[0] + k * pt.strides[1], e[sz(k)] / sum);
       total += std::log(sum) - (static_cast<double>(z.at(n, y)) - m);  // -log softmax(z)[y], stable
     }
-    *loss.as<T>() = static_cast<T>(total / static_cast<double>(z.rows));
+    store(loss, 0, total / static_cast<double>(z.rows));
   });
 }
 
 void RefKernels::softmax_cross_entropy_backward(const Tensor& pt, const Tensor& labels, const Tensor& dloss,
                                                 const Tensor& dzt, bool accumulate) {
-  dispatch(pt.dtype, [&](auto zero) {
+  if (deferred([=, this] { softmax_cross_entropy_backward(pt, labels, dloss, dzt, accumulate); })) return;
+  dispatch(dzt.dtype, [&](auto zero) {
     using T = decltype(zero);
-    const View2<const T> p(pt);
     const View2<T> dz(dzt);
     const auto* label = labels.as<const std::int32_t>();
-    const double scale = static_cast<double>(*dloss.as<const T>()) / static_cast<double>(p.rows);
-    for (std::int64_t n = 0; n < p.rows; ++n)
-      for (std::int64_t k = 0; k < p.cols; ++k) {
+    const double scale = load(dloss, 0) / static_cast<double>(dz.rows);
+    for (std::int64_t n = 0; n < dz.rows; ++n)
+      for (std::int64_t k = 0; k < dz.cols; ++k) {
         const double onehot = k == label[n * labels.strides[0]] ? 1.0 : 0.0;
-        const double g = scale * (static_cast<double>(p.at(n, k)) - onehot);
+        const double g = scale * (load(pt, n * pt.strides[0] + k * pt.strides[1]) - onehot);
         dz.at(n, k) = static_cast<T>(accumulate ? static_cast<double>(dz.at(n, k)) + g : g);
       }
   });
@@ -200,12 +301,13 @@ void RefKernels::softmax_cross_entropy_backward(const Tensor& pt, const Tensor& 
 
 namespace {
 
-// Loss scaling's verdict, read where a device kernel would read it.
+// Loss scaling's verdict, read where a device kernel would read it (at run time, not at capture).
 bool skipped(const Tensor& skip_if) { return skip_if.defined() && *skip_if.as<const std::int32_t>() != 0; }
 
 }  // namespace
 
 void RefKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
+  if (deferred([=, this] { sgd_update(s, w, g, v); })) return;
   require_same_flat("sgd_update", w, g);
   require_same_flat("sgd_update", w, v);
   if (skipped(s.skip_if)) return;
@@ -223,6 +325,7 @@ void RefKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, 
 }
 
 void RefKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
+  if (deferred([=, this] { lars_update(s, w, g, v); })) return;
   require_same_flat("lars_update", w, g);
   require_same_flat("lars_update", w, v);
   if (skipped(s.skip_if)) return;
@@ -254,68 +357,41 @@ void RefKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& g
 
 namespace {
 
-// Any floating element at `offset` elements from t.data, widened exactly to double.
-double load_any(const Tensor& t, std::int64_t offset) {
-  switch (t.dtype) {
-    case DType::f64: return t.as<const double>()[offset];
-    case DType::f32: return t.as<const float>()[offset];
-    case DType::f16: return half_bits_to_float(t.as<const std::uint16_t>()[offset]);
-    case DType::bf16: return bf16_bits_to_float(t.as<const std::uint16_t>()[offset]);
-    default: throw Unsupported("ref: no floating load from " + std::string(to_string(t.dtype)));
-  }
-}
-
-void store_any(const Tensor& t, std::int64_t offset, double v) {
-  switch (t.dtype) {
-    case DType::f64: t.as<double>()[offset] = v; break;
-    case DType::f32: t.as<float>()[offset] = static_cast<float>(v); break;
-    case DType::f16: t.as<std::uint16_t>()[offset] = float_to_half_bits(static_cast<float>(v)); break;
-    case DType::bf16: t.as<std::uint16_t>()[offset] = float_to_bf16_bits(static_cast<float>(v)); break;
-    default: throw Unsupported("ref: no floating store to " + std::string(to_string(t.dtype)));
-  }
-}
-
 void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype) {
   if (t.dtype != dtype || t.numel() != 1 || !t.defined())
     throw Error(std::string("ref ") + kernel + ": " + what + " must be " + std::string(to_string(dtype)) +
                 "[1], got " + t.to_string());
 }
 
-class RecordedCall final : public Replayable {
- public:
-  explicit RecordedCall(std::function<void()> body) : body_(std::move(body)) {}
-  void replay() override { body_(); }
-
- private:
-  std::function<void()> body_;
-};
-
 }  // namespace
 
 void RefKernels::cast(const Tensor& src, const Tensor& dst) {
+  if (deferred([=, this] { cast(src, dst); })) return;
   if (!(src.shape == dst.shape) || !(src.strides == dst.strides) || !src.is_contiguous())
     throw Unsupported("ref cast: operands must be contiguous with one shape and layout (" + src.to_string() + " vs " +
                       dst.to_string() + ")");
-  for (std::int64_t i = 0; i < src.numel(); ++i) store_any(dst, i, load_any(src, i));
+  for (std::int64_t i = 0; i < src.numel(); ++i) store(dst, i, load(src, i));
 }
 
 void RefKernels::unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) {
+  if (deferred([=, this] { unscale_and_check(g, scale, found_nonfinite); })) return;
   require_scalar("unscale_and_check", "scale", scale, DType::f32);
   require_scalar("unscale_and_check", "found_nonfinite", found_nonfinite, DType::i32);
   if (!g.is_contiguous()) throw Unsupported("ref unscale_and_check: gradient " + g.to_string() + " is not contiguous");
-  // The reciprocal in f32, as PyTorch's GradScaler forms it; exact for the power-of-two scales.
+  // The reciprocal in f32, as PyTorch's GradScaler forms it; exact for power-of-two scales.
   const double inv = static_cast<float>(1.0 / static_cast<double>(*scale.as<const float>()));
   bool bad = false;
   for (std::int64_t i = 0; i < g.numel(); ++i) {
-    const double in = load_any(g, i), out = in * inv;
+    const double in = load(g, i), out = in * inv;
     bad = bad || !std::isfinite(in) || !std::isfinite(out);
-    store_any(g, i, out);
+    store(g, i, out);
   }
   if (bad) *found_nonfinite.as<std::int32_t>() = 1;
 }
 
 void RefKernels::update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
                                    const Tensor& found_nonfinite) {
+  if (deferred([=, this] { update_loss_scale(rule, scale, good_steps, found_nonfinite); })) return;
   require_scalar("update_loss_scale", "scale", scale, DType::f32);
   require_scalar("update_loss_scale", "good_steps", good_steps, DType::i32);
   require_scalar("update_loss_scale", "found_nonfinite", found_nonfinite, DType::i32);
@@ -334,10 +410,6 @@ void RefKernels::update_loss_scale(const LossScaleRule& rule, const Tensor& scal
     ++good;
   }
   found = 0;
-}
-
-std::unique_ptr<Replayable> RefKernels::capture(const std::function<void()>& body) {
-  return std::make_unique<RecordedCall>(body);
 }
 
 }  // namespace ab::nn::ref

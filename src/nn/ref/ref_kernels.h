@@ -1,11 +1,16 @@
-// The reference kernels: host memory, f32 or f64 storage, every sum in float64. Loops are split
-// over outputs only (each output summed by one thread in a fixed order), so results are
+// The reference kernels: host memory, f64/f32/f16/bf16 storage, every sum in float64. Loops are
+// split over outputs only (each output summed by one thread in a fixed order), so results are
 // bit-identical for any thread count. Slow on purpose; small problems and CI only.
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "nn/kernels.h"
@@ -14,16 +19,75 @@ namespace ab::nn::ref {
 
 inline std::size_t sz(std::int64_t i) { return static_cast<std::size_t>(i); }
 
+// Rounds a double to float with round-to-odd (inexact results get the odd neighbour toward zero).
+// Narrowing that float once more to a 16-bit format, to nearest even, then gives the correctly
+// rounded 16-bit value of the double, where double -> float -> 16 bits could round twice.
+inline float to_float_round_odd(double v) {
+  float f = static_cast<float>(v);
+  if (std::isfinite(f) && static_cast<double>(f) != v) {
+    auto bits = std::bit_cast<std::uint32_t>(f);
+    if (std::fabs(static_cast<double>(f)) > std::fabs(v)) --bits;  // one step toward zero
+    f = std::bit_cast<float>(bits | 1u);
+  }
+  return f;
+}
+
+inline double half_bits_to_double(std::uint16_t h) {  // exact; inline for the kernels' inner loops
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {
+    const double v = static_cast<double>(mant) * 0x1p-24;
+    return sign ? -v : v;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// 16-bit storage types: loads widen exactly, stores round once to nearest even. The implicit
+// conversions let the kernel templates below run on them as on float and double.
+struct Half {
+  std::uint16_t bits;
+  Half() = default;
+  Half(double v) : bits(float_to_half_bits(to_float_round_odd(v))) {}  // NOLINT: implicit on purpose
+  operator double() const { return half_bits_to_double(bits); }        // NOLINT
+  static Half from_bits(std::uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
+};
+struct BFloat16 {
+  std::uint16_t bits;
+  BFloat16() = default;
+  BFloat16(double v) : bits(float_to_bf16_bits(to_float_round_odd(v))) {}  // NOLINT
+  operator double() const { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }  // NOLINT
+  static BFloat16 from_bits(std::uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
+};
+static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
+
 // Calls f(T{}) with T the storage type of a floating tensor.
 template <typename F>
 void dispatch(DType t, F&& f) {
-  if (t == DType::f32)
-    f(float{});
-  else if (t == DType::f64)
-    f(double{});
-  else
-    throw Unsupported("the ref kernels store f32 or f64, not " + std::string(to_string(t)));
+  switch (t) {
+    case DType::f32: f(float{}); break;
+    case DType::f64: f(double{}); break;
+    case DType::f16: f(Half{}); break;
+    case DType::bf16: f(BFloat16{}); break;
+    default:
+      throw Unsupported("the ref kernels store f64, f32, f16 or bf16 (and i32 labels), not " +
+                        std::string(to_string(t)));
+  }
 }
+
+// Any floating element `offset` elements past t.data, widened exactly; and the rounded store.
+// For operands whose type may differ from the main one (batch-norm parameters and statistics, the
+// loss, probabilities, a bias): a switch per element, cheap next to the main loops.
+double load(const Tensor& t, std::int64_t offset);
+void store(const Tensor& t, std::int64_t offset, double v);
 
 // Strided element access to a rank-4 tensor, logical [N, C, H, W] (or [K, C, R, S]).
 template <typename T>
@@ -56,12 +120,27 @@ struct View2 {
 inline constexpr std::int64_t kParallelMinWork = std::int64_t{1} << 21;
 inline bool worth_threads(std::int64_t work) { return work >= kParallelMinWork; }
 
-class RefKernels final : public Kernels {
+// Host memory that refuses to allocate while a step is being captured (a CUDA graph could not
+// replay an allocation), so a capture that would allocate fails on the CPU too.
+class RefAllocator final : public Allocator {
+ public:
+  explicit RefAllocator(const bool* capturing) : capturing_(capturing) {}
+  DeviceKind device() const override { return DeviceKind::host; }
+  void* allocate(std::int64_t bytes) override;
+  void deallocate(void* p, std::int64_t bytes) noexcept override;
+
+ private:
+  const bool* capturing_;
+  HostAllocator host_;
+};
+
+// Not final: tests derive from it to watch calls (set_deterministic, set_tf32) or to refuse.
+class RefKernels : public Kernels {
  public:
   std::string_view name() const override { return "ref"; }
   Allocator& allocator() override { return allocator_; }
   std::unique_ptr<measure::IterationTimer> make_timer() override;
-  void synchronize() override {}
+  void synchronize() override;
   void upload(const Tensor& dst, const void* host) override;
   void download(const Tensor& src, void* host) override;
   void fill(const Tensor& t, double value) override;
@@ -110,15 +189,29 @@ class RefKernels final : public Kernels {
   void unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) override;
   void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
                          const Tensor& found_nonfinite) override;
-  // Records `body` without running it; replay() runs it. The work happens only on replay, as
-  // with a CUDA graph, so code that captures is tested honestly on the CPU.
+  // Runs `body` on the host with every kernel call queued (arguments copied) instead of executed;
+  // replay() makes the queued calls. As with a CUDA graph, the work runs only on replay, host
+  // code in `body` runs only at capture, and host values (a learning rate) are frozen then.
+  // Allocating, synchronize, upload and download throw while capturing.
   std::unique_ptr<Replayable> capture(const std::function<void()>& body) override;
   // The reference is exact and deterministic, and has no TF32: both are no-ops.
   void set_deterministic(bool) override {}
   void set_tf32(bool) override {}
 
+ protected:
+  // While capturing, queues `call` (which repeats the kernel call) and returns true.
+  template <typename F>
+  bool deferred(F&& call) {
+    if (tape_ == nullptr) return false;
+    tape_->emplace_back(std::forward<F>(call));
+    return true;
+  }
+  void refuse_while_capturing(const char* what) const;
+
  private:
-  HostAllocator allocator_;
+  bool capturing_ = false;
+  std::vector<std::function<void()>>* tape_ = nullptr;
+  RefAllocator allocator_{&capturing_};
 };
 
 // Throws Unsupported unless all tensors are contiguous with one shape and one layout, the form

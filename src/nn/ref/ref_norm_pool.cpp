@@ -1,4 +1,5 @@
-// Reference batch norm (training, inference, backward) and pooling (max, global average).
+// Reference batch norm (training, inference, backward) and pooling (max, global average). Data
+// tensors share one storage type; batch-norm parameters and statistics may be of another (f32).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -16,16 +17,17 @@ void each_in_channel(const V& x, F&& f) {
       for (std::int64_t w = 0; w < x.w; ++w) f(n, h, w);
 }
 
-template <typename T>
-T& at1(const Tensor& t, std::int64_t i) {
-  return t.as<T>()[i * t.strides[0]];
-}
+// Element c of a [C] tensor (parameters and statistics: f32 beside 16-bit data, as cuDNN wants).
+double get1(const Tensor& t, std::int64_t c) { return load(t, c * t.strides[0]); }
+void set1(const Tensor& t, std::int64_t c, double v) { store(t, c * t.strides[0], v); }
 
 }  // namespace
 
 void RefKernels::batchnorm_forward_training(const BatchNormDesc& d, const Tensor& xt, const Tensor& gamma,
                                             const Tensor& beta, const Tensor& rmean, const Tensor& rvar,
                                             const Tensor& yt, const Tensor& smean, const Tensor& sinvstd) {
+  if (deferred([=, this] { batchnorm_forward_training(d, xt, gamma, beta, rmean, rvar, yt, smean, sinvstd); }))
+    return;
   dispatch(xt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View4<const T> x(xt);
@@ -43,15 +45,15 @@ void RefKernels::batchnorm_forward_training(const BatchNormDesc& d, const Tensor
         sq += dv * dv;
       });
       const double var = sq / m, invstd = 1.0 / std::sqrt(var + d.epsilon);
-      const double scale = at1<T>(gamma, c) * invstd, shift = at1<T>(beta, c);
+      const double scale = get1(gamma, c) * invstd, shift = get1(beta, c);
       each_in_channel(x, [&](auto n, auto h, auto w) {
         y.at(n, c, h, w) = static_cast<T>((x.at(n, c, h, w) - mean) * scale + shift);
       });
       const double unbiased = m > 1 ? var * m / (m - 1) : var;
-      at1<T>(rmean, c) = static_cast<T>((1 - d.momentum) * at1<T>(rmean, c) + d.momentum * mean);
-      at1<T>(rvar, c) = static_cast<T>((1 - d.momentum) * at1<T>(rvar, c) + d.momentum * unbiased);
-      at1<T>(smean, c) = static_cast<T>(mean);
-      at1<T>(sinvstd, c) = static_cast<T>(invstd);
+      set1(rmean, c, (1 - d.momentum) * get1(rmean, c) + d.momentum * mean);
+      set1(rvar, c, (1 - d.momentum) * get1(rvar, c) + d.momentum * unbiased);
+      set1(smean, c, mean);
+      set1(sinvstd, c, invstd);
     }
   });
 }
@@ -59,14 +61,15 @@ void RefKernels::batchnorm_forward_training(const BatchNormDesc& d, const Tensor
 void RefKernels::batchnorm_forward_inference(const BatchNormDesc& d, const Tensor& xt, const Tensor& gamma,
                                              const Tensor& beta, const Tensor& rmean, const Tensor& rvar,
                                              const Tensor& yt) {
+  if (deferred([=, this] { batchnorm_forward_inference(d, xt, gamma, beta, rmean, rvar, yt); })) return;
   dispatch(xt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View4<const T> x(xt);
     const View4<T> y(yt);
 #pragma omp parallel for schedule(static) if (worth_threads(xt.numel()))
     for (std::int64_t c = 0; c < x.c; ++c) {
-      const double invstd = 1.0 / std::sqrt(static_cast<double>(at1<T>(rvar, c)) + d.epsilon);
-      const double scale = at1<T>(gamma, c) * invstd, mean = at1<T>(rmean, c), shift = at1<T>(beta, c);
+      const double invstd = 1.0 / std::sqrt(get1(rvar, c) + d.epsilon);
+      const double scale = get1(gamma, c) * invstd, mean = get1(rmean, c), shift = get1(beta, c);
       each_in_channel(x, [&](auto n, auto h, auto w) {
         y.at(n, c, h, w) = static_cast<T>((x.at(n, c, h, w) - mean) * scale + shift);
       });
@@ -74,27 +77,29 @@ void RefKernels::batchnorm_forward_inference(const BatchNormDesc& d, const Tenso
   });
 }
 
-void RefKernels::batchnorm_backward(const BatchNormDesc&, const Tensor& xt, const Tensor& dyt, const Tensor& gamma,
+void RefKernels::batchnorm_backward(const BatchNormDesc& d, const Tensor& xt, const Tensor& dyt, const Tensor& gamma,
                                     const Tensor& smean, const Tensor& sinvstd, const Tensor& dxt, bool accumulate,
                                     const Tensor& dgamma, const Tensor& dbeta) {
+  if (deferred([=, this] { batchnorm_backward(d, xt, dyt, gamma, smean, sinvstd, dxt, accumulate, dgamma, dbeta); }))
+    return;
   dispatch(xt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View4<const T> x(xt), dy(dyt);
     const auto m = static_cast<double>(x.n * x.h * x.w);
 #pragma omp parallel for schedule(static) if (worth_threads(2 * xt.numel()))
     for (std::int64_t c = 0; c < x.c; ++c) {
-      const double mean = at1<T>(smean, c), invstd = at1<T>(sinvstd, c);
+      const double mean = get1(smean, c), invstd = get1(sinvstd, c);
       double sum_dy = 0.0, sum_dy_xhat = 0.0;
       each_in_channel(x, [&](auto n, auto h, auto w) {
         const double g = dy.at(n, c, h, w);
         sum_dy += g;
         sum_dy_xhat += g * (x.at(n, c, h, w) - mean) * invstd;
       });
-      if (dgamma.defined()) at1<T>(dgamma, c) = static_cast<T>(sum_dy_xhat);
-      if (dbeta.defined()) at1<T>(dbeta, c) = static_cast<T>(sum_dy);
+      if (dgamma.defined()) set1(dgamma, c, sum_dy_xhat);
+      if (dbeta.defined()) set1(dbeta, c, sum_dy);
       if (!dxt.defined()) continue;
       const View4<T> dx(dxt);
-      const double k = at1<T>(gamma, c) * invstd;
+      const double k = get1(gamma, c) * invstd;
       each_in_channel(x, [&](auto n, auto h, auto w) {
         const double xhat = (x.at(n, c, h, w) - mean) * invstd;
         const double g = k * (dy.at(n, c, h, w) - sum_dy / m - xhat * sum_dy_xhat / m);
@@ -134,6 +139,7 @@ std::int64_t window_argmax(const Pool2dDesc& d, const T* plane, std::int64_t sh,
 }  // namespace
 
 void RefKernels::maxpool_forward(const Pool2dDesc& d, const Tensor& xt, const Tensor& yt) {
+  if (deferred([=, this] { maxpool_forward(d, xt, yt); })) return;
   dispatch(xt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View4<const T> x(xt);
@@ -151,8 +157,9 @@ void RefKernels::maxpool_forward(const Pool2dDesc& d, const Tensor& xt, const Te
   });
 }
 
-void RefKernels::maxpool_backward(const Pool2dDesc& d, const Tensor& xt, const Tensor&, const Tensor& dyt,
+void RefKernels::maxpool_backward(const Pool2dDesc& d, const Tensor& xt, const Tensor& yt, const Tensor& dyt,
                                   const Tensor& dxt, bool accumulate) {
+  if (deferred([=, this] { maxpool_backward(d, xt, yt, dyt, dxt, accumulate); })) return;
   dispatch(xt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View4<const T> x(xt), dy(dyt);
@@ -164,7 +171,7 @@ void RefKernels::maxpool_backward(const Pool2dDesc& d, const Tensor& xt, const T
       for (std::int64_t nc = 0; nc < x.n * x.c; ++nc) {
         const std::int64_t n = nc / x.c, c = nc % x.c;
         for (std::int64_t h = 0; h < x.h; ++h)
-          for (std::int64_t w = 0; w < x.w; ++w) acc[sz(h * x.w + w)] = accumulate ? dx.at(n, c, h, w) : 0.0;
+          for (std::int64_t w = 0; w < x.w; ++w) acc[sz(h * x.w + w)] = accumulate ? static_cast<double>(dx.at(n, c, h, w)) : 0.0;
         for (std::int64_t oh = 0; oh < dy.h; ++oh)
           for (std::int64_t ow = 0; ow < dy.w; ++ow) {
             double best = 0;
@@ -179,6 +186,7 @@ void RefKernels::maxpool_backward(const Pool2dDesc& d, const Tensor& xt, const T
 }
 
 void RefKernels::global_avgpool_forward(const Tensor& xt, const Tensor& yt) {
+  if (deferred([=, this] { global_avgpool_forward(xt, yt); })) return;
   dispatch(xt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View4<const T> x(xt);
@@ -196,6 +204,7 @@ void RefKernels::global_avgpool_forward(const Tensor& xt, const Tensor& yt) {
 }
 
 void RefKernels::global_avgpool_backward(const Tensor& dyt, const Tensor& dxt, bool accumulate) {
+  if (deferred([=, this] { global_avgpool_backward(dyt, dxt, accumulate); })) return;
   dispatch(dyt.dtype, [&](auto zero) {
     using T = decltype(zero);
     const View2<const T> dy(dyt);
