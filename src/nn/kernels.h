@@ -67,8 +67,8 @@ struct LossScaleRule {
   std::int64_t growth_interval = 2000;
 };
 
-// A recorded sequence of kernel launches replayed with no host work: a CUDA graph on the GPU; the
-// reference backend runs the recorded function on each replay.
+// A recorded sequence of kernel launches replayed with no host work: a CUDA graph on the GPU; on
+// the reference backend, the recorded kernel calls with their arguments.
 class Replayable {
  public:
   virtual ~Replayable() = default;
@@ -165,10 +165,11 @@ class Kernels {
   virtual void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
                                  const Tensor& found_nonfinite) = 0;
 
-  // Records `body`'s kernel launches and returns what replays them. Capture does NOT run the work
-  // (as with a CUDA graph; the reference records the function and runs it only on replay), so
-  // the first replay is the first execution. Nothing in `body` may allocate or wait for the host
-  // (a graph allocates everything at bind, so a step qualifies).
+  // Runs `body`'s host code once, recording its kernel launches without executing them, and
+  // returns what replays them: the work runs only on replay (the first replay is the first
+  // execution), and replay runs no host code, so host values passed to kernels (a learning rate,
+  // a fill value) are those of the capture. Nothing in `body` may allocate, synchronize, upload or
+  // download (the reference throws Error; a graph allocates everything at bind, so a step qualifies).
   virtual std::unique_ptr<Replayable> capture(const std::function<void()>& body) = 0;
   // Deterministic mode: algorithms and kernels that give bit-identical results run to run (no
   // atomics-order dependence); may be slower. The reference is always deterministic.
@@ -177,8 +178,9 @@ class Kernels {
   virtual void set_tf32(bool allowed) = 0;
 };
 
-// The reference kernels (nn/ref): host memory, f32 or f64 storage, float64 accumulation, and
-// work split over outputs only, so results are bit-identical for any thread count.
+// The reference kernels (nn/ref): host memory, f64/f32/f16/bf16 storage (16-bit values loaded
+// exactly, stored rounded once to nearest even), float64 accumulation, and work split over
+// outputs only, so results are bit-identical for any thread count.
 std::unique_ptr<Kernels> make_ref_kernels();
 
 }  // namespace ab::nn
