@@ -13,6 +13,7 @@
 #include "scenarios/scenarios.h"
 #include "scenarios/suts.h"
 #include "system/build_info.h"
+#include "workloads/models/models.h"
 
 namespace ab::workloads {
 namespace {
@@ -90,20 +91,29 @@ class Loadgen final : public Workload {
     return "Inference under load (MLPerf LoadGen's measurement): single-stream (p90 latency), multi-stream "
            "(8 samples a query, p99 query latency), server (Poisson arrivals, p99 bound, peak-QPS search), offline "
            "(throughput) against a system under test: null (completes at once: the load generator's own cost), "
-           "gemm (a dense layer per batch behind a dynamic batcher), faulty (drops every 1000th sample). "
+           "gemm (a dense layer per batch behind a dynamic batcher), a zoo model by name (resnet50...: its inference graph "
+           "per batch behind the dynamic batcher, images in and logits out), faulty (drops every 1000th sample). "
            "VALID/INVALID with the failed constraints; MLLOG logs under the run's artifacts/.";
   }
-  std::vector<AxisSpec> axes(const std::string&) const override {
+  std::vector<AxisSpec> axes(const std::string& device_kind) const override {
+    std::vector<std::string> suts{"null", "gemm", "faulty"};
+    suts.insert(suts.end(), zoo::model_names().begin(), zoo::model_names().end());
+    std::vector<std::string> precisions{"auto"};
+    precisions.insert(precisions.end(), zoo::model_precisions().begin(), zoo::model_precisions().end());
     return {{"scenario", AxisKind::text, {"single-stream", "multi-stream", "server", "offline"},
              {"single-stream", "multi-stream", "server", "offline"}, "MLPerf scenario"},
-            {"sut", AxisKind::text, {"gemm"}, {"null", "gemm", "faulty"},
-             "system under test: null, gemm (dense layer, dynamic batcher), faulty (drops every 1000th sample)"},
+            {"sut", AxisKind::text, {"gemm"}, suts,
+             "system under test: null, gemm (dense layer, dynamic batcher), faulty (drops every 1000th sample), or a "
+             "model (resnet50...: inference graph per batch, dynamic batcher)"},
+            {"precision", AxisKind::text, {"auto"}, precisions,
+             "gemm and model SUTs: auto = bf16 gemm / fp16 model on a GPU, fp32 on a CPU"},
+            {"image_size", AxisKind::integer, {device_kind == "cuda" ? "224" : "16"}, {}, "model SUTs: image pixels"},
             {"preset", AxisKind::text, {"quick"}, {"quick", "mlperf"},
              "run rules: quick (1 s), mlperf (600 s and the official query counts; needs --timeout above 600)"},
             {"target_qps", AxisKind::real, {"0"}, {}, "server: Poisson QPS, 0 = search the peak; offline: expected samples/s, 0 = probe"},
             {"latency_bound_ms", AxisKind::real, {"0"}, {}, "latency bound: server p99 (0 = 10 ms, MLPerf's default); single-/multi-stream: on the early-stopping estimate (0 = none)"},
-            {"max_batch", AxisKind::integer, {"8"}, {}, "gemm SUT: largest batch the dynamic batcher forms"},
-            {"max_wait_us", AxisKind::integer, {"1000"}, {}, "gemm SUT: longest a sample waits for its batch to fill (server, multi-stream)"},
+            {"max_batch", AxisKind::integer, {"8"}, {}, "gemm and model SUTs: largest batch the dynamic batcher forms"},
+            {"max_wait_us", AxisKind::integer, {"1000"}, {}, "gemm and model SUTs: longest a sample waits for its batch to fill (server, multi-stream)"},
             {"samples", AxisKind::integer, {"1024"}, {}, "performance sample count of the sample library"}};
   }
 
@@ -114,6 +124,8 @@ class Loadgen final : public Workload {
     const double target_qps = state.get_real("target_qps"), bound_ms = state.get_real("latency_bound_ms");
     const std::int64_t max_batch = state.get_int("max_batch"), max_wait_us = state.get_int("max_wait_us");
     const std::int64_t samples = state.get_int("samples");
+    const std::string precision = state.get_text("precision");
+    const std::int64_t image_px = state.get_int("image_size");
     if (max_batch < 1 || max_wait_us < 0 || samples < 1 || bound_ms < 0 || target_qps < 0)
       throw UsageError("loadgen needs max_batch >= 1, samples >= 1, and max_wait_us, latency_bound_ms, target_qps >= 0");
     const bool streams = scenario == sc::Scenario::single_stream || scenario == sc::Scenario::multi_stream;
@@ -131,11 +143,28 @@ class Loadgen final : public Workload {
     std::unique_ptr<sc::SystemUnderTest> sut;
     sc::BatchingSut* batching = nullptr;
     GemmExecutor* gemm = nullptr;
-    const Layer layer = layer_for(state.backend().info().kind);
+    sc::BatchExecutor* model = nullptr;
+    const bool gpu = state.backend().info().kind == "cuda";
+    Layer layer = layer_for(state.backend().info().kind);
+    if (precision != "auto") layer.precision = parse_precision(precision);
+    const auto& models = zoo::model_names();
     if (sut_kind == "null") {
       sut = std::make_unique<sc::NullSut>();
     } else if (sut_kind == "faulty") {
       sut = std::make_unique<sc::FaultySut>(kFaultyDropEvery);
+    } else if (std::find(models.begin(), models.end(), sut_kind) != models.end()) {
+      if (image_px < 1) throw UsageError("image_size must be at least 1");
+      sc::check_batcher(s, batcher);
+      const zoo::ModelSutSpec spec{sut_kind,
+                                   precision != "auto" ? zoo::parse_model_precision(precision)
+                                                       : (gpu ? Precision::fp16 : Precision::fp32),
+                                   image_px, gpu ? Layout::nhwc : Layout::nchw};
+      state.set_counts({1.0, zoo::forward_flops_per_sample(spec), 0.0, "FLOP"});
+      auto exec = zoo::make_model_executor(state.backend(), spec, batcher.max_batch);
+      model = exec.get();
+      auto b = std::make_unique<sc::BatchingSut>(sut_kind, batcher, std::move(exec));
+      batching = b.get();
+      sut = std::move(b);
     } else {
       sc::check_batcher(s, batcher);
       check_layer(state, layer, max_batch);
@@ -146,7 +175,7 @@ class Loadgen final : public Workload {
       sut = std::move(b);
       state.set_counts({1.0, 2.0 * static_cast<double>(layer.n * layer.k), 0.0, "FLOP"});
     }
-    if (!gemm) state.set_counts({1.0, 0.0, 0.0, "FLOP"});
+    if (!gemm && !model) state.set_counts({1.0, 0.0, 0.0, "FLOP"});
 
     sc::SyntheticLibrary library(static_cast<std::size_t>(samples), static_cast<std::size_t>(samples));
     std::optional<sc::SearchResult> search;
@@ -160,7 +189,7 @@ class Loadgen final : public Workload {
 
     nlohmann::json summary = sc::to_json(result);
     if (search) summary["search"] = sc::to_json(*search);
-    summary["sut"] = gemm ? gemm->describe() + ", dynamic batcher" : sut->name();
+    summary["sut"] = gemm ? gemm->describe() + ", dynamic batcher" : model ? model->describe() + ", dynamic batcher" : sut->name();
     summary["sample_library"] = {{"name", library.name()}, {"total_samples", samples}, {"performance_samples", samples}};
     if (!state.artifact_dir().empty()) {
       const sc::LogInfo info{version_string(), summary["sut"].get<std::string>(), library.name(),
@@ -175,9 +204,12 @@ class Loadgen final : public Workload {
                                    {"batches", st.batches}, {"samples", st.samples},
                                    {"mean_batch", st.batches ? static_cast<double>(st.samples) / static_cast<double>(st.batches) : 0.0},
                                    {"batch_sizes", st.batch_sizes}});
-      state.add_metric("layer", {{"precision", std::string(to_string(layer.precision))}, {"n", layer.n}, {"k", layer.k},
-                                 {"buckets", gemm->buckets()}, {"padded_samples", gemm->padded_samples()}});
-      state.add_metric("algorithm", gemm->algorithm());
+      if (gemm != nullptr) {
+        state.add_metric("layer", {{"precision", std::string(to_string(layer.precision))}, {"n", layer.n}, {"k", layer.k},
+                                   {"buckets", gemm->buckets()}, {"padded_samples", gemm->padded_samples()}});
+        state.add_metric("algorithm", gemm->algorithm());
+      }
+      if (model != nullptr) state.add_metric("model", zoo::model_executor_summary(*model));
     }
     state.set_scenario_result({summary, result.window_start_s, result.window_end_s,
                                static_cast<double>(result.samples_completed), result.completed_samples_per_s,

@@ -1,6 +1,7 @@
 #include "core/error.h"
 #include "workloads/loadgen.h"
 #include "workloads/micro/micro.h"
+#include "workloads/models/models.h"
 #include "workloads/workload.h"
 
 namespace ab::workloads {
@@ -14,6 +15,8 @@ const std::vector<std::unique_ptr<Workload>>& registry() {
     v.push_back(micro::make_copy());
     v.push_back(make_loadgen());
     v.push_back(micro::make_collectives());
+    v.push_back(zoo::make_train());
+    v.push_back(zoo::make_infer());
     return v;
   }();
   return all;

@@ -142,6 +142,8 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
     status = "skipped", reason = e.reason;
   } catch (const CheckFailed& e) {
     status = "error", reason = e.reason;
+  } catch (const Diverged& e) {
+    status = "diverged", reason = e.reason;
   } catch (const OutOfMemory& e) {
     status = "oom", reason = e.what();
   } catch (const Unsupported& e) {

@@ -26,11 +26,15 @@ struct Counts {
   std::string ops_unit = "FLOP";  // "OP" for integer arithmetic
 };
 
-// A thrown SkipPoint becomes status "skipped"; CheckFailed becomes "error".
+// A thrown SkipPoint becomes status "skipped"; CheckFailed becomes "error"; Diverged (a training
+// loss that became non-finite) becomes "diverged".
 struct SkipPoint {
   std::string reason;
 };
 struct CheckFailed {
+  std::string reason;
+};
+struct Diverged {
   std::string reason;
 };
 

@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""accelbench's ResNet-50 training and inference side by side with PyTorch on the same GPU, in one run.
+
+accelbench: `train` (batch 256, bf16 and tf32, NHWC, CUDA-graph replay of the whole step) and `infer`
+(batch 1..256, fp16 and bf16, NHWC, CUDA-graph replay of the forward), through the CLI; records read
+from the run's points.jsonl. PyTorch: torchvision's resnet50 (or the same network built here from
+torch.nn when torchvision is absent), channels_last, cudnn.benchmark on;
+  training   eager, SGD with momentum (foreach), fp32 master weights; bf16 = autocast(bfloat16),
+             tf32 = fp32 with TF32 allowed in cuDNN and cuBLAS;
+  inference  the model cast to half / bfloat16, eval mode, its forward captured in a CUDA graph.
+Timing follows accelbench's: CUDA events, warm-up first; training = median over batches of
+back-to-back steps; inference = median (and p99) over single replays, one forward per sample, as
+the `infer` workload samples. Each PyTorch figure is taken before and after accelbench and the
+better one kept, so drift favours the peer.
+  usage: compare_resnet.py --accelbench build/cuda/src/cli/accelbench --out DIR
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+TRAIN_PRECISIONS = ("bf16", "tf32")
+INFER_PRECISIONS = ("fp16", "bf16")
+
+
+# ----------------------------------------------------------------------------------------------
+# The network: torchvision's when present, else the same ResNet-50 v1.5 (stride on the 3x3).
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet50(nn.Module):
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.inplanes = 64
+        self.layer1 = self._layer(64, 3, 1)
+        self.layer2 = self._layer(128, 4, 2)
+        self.layer3 = self._layer(256, 6, 2)
+        self.layer4 = self._layer(512, 3, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2048, num_classes)
+        for m in self.modules():  # torchvision's initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def _layer(self, planes, blocks, stride):
+        downsample = None
+        if stride != 1 or self.inplanes != planes * 4:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride=stride, bias=False),
+                                       nn.BatchNorm2d(planes * 4))
+        layers = [Bottleneck(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * 4
+        layers += [Bottleneck(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet50():
+    try:
+        import torchvision
+        return torchvision.models.resnet50(), f"torchvision {torchvision.__version__} resnet50"
+    except ImportError:
+        return ResNet50(), "resnet50 built from torch.nn (torchvision absent)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+
+def time_batches(fn, iters_per_batch, batches, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(batches):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters_per_batch):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / iters_per_batch)
+    return statistics.median(times)
+
+
+def time_singles(fn, samples, warmup):
+    """One call per sample, as the infer workload samples: median and p99 latency in seconds."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    h = 0.99 * (len(times) - 1)  # type 7 interpolation, as accelbench's p99_s
+    lo = int(h)
+    p99 = times[lo] + (h - lo) * (times[min(lo + 1, len(times) - 1)] - times[lo])
+    return statistics.median(times), p99
+
+
+def torch_train_step_s(precision, batch, image_px):
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    model, _ = resnet50()
+    model = model.cuda().to(memory_format=torch.channels_last).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=True)
+    x = torch.randn(batch, 3, image_px, image_px, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    t = time_batches(step, iters_per_batch=5, batches=8, warmup=10)
+    del model, opt, x, y
+    torch.cuda.empty_cache()
+    return t
+
+
+def torch_infer_latency_s(precision, batch, image_px):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    model, _ = resnet50()
+    model = model.cuda().to(dtype=dtype, memory_format=torch.channels_last).eval()
+    x = torch.randn(batch, 3, image_px, image_px, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(5):  # cuDNN autotuning and lazy initialisation, outside the capture
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(x)
+    samples = 400 if batch <= 32 else 100
+    t = time_singles(graph.replay, samples=samples, warmup=20)
+    del graph, model, x
+    torch.cuda.empty_cache()
+    return t
+
+
+# ----------------------------------------------------------------------------------------------
+# accelbench
+
+def accelbench(binary, args, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    runs_dir = os.path.join(out_dir, "runs")
+    before = set(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else set()
+    cmd = [binary, "run", *args, "--out", out_dir, "-q"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    new = [r for r in os.listdir(runs_dir) if r not in before and os.path.isdir(os.path.join(runs_dir, r))]
+    if len(new) != 1:
+        raise SystemExit(f"expected one new run in {runs_dir}, found {new}")
+    with open(os.path.join(runs_dir, new[0], "points.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--accelbench", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--train-batch", type=int, default=256)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--max-infer-batch", type=int, default=256)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    px, tb = args.image_size, args.train_batch
+    infer_batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch]
+    _, net = resnet50()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version(), "torch_model": net, "image_size": px}
+    torch.backends.cudnn.benchmark = True
+
+    def torch_all():
+        train = {p: torch_train_step_s(p, tb, px) for p in TRAIN_PRECISIONS}
+        infer = {(p, b): torch_infer_latency_s(p, b, px) for p in INFER_PRECISIONS for b in infer_batches}
+        return train, infer
+
+    train_before, infer_before = torch_all()
+    ab_dir = os.path.join(args.out, "accelbench")
+    ours_train, ours_infer = {}, {}
+    for rec in accelbench(args.accelbench, ["train", "--axis", "model=resnet50", "--axis", f"batch={tb}",
+                                            "--axis", f"precision={','.join(TRAIN_PRECISIONS)}", "--axis", "layout=nhwc",
+                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir):
+        if rec["status"] != "ok":
+            raise SystemExit(f"accelbench train point not ok: {rec.get('status')}: {rec.get('reason')}")
+        ours_train[rec["params"]["precision"]] = rec
+    for rec in accelbench(args.accelbench, ["infer", "--axis", "model=resnet50",
+                                            "--axis", f"batch={','.join(map(str, infer_batches))}",
+                                            "--axis", f"precision={','.join(INFER_PRECISIONS)}", "--axis", "layout=nhwc",
+                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir):
+        if rec["status"] != "ok":
+            raise SystemExit(f"accelbench infer point not ok: {rec.get('status')}: {rec.get('reason')}")
+        ours_infer[(rec["params"]["precision"], rec["params"]["batch"])] = rec
+    train_after, infer_after = torch_all()
+
+    rows = []
+    for p in TRAIN_PRECISIONS:
+        rec = ours_train[p]
+        peer_s = min(train_before[p], train_after[p])
+        ours_s = rec["time"]["median_s"]
+        rows.append({"what": f"train resnet50 {p} b{tb}", "unit": "img/s", "ours": tb / ours_s, "torch": tb / peer_s,
+                     "ratio": peer_s / ours_s, "ours_step_ms": ours_s * 1e3, "torch_step_ms": peer_s * 1e3,
+                     "ours_tflops": rec["rates"].get("tflops"), "ours_pct_of_ceiling": rec["rates"].get("pct_of_ceiling"),
+                     "ours_loss_first_last": [rec["metrics"]["loss_first"], rec["metrics"]["loss_last"]]})
+    for p in INFER_PRECISIONS:
+        for b in infer_batches:
+            rec = ours_infer[(p, b)]
+            peer = min(infer_before[(p, b)], infer_after[(p, b)], key=lambda t: t[0])
+            ours_s = rec["time"]["median_s"]
+            rows.append({"what": f"infer resnet50 {p} b{b}", "unit": "img/s", "ours": b / ours_s, "torch": b / peer[0],
+                         "ratio": peer[0] / ours_s, "ours_p50_ms": ours_s * 1e3, "torch_p50_ms": peer[0] * 1e3,
+                         "ours_p99_ms": rec["time"]["p99_s"] * 1e3, "torch_p99_ms": peer[1] * 1e3,
+                         "ours_check_rel_error": rec.get("check", {}).get("rel_error")})
+    report["rows"] = rows
+    report["torch_raw"] = {"train_before_s": train_before, "train_after_s": train_after,
+                           "infer_before_s": {f"{p} b{b}": v for (p, b), v in infer_before.items()},
+                           "infer_after_s": {f"{p} b{b}": v for (p, b), v in infer_after.items()}}
+
+    lines = [f"ResNet-50 at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}), cuDNN {report['cudnn']}",
+             "",
+             "| what | accelbench img/s | PyTorch img/s | accelbench / PyTorch | accelbench ms (p50 / p99) | PyTorch ms (p50 / p99) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "ours_step_ms" in r:
+            ms_ours, ms_peer = f"{r['ours_step_ms']:.2f}", f"{r['torch_step_ms']:.2f}"
+        else:
+            ms_ours = f"{r['ours_p50_ms']:.3f} / {r['ours_p99_ms']:.3f}"
+            ms_peer = f"{r['torch_p50_ms']:.3f} / {r['torch_p99_ms']:.3f}"
+        lines.append(f"| {r['what']} | {r['ours']:.0f} | {r['torch']:.0f} | {r['ratio']:.2f} | {ms_ours} | {ms_peer} |")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(args.out, "compare_resnet.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(args.out, "compare_resnet.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

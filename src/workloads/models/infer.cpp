@@ -1,0 +1,124 @@
+// infer: one iteration = one forward pass (inference mode: batch norm with running statistics) of
+// a zoo model on a fixed synthetic batch, replayed as one captured graph where the axis asks. Each
+// sample of the timing is one forward, so the record's percentiles are per-batch latencies.
+// Checked first: two replays give identical finite logits, and image 0's logits match the float64
+// reference. docs/METHODOLOGY.md, "Training and inference".
+#include <cmath>
+
+#include "backend/ref/ref.h"
+#include "core/error.h"
+#include "nn/device/device_kernels.h"
+#include "workloads/models/models.h"
+
+namespace ab::workloads::zoo {
+namespace {
+
+class Infer final : public Workload {
+ public:
+  std::string name() const override { return "infer"; }
+  std::string description() const override {
+    return "Inference latency and throughput of a ResNet / ResNeXt: one forward of the batch per iteration (CUDA-graph "
+           "replay by default), one iteration per timing sample so time.median_s / p90_s / p99_s are per-batch "
+           "latencies; logits checked against the float64 reference first.";
+  }
+  std::vector<AxisSpec> axes(const std::string& device_kind) const override {
+    const bool gpu = device_kind == "cuda";
+    const auto one = [](const char* v) { return std::vector<std::string>{v}; };
+    return {{"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
+            {"batch", AxisKind::integer,
+             gpu ? std::vector<std::string>{"1", "8", "32", "128", "256"} : std::vector<std::string>{"1", "8"}, {},
+             "images per forward"},
+            {"precision", AxisKind::text, one(gpu ? "fp16" : "fp32"), model_precisions(),
+             "fp32, tf32 (fp32 storage, TF32 math), bf16, fp16 (weights and activations)"},
+            {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels"},
+            {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"},
+            {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
+            {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"}};
+  }
+
+  void run(State& state) override {
+    ModelSpec spec;
+    spec.model = state.get_text("model");
+    const ab::models::ResNetConfig cfg = model_config(spec.model);
+    spec.batch = state.get_int("batch");
+    spec.image_px = state.get_int("image_size");
+    spec.precision = parse_model_precision(state.get_text("precision"));
+    spec.layout = parse_layout(state.get_text("layout"));
+    spec.training = false;
+    const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
+    if (spec.batch < 1 || spec.image_px < 1)
+      throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");
+
+    nn::GraphBuilder builder(graph_options(spec));
+    const nn::Value images = builder.input("images", Shape{spec.batch, cfg.in_channels, spec.image_px, spec.image_px});
+    const nn::Value logits = ab::models::resnet(builder, images, cfg);
+    builder.mark_output(logits);
+    std::unique_ptr<nn::Kernels> kernels = nn::make_device_kernels(state.backend());
+    nn::Graph g(std::move(builder));
+    const auto fwd = static_cast<double>(g.forward_flops()), batch = static_cast<double>(spec.batch);
+    double bytes = 0;
+    for (const auto& op : g.report()) bytes += static_cast<double>(op.forward_bytes);
+    state.set_counts({batch, fwd, bytes, "FLOP"});
+    state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
+    state.add_metric("model", {{"name", spec.model}, {"parameters", g.parameter_count()}, {"ops", g.op_count()}});
+    state.add_metric("gflops_per_sample", {{"forward", fwd / batch / 1e9}});
+    state.add_metric("memory_plan", {{"arena_bytes", g.memory_plan().peak_bytes},
+                                     {"live_bound_bytes", g.memory_plan().live_bound_bytes},
+                                     {"no_reuse_bytes", g.memory_plan().total_bytes}});
+
+    kernels->set_tf32(spec.precision == Precision::tf32);
+    g.bind(*kernels);
+    g.set_input(images,
+                synthetic_batch(kDataSeed, 0, spec.batch, cfg.in_channels, spec.image_px, cfg.num_classes).images);
+    const auto forward = [&] { g.forward(false); };
+    forward();  // lazy initialisation outside the capture
+    std::unique_ptr<nn::Replayable> captured;
+    if (use_graph) captured = g.capture_step(nullptr);
+    const std::function<void()> step = use_graph ? std::function<void()>([&] { captured->replay(); })
+                                                 : std::function<void()>(forward);
+    check_logits(state, g, logits, step, spec, cfg.num_classes);
+    state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
+
+    measure::Settings settings = state.settings();
+    settings.target_sample_s = 0;  // one forward per sample: the samples are latencies
+    state.exec(step, settings);
+    const auto& s = state.result()->summary;
+    state.add_metric("latency_s", {{"p50", s.median}, {"p90", s.p90}, {"p99", s.p99}, {"mean", s.mean}, {"max", s.max}});
+
+    if (profile) {
+      g.set_profiling(true);
+      forward();
+      g.set_profiling(false);
+      state.add_metric("profile", write_op_profile(g.report(), state.artifact_dir()));
+    }
+  }
+
+ private:
+  // The same batch twice must give the same finite logits (a capture that misses work or reads a
+  // stale buffer shows here), and image 0's row must match the float64 reference.
+  static void check_logits(State& state, const nn::Graph& g, nn::Value logits, const std::function<void()>& step,
+                           const ModelSpec& spec, std::int64_t classes) {
+    step();
+    const std::vector<double> first = g.read(logits);
+    step();
+    const std::vector<double> second = g.read(logits);
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      if (!std::isfinite(first[i]))
+        throw CheckFailed{"logit " + std::to_string(i) + " is not finite (" + std::to_string(first[i]) + ")"};
+      if (first[i] != second[i])
+        throw CheckFailed{"two forwards of the same batch differ at logit " + std::to_string(i) + ": " +
+                          std::to_string(first[i]) + " vs " + std::to_string(second[i])};
+    }
+    const std::vector<double> want = reference_logits(spec);
+    const std::vector<double> got(first.begin(), first.begin() + classes);
+    state.check(backend::ref::rel_error(got, want), logits_tolerance(spec.precision),
+                "logits of image 0 against the float64 reference (" + spec.model + ", " +
+                    std::to_string(spec.image_px) + " px, inference); two forwards identical");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Workload> make_infer() { return std::make_unique<Infer>(); }
+
+}  // namespace ab::workloads::zoo

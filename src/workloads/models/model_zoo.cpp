@@ -1,0 +1,154 @@
+// The model zoo, synthetic data, and the float64 reference logits the model workloads check against.
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <numbers>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "nn/kernels.h"
+#include "workloads/models/models.h"
+
+namespace ab::workloads::zoo {
+namespace {
+
+struct Entry {
+  const char* name;
+  ab::models::ResNetConfig (*make)();
+};
+
+ab::models::ResNetConfig tiny() { return ab::models::tiny_resnet(3, 10); }
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> all{{"resnet50", ab::models::resnet50},
+                                      {"resnet101", ab::models::resnet101},
+                                      {"resnext50_32x4d", ab::models::resnext50_32x4d},
+                                      {"resnext101_32x4d", ab::models::resnext101_32x4d},
+                                      {"resnext101_32x8d", ab::models::resnext101_32x8d},
+                                      {"tiny_resnet", tiny}};
+  return all;
+}
+
+}  // namespace
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& e : entries()) v.emplace_back(e.name);
+    return v;
+  }();
+  return names;
+}
+
+ab::models::ResNetConfig model_config(const std::string& name) {
+  std::string valid;
+  for (const auto& e : entries()) {
+    if (name == e.name) return e.make();
+    valid += (valid.empty() ? "" : ", ") + std::string(e.name);
+  }
+  throw UsageError("unknown model '" + name + "'; valid: " + valid);
+}
+
+const std::vector<std::string>& model_precisions() {
+  static const std::vector<std::string> v{"fp32", "tf32", "bf16", "fp16"};
+  return v;
+}
+
+Precision parse_model_precision(const std::string& name) {
+  for (const auto& p : model_precisions())
+    if (p == name) return parse_precision(name);
+  std::string valid;
+  for (const auto& p : model_precisions()) valid += (valid.empty() ? "" : ", ") + p;
+  throw UsageError("precision '" + name + "' has no training/inference policy; valid: " + valid);
+}
+
+SyntheticBatch synthetic_batch(std::uint64_t seed, std::uint64_t first, std::int64_t batch, std::int64_t channels,
+                               std::int64_t image_px, std::int64_t classes) {
+  SyntheticBatch b;
+  const auto px = static_cast<std::size_t>(image_px);
+  const std::size_t per_image = static_cast<std::size_t>(channels) * px * px;
+  b.images.resize(static_cast<std::size_t>(batch) * per_image);
+  b.labels.resize(static_cast<std::size_t>(batch));
+  std::vector<double> row(px), col(px);
+  const double two_pi = 2.0 * std::numbers::pi;
+  for (std::int64_t n = 0; n < batch; ++n) {
+    const std::uint64_t id = first + static_cast<std::uint64_t>(n);
+    const auto label = static_cast<std::int64_t>(mix64(seed, id) % static_cast<std::uint64_t>(classes));
+    b.labels[static_cast<std::size_t>(n)] = static_cast<double>(label);
+    const std::uint64_t noise_seed = mix64(seed ^ 0x6e6f697365ULL, id);
+    double* out = b.images.data() + static_cast<std::size_t>(n) * per_image;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      // The class sets each channel's spatial frequencies and phases; the sample adds noise.
+      const std::uint64_t key = static_cast<std::uint64_t>(label * channels + c);
+      const double fh = static_cast<double>(1 + mix64(seed + 1, 4 * key) % 4);
+      const double fw = static_cast<double>(1 + mix64(seed + 1, 4 * key + 1) % 4);
+      const double ph = uniform(seed + 2, 2 * key, 0, two_pi), pw = uniform(seed + 2, 2 * key + 1, 0, two_pi);
+      for (std::size_t i = 0; i < px; ++i) {
+        row[i] = std::cos(two_pi * fh * static_cast<double>(i) / static_cast<double>(px) + ph);
+        col[i] = std::cos(two_pi * fw * static_cast<double>(i) / static_cast<double>(px) + pw);
+      }
+      const std::size_t base = static_cast<std::size_t>(c) * px * px;
+      for (std::size_t h = 0; h < px; ++h)
+        for (std::size_t w = 0; w < px; ++w) {
+          const std::size_t i = base + h * px + w;
+          out[i] = row[h] * col[w] + uniform(noise_seed, i, -0.5, 0.5);
+        }
+    }
+  }
+  return b;
+}
+
+nn::GraphOptions graph_options(const ModelSpec& s) {
+  nn::GraphOptions o;
+  o.dtype = DType::f32;
+  o.precision = s.precision;
+  o.layout = s.layout;
+  o.training = s.training;
+  o.seed = 1;
+  return o;
+}
+
+std::vector<double> reference_logits(const ModelSpec& s) {
+  static std::mutex mutex;
+  static std::map<std::string, std::vector<double>> cache;
+  const std::string key = s.model + "/" + std::to_string(s.image_px) + "/" + std::string(to_string(s.layout));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  const ab::models::ResNetConfig cfg = model_config(s.model);
+  ModelSpec ref = s;
+  ref.batch = 1;
+  ref.precision = Precision::fp32;
+  ref.training = false;
+  nn::GraphOptions o = graph_options(ref);
+  o.dtype = DType::f64;
+  auto kernels = nn::make_ref_kernels();
+  nn::GraphBuilder b(o);
+  const nn::Value images = b.input("images", Shape{1, cfg.in_channels, s.image_px, s.image_px});
+  const nn::Value logits = ab::models::resnet(b, images, cfg);
+  b.mark_output(logits);
+  nn::Graph g(std::move(b));
+  g.bind(*kernels);
+  g.set_input(images, synthetic_batch(kDataSeed, 0, 1, cfg.in_channels, s.image_px, cfg.num_classes).images);
+  g.forward(false);
+  std::vector<double> out = g.read(logits);
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.emplace(key, out);
+  return out;
+}
+
+// Logits of a randomly initialised network through ~50 layers: each layer rounds its output to
+// the storage precision, so the error grows like sqrt(depth) x the unit roundoff; cuDNN's fp32
+// algorithms (Winograd, FFT) add about 1e-5 per convolution.
+double logits_tolerance(Precision p) {
+  switch (p) {
+    case Precision::fp32: return 2e-3;
+    case Precision::tf32: return 3e-2;
+    case Precision::fp16: return 3e-2;
+    case Precision::bf16: return 1e-1;
+    default: return 0;
+  }
+}
+
+}  // namespace ab::workloads::zoo

@@ -1,0 +1,84 @@
+// The workloads that run the engine's models: `train` (one training step per iteration) and
+// `infer` (one forward per iteration), the model zoo they share, and the model executor the
+// loadgen workload puts behind its dynamic batcher. docs/METHODOLOGY.md, "Training and inference".
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "models/resnet.h"
+#include "nn/graph.h"
+#include "scenarios/suts.h"
+#include "workloads/workload.h"
+
+namespace ab::workloads::zoo {
+
+std::unique_ptr<Workload> make_train();
+std::unique_ptr<Workload> make_infer();
+
+// --- The model zoo ------------------------------------------------------------------------------
+
+const std::vector<std::string>& model_names();  // resnet50, resnet101, resnext..., tiny_resnet
+// The named network; throws UsageError listing the valid names. tiny_resnet takes 3 channels and 10 classes.
+ab::models::ResNetConfig model_config(const std::string& name);
+const std::vector<std::string>& model_precisions();  // fp32, tf32, bf16, fp16
+// Refuses precisions the engine has no policy for (UsageError listing the valid ones).
+Precision parse_model_precision(const std::string& name);
+
+// Images of `batch` samples from index `first` on: each sample's label and pixels depend only on
+// (seed, its index), so a sample is the same whatever batch holds it. Pixels are a label-dependent
+// separable cosine pattern plus uniform noise (learnable, not constant); logical NCHW order.
+struct SyntheticBatch {
+  std::vector<double> images, labels;
+};
+SyntheticBatch synthetic_batch(std::uint64_t seed, std::uint64_t first, std::int64_t batch, std::int64_t channels,
+                               std::int64_t image_px, std::int64_t classes);
+constexpr std::uint64_t kDataSeed = 0x1ab5eed;
+
+// What a point builds: the network, its input size and the graph options.
+struct ModelSpec {
+  std::string model;
+  std::int64_t batch = 1;
+  std::int64_t image_px = 224;
+  Precision precision = Precision::fp32;
+  Layout layout = Layout::nchw;
+  bool training = true;
+};
+nn::GraphOptions graph_options(const ModelSpec& s);
+
+// The network's logits for image 0 of the synthetic data in float64 on the reference kernels
+// (inference mode, the same parameter seed), cached per (model, size, layout): the oracle the
+// device's logits are checked against.
+std::vector<double> reference_logits(const ModelSpec& s);
+// Relative error tolerated between device and float64 logits at each precision (docs/METHODOLOGY.md).
+double logits_tolerance(Precision p);
+
+// Per-op table of a profiled step: <dir>/ops.json and <dir>/ops.csv (time, FLOPs, bytes, rates and
+// arithmetic intensity per op); returns the per-kind summary for the record's metrics.
+nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std::filesystem::path& dir);
+
+// --- The loadgen system under test -------------------------------------------------------------
+
+// One inference graph per batch bucket (powers of two up to max_batch), each captured once; a
+// batch copies its samples' images from a host pool into the bucket's input, replays the forward
+// and copies the logits back. Graphs are built and bound in prepare(), on the batcher's thread.
+struct ModelSutSpec {
+  std::string model;
+  Precision precision = Precision::fp16;
+  std::int64_t image_px = 224;
+  Layout layout = Layout::nhwc;
+};
+std::unique_ptr<scenarios::BatchExecutor> make_model_executor(backend::Backend& backend, const ModelSutSpec& spec,
+                                                              std::size_t max_batch);
+// The executor's model, buckets and padded sample count; null for another executor.
+nlohmann::json model_executor_summary(const scenarios::BatchExecutor& executor);
+// Forward FLOPs per sample of the SUT's model (for the loadgen record's counts).
+double forward_flops_per_sample(const ModelSutSpec& spec);
+
+}  // namespace ab::workloads::zoo

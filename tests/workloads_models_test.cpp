@@ -1,0 +1,296 @@
+// Tests for src/workloads/models: the model zoo and synthetic data, the train and infer workloads
+// on the reference kernels (tiny ResNet, small images: counts, loss trajectory, diverged status,
+// latency percentiles, the per-op profile), the model system under test behind loadgen, and the
+// accelbench binary running train end to end.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "test_support.h"
+#include "workloads/models/models.h"
+#include "workloads/runner.h"
+
+namespace ab::workloads {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+measure::Settings fast_settings() {
+  measure::Settings s;
+  s.min_time_s = 0.02;
+  s.warmup_s = 0;
+  s.timeout_s = 5;
+  s.max_noise_pct = 20;
+  s.min_samples = 5;
+  s.target_sample_s = 1e-3;
+  return s;
+}
+
+std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& axis_args,
+                             const fs::path& artifact_dir = {}) {
+  auto be = backend::make_backend("cpu");
+  std::vector<AxisOverride> overrides;
+  for (const auto& a : axis_args) overrides.push_back(parse_axis_argument(a));
+  const std::vector<PlanEntry> plan = plan_for(find_workload(workload), "cpu", overrides);
+  std::vector<json> records;
+  RunnerHooks hooks;
+  hooks.sink = [&records](const json& r) { records.push_back(r); };
+  hooks.artifact_dir = artifact_dir;
+  Runner runner(*be, fast_settings(), json::object(), "run-models", hooks, nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan, cancel);
+  return records;
+}
+
+std::vector<double> trajectory(const json& r) { return r["metrics"]["loss_trajectory"].get<std::vector<double>>(); }
+
+// ---------------------------------------------------------------------------------------------
+// The zoo and the data
+
+TEST(ModelZoo, NamesBuildAndBadNamesListTheValidOnes) {
+  for (const auto& name : zoo::model_names()) EXPECT_EQ(zoo::model_config(name).name, name);
+  const std::string msg = test::usage_error([] { zoo::model_config("resnet49"); });
+  EXPECT_TRUE(contains(msg, "resnet49") && contains(msg, "resnet50") && contains(msg, "tiny_resnet")) << msg;
+  EXPECT_EQ(zoo::parse_model_precision("bf16"), Precision::bf16);
+  const std::string p = test::usage_error([] { zoo::parse_model_precision("fp8"); });
+  EXPECT_TRUE(contains(p, "fp8") && contains(p, "fp32, tf32, bf16, fp16")) << p;
+}
+
+TEST(ModelZoo, AxesRefuseUnknownPrecisionAndModelWithTheValidList) {
+  for (const char* w : {"train", "infer"}) {
+    const std::string p = test::usage_error([w] { plan_for(find_workload(w), "cpu", {parse_axis_argument("precision=int8")}); });
+    EXPECT_TRUE(contains(p, "int8") && contains(p, "bf16") && contains(p, "fp16")) << p;
+    const std::string m = test::usage_error([w] { plan_for(find_workload(w), "cuda", {parse_axis_argument("model=vgg16")}); });
+    EXPECT_TRUE(contains(m, "vgg16") && contains(m, "resnext101_32x8d")) << m;
+  }
+}
+
+TEST(SyntheticBatch, EachSampleDependsOnlyOnItsIndex) {
+  const std::uint64_t seed = fresh_seed();
+  const auto a = zoo::synthetic_batch(seed, 0, 4, 3, 8, 10);
+  const auto b = zoo::synthetic_batch(seed, 2, 2, 3, 8, 10);
+  ASSERT_EQ(a.images.size(), 4u * 3 * 8 * 8);
+  ASSERT_EQ(b.images.size(), 2u * 3 * 8 * 8);
+  const std::size_t per = 3 * 8 * 8;
+  for (std::size_t i = 0; i < 2 * per; ++i) ASSERT_EQ(a.images[2 * per + i], b.images[i]) << i;
+  EXPECT_EQ(a.labels[2], b.labels[0]);
+  EXPECT_EQ(a.labels[3], b.labels[1]);
+  for (double l : a.labels) EXPECT_TRUE(l >= 0 && l < 10 && l == std::floor(l)) << l;
+  double lo = a.images[0], hi = a.images[0];
+  for (double v : a.images) lo = std::min(lo, v), hi = std::max(hi, v);
+  EXPECT_GT(hi - lo, 1.0) << "images must not be constant";
+  EXPECT_LE(hi, 1.5);
+  EXPECT_GE(lo, -1.5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// train
+
+TEST(Train, TinyResnetPointCountsAndALossThatFalls) {
+  const auto records = run_points("train", {"batch=16", "image_size=12", "trajectory_steps=30", "lr=0.05"});
+  ASSERT_EQ(records.size(), 1u);
+  const json& r = records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  EXPECT_EQ(r["params"]["model"], "tiny_resnet");
+  EXPECT_EQ(r["counts"]["samples"], 16.0);
+  const auto& gf = r["metrics"]["gflops_per_sample"];
+  EXPECT_GT(gf["forward"].get<double>(), 0.0);
+  // Backward is about twice the forward (the stem convolution has no data gradient).
+  EXPECT_GT(gf["backward"].get<double>(), 1.5 * gf["forward"].get<double>());
+  EXPECT_NEAR(r["counts"]["flops"].get<double>(),
+              16e9 * (gf["forward"].get<double>() + gf["backward"].get<double>() + gf["optimizer"].get<double>()), 1.0);
+  EXPECT_GT(r["counts"]["bytes"].get<double>(), 0.0);
+  EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
+  EXPECT_GT(r["rates"]["tflops"].get<double>(), 0.0);
+  EXPECT_GT(r["metrics"]["model"]["parameters"].get<double>(), 1000.0);
+  EXPECT_GT(r["metrics"]["memory_plan"]["arena_bytes"].get<double>(), 0.0);
+  const auto losses = trajectory(r);
+  ASSERT_EQ(losses.size(), 30u);
+  EXPECT_EQ(r["metrics"]["loss_first"], losses.front());
+  EXPECT_EQ(r["metrics"]["loss_last"], losses.back());
+  // Ten classes: the first loss is near ln 10 = 2.30; 30 steps on one batch must bring it well down.
+  EXPECT_NEAR(losses.front(), std::log(10.0), 0.7);
+  double tail = 0;
+  for (std::size_t i = 25; i < 30; ++i) tail += losses[i] / 5;
+  EXPECT_LT(tail, 0.7 * losses.front()) << "loss " << losses.front() << " -> " << tail;
+  EXPECT_TRUE(std::isfinite(r["metrics"]["loss_after_timing"].get<double>()));
+}
+
+TEST(Train, CapturedAndEagerStepsGiveTheSameTrajectory) {
+  const auto records = run_points("train", {"batch=8", "image_size=8", "trajectory_steps=6", "graph=on,off",
+                                            "optimizer=lars", "layout=nhwc"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) ASSERT_EQ(r["status"], "ok") << r.dump();
+  EXPECT_EQ(trajectory(records[0]), trajectory(records[1]));
+  EXPECT_NE(trajectory(records[0]).front(), trajectory(records[0]).back()) << "LARS must change the weights";
+}
+
+TEST(Train, NonFiniteLossIsDivergedAndTheSweepGoesOn) {
+  const auto records = run_points("train", {"batch=8", "image_size=8", "trajectory_steps=8", "lr=1e38,0.01"});
+  ASSERT_EQ(records.size(), 2u);
+  const json& bad = records[0];
+  EXPECT_EQ(bad["status"], "diverged") << bad.dump();
+  EXPECT_TRUE(contains(bad.value("reason", ""), "loss is")) << bad.dump();
+  EXPECT_FALSE(bad.contains("rates"));
+  ASSERT_TRUE(bad["metrics"].contains("loss_trajectory"));
+  EXPECT_EQ(records[1]["status"], "ok") << records[1].dump();
+}
+
+TEST(Train, ProfileWritesThePerOpTable) {
+  test::TempDir dir;
+  const auto records = run_points("train", {"batch=4", "image_size=8", "trajectory_steps=2", "profile=on"}, dir.path());
+  ASSERT_EQ(records.size(), 1u);
+  const json& r = records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  const json& p = r["metrics"]["profile"];
+  EXPECT_GT(p["total"]["time_s"].get<double>(), 0.0);
+  EXPECT_TRUE(p["by_kind"].contains("conv2d"));
+  const fs::path ops = dir.path() / "artifacts" / "0" / "ops.json";
+  ASSERT_TRUE(fs::exists(ops));
+  const json table = json::parse(std::ifstream(ops));
+  ASSERT_EQ(table["ops"].size(), r["metrics"]["model"]["ops"].get<std::size_t>());
+  double flops = 0;
+  for (const auto& op : table["ops"]) {
+    flops += op["forward"]["flops"].get<double>() + op["backward"]["flops"].get<double>();
+    EXPECT_GE(op["forward"]["time_s"].get<double>(), 0.0);
+  }
+  EXPECT_NEAR(flops, 4e9 * (r["metrics"]["gflops_per_sample"]["forward"].get<double>() +
+                            r["metrics"]["gflops_per_sample"]["backward"].get<double>()), 1.0);
+  std::ifstream csv(dir.path() / "artifacts" / "0" / "ops.csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_TRUE(contains(header, "flops_per_byte")) << header;
+}
+
+TEST(Train, NonPositiveSizesAreInvalid) {
+  const auto records = run_points("train", {"model=resnet50", "batch=1", "image_size=0", "trajectory_steps=1"});
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+// infer
+
+TEST(Infer, LatencyPercentilesOfOneForwardPerSample) {
+  const auto records = run_points("infer", {"batch=1,4", "image_size=12"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    EXPECT_EQ(r["counts"]["samples"], r["params"]["batch"].get<double>());
+    EXPECT_EQ(r["time"]["iterations_per_sample"], 1);
+    const auto& lat = r["metrics"]["latency_s"];
+    EXPECT_EQ(lat["p50"], r["time"]["median_s"]);
+    EXPECT_EQ(lat["p99"], r["time"]["p99_s"]);
+    EXPECT_GT(lat["p50"].get<double>(), 0.0);
+    EXPECT_GE(lat["p99"].get<double>(), lat["p50"].get<double>());
+    EXPECT_EQ(r["check"]["passed"], true);
+    EXPECT_LE(r["check"]["rel_error"].get<double>(), 1e-5);
+    EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
+    EXPECT_GT(r["metrics"]["gflops_per_sample"]["forward"].get<double>(), 0.0);
+  }
+}
+
+TEST(Infer, ReferenceLogitsDoNotDependOnTheBatchOrLayout) {
+  zoo::ModelSpec s;
+  s.model = "tiny_resnet";
+  s.image_px = 8;
+  s.training = false;
+  const auto a = zoo::reference_logits(s);
+  s.layout = Layout::nhwc;
+  s.batch = 7;
+  const auto b = zoo::reference_logits(s);
+  ASSERT_EQ(a.size(), 10u);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-12 * (1 + std::fabs(a[i])));
+  EXPECT_GT(std::fabs(a[0] - a[1]) + std::fabs(a[2] - a[3]), 0.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// loadgen with the model system under test
+
+TEST(ModelSut, SingleStreamRunsTheTinyResnet) {
+  const auto records = run_points("loadgen", {"sut=tiny_resnet", "scenario=single-stream", "image_size=8", "samples=64"});
+  ASSERT_EQ(records.size(), 1u);
+  const json& r = records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  EXPECT_TRUE(contains(r["scenario"]["sut"].get<std::string>(), "tiny_resnet")) << r["scenario"].dump();
+  EXPECT_GT(r["scenario"]["completed_samples_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(r["metrics"]["model"]["model"], "tiny_resnet");
+  EXPECT_GT(r["metrics"]["batcher"]["batches"].get<double>(), 0.0);
+  EXPECT_GT(r["counts"]["flops"].get<double>(), 0.0);
+}
+
+TEST(ModelSut, ExecutorRunsEveryBucket) {
+  auto be = backend::make_backend("cpu");
+  zoo::ModelSutSpec spec{"tiny_resnet", Precision::fp32, 8, Layout::nchw};
+  auto exec = zoo::make_model_executor(*be, spec, 5);
+  exec->prepare();
+  std::vector<scenarios::QuerySample> batch;
+  for (std::uint64_t n = 1; n <= 5; ++n) {
+    batch.push_back({n, n * 7});
+    exec->run(batch);
+  }
+  const json s = zoo::model_executor_summary(*exec);
+  EXPECT_EQ(s["buckets"], json::array({1, 2, 4, 5}));
+  EXPECT_EQ(s["padded_samples"], 1 + 2 + 4 + 4 + 5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary
+
+struct Outcome {
+  int code = -1;
+  std::string output;
+};
+
+Outcome run_cli(const std::string& args) {
+  const std::string cmd = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench " + args + " 2>&1";
+  Outcome o;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return o;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
+  const int status = pclose(pipe);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+TEST(Cli, RunTrainWritesAnOkRecord) {
+  if (!fs::exists(std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench")) GTEST_SKIP() << "accelbench not built";
+  test::TempDir dir;
+  const Outcome o = run_cli("run train --device cpu --min-time 0.05 --max-noise 20 --axis batch=4 --axis image_size=8 "
+                            "--axis trajectory_steps=3 --out " + dir.path().string());
+  ASSERT_EQ(o.code, 0) << o.output;
+  std::vector<json> records;
+  for (const auto& e : fs::directory_iterator(dir.path() / "runs"))
+    if (fs::exists(e.path() / "points.jsonl")) {
+      std::ifstream f(e.path() / "points.jsonl");
+      for (std::string line; std::getline(f, line);) records.push_back(json::parse(line));
+    }
+  ASSERT_EQ(records.size(), 1u) << o.output;
+  EXPECT_EQ(records[0]["workload"], "train");
+  EXPECT_EQ(records[0]["status"], "ok");
+  EXPECT_GT(records[0]["rates"]["samples_per_s"].get<double>(), 0.0);
+
+  const Outcome bad = run_cli("run train --device cpu --axis precision=fp8 --out " + dir.path().string());
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "fp8") && contains(bad.output, "fp16")) << bad.output;
+}
+
+}  // namespace
+}  // namespace ab::workloads
