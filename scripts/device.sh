@@ -4,7 +4,15 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all] (default all)
+#   usage: scripts/device.sh [test|bench|all|multi] (default all)
+# multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
+# GPU collectives/p2p tests), accelbench collectives under mpirun and in one process, p2p, sysinfo's
+# topology, and bench/compare_nccl.py against torch.distributed. Where the image has no mpirun,
+# carry Debian's OpenMPI in .deps/openmpi/ (on the dev machine: mkdir -p .deps/openmpi && cd
+# .deps/openmpi && apt-get download openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2
+# libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1
+# ibverbs-providers librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1
+# libmunge2 libatomic1); it is unpacked into a private prefix and found through OPAL_PREFIX.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -23,8 +31,22 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
+if [[ $what == multi ]] && ! command -v mpirun >/dev/null 2>&1; then
+  mpi=/tmp/ab-openmpi
+  ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
+  for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
+  mkdir -p "$mpi/bin"
+  ln -sf "$mpi/usr/bin/orterun" "$mpi/bin/mpirun"
+  ln -sf "$mpi/usr/bin/opal_wrapper" "$mpi/bin/mpicxx"
+  export OPAL_PREFIX=$mpi/usr PATH=$mpi/bin:$mpi/usr/bin:$PATH
+  export LD_LIBRARY_PATH=$mpi/usr/lib/x86_64-linux-gnu:$mpi/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  extra+=(-DMPI_CXX_COMPILER=$mpi/bin/mpicxx)
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
+  nvidia-smi topo -m || true
   cmake --preset cuda "${extra[@]}" && cmake --build --preset cuda -j 16
 } > "$logs/build.log" 2>&1 || { tail -n 40 "$logs/build.log"; echo "BUILD FAILED"; exit 1; }
 echo "build ok"
@@ -33,6 +55,21 @@ ab=./build/cuda/src/cli/accelbench
 if [[ $what == test || $what == all ]]; then
   ctest --preset cuda -j 8 > "$logs/ctest.log" 2>&1
   grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Timeout" "$logs/ctest.log" | head -20
+fi
+if [[ $what == multi ]]; then
+  grep -E "MPI" "$logs/build.log" | head -3
+  ./build/cuda/tests/dist_test > "$logs/dist_test.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$logs/dist_test.log"
+  $ab sysinfo | tee "$logs/sysinfo.txt"
+  mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
+    -x NVSHMEM_DISABLE_NVLS $ab run collectives --axis bytes=8:8589934592:x16 --min-time 0.2 \
+    --out "$logs/mpi" > "$logs/collectives-mpi.txt" 2>&1; echo "collectives under mpirun: exit $?"
+  tail -n 8 "$logs/collectives-mpi.txt"
+  $ab run collectives --axis op=all_reduce --axis bytes=1048576,1073741824 --axis graph=off,on --out "$logs/one" \
+    > "$logs/collectives-one.txt" 2>&1; echo "collectives in one process: exit $?"; tail -n 8 "$logs/collectives-one.txt"
+  $ab run p2p --axis direction=uni,bi --out "$logs/p2p" > "$logs/p2p.txt" 2>&1; echo "p2p: exit $?"
+  tail -n 22 "$logs/p2p.txt"
+  python3 bench/compare_nccl.py --accelbench $ab --out "$logs" 2>&1 | tee "$logs/compare_nccl.txt" | tail -n 14
 fi
 if [[ $what == bench || $what == all ]]; then
   $ab sysinfo | tee "$logs/sysinfo.txt"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what accelbench needs to build and test on Debian 12 / Ubuntu 24.04, from the
-# distribution's packages. The CUDA toolkit (nvcc, cuBLASLt) is expected from NVIDIA's install
-# under /usr/local/cuda; without it only the cpu preset builds.
+# distribution's packages (OpenMPI for multi-process runs and their mpirun test). The CUDA toolkit
+# (nvcc, cuBLASLt) is expected from NVIDIA's install under /usr/local/cuda; without it only the cpu
+# preset builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(cmake ninja-build g++ pkg-config git nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libsqlite3-dev
-          libopenblas-dev libgtest-dev)
+          libopenblas-dev libgtest-dev openmpi-bin libopenmpi-dev)
 # The HTML report's charting scripts come from npm (package-lock.json, below).
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()

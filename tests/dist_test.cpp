@@ -1,9 +1,15 @@
 // src/dist: launcher environments (OpenMPI, Slurm, PMI, torchrun) and their errors; nccl-tests'
-// bus-bandwidth factors and counts; the collectives workload (skipped on the CPU with its reason;
-// on GPUs, every op × dtype × in-place at a small size with zero wrong elements).
+// bus-bandwidth factors and counts; agreement between ranks; lock-step measurement; the MPI
+// bootstrap with two processes under mpirun (a probe program and accelbench itself); the topology
+// block; the collectives and p2p workloads (skipped on the CPU with their reasons; on GPUs, every
+// op × dtype × in-place at a small size with zero wrong elements, graph mode, peer copies).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -11,7 +17,11 @@
 #include "backend/collectives.h"
 #include "core/error.h"
 #include "dist/collective_math.h"
+#include "dist/comm.h"
 #include "dist/launcher.h"
+#include "dist/lockstep.h"
+#include "system/topology.h"
+#include "test_support.h"
 #include "workloads/runner.h"
 #include "workloads/workload.h"
 
@@ -48,8 +58,8 @@ TEST(Launcher, OpenMpi) {
 }
 
 TEST(Launcher, SlurmWithTasksPerNodeList) {
-  Env env{{"SLURM_PROCID", "9"},  {"SLURM_NTASKS", "11"}, {"SLURM_LOCALID", "1"},
-          {"SLURM_NODEID", "2"},  {"SLURM_TASKS_PER_NODE", "4(x2),3"}};
+  Env env{{"SLURM_PROCID", "9"}, {"SLURM_STEP_NUM_TASKS", "11"}, {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2),3"}};
   LaunchInfo li = parse_launcher_env(env);
   EXPECT_EQ(li.launcher, "slurm");
   EXPECT_EQ(li.rank, 9);
@@ -62,10 +72,23 @@ TEST(Launcher, SlurmWithTasksPerNodeList) {
   EXPECT_EQ(parse_launcher_env(env).local_size, 0);
   env["SLURM_NTASKS_PER_NODE"] = "4";  // takes precedence
   EXPECT_EQ(parse_launcher_env(env).local_size, 4);
-  EXPECT_EQ(parse_launcher_env({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "3"},
+  EXPECT_EQ(parse_launcher_env({{"SLURM_PROCID", "3"}, {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_LOCALID", "3"},
                                 {"SLURM_TASKS_PER_NODE", "4(x2)"}})
                 .local_size,
             4);
+  // A step of 2 tasks inside a job of 8: the step's own size and layout count.
+  li = parse_launcher_env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "2"},
+                           {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "8"}, {"SLURM_STEP_TASKS_PER_NODE", "2"}});
+  EXPECT_EQ(li.world_size, 2);
+  EXPECT_EQ(li.local_size, 2);
+}
+
+TEST(Launcher, SlurmBatchScriptIsOneProcess) {
+  // sbatch's script sees the allocation's variables, but it is no srun step: one process.
+  const LaunchInfo li = parse_launcher_env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "0"},
+                                            {"SLURM_TASKS_PER_NODE", "8(x2)"}, {"SLURM_JOB_ID", "42"}});
+  EXPECT_EQ(li.launcher, "none");
+  EXPECT_EQ(li.world_size, 1);
 }
 
 TEST(Launcher, Pmi) {
@@ -109,15 +132,16 @@ TEST(Launcher, InconsistentValuesAreErrors) {
                      "OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not");
   expect_usage_error({{"OMPI_COMM_WORLD_RANK", "one"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
                      "OMPI_COMM_WORLD_RANK='one' is not an integer");
-  expect_usage_error({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS_PER_NODE", "2"}},
+  expect_usage_error({{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "2"},
+                      {"SLURM_NTASKS_PER_NODE", "2"}},
                      "local rank 2 is outside a node of 2");
-  expect_usage_error({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}}, "SLURM_PROCID is set but SLURM_LOCALID is not");
-  expect_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"},
+  expect_usage_error({{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}}, "SLURM_PROCID is set but SLURM_LOCALID is not");
+  expect_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"},
                       {"SLURM_TASKS_PER_NODE", "1(x2)"}},
                      "SLURM_NODEID=3");
-  expect_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
-                      {"SLURM_TASKS_PER_NODE", "2(x"}},
-                     "SLURM_TASKS_PER_NODE");
+  expect_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_LOCALID", "0"},
+                      {"SLURM_STEP_TASKS_PER_NODE", "2(x"}},
+                     "SLURM_STEP_TASKS_PER_NODE='2(x' is malformed");
   expect_usage_error({{"PMI_RANK", "0"}, {"PMI_SIZE", "0"}}, "world size 0 is below 1");
   expect_usage_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}},
                      "local size 4 is larger than the world size 2");
@@ -276,6 +300,427 @@ TEST(CollectivesGpu, WorkloadRecordsBusBandwidth) {
     EXPECT_GE(r.at("metrics").at("busbw_gbps").get<double>(), 0.0);  // 0 for one GPU: factor 2(n-1)/n
     EXPECT_GT(r.at("metrics").at("rank_time_s").at("max").get<double>(), 0.0);
   }
+}
+
+
+// A world seen from one rank: allgather answers with the other ranks' scripted bytes around ours.
+class ScriptedComm final : public Comm {
+ public:
+  ScriptedComm(int rank, std::vector<Bytes> others) : rank_(rank), others_(std::move(others)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(others_.size()) + 1; }
+  void barrier() override {}
+  void broadcast(Bytes&, int) override { ADD_FAILURE() << "no broadcast expected"; }
+  std::vector<Bytes> allgather(const Bytes& data) override {
+    std::vector<Bytes> all = others_;
+    all.insert(all.begin() + rank_, data);
+    return all;
+  }
+
+ private:
+  int rank_;
+  std::vector<Bytes> others_;
+};
+
+Bytes outcome_bytes(int code, const std::string& message) {
+  return Packer().put(static_cast<std::int64_t>(code)).put(message).bytes();
+}
+
+TEST(Agreement, FirstFailingRankIsNamedAndCommonFailuresAreNot) {
+  // Rank 0 succeeded; rank 2 failed (OOM, say): rank 0 must fail too, naming rank 2.
+  ScriptedComm c0(0, {outcome_bytes(0, ""), outcome_bytes(3, "out of memory on cuda:2")});
+  Outcome o = agree(c0, {});
+  EXPECT_EQ(o.code, 3);
+  EXPECT_EQ(o.message, "rank 2: out of memory on cuda:2");
+  // Ranks 1 and 2 both failed: the lowest rank's failure is the one every rank reports.
+  ScriptedComm c2(2, {outcome_bytes(0, ""), outcome_bytes(5, "bad axis")});
+  o = agree(c2, {4, "no device"});
+  EXPECT_EQ(o.code, 5);
+  EXPECT_EQ(o.message, "rank 1: bad axis");
+  // All alike (a skip for the same reason on every rank): no rank named.
+  ScriptedComm c1(1, {outcome_bytes(1, "cpu is not one"), outcome_bytes(1, "cpu is not one")});
+  o = agree(c1, {1, "cpu is not one"});
+  EXPECT_EQ(o.code, 1);
+  EXPECT_EQ(o.message, "cpu is not one");
+  ScriptedComm ok(1, {outcome_bytes(0, "")});
+  EXPECT_EQ(agree(ok, {}).code, 0);
+  // A world of one returns its own outcome.
+  EXPECT_EQ(agree(world(), {7, "x"}).message, "x");
+}
+
+TEST(Agreement, SumsMaximaAndSameness) {
+  ScriptedComm c(1, {Packer().put(std::int64_t{40}).bytes(), Packer().put(std::int64_t{-3}).bytes()});
+  EXPECT_EQ(sum_over_ranks(c, 5), 42);
+  ScriptedComm m(0, {Packer().put(2.5).bytes()});
+  EXPECT_DOUBLE_EQ(max_over_ranks(m, 1.5), 2.5);
+  EXPECT_DOUBLE_EQ(max_over_ranks(m, 3.5), 3.5);
+  EXPECT_TRUE(same_on_all_ranks(world(), "anything"));
+}
+
+TEST(Agreement, PackerRoundTripsAndRejectsShortMessages) {
+  const std::uint64_t seed = fresh_seed();
+  const double d = uniform(seed, 0, -1e9, 1e9);
+  const auto i = static_cast<std::int64_t>(mix64(seed, 1) >> 2);
+  const std::string text = "rank " + std::to_string(mix64(seed, 2));
+  const Bytes b = Packer().put(d).put(i).put(text).put(std::string()).bytes();
+  Unpacker in(b);
+  EXPECT_EQ(in.get_double(), d);
+  EXPECT_EQ(in.get_int(), i);
+  EXPECT_EQ(in.get_string(), text);
+  EXPECT_EQ(in.get_string(), "");
+  EXPECT_THROW(in.get_int(), Error);
+  const Bytes cut(b.begin(), b.begin() + 20);  // the string's length promises more than is there
+  Unpacker short_in(cut);
+  short_in.get_double();
+  short_in.get_int();
+  EXPECT_THROW(short_in.get_string(), Error);
+}
+
+TEST(Lockstep, WorldOfOneMeasuresLikeTheHarness) {
+  measure::SteadyClockTimer timer;
+  measure::Settings s;
+  s.min_time_s = 0.02;
+  s.warmup_s = 0.005;
+  s.max_noise_pct = 50;
+  s.target_sample_s = 1e-3;
+  volatile double sink = 0;
+  const double x = uniform(fresh_seed(), 0, 1, 2);
+  const LockstepResult r = measure_lockstep(world(), timer, [&] {
+    for (int i = 0; i < 20000; ++i) sink = sink + x * i;
+  }, s, nullptr);
+  ASSERT_GE(r.result.iteration_s.size(), s.min_samples);
+  EXPECT_GT(r.result.summary.median, 0.0);
+  EXPECT_GE(r.result.measured_s, s.min_time_s);
+  ASSERT_EQ(r.ranks.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.ranks[0].median_s, r.result.summary.median);  // one rank: its own times are the samples
+}
+
+TEST(Session, OneProcessNeedsNoMpiAndSeveralNeedALauncherThatBootstrapsIt) {
+  const Session one(LaunchInfo{});
+  EXPECT_EQ(world().size(), 1);
+  EXPECT_EQ(launch_info().launcher, "none");
+  LaunchInfo torchrun;
+  torchrun.launcher = "torchrun";
+  torchrun.world_size = 2;
+  EXPECT_NE(test::error_message<Unsupported>([&] { Session s(torchrun); }).find("mpirun or srun --mpi=pmix"),
+            std::string::npos);
+}
+
+// --- Two processes under mpirun (OpenMPI from Debian on the CI machine; no GPU involved) ---
+
+struct Ran {
+  int code = -1;
+  std::string output;  // stdout; stderr follows it when `with_stderr`
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// mpirun with the settings CI needs: root is allowed, two ranks may share two cores, messages stay
+// in shared memory. `timeout` turns a deadlock into a failure instead of a hung test.
+Ran mpirun(const std::string& args, bool with_stderr = true) {
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+                          "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
+                          "timeout -k 5 120 mpirun " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  Ran r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+#define SKIP_WITHOUT_MPI()                                                                                    \
+  if (!mpi_built()) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev missing at configure time)";       \
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found: install openmpi-bin (scripts/install-deps.sh)"
+
+const std::string kProbe = std::string(AB_TEST_BINARY_DIR) + "/tests/dist_probe";
+const std::string kAccelbench = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench";
+
+TEST(MpiBootstrap, TwoRanksExchangeAgreeAndMeasureInLockStep) {
+  SKIP_WITHOUT_MPI();
+  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kProbe), false);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string line = r.output.substr(r.output.find('{'));
+  const nlohmann::json j = nlohmann::json::parse(line.substr(0, line.find('\n')));
+  EXPECT_EQ(j["size"], 2);
+  EXPECT_EQ(j["launcher"], "openmpi");
+  EXPECT_EQ(j["sum"], 1000 + 1007);
+  EXPECT_EQ(j["gathered"], nlohmann::json::array({1000, 1007}));
+  EXPECT_TRUE(j["token_same"].get<bool>());
+  EXPECT_FALSE(j["rank_text_same"].get<bool>());
+  EXPECT_EQ(j["agree_code"], 3);
+  EXPECT_EQ(j["agree_message"], "rank 1: injected failure");
+  EXPECT_TRUE(j["agree_same"].get<bool>());
+  // Every sample waited for rank 1's 400 µs iterations, and both ranks hold the same result.
+  EXPECT_GE(j["samples"].get<int>(), 10);
+  EXPECT_GE(j["median_s"].get<double>(), 380e-6);
+  EXPECT_TRUE(j["result_same"].get<bool>()) << j.dump();
+  ASSERT_EQ(j["rank_medians_s"].size(), 2u);
+  EXPECT_LT(j["rank_medians_s"][0].get<double>(), j["rank_medians_s"][1].get<double>());
+  EXPECT_GE(j["rank_medians_s"][1].get<double>(), 380e-6);
+  // The failing batch on rank 1 ended the measurement on both ranks, with the same message.
+  EXPECT_TRUE(j["error_same"].get<bool>());
+  EXPECT_EQ(j["error"], "rank 1: device fault injected");
+}
+
+std::vector<nlohmann::json> read_points(const std::filesystem::path& out) {
+  std::vector<nlohmann::json> points;
+  std::vector<std::filesystem::path> runs;
+  for (const auto& e : std::filesystem::directory_iterator(out / "runs"))
+    if (e.is_directory()) runs.push_back(e.path());
+  EXPECT_EQ(runs.size(), 1u) << "one run folder: rank 0 alone writes";
+  if (runs.empty()) return points;
+  std::ifstream in(runs.front() / "points.jsonl");
+  std::string line;
+  while (std::getline(in, line)) points.push_back(nlohmann::json::parse(line));
+  return points;
+}
+
+TEST(MpiBootstrap, AccelbenchUnderMpirunRunsEveryPointOnBothRanksAndRankZeroWrites) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
+                       " run collectives --device cpu --axis op=all_reduce,send_recv --axis bytes=4096 --out " +
+                       quote(tmp.path().string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto points = read_points(tmp.path());
+  ASSERT_EQ(points.size(), 4u);  // 2 ops × in_place 0,1, written once
+  for (const auto& p : points) {
+    EXPECT_EQ(p["status"], "skipped") << p.dump();
+    EXPECT_EQ(p["params"]["gpus"], 2);  // the launch's processes
+    const auto& d = p["context"]["dist"];
+    EXPECT_EQ(d["launcher"], "openmpi");
+    EXPECT_EQ(d["processes"], 2);
+    ASSERT_EQ(d["ranks"].size(), 2u);
+    EXPECT_EQ(d["ranks"][1]["rank"], 1);
+    EXPECT_EQ(d["ranks"][1]["device"], "cpu");
+  }
+  // The summary table comes from rank 0 only.
+  std::size_t tables = 0;
+  for (std::size_t at = r.output.find("workload"); at != std::string::npos; at = r.output.find("workload", at + 1)) ++tables;
+  EXPECT_EQ(tables, 1u) << r.output;
+}
+
+TEST(MpiBootstrap, ARankThatCannotStartStopsEveryRank) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  const std::string ab = quote(kAccelbench) + " run collectives --device cpu --axis bytes=4096 --out " + quote(tmp.path().string());
+  // Rank 1 alone has a bad axis: both ranks exit 2, rank 1's reason named, nothing written.
+  Ran r = mpirun("-np 1 " + ab + " : -np 1 " + ab + " --axis nonsense=1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("rank 1: unknown axis"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "runs"));
+  // Different sweeps on the two ranks: refused before any point runs.
+  r = mpirun("-np 1 " + ab + " : -np 1 " + ab + " --axis op=broadcast");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the ranks built different sweeps"), std::string::npos) << r.output;
+  // Rank 0 cannot write its results: every rank stops.
+  tmp.write("occupied", "a file where the output folder should be");
+  r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) + " run collectives --device cpu --axis bytes=4096 --out " +
+             quote((tmp.path() / "occupied").string()));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot write results"), std::string::npos) << r.output;
+}
+
+TEST(MpiBootstrap, P2pIsSkippedUnderALauncher) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) + " run p2p --device cpu --axis bytes=8 --out " +
+                       quote(tmp.path().string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const auto& p : read_points(tmp.path())) {
+    EXPECT_EQ(p["status"], "skipped");
+    EXPECT_NE(p.value("reason", "").find("without mpirun or srun"), std::string::npos) << p.dump();
+  }
+}
+
+// --- Topology (context.topology) ---
+
+TEST(Topology, BusIdsNamesAndPlacement) {
+  EXPECT_EQ(system::canonical_bus_id("00000000:1B:00.0"), "0000:1b:00.0");
+  EXPECT_EQ(system::canonical_bus_id("0000:1b:00.0"), "0000:1b:00.0");
+  EXPECT_EQ(system::canonical_bus_id("not a bus id"), "not a bus id");
+  EXPECT_EQ(system::nvlink_version_name(6), "4.0");
+  EXPECT_EQ(system::nvlink_version_name(7), "5.0");
+  EXPECT_EQ(system::nvlink_version_name(42), "code 42");
+  EXPECT_EQ(system::pcie_path_name(10), "PIX");
+  EXPECT_EQ(system::pcie_path_name(50), "SYS");
+  test::TempDir sys;
+  sys.write("bus/pci/devices/0000:1b:00.0/numa_node", "1\n");
+  sys.write("bus/pci/devices/0000:1b:00.0/local_cpulist", "56-111,168-223\n");
+  const auto p = system::pci_placement("00000000:1B:00.0", sys.path());
+  EXPECT_EQ(p.numa_node, 1);
+  EXPECT_EQ(p.local_cpus, "56-111,168-223");
+  EXPECT_EQ(system::pci_placement("0000:99:00.0", sys.path()).numa_node, -1);
+}
+
+telemetry::GpuLinkFacts gpu(const std::string& bus, int links, int remote_type, const std::string& remote = "") {
+  telemetry::GpuLinkFacts g;
+  g.pci_bus_id = bus;
+  g.pcie_gen = 5;
+  g.pcie_width = 16;
+  for (int l = 0; l < links; ++l) g.nvlinks.push_back({static_cast<unsigned>(l), 6, remote, remote_type});
+  return g;
+}
+
+TEST(Topology, PairsThroughNvswitchDirectNvlinkAndPcie) {
+  // Two HGX GPUs on NVSwitches (18 links each), a pair joined by 4 direct links, a PCIe-only pair.
+  telemetry::NvmlTopology t;
+  t.gpus = {gpu("00000000:19:00.0", 18, 2, "00000000:05:00.0"), gpu("00000000:3B:00.0", 18, 2, "00000000:06:00.0")};
+  t.pairs = {{0, 1, 50, 0, 0}};
+  nlohmann::json j = system::describe_topology({"cuda:0", "cuda:1"}, t, {{0, "0-55"}, {1, "56-111"}}, "2.28.9");
+  EXPECT_EQ(j["nccl"], "2.28.9");
+  ASSERT_EQ(j["gpus"].size(), 2u);
+  EXPECT_EQ(j["gpus"][1]["pci_bus_id"], "0000:3b:00.0");
+  EXPECT_EQ(j["gpus"][1]["numa_node"], 1);
+  EXPECT_EQ(j["gpus"][0]["nvlink"]["links"], 18);
+  EXPECT_EQ(j["gpus"][0]["nvlink"]["to_switch"], 18);
+  EXPECT_EQ(j["gpus"][0]["nvlink"]["version"], "4.0");
+  EXPECT_EQ(j["gpus"][0]["pcie"]["gen"], 5);
+  ASSERT_EQ(j["links"].size(), 1u);
+  EXPECT_EQ(j["links"][0]["via"], "nvswitch");
+  EXPECT_EQ(j["links"][0]["nvlinks"], 18);
+  EXPECT_EQ(j["links"][0]["pcie_path"], "SYS");
+  EXPECT_EQ(j["links"][0]["p2p_read"], "ok");
+
+  t.gpus = {gpu("0000:19:00.0", 4, 0, "00000000:3B:00.0"), gpu("0000:3b:00.0", 4, 0, "00000000:19:00.0"),
+            gpu("0000:5e:00.0", 0, -1)};
+  t.pairs = {{0, 1, 40, 0, 0}, {0, 2, 10, 0, 5}, {1, 2, 20, 0, 5}};
+  j = system::describe_topology({"cuda:0", "cuda:1", "cuda:2"}, t, {}, "");
+  EXPECT_FALSE(j.contains("nccl"));
+  EXPECT_EQ(j["links"][0]["via"], "nvlink");
+  EXPECT_EQ(j["links"][0]["nvlinks"], 4);
+  EXPECT_EQ(j["links"][1]["via"], "pcie");
+  EXPECT_EQ(j["links"][1]["pcie_path"], "PIX");
+  EXPECT_EQ(j["links"][1]["p2p_nvlink"], "not supported");
+  EXPECT_EQ(j["links"][2]["pcie_path"], "PXB");
+  EXPECT_EQ(j["gpus"][2]["nvlink"]["links"], 0);
+  EXPECT_FALSE(j["gpus"][2]["nvlink"].contains("version"));
+}
+
+TEST(Topology, ContextHasItWhereThereAreGpus) {
+  const auto devices = backend::list_devices();
+  const bool gpus = std::any_of(devices.begin(), devices.end(), [](const auto& d) { return d.kind == "cuda"; });
+  const nlohmann::json t = system::topology_json(devices);
+  if (!gpus) {
+    EXPECT_TRUE(t.is_null());
+    GTEST_SKIP() << "no CUDA device: the topology block is left out, as checked";
+  }
+  ASSERT_TRUE(t.is_object());
+  EXPECT_EQ(t["source"], "nvml") << t.dump();
+  EXPECT_FALSE(t["gpus"].empty());
+}
+
+// --- p2p ---
+
+TEST(P2pWorkload, CpuPointsAreSkippedWithTheReason) {
+  auto be = backend::make_backend("cpu");
+  std::vector<nlohmann::json> records;
+  workloads::RunnerHooks hooks;
+  hooks.sink = [&records](const nlohmann::json& r) { records.push_back(r); };
+  workloads::Runner runner(*be, fast_settings(), nlohmann::json::object(), "run-p2p", hooks, nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(workloads::plan_for(workloads::find_workload("p2p"), "cpu", {}), cancel);
+  ASSERT_EQ(records.size(), 2u);  // src 0, dst 0, 8 B and 256 MiB
+  for (const auto& r : records) {
+    EXPECT_EQ(r.at("status"), "skipped");
+    EXPECT_NE(r.value("reason", "").find("need CUDA GPUs"), std::string::npos) << r.dump();
+  }
+  EXPECT_THROW(workloads::plan_for(workloads::find_workload("p2p"), "cpu", {{{"src"}, "7"}}), UsageError);
+}
+
+TEST(P2pGpu, EveryPairCopiesExactly) {
+  const int gpus = backend::collective_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA device: driver or GPU absent";
+  std::vector<int> sides{backend::kHostSide};
+  for (int g = 0; g < gpus; ++g) sides.push_back(g);
+  for (int src : sides)
+    for (int dst : sides) {
+      if (src == backend::kHostSide && dst == backend::kHostSide) continue;
+      for (bool bi : {false, true}) {
+        auto plan = backend::make_peer_copy({src, dst, (std::int64_t{1} << 20) + 3, bi});
+        EXPECT_EQ(plan->check(), 0) << src << " -> " << dst << " bi=" << bi;
+        auto timer = plan->make_timer();
+        EXPECT_GT(timer->time_batch([&] { plan->run(); }, 3), 0.0);
+        if (src >= 0 && dst >= 0 && src != dst) {
+          EXPECT_EQ(plan->link_facts().count("peer_access"), 1u);
+        }
+      }
+    }
+  EXPECT_THROW(backend::make_peer_copy({backend::kHostSide, backend::kHostSide, 8, false}), UsageError);
+  EXPECT_THROW(backend::make_peer_copy({0, gpus, 8, false}), UsageError);
+}
+
+TEST(P2pGpu, WorkloadRecordsBandwidthAndLatency) {
+  if (backend::collective_device_count() == 0) GTEST_SKIP() << "no CUDA device: driver or GPU absent";
+  auto be = backend::make_backend("cuda:0");
+  std::vector<nlohmann::json> records;
+  workloads::RunnerHooks hooks;
+  hooks.sink = [&records](const nlohmann::json& r) { records.push_back(r); };
+  workloads::Runner runner(*be, fast_settings(), nlohmann::json::object(), "run-p2p", hooks, nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(workloads::plan_for(workloads::find_workload("p2p"), "cuda", {{{"bytes"}, "8,4194304"}}), cancel);
+  ASSERT_FALSE(records.empty());
+  for (const auto& r : records) {
+    if (r["params"]["src"] == "host" && r["params"]["dst"] == "host") {
+      EXPECT_EQ(r["status"], "skipped");
+      continue;
+    }
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    EXPECT_TRUE(r["check"]["passed"].get<bool>());
+    EXPECT_GT(r["rates"]["gbps"].get<double>(), 0.0);
+    EXPECT_GT(r["metrics"]["latency_us"].get<double>(), 0.0);
+  }
+}
+
+// --- collectives: graph mode and the multi-process shape at one rank ---
+
+TEST(CollectivesGpu, GraphModeAndOneRankCommunicatorAreExact) {
+  if (backend::collective_device_count() == 0) GTEST_SKIP() << "no CUDA device: driver or GPU absent";
+  auto be = backend::make_backend("cuda:0");
+  const int gpus = backend::collective_device_count();
+  for (auto op : {CollectiveOp::all_reduce, CollectiveOp::all_gather, CollectiveOp::send_recv}) {
+    auto group = backend::make_collective_group(*be, gpus);
+    const std::int64_t count = collective_count(op, 1 << 20, 4, gpus);
+    auto plan = group->make_plan({op, DType::f32, count, false, 5});
+    EXPECT_EQ(plan->collectives_per_run(), 5);
+    plan->run();  // captures, then replays
+    EXPECT_EQ(plan->check(), 0) << backend::collective_op_name(op);
+    const auto t = plan->per_rank_seconds(2);
+    for (double s : t) EXPECT_GT(s, 0.0);
+  }
+  // The multi-process shape with a world of one: ncclCommInitRank, cached by id.
+  const auto id = backend::collective_unique_id();
+  auto rank = backend::make_collective_rank(*be, 0, 1, id);
+  EXPECT_EQ(rank->size(), 1);
+  EXPECT_EQ(rank->local_ranks(), 1);
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    auto plan = rank->make_plan({CollectiveOp::all_reduce, DType::bf16, 4096, repeat == 1, repeat == 1 ? 3 : 0});
+    EXPECT_EQ(plan->check(), 0);
+    plan->run();
+  }
+  EXPECT_THROW(backend::make_collective_rank(*be, 1, 1, id), UsageError);
+}
+
+TEST(CollectivesGpu, WorkloadInGraphMode) {
+  if (backend::collective_device_count() == 0) GTEST_SKIP() << "no CUDA device: driver or GPU absent";
+  auto be = backend::make_backend("cuda:0");
+  const auto records =
+      run_collectives(*be, "cuda", {{{"op"}, "all_reduce"}, {{"bytes"}, "1048576"}, {{"in_place"}, "0"}, {{"graph"}, "on"}});
+  ASSERT_EQ(records.size(), 1u);
+  ASSERT_EQ(records[0].at("status"), "ok") << records[0].dump();
+  EXPECT_EQ(records[0]["metrics"]["graph_collectives"], 20);
+  EXPECT_EQ(records[0]["counts"]["samples"], 20);
+  EXPECT_GT(records[0]["metrics"]["algbw_gbps"].get<double>(), 0.0);
 }
 
 }  // namespace

@@ -63,13 +63,48 @@ int collective_device_count() {
 #endif
 }
 
+#ifndef ACCELBENCH_WITH_CUDA
+namespace {
+[[noreturn]] void cpu_only(const std::string& what) {
+  throw Unsupported(what + " need the CUDA build and NCCL (cmake --preset cuda); this build is CPU-only");
+}
+}  // namespace
+#endif
+
 std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpus) {
 #ifdef ACCELBENCH_WITH_CUDA
   return cuda::make_collective_group(backend, gpus);
 #else
   (void)backend;
   (void)gpus;
-  throw Unsupported("collectives need the CUDA build and NCCL (cmake --preset cuda); this build is CPU-only");
+  cpu_only("collectives");
+#endif
+}
+
+std::vector<std::uint8_t> collective_unique_id() {
+#ifdef ACCELBENCH_WITH_CUDA
+  return cuda::collective_unique_id();
+#else
+  cpu_only("collectives");
+#endif
+}
+
+std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank, int ranks,
+                                                      const std::vector<std::uint8_t>& unique_id) {
+#ifdef ACCELBENCH_WITH_CUDA
+  return cuda::make_collective_rank(backend, rank, ranks, unique_id);
+#else
+  (void)backend, (void)rank, (void)ranks, (void)unique_id;
+  cpu_only("collectives");
+#endif
+}
+
+std::unique_ptr<PeerCopyPlan> make_peer_copy(const PeerCopyDesc& desc) {
+#ifdef ACCELBENCH_WITH_CUDA
+  return cuda::make_peer_copy(desc);
+#else
+  (void)desc;
+  cpu_only("GPU-to-GPU copies");
 #endif
 }
 

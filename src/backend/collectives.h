@@ -1,8 +1,11 @@
-// Collective communication across the GPUs of one process (NCCL behind backend/cuda). A group
-// holds one communicator per device; rank 0 is the backend's own device and stream, so the
-// backend's event timer times a collective from its start on rank 0 to the moment every rank has
-// finished (the other ranks' streams fork from and join back into rank 0's stream).
-// docs/METHODOLOGY.md "Collectives" has the sizes, the check and the timing.
+// Collective communication over NCCL (behind backend/cuda), in two shapes. One process driving
+// several GPUs: a group holds one communicator per device; rank 0 is the backend's own device and
+// stream, so the backend's event timer times a collective from its start on rank 0 to the moment
+// every rank has finished (the other ranks' streams fork from and join back into rank 0's
+// stream). One process per GPU (dist/ bootstraps them): a group is this process's one rank of the
+// launch's communicator, on the backend's device and stream. Communicators are created once per
+// device set (or per launch and rank) and kept for the process's life: a sweep pays NCCL's set-up
+// once, not per point. docs/METHODOLOGY.md "Collectives" has the sizes, the check and the timing.
 #pragma once
 
 #include <cstdint>
@@ -34,28 +37,37 @@ struct CollectiveDesc {
   DType dtype = DType::f32;
   std::int64_t count = 0;
   bool in_place = false;
+  // 0: run() launches one collective. k > 0: run() replays a CUDA graph that holds k collectives,
+  // captured on the first run() (one graph per GPU, as nccl-tests' -G does).
+  int graph_collectives = 0;
 };
 
 class CollectivePlan {
  public:
   virtual ~CollectivePlan() = default;
-  // Enqueues the collective on every rank (one NCCL group call); rank 0's stream is the backend's.
+  // Enqueues one iteration on every local rank: one collective (one NCCL group call), or one
+  // replay of the captured graph. Rank 0's stream is the backend's.
   virtual void run() = 0;
-  // Fills every rank's input with small integers that depend on rank and index (exact in every
-  // dtype), runs once, and returns the number of output elements that differ from the result
-  // computed on the host, over all ranks (for reduce: the root's output only).
+  // Collectives one run() enqueues: 1, or graph_collectives.
+  virtual int collectives_per_run() const = 0;
+  // Fills every local rank's input with small integers that depend on rank and index (exact in
+  // every dtype), runs one collective (never the graph), and returns the number of output elements
+  // that differ from the result computed on the host, over the local ranks (for reduce: the
+  // root's output only). In a multi-process group every rank must call it.
   virtual std::int64_t check() = 0;
-  // Each rank's own time per collective, from an event before to an event after `iterations`
-  // back-to-back collectives on that rank's stream.
+  // Each local rank's own time per collective, from an event before to an event after
+  // `iterations` back-to-back run()s on that rank's stream.
   virtual std::vector<double> per_rank_seconds(int iterations) = 0;
 };
 
 class CollectiveGroup {
  public:
   virtual ~CollectiveGroup() = default;
-  virtual int size() const = 0;
-  virtual std::vector<std::string> device_ids() const = 0;  // rank order: "cuda:0", ...
-  // Environment settings the group forced before creating its communicators (NCCL_NVLS_ENABLE=0).
+  virtual int size() const = 0;         // ranks in the communicator, over all processes
+  virtual int local_ranks() const = 0;  // ranks this process drives
+  virtual int first_rank() const = 0;   // the rank of the first of them
+  virtual std::vector<std::string> device_ids() const = 0;  // this process's, rank order: "cuda:0", ...
+  // Environment settings forced before the communicators were created (NCCL_NVLS_ENABLE=0...).
   virtual std::map<std::string, std::string> forced_settings() const = 0;
   // Allocates the buffers; throws OutOfMemory when a device is full, UsageError for a bad count.
   virtual std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) = 0;
@@ -64,8 +76,38 @@ class CollectiveGroup {
 // GPUs a collective group can span in this process (0 in the CPU build or without a GPU).
 int collective_device_count();
 // A group of `gpus` devices starting at the backend's device (cuda:i, cuda:i+1, ... modulo the
-// visible count), with one communicator each (ncclCommInitAll). The backend must outlive it.
+// visible count), with one communicator each (ncclCommInitAll, once per device set). The backend
+// must outlive the group and its plans.
 // Throws Unsupported in the CPU build or for a non-CUDA backend, Error when gpus > visible.
 std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpus);
+
+// The multi-process shape. One rank creates the id (ncclGetUniqueId), every rank receives it
+// (dist/ broadcasts it over MPI) and calls make_collective_rank with its rank: NCCL's set-up then
+// waits until all `ranks` processes have joined. The communicator is kept per (id, rank).
+std::vector<std::uint8_t> collective_unique_id();
+std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank, int ranks,
+                                                      const std::vector<std::uint8_t>& unique_id);
+
+// GPU-to-GPU and host-to-GPU copies (the p2p workload): cudaMemcpyPeerAsync with peer access
+// enabled where the pair allows it. A side of -1 (kHostSide) is pinned host memory.
+constexpr int kHostSide = -1;
+struct PeerCopyDesc {
+  int src = 0, dst = 0;
+  std::int64_t bytes = 0;
+  bool bidirectional = false;  // src -> dst and dst -> src at once, on two streams
+};
+class PeerCopyPlan {
+ public:
+  virtual ~PeerCopyPlan() = default;
+  virtual void run() = 0;  // one copy (two when bidirectional), on the plan's own stream(s)
+  // Fresh random bytes in the source(s), one run(), and the number of destination bytes that differ.
+  virtual std::int64_t check() = 0;
+  // Events on the plan's first stream (on src's device, or dst's when src is the host); a
+  // bidirectional run joins its second stream back into the first.
+  virtual std::unique_ptr<measure::IterationTimer> make_timer() = 0;
+  // What the pair offers: "peer_access" (enabled for this copy), "p2p_performance_rank"...
+  virtual std::map<std::string, std::string> link_facts() const = 0;
+};
+std::unique_ptr<PeerCopyPlan> make_peer_copy(const PeerCopyDesc& desc);
 
 }  // namespace ab::backend

@@ -6,10 +6,14 @@
 #include <iostream>
 
 #include "backend/backend.h"
+#include "backend/collectives.h"
 #include "core/error.h"
+#include "dist/comm.h"
+#include "dist/launcher.h"
 #include "results/results.h"
 #include "system/build_info.h"
 #include "system/system.h"
+#include "system/topology.h"
 #include "telemetry/telemetry.h"
 #include "workloads/runner.h"
 #include "workloads/suite.h"
@@ -88,6 +92,23 @@ int sysinfo(bool json) {
       std::cout << '\n';
       for (const auto& [k, v] : d.versions) std::cout << "          " << std::left << std::setw(16) << k << v << '\n';
     }
+    if (const nlohmann::json topo = system::topology_json(devices); !topo.is_null()) {
+      for (const auto& g : topo["gpus"]) {
+        std::cout << "gpu link  " << g["id"].get<std::string>() << "  PCIe gen " << g["pcie"].value("gen", -1) << " x"
+                  << g["pcie"].value("width", -1) << ", " << g["nvlink"]["links"].get<int>() << " NVLink(s)";
+        if (g["nvlink"].contains("version")) std::cout << " " << g["nvlink"]["version"].get<std::string>();
+        if (g.contains("numa_node")) std::cout << ", NUMA node " << g["numa_node"].get<int>();
+        std::cout << '\n';
+      }
+      for (const auto& l : topo["links"]) {
+        std::cout << "pair      " << l["a"].get<std::string>() << " - " << l["b"].get<std::string>() << "  "
+                  << l["via"].get<std::string>();
+        if (l.contains("nvlinks")) std::cout << " x" << l["nvlinks"].get<int>();
+        std::cout << ", PCIe path " << l["pcie_path"].get<std::string>() << ", P2P read " << l["p2p_read"].get<std::string>()
+                  << '\n';
+      }
+      if (topo.contains("note")) std::cout << "topology  " << topo["note"].get<std::string>() << '\n';
+    }
     if (!backend::cuda_built()) std::cout << "note      CPU-only build: configure with --preset cuda for GPUs\n";
     else if (devices.size() == 1) std::cout << "note      CUDA build, but no GPU answered (no driver or no device)\n";
     return 0;
@@ -142,6 +163,19 @@ int list(bool json) {
 }
 
 int run(const RunOptions& o) {
+  // Under mpirun or srun every process runs this same command: they join MPI here, each drives its
+  // own GPU, every point runs on all of them in lock step, and rank 0 alone writes the results.
+  std::unique_ptr<dist::Session> session;
+  try {
+    session = std::make_unique<dist::Session>(dist::parse_launcher_env(dist::process_environment()));
+  } catch (const std::exception& e) {
+    std::cerr << "accelbench run: " << e.what() << '\n';
+    return dynamic_cast<const UsageError*>(&e) || dynamic_cast<const Unsupported*>(&e) ? 2 : 1;
+  }
+  dist::Comm& world = dist::world();
+  const bool leader = world.rank() == 0;
+  const bool quiet = o.quiet || !leader;
+  dist::Outcome setup;  // what went wrong here before anything runs; all ranks agree on it below
   std::unique_ptr<backend::Backend> be;
   std::optional<workloads::Suite> suite;
   std::vector<workloads::PlanEntry> plan;
@@ -154,7 +188,9 @@ int run(const RunOptions& o) {
   try {
     if (workloads::looks_like_suite(o.target)) suite = workloads::load_suite(o.target);
     else workloads::find_workload(o.target);
-    const std::string device = o.device.empty() ? backend::best_device() : o.device;
+    std::string device = o.device.empty() ? backend::best_device() : o.device;
+    if (o.device.empty() && world.size() > 1 && device != "cpu")  // one GPU per process: local rank -> device
+      device = "cuda:" + std::to_string(dist::device_for_rank(session->launch(), backend::collective_device_count()));
     if (device != "cpu" && device.rfind("cuda:", 0) != 0)
       throw UsageError("unknown device '" + device + "'; valid: cpu, cuda:N");
     if (suite) {
@@ -176,17 +212,38 @@ int run(const RunOptions& o) {
                               {"timeout_s", settings.timeout_s}, {"mode", std::string(measure::to_string(settings.mode))}};
     if (suite) context["suite"] = suite->name;
   } catch (const UsageError& e) {
-    std::cerr << "accelbench run: " << e.what() << '\n';
-    return 2;
+    setup = {2, e.what()};
   } catch (const std::exception& e) {
-    std::cerr << "accelbench run: " << e.what() << '\n';
-    return 1;
+    setup = {1, e.what()};
   }
-  try {
-    store = std::make_unique<results::ResultStore>(o.out_dir, results::RunInfo{run_id, started_at, o.command_line, context});
-  } catch (const std::exception& e) {
-    std::cerr << "accelbench run: cannot write results: " << e.what() << '\n';
+  // From here on every rank takes the same branch: a failure on one stops all of them.
+  if (const dist::Outcome all = dist::agree(world, setup); all.code != 0) {
+    if (leader || setup.code != 0) std::cerr << "accelbench run: " << all.message << '\n';
+    return all.code;
+  }
+  std::string plan_text;
+  for (const auto& e : plan) plan_text += e.workload->name() + " " + e.point.label() + "\n";
+  if (!dist::same_on_all_ranks(world, plan_text)) {
+    if (leader)
+      std::cerr << "accelbench run: the ranks built different sweeps; every process needs the same command line and "
+                   "the same number of visible GPUs\n";
     return 2;
+  }
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : dist::gather_places(world, be->info().id, be->info().pci_bus_id))
+    ranks.push_back({{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host}, {"device", r.device},
+                     {"pci_bus_id", r.pci_bus_id}});
+  context["dist"] = {{"launcher", session->launch().launcher}, {"processes", world.size()}, {"ranks", ranks}};
+  if (leader) {
+    try {
+      store = std::make_unique<results::ResultStore>(o.out_dir, results::RunInfo{run_id, started_at, o.command_line, context});
+    } catch (const std::exception& e) {
+      setup = {2, std::string("cannot write results: ") + e.what()};
+    }
+  }
+  if (const dist::Outcome all = dist::agree(world, setup); all.code != 0) {
+    if (leader) std::cerr << "accelbench run: " << all.message << '\n';
+    return all.code;
   }
 
   // Telemetry: NVML for the GPU under test (absent driver -> noted, never fatal), /proc for the host.
@@ -199,12 +256,12 @@ int run(const RunOptions& o) {
                              o.telemetry_period_ms / 1000.0);
   sampler.start();
   if (sampler.has_power()) settings.min_window_s = 1.0;  // energy needs a window the power sensor can resolve
-  if (!nvml_note.empty() && !o.quiet) std::cerr << "telemetry: GPU counters unavailable: " << nvml_note << '\n';
+  if (!nvml_note.empty() && !quiet) std::cerr << "telemetry: GPU counters unavailable: " << nvml_note << '\n';
 
   workloads::RunnerHooks hooks;
   const std::string device_name = be->info().name;
-  const auto db = store->db_path();
-  hooks.find_stored_ceiling = [db, device_name](const std::string& key) -> std::optional<workloads::Ceiling> {
+  const auto db = leader ? store->db_path() : std::filesystem::path();
+  if (leader) hooks.find_stored_ceiling = [db, device_name](const std::string& key) -> std::optional<workloads::Ceiling> {
     try {
       const auto p = results::latest_point(db, "ceilings", device_name, {{"target", key}});
       if (!p || !(*p)["rates"].contains("ceiling")) return std::nullopt;
@@ -220,25 +277,30 @@ int run(const RunOptions& o) {
     if (!keep) sampler.discard_before(t1);  // bounded memory on long runs unless the trace is wanted
     return summary;
   };
-  hooks.sink = [&store](const nlohmann::json& record) { store->append(record); };
-  hooks.artifact_dir = store->run_dir();
+  if (leader) {  // the other ranks' records are the same points: rank 0's carry every rank's times
+    hooks.sink = [&store](const nlohmann::json& record) { store->append(record); };
+    hooks.artifact_dir = store->run_dir();
+  }
 
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
-  if (!o.quiet)
+  if (!quiet)
     std::cerr << "accelbench run " << run_id << ": " << plan.size() << " point(s) on " << be->info().id << " ("
-              << be->info().name << "), results in " << store->run_dir().string() << '\n';
-  workloads::Runner runner(*be, settings, context, run_id, hooks, o.quiet ? nullptr : &std::cerr);
+              << be->info().name << (world.size() > 1 ? ") and " + std::to_string(world.size() - 1) + " more rank(s)" : ")")
+              << ", results in " << store->run_dir().string() << '\n';
+  workloads::Runner runner(*be, settings, context, run_id, hooks, quiet ? nullptr : &std::cerr);
   workloads::RunTotals totals;
   try {
     totals = runner.run(plan, g_cancel);
   } catch (const std::exception& e) {
     sampler.stop();
-    store->finish("failed");
+    if (store) store->finish("failed");
     std::cerr << "accelbench run: " << e.what() << '\n';
+    dist::abort_launch(1);  // the other ranks would wait for this one at the next point
     return 1;
   }
   sampler.stop();
+  if (!leader) return totals.interrupted ? 130 : totals.by_status.count("error") ? 1 : 0;
   if (o.telemetry_trace) {
     std::ofstream trace(store->run_dir() / "telemetry.json");
     trace << sampler.trace().dump() << '\n';

@@ -38,8 +38,8 @@ int required_int(const Env& env, const std::string& name, const std::string& bec
   return to_int(name, *v);
 }
 
-// SLURM_TASKS_PER_NODE: "4(x2),3" = 4 tasks on each of two nodes, then 3 on the third.
-std::vector<int> expand_tasks_per_node(const std::string& text) {
+// SLURM_(STEP_)TASKS_PER_NODE: "4(x2),3" = 4 tasks on each of two nodes, then 3 on the third.
+std::vector<int> expand_tasks_per_node(const std::string& name, const std::string& text) {
   std::vector<int> out;
   std::size_t pos = 0;
   while (pos <= text.size()) {
@@ -47,13 +47,13 @@ std::vector<int> expand_tasks_per_node(const std::string& text) {
     const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     const std::size_t paren = item.find("(x");
     if (paren == std::string::npos) {
-      out.push_back(to_int("SLURM_TASKS_PER_NODE", item));
+      out.push_back(to_int(name, item));
     } else {
       if (item.back() != ')')
-        throw UsageError("launcher environment: SLURM_TASKS_PER_NODE='" + text + "' is malformed");
-      const int tasks = to_int("SLURM_TASKS_PER_NODE", item.substr(0, paren));
-      const int nodes = to_int("SLURM_TASKS_PER_NODE", item.substr(paren + 2, item.size() - paren - 3));
-      if (nodes < 1) throw UsageError("launcher environment: SLURM_TASKS_PER_NODE='" + text + "' is malformed");
+        throw UsageError("launcher environment: " + name + "='" + text + "' is malformed");
+      const int tasks = to_int(name, item.substr(0, paren));
+      const int nodes = to_int(name, item.substr(paren + 2, item.size() - paren - 3));
+      if (nodes < 1) throw UsageError("launcher environment: " + name + "='" + text + "' is malformed");
       out.insert(out.end(), static_cast<std::size_t>(nodes), tasks);
     }
     if (comma == std::string::npos) break;
@@ -63,13 +63,16 @@ std::vector<int> expand_tasks_per_node(const std::string& text) {
 }
 
 int slurm_local_size(const Env& env) {
-  if (auto v = optional_int(env, "SLURM_NTASKS_PER_NODE")) return *v;
-  const auto text = lookup(env, "SLURM_TASKS_PER_NODE");
+  // The step's own layout first (srun inside a larger allocation), then the job's.
+  const char* list_name = env.count("SLURM_STEP_TASKS_PER_NODE") != 0 ? "SLURM_STEP_TASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  if (env.count("SLURM_STEP_TASKS_PER_NODE") == 0)
+    if (auto v = optional_int(env, "SLURM_NTASKS_PER_NODE")) return *v;
+  const auto text = lookup(env, list_name);
   if (!text) return 0;
-  const std::vector<int> per_node = expand_tasks_per_node(*text);
+  const std::vector<int> per_node = expand_tasks_per_node(list_name, *text);
   if (auto node = optional_int(env, "SLURM_NODEID")) {
     if (*node < 0 || *node >= static_cast<int>(per_node.size()))
-      throw UsageError("launcher environment: SLURM_NODEID=" + std::to_string(*node) + " but SLURM_TASKS_PER_NODE='" +
+      throw UsageError("launcher environment: SLURM_NODEID=" + std::to_string(*node) + " but " + list_name + "='" +
                        *text + "' lists " + std::to_string(per_node.size()) + " node(s)");
     return per_node[static_cast<std::size_t>(*node)];
   }
@@ -108,14 +111,17 @@ LaunchInfo parse_launcher_env(const Env& env) {
     li.local_rank = required_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", why);
     li.local_size = optional_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(0);
     validate(li, "OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE");
-  } else if (env.count("SLURM_PROCID") != 0) {
+  } else if (env.count("SLURM_PROCID") != 0 && env.count("SLURM_STEP_NUM_TASKS") != 0) {
+    // Only a task of an srun step: a batch script itself also sees SLURM_PROCID and SLURM_NTASKS
+    // (the whole allocation's), but it is one process.
     const std::string why = "SLURM_PROCID";
     li.launcher = "slurm";
     li.rank = to_int(why, env.at(why));
-    li.world_size = required_int(env, "SLURM_NTASKS", why);
+    li.world_size = required_int(env, "SLURM_STEP_NUM_TASKS", why);
     li.local_rank = required_int(env, "SLURM_LOCALID", why);
     li.local_size = slurm_local_size(env);
-    validate(li, "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE");
+    validate(li, "SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE / SLURM_NTASKS_PER_NODE "
+                 "/ SLURM_TASKS_PER_NODE");
   } else if (env.count("PMI_RANK") != 0) {
     const std::string why = "PMI_RANK";
     li.launcher = "pmi";

@@ -17,8 +17,9 @@ struct LaunchInfo {
 };
 
 // The first launcher whose rank variable is set wins, in the order openmpi (OMPI_COMM_WORLD_*),
-// slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE
-// with SLURM_NODEID), pmi (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS), torchrun (RANK,
+// slurm (a task of an srun step: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and
+// SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE with SLURM_NODEID; a
+// batch script's own SLURM_* variables, without SLURM_STEP_NUM_TASKS, are no launch), pmi (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS), torchrun (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE). Throws UsageError naming the variables when that
 // launcher's values are missing, not integers, or inconsistent (rank outside the world, local
 // rank outside the node, more processes on a node than in the world).

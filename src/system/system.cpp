@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "system/build_info.h"
+#include "system/topology.h"
 
 namespace ab::system {
 namespace {
@@ -67,8 +68,10 @@ nlohmann::json make_context(const std::vector<backend::DeviceInfo>& devices, con
                             const std::string& started_at) {
   nlohmann::json devs = nlohmann::json::array();
   for (const auto& d : devices) devs.push_back(to_json(d));
-  return {{"host", to_json(host_info())}, {"devices", devs},          {"build", build_json()},
-          {"command_line", command_line}, {"started_at", started_at}};
+  nlohmann::json context = {{"host", to_json(host_info())}, {"devices", devs},          {"build", build_json()},
+                             {"command_line", command_line}, {"started_at", started_at}};
+  if (nlohmann::json topology = topology_json(devices); !topology.is_null()) context["topology"] = topology;
+  return context;
 }
 
 }  // namespace ab::system

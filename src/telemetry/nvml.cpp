@@ -34,6 +34,17 @@ struct NvmlLibrary::Api {
   Return (*memory_info)(Device, nvml::Memory*) = nullptr;
   Return (*clock_reasons)(Device, unsigned long long*) = nullptr;  // ...ClocksEventReasons or ...ThrottleReasons
   Return (*field_values)(Device, int, nvml::FieldValue*) = nullptr;
+  // Topology
+  Return (*nvlink_state)(Device, unsigned, int*) = nullptr;                  // nvmlDeviceGetNvLinkState
+  Return (*nvlink_version)(Device, unsigned, unsigned*) = nullptr;           // nvmlDeviceGetNvLinkVersion
+  Return (*nvlink_remote_pci)(Device, unsigned, nvml::PciInfo*) = nullptr;   // ...GetNvLinkRemotePciInfo_v2
+  Return (*nvlink_remote_type)(Device, unsigned, int*) = nullptr;            // ...GetNvLinkRemoteDeviceType
+  Return (*common_ancestor)(Device, Device, int*) = nullptr;                 // ...GetTopologyCommonAncestor
+  Return (*p2p_status)(Device, Device, int, int*) = nullptr;                 // nvmlDeviceGetP2PStatus
+  Return (*pcie_gen)(Device, unsigned*) = nullptr;                           // ...GetCurrPcieLinkGeneration
+  Return (*pcie_width)(Device, unsigned*) = nullptr;                         // ...GetCurrPcieLinkWidth
+  Return (*pcie_max_gen)(Device, unsigned*) = nullptr;                       // ...GetMaxPcieLinkGeneration
+  Return (*pcie_max_width)(Device, unsigned*) = nullptr;                     // ...GetMaxPcieLinkWidth
 
   std::string message(const char* fn, Return r) const {
     const char* text = error_string ? error_string(r) : nullptr;
@@ -253,6 +264,16 @@ std::shared_ptr<NvmlLibrary> NvmlLibrary::load(const std::string& soname) {
   resolve(h, "nvmlDeviceGetCurrentClocksEventReasons", a.clock_reasons);  // r535+
   if (!a.clock_reasons) resolve(h, "nvmlDeviceGetCurrentClocksThrottleReasons", a.clock_reasons);
   resolve(h, "nvmlDeviceGetFieldValues", a.field_values);
+  resolve(h, "nvmlDeviceGetNvLinkState", a.nvlink_state);
+  resolve(h, "nvmlDeviceGetNvLinkVersion", a.nvlink_version);
+  resolve(h, "nvmlDeviceGetNvLinkRemotePciInfo_v2", a.nvlink_remote_pci);
+  resolve(h, "nvmlDeviceGetNvLinkRemoteDeviceType", a.nvlink_remote_type);
+  resolve(h, "nvmlDeviceGetTopologyCommonAncestor", a.common_ancestor);
+  resolve(h, "nvmlDeviceGetP2PStatus", a.p2p_status);
+  resolve(h, "nvmlDeviceGetCurrPcieLinkGeneration", a.pcie_gen);
+  resolve(h, "nvmlDeviceGetCurrPcieLinkWidth", a.pcie_width);
+  resolve(h, "nvmlDeviceGetMaxPcieLinkGeneration", a.pcie_max_gen);
+  resolve(h, "nvmlDeviceGetMaxPcieLinkWidth", a.pcie_max_width);
   if (!a.init || !a.shutdown || !a.device_count || !a.handle_by_index) {
     lib->reason_ = "NVML unavailable: " + soname + " lacks nvmlInit_v2/nvmlDeviceGetCount_v2 (driver too old)";
     return lib;
@@ -298,6 +319,64 @@ std::unique_ptr<GpuSource> NvmlLibrary::open_pci_bus_id(const std::string& bus_i
     return nullptr;
   }
   return std::make_unique<NvmlGpuSource>(shared_from_this(), *api_, dev);
+}
+
+NvmlTopology NvmlLibrary::topology(const std::vector<std::string>& pci_bus_ids) const {
+  NvmlTopology t;
+  if (!initialised_) {
+    t.unavailable = reason_;
+    return t;
+  }
+  const Api& a = *api_;
+  auto value = [](auto fn, auto&&... args) -> int {  // -1 where the call is missing or fails
+    unsigned v = 0;
+    return fn != nullptr && fn(args..., &v) == nvml::kSuccess ? static_cast<int>(v) : -1;
+  };
+  std::vector<Device> devices;
+  for (const auto& id : pci_bus_ids) {
+    Device dev = nullptr;
+    if (!a.handle_by_pci || a.handle_by_pci(id.c_str(), &dev) != nvml::kSuccess) {
+      t.unavailable += (t.unavailable.empty() ? "" : "; ") + std::string("NVML does not know ") + id;
+      continue;
+    }
+    GpuLinkFacts g;
+    g.pci_bus_id = id;
+    g.pcie_gen = value(a.pcie_gen, dev);
+    g.pcie_width = value(a.pcie_width, dev);
+    g.pcie_max_gen = value(a.pcie_max_gen, dev);
+    g.pcie_max_width = value(a.pcie_max_width, dev);
+    for (unsigned link = 0; a.nvlink_state != nullptr && link < nvml::kNvlinkMaxLinks; ++link) {
+      int active = 0;
+      if (a.nvlink_state(dev, link, &active) != nvml::kSuccess || active != nvml::kFeatureEnabled) continue;
+      NvlinkFacts f;
+      f.link = link;
+      f.version_code = value(a.nvlink_version, dev, link);
+      nvml::PciInfo remote{};
+      if (a.nvlink_remote_pci && a.nvlink_remote_pci(dev, link, &remote) == nvml::kSuccess) f.remote_bus_id = remote.busId;
+      int type = -1;
+      if (a.nvlink_remote_type && a.nvlink_remote_type(dev, link, &type) == nvml::kSuccess) f.remote_type = type;
+      g.nvlinks.push_back(f);
+    }
+    t.gpus.push_back(g);
+    devices.push_back(dev);
+  }
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    for (std::size_t j = i + 1; j < devices.size(); ++j) {
+      GpuPairFacts p;
+      p.a = i;
+      p.b = j;
+      int v = -1;
+      if (a.common_ancestor && a.common_ancestor(devices[i], devices[j], &v) == nvml::kSuccess) p.common_ancestor = v;
+      if (a.p2p_status && a.p2p_status(devices[i], devices[j], nvml::kP2pCapsRead, &v) == nvml::kSuccess) p.p2p_read = v;
+      if (a.p2p_status && a.p2p_status(devices[i], devices[j], nvml::kP2pCapsNvlink, &v) == nvml::kSuccess) p.p2p_nvlink = v;
+      t.pairs.push_back(p);
+    }
+  }
+  return t;
+}
+
+NvmlTopology read_nvml_topology(const std::vector<std::string>& pci_bus_ids) {
+  return NvmlLibrary::load()->topology(pci_bus_ids);
 }
 
 std::vector<std::unique_ptr<GpuSource>> open_nvml_devices(const std::vector<std::string>& pci_bus_ids,

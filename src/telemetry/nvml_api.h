@@ -81,6 +81,18 @@ struct PciInfo {
 static_assert(offsetof(PciInfo, domain) == 16 && offsetof(PciInfo, busId) == 36 && sizeof(PciInfo) == 68,
               "nvmlPciInfo_t layout");
 
+// Topology (the context block's `topology`).
+constexpr unsigned kNvlinkMaxLinks = 18;  // NVML_NVLINK_MAX_LINKS
+constexpr int kFeatureEnabled = 1;        // NVML_FEATURE_ENABLED (nvmlEnableState_t)
+// nvmlIntNvLinkDeviceType_t
+constexpr int kNvlinkDeviceGpu = 0, kNvlinkDeviceIbmNpu = 1, kNvlinkDeviceSwitch = 2, kNvlinkDeviceUnknown = 0xFF;
+// nvmlGpuP2PCapsIndex_t
+constexpr int kP2pCapsRead = 0, kP2pCapsNvlink = 2;
+constexpr int kP2pStatusOk = 0;  // nvmlGpuP2PStatus_t NVML_P2P_STATUS_OK
+// nvmlGpuTopologyLevel_t (NVML_TOPOLOGY_*) is a plain int: 0 internal, 10 single switch, 20
+// multiple switches, 30 host bridge, 40 NUMA node, 50 system. nvmlNvlinkVersion_t: 1 = 1.0,
+// 2 = 2.0, 3 = 2.2, 4 = 3.0, 5 = 3.1, 6 = 4.0, 7 = 5.0 (NVML_NVLINK_VERSION_*).
+
 constexpr unsigned kDeviceNameBufferSize = 96;          // NVML_DEVICE_NAME_V2_BUFFER_SIZE
 constexpr unsigned kSystemDriverVersionBufferSize = 80;  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
 

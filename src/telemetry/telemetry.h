@@ -81,6 +81,7 @@ class NvmlLibrary : public std::enable_shared_from_this<NvmlLibrary> {
   // nullptr with *error set when the device cannot be opened.
   std::unique_ptr<GpuSource> open_index(unsigned index, std::string* error);
   std::unique_ptr<GpuSource> open_pci_bus_id(const std::string& bus_id, std::string* error);
+  struct NvmlTopology topology(const std::vector<std::string>& pci_bus_ids) const;  // read_nvml_topology
 
   struct Api;  // function pointers, defined in nvml.cpp
 
@@ -91,6 +92,32 @@ class NvmlLibrary : public std::enable_shared_from_this<NvmlLibrary> {
   bool initialised_ = false;
   std::string reason_;
 };
+
+// The interconnect as NVML reports it, raw, for system/'s context block (system::topology_json
+// names and classifies it). Codes are NVML's; -1 where NVML did not answer.
+struct NvlinkFacts {
+  unsigned link = 0;
+  int version_code = -1;     // nvmlNvlinkVersion_t
+  std::string remote_bus_id;  // NVML's form, "00000000:19:00.0"
+  int remote_type = -1;       // nvmlIntNvLinkDeviceType_t: 0 GPU, 1 IBM NPU, 2 NVSwitch
+};
+struct GpuLinkFacts {
+  std::string pci_bus_id;
+  std::vector<NvlinkFacts> nvlinks;  // active links only
+  int pcie_gen = -1, pcie_width = -1, pcie_max_gen = -1, pcie_max_width = -1;
+};
+struct GpuPairFacts {
+  std::size_t a = 0, b = 0;  // indexes into NvmlTopology::gpus
+  int common_ancestor = -1;  // nvmlGpuTopologyLevel_t
+  int p2p_read = -1, p2p_nvlink = -1;  // nvmlGpuP2PStatus_t (0 = OK)
+};
+struct NvmlTopology {
+  std::vector<GpuLinkFacts> gpus;
+  std::vector<GpuPairFacts> pairs;  // a < b
+  std::string unavailable;  // why NVML answered nothing (no driver...)
+};
+// The listed GPUs (by PCI bus id) and every pair of them. Never throws.
+NvmlTopology read_nvml_topology(const std::vector<std::string>& pci_bus_ids);
 
 // Opens the listed devices (all devices when the list is empty). *unavailable_reason is set when
 // NVML is missing or some device could not be opened; the devices that did open are returned.

@@ -15,6 +15,7 @@ const std::vector<std::unique_ptr<Workload>>& registry() {
     v.push_back(micro::make_copy());
     v.push_back(make_loadgen());
     v.push_back(micro::make_collectives());
+    v.push_back(micro::make_p2p());
     v.push_back(zoo::make_train());
     v.push_back(zoo::make_infer());
     return v;

@@ -46,6 +46,10 @@ void State::check(double rel_error, double tolerance, const std::string& what) {
 
 void State::exec(const std::function<void()>& iteration) { exec(iteration, settings_); }
 
+void State::exec(measure::IterationTimer& timer, const std::function<void()>& iteration) {
+  result_ = measure::run(timer, iteration, settings_, cancel_);
+}
+
 void State::exec(const std::function<void()>& iteration, const measure::Settings& settings) {
   auto timer = backend_.make_timer();
   result_ = measure::run(*timer, iteration, settings, cancel_);

@@ -73,6 +73,11 @@ class State {
   // Measures `iteration` with the run's settings (harness-owned timing). Call once per point.
   void exec(const std::function<void()>& iteration);
   void exec(const std::function<void()>& iteration, const measure::Settings& settings);
+  // Measures with another timer than the backend's (a plan that times its own streams: p2p).
+  void exec(measure::IterationTimer& timer, const std::function<void()>& iteration);
+  // A result the harness measured elsewhere: a multi-process point's lock-step measurement
+  // (dist/lockstep.h), which runs the same loop on rank 0 and hands every rank its result.
+  void set_result(measure::Result result) { result_ = std::move(result); }
   // A scenario run measured instead of exec() (the loadgen workload).
   void set_scenario_result(ScenarioReport r) { scenario_ = std::move(r); }
   // A folder of this point's own for files it writes (created by the writer); empty when the run

@@ -1,7 +1,9 @@
-// One communicator per device from ncclCommInitAll; every collective is one NCCL group call over
-// all ranks. Rank 0 runs on the backend's stream; ranks 1.. fork from it (an event rank 0 records
-// before the group) and join back (rank 0 waits on an event each records after), so the backend's
-// event timer covers the collective until the slowest rank has finished.
+// NCCL communicators, kept for the process's life: ncclCommInitAll for the GPUs of one process
+// (one group call over all ranks per collective), ncclCommInitRank for one rank of a multi-process
+// launch. Rank 0 runs on the backend's stream; in one process, ranks 1.. fork from it (an event
+// rank 0 records before the group) and join back (rank 0 waits on an event each records after), so
+// the backend's event timer covers the collective until the slowest rank has finished. In graph
+// mode each GPU's stream is captured into its own CUDA graph, as nccl-tests' -G does.
 #include "backend/cuda/collectives.h"
 
 #include <cuda_runtime_api.h>
@@ -11,6 +13,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,111 +67,116 @@ void encode(DType t, const std::vector<double>& v, std::vector<unsigned char>& o
   }
 }
 
-struct Rank {
-  int device = 0;
-  cudaStream_t stream = nullptr;  // rank 0: the backend's; others: `own_stream`
-  StreamPtr own_stream;
-  ncclComm_t comm = nullptr;
-  EventPtr join;  // recorded on this rank's stream after each collective (ranks 1..)
+// Set before NCCL reads its environment (its first call in the process) and on every group:
+// NVLink SHARP (multicast) stays off in every run, as the lent machines require, and a number that
+// depends on it would not compare with one that does not.
+std::map<std::string, std::string> force_settings() {
+  static const std::map<std::string, std::string> forced{{"NCCL_NVLS_ENABLE", "0"}, {"NVSHMEM_DISABLE_NVLS", "1"}};
+  for (const auto& [k, v] : forced) setenv(k.c_str(), v.c_str(), 1);
+  return forced;
+}
+
+// One process's share of a communicator. Never destroyed: tearing NCCL down at exit races the CUDA
+// runtime's own teardown, and the process's end reclaims it.
+struct Comms {
+  int world = 1, first_rank = 0;
+  std::vector<int> devices;        // local ranks' devices
+  std::vector<ncclComm_t> comms;
+  std::vector<StreamPtr> streams;  // local ranks 1..: their own streams (entry 0 unused)
+  std::vector<EventPtr> joins;     // local ranks 1..: recorded after each collective
+  EventPtr fork;
 };
 
-class NcclGroup;
+std::mutex g_cache_mutex;
+std::map<std::string, Comms*>& comm_cache() {
+  static auto* cache = new std::map<std::string, Comms*>();
+  return *cache;
+}
 
-class NcclPlan final : public CollectivePlan {
- public:
-  NcclPlan(NcclGroup& group, const CollectiveDesc& desc);
-  void run() override;
-  std::int64_t check() override;
-  std::vector<double> per_rank_seconds(int iterations) override;
+int backend_device(Backend& backend) {
+  const std::string& id = backend.info().id;
+  if (backend.info().kind != "cuda") throw Unsupported("collectives run on CUDA devices, not " + id);
+  return std::stoi(id.substr(id.find(':') + 1));
+}
 
- private:
-  void enqueue(std::size_t r);
-  double expected(int rank, std::int64_t i) const;
-  std::int64_t send_offset(int rank) const;  // elements into `buf` where the input starts (in place)
-  std::int64_t recv_offset(int rank) const;
-
-  NcclGroup& g_;
-  CollectiveDesc d_;
-  ncclDataType_t type_;
-  std::int64_t es_, send_len_ = 0, recv_len_ = 0;
-  std::vector<DeviceBuffer> send_, recv_;  // in place: recv_ only
-  std::array<double, 4> sums_{};  // sum over ranks of input_value(rank, j); it depends on j % 4 only
+struct Rank {
+  int device = 0;
+  cudaStream_t stream = nullptr;  // local rank 0: the backend's; others: their Comms stream
+  ncclComm_t comm = nullptr;
+  cudaEvent_t join = nullptr;
 };
 
 class NcclGroup final : public CollectiveGroup {
  public:
-  NcclGroup(Backend& backend, int gpus) {
-    const std::string& id = backend.info().id;
-    if (backend.info().kind != "cuda") throw Unsupported("collectives run on CUDA devices, not " + id);
-    const int visible = device_count();
-    if (gpus < 1) throw UsageError("a collective group needs gpus >= 1, not " + std::to_string(gpus));
-    if (gpus > visible)
-      throw Error("a group of " + std::to_string(gpus) + " GPUs needs that many; " + std::to_string(visible) +
-                  " visible");
-    const int first = std::stoi(id.substr(id.find(':') + 1));
-    // NVLink SHARP (multicast) stays off in every run: the lent machines forbid it, and a number
-    // that depends on it would not compare with one that does not.
-    setenv("NCCL_NVLS_ENABLE", "0", 1);
-    forced_["NCCL_NVLS_ENABLE"] = "0";
-
-    std::vector<int> devices;
-    ranks_.resize(static_cast<std::size_t>(gpus));
-    for (int r = 0; r < gpus; ++r) {
-      Rank& rank = ranks_[static_cast<std::size_t>(r)];
-      rank.device = (first + r) % visible;
-      devices.push_back(rank.device);
-      if (r == 0) {
-        rank.stream = static_cast<cudaStream_t>(native_stream(backend));
-      } else {
-        AB_CUDA(cudaSetDevice(rank.device), "collective rank " + std::to_string(r));
-        rank.own_stream = create_stream("collective rank " + std::to_string(r) + " stream");
-        rank.stream = rank.own_stream.get();
-        rank.join = create_event("collective rank " + std::to_string(r) + " join");
-      }
+  NcclGroup(const Comms& c, Backend& backend, std::map<std::string, std::string> forced)
+      : world_(c.world), first_rank_(c.first_rank), fork_(c.fork.get()), forced_(std::move(forced)) {
+    for (std::size_t r = 0; r < c.devices.size(); ++r) {
+      Rank rank;
+      rank.device = c.devices[r];
+      rank.comm = c.comms[r];
+      rank.stream = r == 0 ? static_cast<cudaStream_t>(native_stream(backend)) : c.streams[r].get();
+      rank.join = r == 0 ? nullptr : c.joins[r].get();
+      ranks_.push_back(rank);
       ids_.push_back("cuda:" + std::to_string(rank.device));
     }
-    AB_CUDA(cudaSetDevice(ranks_[0].device), "collective rank 0");
-    fork_ = create_event("collective fork");
-    std::vector<ncclComm_t> comms(ranks_.size());
-    AB_NCCL(ncclCommInitAll(comms.data(), gpus, devices.data()), std::to_string(gpus) + " communicators");
-    for (std::size_t r = 0; r < ranks_.size(); ++r) ranks_[r].comm = comms[r];
-    AB_CUDA(cudaSetDevice(ranks_[0].device), "collective rank 0");
   }
 
-  ~NcclGroup() override {
-    // Work still queued must finish before the communicators and buffers go; errors cannot be
-    // reported from here.
-    for (auto& r : ranks_) {
-      cudaSetDevice(r.device);
-      cudaStreamSynchronize(r.stream);
-    }
-    for (auto& r : ranks_)
-      if (r.comm != nullptr) ncclCommDestroy(r.comm);
-    if (!ranks_.empty()) cudaSetDevice(ranks_[0].device);
-  }
-  NcclGroup(const NcclGroup&) = delete;
-  NcclGroup& operator=(const NcclGroup&) = delete;
-
-  int size() const override { return static_cast<int>(ranks_.size()); }
+  int size() const override { return world_; }
+  int local_ranks() const override { return static_cast<int>(ranks_.size()); }
+  int first_rank() const override { return first_rank_; }
   std::vector<std::string> device_ids() const override { return ids_; }
   std::map<std::string, std::string> forced_settings() const override { return forced_; }
-  std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) override {
-    return std::make_unique<NcclPlan>(*this, desc);
-  }
+  std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) override;
 
   std::vector<Rank> ranks_;
-  EventPtr fork_;
+  int world_, first_rank_;
+  cudaEvent_t fork_;
 
  private:
   std::vector<std::string> ids_;
   std::map<std::string, std::string> forced_;
 };
 
+class NcclPlan final : public CollectivePlan {
+ public:
+  NcclPlan(NcclGroup& group, const CollectiveDesc& desc);
+  ~NcclPlan() override;
+  NcclPlan(const NcclPlan&) = delete;
+  NcclPlan& operator=(const NcclPlan&) = delete;
+  void run() override;
+  int collectives_per_run() const override { return std::max(d_.graph_collectives, 1); }
+  std::int64_t check() override;
+  std::vector<double> per_rank_seconds(int iterations) override;
+
+ private:
+  void enqueue(std::size_t local);
+  void enqueue_group();
+  void capture();
+  void launch_local(std::size_t local);  // one iteration on one local rank, without fork or join
+  double expected(int rank, std::int64_t i) const;
+  std::int64_t send_offset(int rank) const;  // elements into `buf` where the input starts (in place)
+  std::int64_t recv_offset(int rank) const;
+  int global(std::size_t local) const { return g_.first_rank_ + static_cast<int>(local); }
+
+  NcclGroup& g_;
+  CollectiveDesc d_;
+  ncclDataType_t type_;
+  std::int64_t es_, send_len_ = 0, recv_len_ = 0;
+  std::vector<DeviceBuffer> send_, recv_;  // per local rank; in place: recv_ only
+  std::array<double, 4> sums_{};  // sum over all ranks of input_value(rank, j); it depends on j % 4 only
+  std::vector<cudaGraphExec_t> graphs_;  // per local rank, once captured
+};
+
+std::unique_ptr<CollectivePlan> NcclGroup::make_plan(const CollectiveDesc& desc) {
+  return std::make_unique<NcclPlan>(*this, desc);
+}
+
 NcclPlan::NcclPlan(NcclGroup& group, const CollectiveDesc& desc)
     : g_(group), d_(desc), type_(nccl_type(desc.dtype)), es_(static_cast<std::int64_t>(size_bytes(desc.dtype))) {
   const std::int64_t n = g_.size();
   const std::string name = collective_op_name(d_.op);
   if (d_.count < 1) throw UsageError(name + " needs a count >= 1");
+  if (d_.graph_collectives < 0) throw UsageError(name + ": graph_collectives must not be negative");
   const bool split = d_.op == CollectiveOp::all_gather || d_.op == CollectiveOp::reduce_scatter ||
                      d_.op == CollectiveOp::all_to_all;
   if (split && d_.count % n != 0)
@@ -191,6 +199,16 @@ NcclPlan::NcclPlan(NcclGroup& group, const CollectiveDesc& desc)
   AB_CUDA(cudaSetDevice(g_.ranks_[0].device), "collective rank 0");
 }
 
+NcclPlan::~NcclPlan() {
+  // Work still queued must finish before the buffers go; errors cannot be reported from here.
+  for (const Rank& r : g_.ranks_) {
+    cudaSetDevice(r.device);
+    cudaStreamSynchronize(r.stream);
+  }
+  for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
+  cudaSetDevice(g_.ranks_[0].device);
+}
+
 std::int64_t NcclPlan::send_offset(int rank) const {
   return d_.in_place && d_.op == CollectiveOp::all_gather ? rank * send_len_ : 0;
 }
@@ -200,7 +218,7 @@ std::int64_t NcclPlan::recv_offset(int rank) const {
 
 void NcclPlan::enqueue(std::size_t ri) {
   const Rank& rank = g_.ranks_[ri];
-  const int r = static_cast<int>(ri);
+  const int r = global(ri);
   const int n = g_.size();
   auto* base_recv = static_cast<char*>(recv_[ri].get());
   const char* sendp = d_.in_place ? base_recv + send_offset(r) * es_ : static_cast<const char*>(send_[ri].get());
@@ -242,21 +260,74 @@ void NcclPlan::enqueue(std::size_t ri) {
   }
 }
 
+void NcclPlan::enqueue_group() {
+  AB_NCCL(ncclGroupStart(), "collective group");
+  for (std::size_t r = 0; r < g_.ranks_.size(); ++r) enqueue(r);
+  AB_NCCL(ncclGroupEnd(), "collective group");
+}
+
+// One graph per local rank, captured on all their streams at once (thread-local mode: NCCL may
+// allocate while connecting). A collective runs eagerly first, so connections exist before capture.
+void NcclPlan::capture() {
+  auto& ranks = g_.ranks_;
+  enqueue_group();
+  for (const Rank& r : ranks) {
+    AB_CUDA(cudaSetDevice(r.device), "graph capture");
+    AB_CUDA(cudaStreamSynchronize(r.stream), "graph capture warm-up");
+  }
+  std::size_t begun = 0;
+  try {
+    for (; begun < ranks.size(); ++begun) {
+      AB_CUDA(cudaSetDevice(ranks[begun].device), "graph capture");
+      AB_CUDA(cudaStreamBeginCapture(ranks[begun].stream, cudaStreamCaptureModeThreadLocal), "graph capture begin");
+    }
+    for (int k = 0; k < d_.graph_collectives; ++k) enqueue_group();
+  } catch (...) {
+    for (std::size_t r = 0; r < begun; ++r) {  // leave no stream capturing
+      cudaGraph_t discard = nullptr;
+      cudaSetDevice(ranks[r].device);
+      if (cudaStreamEndCapture(ranks[r].stream, &discard) == cudaSuccess && discard != nullptr) cudaGraphDestroy(discard);
+    }
+    cudaSetDevice(ranks[0].device);
+    throw;
+  }
+  for (const Rank& r : ranks) {
+    cudaGraph_t graph = nullptr;
+    AB_CUDA(cudaSetDevice(r.device), "graph capture");
+    AB_CUDA(cudaStreamEndCapture(r.stream, &graph), "graph capture end");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    AB_CUDA(err, "graph instantiate (" + std::to_string(d_.graph_collectives) + " collectives)");
+    graphs_.push_back(exec);
+  }
+  AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");
+}
+
+void NcclPlan::launch_local(std::size_t r) {
+  AB_CUDA(cudaGraphLaunch(graphs_[r], g_.ranks_[r].stream), "graph launch");
+}
+
 void NcclPlan::run() {
+  if (d_.graph_collectives > 0 && graphs_.empty()) capture();
   auto& ranks = g_.ranks_;
   const std::size_t n = ranks.size();
   if (n > 1) {
-    AB_CUDA(cudaEventRecord(g_.fork_.get(), ranks[0].stream), "collective fork");
-    for (std::size_t r = 1; r < n; ++r)
-      AB_CUDA(cudaStreamWaitEvent(ranks[r].stream, g_.fork_.get(), 0), "collective fork");
+    AB_CUDA(cudaEventRecord(g_.fork_, ranks[0].stream), "collective fork");
+    for (std::size_t r = 1; r < n; ++r) AB_CUDA(cudaStreamWaitEvent(ranks[r].stream, g_.fork_, 0), "collective fork");
   }
-  AB_NCCL(ncclGroupStart(), "collective group");
-  for (std::size_t r = 0; r < n; ++r) enqueue(r);
-  AB_NCCL(ncclGroupEnd(), "collective group");
+  if (d_.graph_collectives > 0) {
+    for (std::size_t r = 0; r < n; ++r) {
+      if (n > 1) AB_CUDA(cudaSetDevice(ranks[r].device), "graph launch");
+      launch_local(r);
+    }
+  } else {
+    enqueue_group();
+  }
   for (std::size_t r = 1; r < n; ++r) {
     AB_CUDA(cudaSetDevice(ranks[r].device), "collective join");
-    AB_CUDA(cudaEventRecord(ranks[r].join.get(), ranks[r].stream), "collective join");
-    AB_CUDA(cudaStreamWaitEvent(ranks[0].stream, ranks[r].join.get(), 0), "collective join");
+    AB_CUDA(cudaEventRecord(ranks[r].join, ranks[r].stream), "collective join");
+    AB_CUDA(cudaStreamWaitEvent(ranks[0].stream, ranks[r].join, 0), "collective join");
   }
   if (n > 1) AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");
 }
@@ -285,7 +356,7 @@ std::int64_t NcclPlan::check() {
   std::vector<double> values;
   std::vector<unsigned char> bytes;
   for (std::size_t ri = 0; ri < ranks.size(); ++ri) {
-    const int r = static_cast<int>(ri);
+    const int r = global(ri);
     const Rank& rank = ranks[ri];
     AB_CUDA(cudaSetDevice(rank.device), "collective check");
     // Outputs start at 0, a value no correct result has; inputs are written over them in place.
@@ -304,14 +375,14 @@ std::int64_t NcclPlan::check() {
     }
   }
   AB_CUDA(cudaSetDevice(ranks[0].device), "collective check");
-  run();
+  enqueue_group();  // one collective, never the graph: in place, a replay of k would compound
   for (auto& rank : ranks) {
     AB_CUDA(cudaSetDevice(rank.device), "collective check");
     AB_CUDA(cudaStreamSynchronize(rank.stream), "collective check run");
   }
   std::int64_t wrong = 0;
   for (std::size_t ri = 0; ri < ranks.size(); ++ri) {
-    const int r = static_cast<int>(ri);
+    const int r = global(ri);
     if (d_.op == CollectiveOp::reduce && r != 0) continue;  // only the root's output is defined
     AB_CUDA(cudaSetDevice(ranks[ri].device), "collective check");
     const char* recvp = static_cast<const char*>(recv_[ri].get()) + recv_offset(r) * es_;
@@ -329,6 +400,7 @@ std::int64_t NcclPlan::check() {
 }
 
 std::vector<double> NcclPlan::per_rank_seconds(int iterations) {
+  if (d_.graph_collectives > 0 && graphs_.empty()) capture();
   auto& ranks = g_.ranks_;
   iterations = std::max(iterations, 1);
   std::vector<EventPtr> start, stop;
@@ -340,9 +412,14 @@ std::vector<double> NcclPlan::per_rank_seconds(int iterations) {
     AB_CUDA(cudaEventRecord(start.back().get(), rank.stream), "per-rank timing start");
   }
   for (int it = 0; it < iterations; ++it) {
-    AB_NCCL(ncclGroupStart(), "collective group");
-    for (std::size_t r = 0; r < ranks.size(); ++r) enqueue(r);
-    AB_NCCL(ncclGroupEnd(), "collective group");
+    if (d_.graph_collectives == 0) {
+      enqueue_group();
+      continue;
+    }
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      AB_CUDA(cudaSetDevice(ranks[r].device), "graph launch");
+      launch_local(r);
+    }
   }
   std::vector<double> out;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
@@ -354,16 +431,97 @@ std::vector<double> NcclPlan::per_rank_seconds(int iterations) {
     AB_CUDA(cudaEventSynchronize(stop[r].get()), "per-rank timing stop");
     float ms = 0;
     AB_CUDA(cudaEventElapsedTime(&ms, start[r].get(), stop[r].get()), "per-rank timing elapsed");
-    out.push_back(static_cast<double>(ms) * 1e-3 / iterations);
+    out.push_back(static_cast<double>(ms) * 1e-3 / iterations / collectives_per_run());
   }
   AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");
+  return out;
+}
+
+std::string hex(const std::vector<std::uint8_t>& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (const std::uint8_t b : bytes) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
   return out;
 }
 
 }  // namespace
 
 std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpus) {
-  return std::make_unique<NcclGroup>(backend, gpus);
+  const int first = backend_device(backend);
+  const int visible = device_count();
+  if (gpus < 1) throw UsageError("a collective group needs gpus >= 1, not " + std::to_string(gpus));
+  if (gpus > visible)
+    throw Error("a group of " + std::to_string(gpus) + " GPUs needs that many; " + std::to_string(visible) + " visible");
+  const auto forced = force_settings();
+  std::vector<int> devices;
+  std::string key = "local";
+  for (int r = 0; r < gpus; ++r) {
+    devices.push_back((first + r) % visible);
+    key += ":" + std::to_string(devices.back());
+  }
+  const std::lock_guard<std::mutex> lock(g_cache_mutex);
+  Comms*& slot = comm_cache()[key];
+  if (slot == nullptr) {
+    auto c = std::make_unique<Comms>();
+    c->world = gpus;
+    c->devices = devices;
+    c->streams.resize(devices.size());
+    c->joins.resize(devices.size());
+    for (std::size_t r = 1; r < devices.size(); ++r) {
+      AB_CUDA(cudaSetDevice(devices[r]), "collective rank " + std::to_string(r));
+      c->streams[r] = create_stream("collective rank " + std::to_string(r) + " stream");
+      c->joins[r] = create_event("collective rank " + std::to_string(r) + " join");
+    }
+    AB_CUDA(cudaSetDevice(first), "collective rank 0");
+    c->fork = create_event("collective fork");
+    c->comms.resize(devices.size());
+    AB_NCCL(ncclCommInitAll(c->comms.data(), gpus, devices.data()), std::to_string(gpus) + " communicators");
+    AB_CUDA(cudaSetDevice(first), "collective rank 0");
+    slot = c.release();
+  }
+  return std::make_unique<NcclGroup>(*slot, backend, forced);
+}
+
+std::vector<std::uint8_t> collective_unique_id() {
+  force_settings();
+  ncclUniqueId id{};
+  AB_NCCL(ncclGetUniqueId(&id), "the launch's unique id");
+  const auto* p = reinterpret_cast<const std::uint8_t*>(id.internal);
+  return {p, p + sizeof id.internal};
+}
+
+std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank, int ranks,
+                                                      const std::vector<std::uint8_t>& unique_id) {
+  const int device = backend_device(backend);
+  if (ranks < 1 || rank < 0 || rank >= ranks)
+    throw UsageError("rank " + std::to_string(rank) + " is outside a communicator of " + std::to_string(ranks));
+  ncclUniqueId id{};
+  if (unique_id.size() != sizeof id.internal)
+    throw Error("an NCCL unique id has " + std::to_string(sizeof id.internal) + " bytes, not " +
+                std::to_string(unique_id.size()));
+  std::memcpy(id.internal, unique_id.data(), unique_id.size());
+  const auto forced = force_settings();
+  const std::string key = "rank:" + hex(unique_id) + ":" + std::to_string(rank) + "/" + std::to_string(ranks) +
+                          ":cuda" + std::to_string(device);
+  const std::lock_guard<std::mutex> lock(g_cache_mutex);
+  Comms*& slot = comm_cache()[key];
+  if (slot == nullptr) {
+    auto c = std::make_unique<Comms>();
+    c->world = ranks;
+    c->first_rank = rank;
+    c->devices = {device};
+    c->streams.resize(1);
+    c->joins.resize(1);
+    c->comms.resize(1);
+    AB_CUDA(cudaSetDevice(device), "collective rank " + std::to_string(rank));
+    AB_NCCL(ncclCommInitRank(&c->comms[0], ranks, id, rank),
+            "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + " on cuda:" + std::to_string(device));
+    slot = c.release();
+  }
+  return std::make_unique<NcclGroup>(*slot, backend, forced);
 }
 
 }  // namespace ab::backend::cuda
