@@ -39,7 +39,7 @@ struct ConvPlan {
 struct BnPlan {
   TensorDescPtr x;      // x, y, dy and dx share one shape and strides
   TensorDescPtr param;  // [1, C, 1, 1] in float (double for f64 activations)
-  cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;
+  cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;  // of the *Ex path; the plain API runs spatial
   bool use_ex = false;  // the *Ex API with a workspace from bn_workspace_
   std::int64_t fwd_workspace_bytes = 0, bwd_workspace_bytes = 0;
   std::string label;

@@ -53,7 +53,8 @@ BnPlan& CudaKernels::bn_plan(const Tensor& x) {
   AB_CUDNN(cudnnDeriveBNTensorDescriptor(pd, plan->x.get(), plan->mode), plan->label);
   if (persistent) {
     // The *Ex kernels need no reserve space for plain batch norm (no fused activation); where
-    // cuDNN says otherwise, or refuses the queries, the plain API runs instead.
+    // cuDNN says otherwise, or refuses the queries, the plain API runs instead, in the spatial
+    // mode every layout supports (the saved statistics mean the same in both modes).
     std::size_t fwd = 0, bwd = 0, reserve = 0;
     const cudnnHandle_t h = cudnn_.get();
     const bool ok =
@@ -104,10 +105,10 @@ void CudaKernels::batchnorm_forward_training(const BatchNormDesc& d, const Tenso
     if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationForwardTrainingEx", p.label);
     p.use_ex = false;  // refused before launching anything: the plain API below, from now on
   }
-  AB_CUDNN(cudnnBatchNormalizationForwardTraining(cudnn_.get(), p.mode, &one, &zero, p.x.get(), x.data, p.x.get(),
-                                                  y.data, p.param.get(), gamma.data, beta.data, d.momentum,
-                                                  running_mean.data, running_var.data, bn_epsilon(d), saved_mean.data,
-                                                  saved_invstd.data),
+  AB_CUDNN(cudnnBatchNormalizationForwardTraining(cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, p.x.get(),
+                                                  x.data, p.x.get(), y.data, p.param.get(), gamma.data, beta.data,
+                                                  d.momentum, running_mean.data, running_var.data, bn_epsilon(d),
+                                                  saved_mean.data, saved_invstd.data),
            p.label);
 }
 
@@ -153,9 +154,9 @@ void CudaKernels::batchnorm_backward(const BatchNormDesc& d, const Tensor& x, co
     if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationBackwardEx", p.label);
     p.use_ex = false;
   }
-  AB_CUDNN(cudnnBatchNormalizationBackward(cudnn_.get(), p.mode, &one, &data_beta, &one, &zero, p.x.get(), x.data,
-                                           p.x.get(), dy.data, p.x.get(), dx.data, p.param.get(), gamma.data,
-                                           dgamma.data, dbeta.data, bn_epsilon(d), saved_mean.data,
+  AB_CUDNN(cudnnBatchNormalizationBackward(cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &data_beta, &one, &zero,
+                                           p.x.get(), x.data, p.x.get(), dy.data, p.x.get(), dx.data, p.param.get(),
+                                           gamma.data, dgamma.data, dbeta.data, bn_epsilon(d), saved_mean.data,
                                            saved_invstd.data),
            p.label + ", backward");
 }
