@@ -111,6 +111,9 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
     return owned;
   };
   const ConvDescPtr search = make_conv(search_math);
+  // The math a chosen algorithm runs with: its own, except that f32 without TF32 stays in FMA
+  // math whatever cuDNN reports, so no TF32 kernel can slip in.
+  auto run_math = [&](cudnnMathType_t reported) { return search_math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : reported; };
   int on = 0, oc = 0, oh = 0, ow = 0;
   AB_CUDNN(cudnnGetConvolution2dForwardOutputDim(search.get(), plan->x.get(), plan->w.get(), &on, &oc, &oh, &ow),
            label);
@@ -153,7 +156,7 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
                                                     plan->y.get(), sy, count, &returned, found.data(), sws, ws_size),
              label + ", forward algorithm search");
     if (const auto* p = pick(found, returned, cap, deterministic_)) {
-      plan->fwd.conv = make_conv(p->mathType);
+      plan->fwd.conv = make_conv(run_math(p->mathType));
       plan->fwd.algo = static_cast<int>(p->algo);
       plan->fwd.workspace_bytes = static_cast<std::int64_t>(p->memory);
     } else {
@@ -171,7 +174,7 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
                                                          found.data(), sws, ws_size),
              label + ", backward-data algorithm search");
     if (const auto* p = pick(found, returned, cap, deterministic_)) {
-      plan->bwd_data.conv = make_conv(p->mathType);
+      plan->bwd_data.conv = make_conv(run_math(p->mathType));
       plan->bwd_data.algo = static_cast<int>(p->algo);
       plan->bwd_data.workspace_bytes = static_cast<std::int64_t>(p->memory);
     } else {
@@ -189,7 +192,7 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
                                                            found.data(), sws, ws_size),
              label + ", backward-filter algorithm search");
     if (const auto* p = pick(found, returned, cap, deterministic_)) {
-      plan->bwd_filter.conv = make_conv(p->mathType);
+      plan->bwd_filter.conv = make_conv(run_math(p->mathType));
       plan->bwd_filter.algo = static_cast<int>(p->algo);
       plan->bwd_filter.workspace_bytes = static_cast<std::int64_t>(p->memory);
     } else {
