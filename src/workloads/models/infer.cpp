@@ -66,7 +66,6 @@ class Infer final : public Workload {
                                      {"live_bound_bytes", g.memory_plan().live_bound_bytes},
                                      {"no_reuse_bytes", g.memory_plan().total_bytes}});
 
-    kernels->set_tf32(spec.precision == Precision::tf32);
     g.bind(*kernels);
     g.set_input(images,
                 synthetic_batch(kDataSeed, 0, spec.batch, cfg.in_channels, spec.image_px, cfg.num_classes).images);

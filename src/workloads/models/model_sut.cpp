@@ -44,7 +44,6 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
 
   void prepare() override {
     kernels_ = nn::make_device_kernels(be_);
-    kernels_->set_tf32(spec_.precision == Precision::tf32);
     for (std::size_t b : sizes_) {
       auto bucket = std::make_unique<Bucket>();
       bucket->batch = b;

@@ -86,7 +86,6 @@ class Train final : public Workload {
     set_counts_and_plan_metrics(state, g, *opt, spec);
     state.add_metric("learning_rate", opt->learning_rate());
 
-    kernels->set_tf32(spec.precision == Precision::tf32);
     g.bind(*kernels);
     {
       const SyntheticBatch data = synthetic_batch(kDataSeed, 0, spec.batch, cfg.in_channels, spec.image_px, cfg.num_classes);
