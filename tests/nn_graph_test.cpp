@@ -741,7 +741,9 @@ TEST(Learnability, TinyResnetLearnsTheSyntheticTaskInBf16) {
   g.bind(*kernels);
   Sgd sgd(0.05, 0.9, 5e-4);
   std::vector<double> losses;
-  for (int step = 0; step < 120; ++step) {
+  // Over 38 seeds the mean loss of the last 10 of 60 steps was at most 0.053 (chance: ln 4 = 1.39).
+  constexpr int kSteps = 60;
+  for (int step = 0; step < kSteps; ++step) {
     const test::PatternBatch batch = test::pattern_batch(seed, static_cast<std::uint64_t>(step));
     g.set_input(m.images, batch.images);
     g.set_input(m.labels, batch.labels);
@@ -753,8 +755,8 @@ TEST(Learnability, TinyResnetLearnsTheSyntheticTaskInBf16) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double chance = std::log(static_cast<double>(test::kPatternClasses));
   EXPECT_LT(test::mean_tail(losses, 10), 0.25 * chance);
-  std::printf("tiny resnet, bf16 SGD: loss %.3f -> %.3f in 120 steps, %.1f s\n", losses.front(),
-              test::mean_tail(losses, 10), seconds);
+  std::printf("tiny resnet, bf16 SGD: loss %.3f -> %.3f in %d steps, %.1f s\n", losses.front(),
+              test::mean_tail(losses, 10), kSteps, seconds);
 }
 
 }  // namespace
