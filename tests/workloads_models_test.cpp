@@ -150,6 +150,32 @@ TEST(Train, NonFiniteLossIsDivergedAndTheSweepGoesOn) {
   EXPECT_EQ(records[1]["status"], "ok") << records[1].dump();
 }
 
+TEST(Train, OutOfMemoryIsOomAndTheSweepGoesOn) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on an allocation above 1 TiB instead of failing it";
+#else
+  // 2^20 images of 4096x4096 need an arena of hundreds of TB, beyond any address space: bind
+  // fails before anything is touched.
+  auto be = backend::make_backend("cpu");
+  auto plan = plan_for(find_workload("train"), "cpu",
+                       {parse_axis_argument("batch=1048576"), parse_axis_argument("image_size=4096")});
+  const auto small = plan_for(find_workload("train"), "cpu",
+                              {parse_axis_argument("batch=2"), parse_axis_argument("image_size=8"),
+                               parse_axis_argument("trajectory_steps=2")});
+  plan.insert(plan.end(), small.begin(), small.end());
+  std::vector<json> records;
+  RunnerHooks hooks;
+  hooks.sink = [&records](const json& r) { records.push_back(r); };
+  Runner runner(*be, fast_settings(), json::object(), "run-oom", hooks, nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan, cancel);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["status"], "oom") << records[0].dump();
+  EXPECT_GT(records[0]["metrics"]["memory_plan"]["arena_bytes"].get<double>(), 1e14);
+  EXPECT_EQ(records[1]["status"], "ok") << records[1].dump();
+#endif
+}
+
 TEST(Train, ProfileWritesThePerOpTable) {
   test::TempDir dir;
   const auto records = run_points("train", {"batch=4", "image_size=8", "trajectory_steps=2", "profile=on"}, dir.path());

@@ -81,6 +81,7 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
 
   void run(std::span<const scenarios::QuerySample> batch) override {
     const auto it = std::lower_bound(sizes_.begin(), sizes_.end(), batch.size());
+    if (it == sizes_.end()) throw Error("a batch of " + std::to_string(batch.size()) + " is above max_batch");
     Bucket& bucket = *buckets_[static_cast<std::size_t>(it - sizes_.begin())];
     const std::size_t pool_samples = buckets_.back()->batch;
     for (std::size_t i = 0; i < batch.size(); ++i)
