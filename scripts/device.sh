@@ -38,11 +38,15 @@ if [[ $what == multi ]] && ! command -v mpirun >/dev/null 2>&1; then
   mkdir -p "$mpi/bin"
   ln -sf "$mpi/usr/bin/orterun" "$mpi/bin/mpirun"
   ln -sf "$mpi/usr/bin/opal_wrapper" "$mpi/bin/mpicxx"
+  # OPAL_PREFIX relocates OpenMPI; PMIx's few plugins are found through its component path.
   export OPAL_PREFIX=$mpi/usr PATH=$mpi/bin:$mpi/usr/bin:$PATH
+  export PMIX_MCA_mca_base_component_path=$mpi/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix
   export LD_LIBRARY_PATH=$mpi/usr/lib/x86_64-linux-gnu:$mpi/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   extra+=(-DMPI_CXX_COMPILER=$mpi/bin/mpicxx)
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# One node: MPI's own messages (bootstrap only) stay in shared memory.
+[[ $what == multi ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+  OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv

@@ -45,7 +45,7 @@ int main() {
     out["agree_message"] = agreed.message;
     out["agree_same"] = dist::same_on_all_ranks(comm, std::to_string(agreed.code) + agreed.message);
 
-    // Lock step: rank 1's iterations are slower, so every sample is rank 1's time.
+    // Lock step: rank 1's iterations sleep, rank 0's do nothing, so every sample is rank 1's time.
     measure::SteadyClockTimer timer;
     measure::Settings s;
     s.min_time_s = 0.05;
@@ -53,8 +53,11 @@ int main() {
     s.max_noise_pct = 50;
     s.target_sample_s = 2e-3;
     s.timeout_s = 20;
-    const auto pause = std::chrono::microseconds(rank == 1 ? 400 : 100);
-    const dist::LockstepResult r = dist::measure_lockstep(comm, timer, [&] { std::this_thread::sleep_for(pause); }, s, nullptr);
+    volatile int work = 0;
+    const dist::LockstepResult r = dist::measure_lockstep(comm, timer, [&] {
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::microseconds(400));
+      else work = work + 1;
+    }, s, nullptr);
     out["samples"] = r.result.iteration_s.size();
     out["median_s"] = r.result.summary.median;
     out["stop_reason"] = r.result.stop_reason;

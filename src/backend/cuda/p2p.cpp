@@ -143,6 +143,13 @@ class PeerCopy final : public PeerCopyPlan {
       write(a_src_[c], bytes.data());
       fill_zero(a_dst_[c]);
     }
+    // cudaMemset and a pageable cudaMemcpy may still be in flight on the legacy stream, which our
+    // non-blocking streams do not wait for.
+    for (int side : {d_.src, d_.dst}) {
+      if (side == kHostSide) continue;
+      AB_CUDA(cudaSetDevice(side), "p2p check");
+      AB_CUDA(cudaDeviceSynchronize(), "p2p check inputs");
+    }
     run();
     sync();
     std::int64_t wrong = 0;

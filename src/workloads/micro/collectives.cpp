@@ -149,9 +149,13 @@ class Collectives final : public Workload {
       state.add_metric("busbw_gbps", algbw * dist::bus_factor(p.op, n));
       // Each rank's own time, over about 20 ms of back-to-back iterations (at most 1000).
       const int iters = static_cast<int>(std::clamp(0.02 / r->summary.median, 1.0, 1000.0));
-      nlohmann::json times = min_avg_max(plan->per_rank_seconds(iters));
+      const std::vector<double> per_rank = plan->per_rank_seconds(iters);
+      nlohmann::json times = min_avg_max(per_rank);
       times["iterations"] = iters;
       state.add_metric("rank_time_s", times);
+      std::vector<double> busbw;
+      for (double t : per_rank) busbw.push_back(t > 0 ? used_bytes / t / 1e9 * dist::bus_factor(p.op, n) : 0.0);
+      state.add_metric("rank_busbw_gbps", min_avg_max(busbw));
     }
   }
 
