@@ -224,6 +224,8 @@ void CudaKernels::check_tensor(const Tensor& t) {
     const std::int64_t need = bn_ex_workspace_bytes(t);
     if (need > bn_workspace_.bytes())
       bn_workspace_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm workspace");
+    const std::int64_t scratch = bn_scratch_bytes(t);
+    if (scratch > bn_scratch_.bytes()) bn_scratch_ = backend::cuda::DeviceBuffer(scratch, label_ + " batch-norm scratch");
   }
   if (t.shape.rank() == 2) {
     // A [N, K] tensor may be a loss's logits: grow the loss scratch to N rows.

@@ -150,6 +150,8 @@ class CudaKernels final : public Kernels {
   // cuda_norm_pool.cpp
   BnPlan& bn_plan(const Tensor& x);
   std::int64_t bn_ex_workspace_bytes(const Tensor& x);
+  std::int64_t bn_scratch_bytes(const Tensor& x) const;  // the project's batch-norm kernels' scratch
+  void* bn_scratch(const Tensor& x, const char* kernel);
   PoolPlan& pool_plan(const Pool2dDesc& d, const Tensor& x, const Tensor& y);
   // cuda_linear.cpp
   LtPlan& lt_plan(const GemmShape& g);
@@ -174,6 +176,7 @@ class CudaKernels final : public Kernels {
   backend::cuda::DeviceBuffer ones_;  // f32/f16/bf16 ones for the bias gradient's reduction GEMM
   std::int64_t ones_count_ = 0;
   backend::cuda::DeviceBuffer bn_workspace_;  // grown at bind (check_tensor) for the BN *Ex kernels
+  backend::cuda::DeviceBuffer bn_scratch_;    // grown at bind (check_tensor) for cuda_batchnorm
   backend::cuda::DeviceBuffer search_scratch_;  // conv algorithm search operands, freed after binding
   bool deterministic_ = false;
   bool tf32_ = false;

@@ -38,6 +38,8 @@ void check_launch(const char* what) {
   if (err != cudaSuccess) backend::cuda::throw_cuda(err, "kernel launch", std::string("cuda_pointwise ") + what);
 }
 
+}  // namespace
+
 // SM count of the current device, cached: the query is no stream work, so it is safe while
 // capturing, and a fixed count keeps reduction shapes (and so results) fixed per device.
 int sm_count() {
@@ -55,6 +57,8 @@ int sm_count() {
   if (cached) cache[static_cast<std::size_t>(device)].store(count, std::memory_order_relaxed);
   return count;
 }
+
+namespace {
 
 int grid_for(int64_t items, int64_t max_blocks) {
   const int64_t needed = (items + kThreads - 1) / kThreads;
@@ -552,6 +556,36 @@ struct FillOp : OpBase {
   }
 };
 
+// Uniform in [lo, hi) from a 64-bit mix of (seed, index): cheap, stateless, no curand.
+template <typename T>
+struct UniformOp : OpBase {
+  static constexpr int kVec = vec_of<T>();
+  T* p;
+  std::uint64_t seed;
+  double lo, span;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    Chunk<T, W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(i + j + 1);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+      z ^= z >> 31;
+      o.v[j] = from_double<T>(lo + span * static_cast<double>(z >> 11) * 0x1.0p-53);
+    }
+    store<W>(p, i, o);
+  }
+};
+
+__global__ void spin_kernel(std::int64_t nanoseconds) {
+  std::uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < static_cast<std::uint64_t>(nanoseconds));
+}
+
 // ---- global average pooling, forward
 
 // NCHW: one warp per (n, c) plane, lanes stride along the contiguous H*W.
@@ -959,6 +993,23 @@ void fill(cudaStream_t stream, DType t, void* p, int64_t n, double value) {
     op.value = value;
     launch_elementwise(stream, op, n, aligned16(p), "fill");
   });
+}
+
+void fill_uniform(cudaStream_t stream, DType t, void* p, int64_t n, std::uint64_t seed, double lo, double hi) {
+  dispatch_float(t, "fill_uniform", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    UniformOp<T> op;
+    op.p = static_cast<T*>(p);
+    op.seed = seed;
+    op.lo = lo;
+    op.span = hi - lo;
+    launch_elementwise(stream, op, n, aligned16(p), "fill_uniform");
+  });
+}
+
+void spin(cudaStream_t stream, int64_t nanoseconds) {
+  spin_kernel<<<1, 1, 0, stream>>>(std::max<int64_t>(nanoseconds, 0));
+  check_launch("spin");
 }
 
 }  // namespace ab::nn::cuda_pointwise

@@ -80,4 +80,16 @@ void update_loss_scale(cudaStream_t stream, const LossScaleRule& rule, float* sc
 // p[0, n) = value converted to t (float dtypes and i32).
 void fill(cudaStream_t stream, DType t, void* p, std::int64_t n, double value);
 
+// ---- for algorithm searches (not per step)
+// p[i] = uniform in [lo, hi) from a hash of (seed, i), converted to float dtype t: non-zero,
+// non-repeating operands, so a timed kernel meets data like a real step's.
+void fill_uniform(cudaStream_t stream, DType t, void* p, std::int64_t n, std::uint64_t seed, double lo, double hi);
+// One thread that busy-waits `nanoseconds` on the GPU clock: launches queued behind it start back
+// to back, so events around them time the GPU's work, not the host's enqueueing.
+void spin(cudaStream_t stream, std::int64_t nanoseconds);
+
+// SM count of the current device (cached per device; launch shapes that fix a reduction order
+// depend on it, never on anything that varies run to run).
+int sm_count();
+
 }  // namespace ab::nn::cuda_pointwise
