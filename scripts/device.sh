@@ -69,7 +69,7 @@ if [[ $what == multi ]]; then
     -x NVSHMEM_DISABLE_NVLS $ab run collectives --axis bytes=8:8589934592:x16 --min-time 0.2 \
     --out "$logs/mpi" > "$logs/collectives-mpi.txt" 2>&1; echo "collectives under mpirun: exit $?"
   tail -n 8 "$logs/collectives-mpi.txt"
-  $ab run collectives --axis op=all_reduce --axis bytes=1048576,1073741824 --axis graph=off,on --out "$logs/one" \
+  $ab run collectives --axis op=all_reduce --axis bytes=1048576,1073741824 --out "$logs/one" \
     > "$logs/collectives-one.txt" 2>&1; echo "collectives in one process: exit $?"; tail -n 8 "$logs/collectives-one.txt"
   $ab run p2p --axis direction=uni,bi --out "$logs/p2p" > "$logs/p2p.txt" 2>&1; echo "p2p: exit $?"
   tail -n 22 "$logs/p2p.txt"

@@ -692,9 +692,15 @@ TEST(CollectivesGpu, GraphModeAndOneRankCommunicatorAreExact) {
   if (backend::collective_device_count() == 0) GTEST_SKIP() << "no CUDA device: driver or GPU absent";
   auto be = backend::make_backend("cuda:0");
   const int gpus = backend::collective_device_count();
-  for (auto op : {CollectiveOp::all_reduce, CollectiveOp::all_gather, CollectiveOp::send_recv}) {
+  if (gpus > 1) {  // several GPUs in one process: refused, as NCCL advises
     auto group = backend::make_collective_group(*be, gpus);
-    const std::int64_t count = collective_count(op, 1 << 20, 4, gpus);
+    EXPECT_NE(test::error_message<Unsupported>([&] { group->make_plan({CollectiveOp::all_reduce, DType::f32, 1024, false, 5}); })
+                  .find("one GPU per process"),
+              std::string::npos);
+  }
+  for (auto op : {CollectiveOp::all_reduce, CollectiveOp::all_gather, CollectiveOp::send_recv}) {
+    auto group = backend::make_collective_group(*be, 1);
+    const std::int64_t count = collective_count(op, 1 << 20, 4, 1);
     auto plan = group->make_plan({op, DType::f32, count, false, 5});
     EXPECT_EQ(plan->collectives_per_run(), 5);
     plan->run();  // captures, then replays
@@ -718,10 +724,11 @@ TEST(CollectivesGpu, GraphModeAndOneRankCommunicatorAreExact) {
 TEST(CollectivesGpu, WorkloadInGraphMode) {
   if (backend::collective_device_count() == 0) GTEST_SKIP() << "no CUDA device: driver or GPU absent";
   auto be = backend::make_backend("cuda:0");
-  const auto records =
-      run_collectives(*be, "cuda", {{{"op"}, "all_reduce"}, {{"bytes"}, "1048576"}, {{"in_place"}, "0"}, {{"graph"}, "on"}});
-  ASSERT_EQ(records.size(), 1u);
+  const auto records = run_collectives(
+      *be, "cuda", {{{"op"}, "all_reduce"}, {{"bytes"}, "1048576"}, {{"in_place"}, "0"}, {{"graph"}, "on"}, {{"gpus"}, "1,2"}});
+  ASSERT_EQ(records.size(), 2u);
   ASSERT_EQ(records[0].at("status"), "ok") << records[0].dump();
+  EXPECT_EQ(records[1].at("status"), "skipped");  // two GPUs in one process (or only one visible)
   EXPECT_EQ(records[0]["metrics"]["graph_collectives"], 20);
   EXPECT_EQ(records[0]["counts"]["samples"], 20);
   EXPECT_GT(records[0]["metrics"]["algbw_gbps"].get<double>(), 0.0);

@@ -38,7 +38,8 @@ struct CollectiveDesc {
   std::int64_t count = 0;
   bool in_place = false;
   // 0: run() launches one collective. k > 0: run() replays a CUDA graph that holds k collectives,
-  // captured on the first run() (one graph per GPU, as nccl-tests' -G does).
+  // captured on the first run() (nccl-tests' -G). Groups of one local rank only: make_plan throws
+  // Unsupported otherwise (NCCL: graphs of several GPUs launched from one thread can deadlock).
   int graph_collectives = 0;
 };
 

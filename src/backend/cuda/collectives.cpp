@@ -2,8 +2,8 @@
 // (one group call over all ranks per collective), ncclCommInitRank for one rank of a multi-process
 // launch. Rank 0 runs on the backend's stream; in one process, ranks 1.. fork from it (an event
 // rank 0 records before the group) and join back (rank 0 waits on an event each records after), so
-// the backend's event timer covers the collective until the slowest rank has finished. In graph
-// mode each GPU's stream is captured into its own CUDA graph, as nccl-tests' -G does.
+// the backend's event timer covers the collective until the slowest rank has finished. Graph mode
+// captures the rank's stream into a CUDA graph, for one GPU per process only.
 #include "backend/cuda/collectives.h"
 
 #include <cuda_runtime_api.h>
@@ -75,6 +75,12 @@ std::map<std::string, std::string> force_settings() {
   for (const auto& [k, v] : forced) setenv(k.c_str(), v.c_str(), 1);
   return forced;
 }
+
+// NCCL's documented limitation: graphs of several communicators launched from one thread can
+// deadlock inside cudaGraphLaunch.
+constexpr const char* kGraphOneGpu =
+    "CUDA graph mode needs one GPU per process (NCCL: with several GPUs in one process a graph launch can "
+    "deadlock); run under mpirun or srun, or with gpus=1";
 
 // One process's share of a communicator. Never destroyed: tearing NCCL down at exit races the CUDA
 // runtime's own teardown, and the process's end reclaims it.
@@ -182,6 +188,8 @@ NcclPlan::NcclPlan(NcclGroup& group, const CollectiveDesc& desc)
   if (split && d_.count % n != 0)
     throw UsageError(name + " needs a count that is a multiple of the " + std::to_string(n) + " ranks");
   if (d_.in_place && !collective_has_in_place(d_.op)) throw Unsupported(name + " has no in-place form in NCCL");
+  if (d_.graph_collectives > 0 && g_.ranks_.size() > 1)
+    throw Unsupported(kGraphOneGpu);
   send_len_ = d_.op == CollectiveOp::all_gather ? d_.count / n : d_.count;
   recv_len_ = d_.op == CollectiveOp::reduce_scatter ? d_.count / n : d_.count;
   for (std::int64_t j = 0; j < 4; ++j)
@@ -266,8 +274,8 @@ void NcclPlan::enqueue_group() {
   AB_NCCL(ncclGroupEnd(), "collective group");
 }
 
-// One graph per local rank, captured on all their streams at once (thread-local mode: NCCL may
-// allocate while connecting). A collective runs eagerly first, so connections exist before capture.
+// One graph per local rank (thread-local capture mode: NCCL may allocate while connecting). A
+// collective runs eagerly first, so connections exist before capture.
 void NcclPlan::capture() {
   auto& ranks = g_.ranks_;
   enqueue_group();

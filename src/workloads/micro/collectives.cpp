@@ -96,7 +96,8 @@ class Collectives final : public Workload {
             {"gpus", AxisKind::integer, {std::to_string(gpus)}, {},
              "GPUs in the group (default: all visible; under mpirun/srun: the launch's processes)"},
             {"graph", AxisKind::text, {"off"}, {"off", "on"},
-             "on: time replays of a CUDA graph of up to 20 captured collectives (nccl-tests' -G)"}};
+             "on: time replays of a CUDA graph of up to 20 captured collectives (nccl-tests' -G; one GPU per "
+             "process: under mpirun/srun, or gpus=1)"}};
   }
 
   void run(State& state) override {
@@ -132,6 +133,9 @@ class Collectives final : public Workload {
         state.skip("gpus=" + std::to_string(p.gpus) + " but " + std::to_string(visible) + " GPU(s) visible");
     }
     skip_if_unrunnable(state, p, n, count);
+    if (p.graph && n > 1)
+      state.skip("graph=on needs one GPU per process (NCCL: a graph launch over several GPUs from one thread can "
+                 "deadlock); run under mpirun or srun, or with gpus=1");
     const int per_run = p.graph ? graph_collectives(p.bytes) : 0;
     auto group = backend::make_collective_group(state.backend(), n);
     auto plan = group->make_plan({p.op, p.dtype, count, p.in_place == 1, per_run});
