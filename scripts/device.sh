@@ -44,9 +44,10 @@ if [[ $what == multi ]] && ! command -v mpirun >/dev/null 2>&1; then
   export LD_LIBRARY_PATH=$mpi/usr/lib/x86_64-linux-gnu:$mpi/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   extra+=(-DMPI_CXX_COMPILER=$mpi/bin/mpicxx)
 fi
-# One node: MPI's own messages (bootstrap only) stay in shared memory.
+# One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
+# itself (the isolated launcher), so the image needs no ssh.
 [[ $what == multi ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
-  OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+  OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
