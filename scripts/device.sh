@@ -67,7 +67,7 @@ if [[ $what == multi ]]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$logs/dist_test.log"
   $ab sysinfo | tee "$logs/sysinfo.txt"
   mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
-    -x NVSHMEM_DISABLE_NVLS $ab run collectives --axis bytes=8:8589934592:x16 --min-time 0.2 \
+    -x NVSHMEM_DISABLE_NVLS $ab run collectives --axis bytes=8:8589934592:x32 --axis in_place=0 --min-time 0.2 \
     --out "$logs/mpi" > "$logs/collectives-mpi.txt" 2>&1; echo "collectives under mpirun: exit $?"
   tail -n 8 "$logs/collectives-mpi.txt"
   $ab run collectives --axis op=all_reduce --axis bytes=1048576,1073741824 --out "$logs/one" \
