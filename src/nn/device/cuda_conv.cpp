@@ -1,13 +1,25 @@
 // Convolution through cuDNN's convolution API: descriptors built from the tensors' strides (NCHW
-// and NHWC alike), and per distinct configuration one timed algorithm search (cudnnFind*Ex on
-// scratch operands) for forward, backward data and backward filter, cached so identical layers
-// search once. The fastest algorithm whose workspace fits the cap wins (only deterministic ones in
-// deterministic mode); its math type (FMA, TF32 or tensor ops) is fixed in that pass's descriptor.
+// and NHWC alike), and per distinct configuration one algorithm choice for forward, backward data
+// and backward filter, cached so identical layers choose once. cudnnFind*Ex lists the usable
+// algorithms (workspace within the cap; only deterministic ones in deterministic mode), but it
+// times each once, with host overhead, on zero operands: at batch 1 its order picked kernels
+// several times slower than the best. So every candidate Find ranks within reach of its fastest is
+// run again on the exact descriptor, algorithm and workspace size a step will use, on random
+// operands, queued behind a GPU spin so events time the GPU's work alone, and the median of
+// several samples wins. The runs also warm each kernel (module loading, runtime compilation)
+// before any step. The chosen algorithm's math type (FMA, TF32 or tensor ops) is fixed in that
+// pass's descriptor.
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <limits>
 #include <vector>
 
 #include "nn/device/cuda_kernels_impl.h"
+#include "nn/device/cuda_pointwise.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -27,17 +39,97 @@ int narrow(std::int64_t v, const std::string& what) {
   return static_cast<int>(v);
 }
 
-// Picks the first (fastest: cuDNN sorts by time) usable result.
+// A usable algorithm from cudnnFind*Ex, in Find's order (fastest first by its single timing).
+struct Candidate {
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  std::int64_t workspace_bytes = 0;
+  double find_ms = 0;
+};
+
+// Candidates Find timed beyond this many times its fastest (and beyond kFarMs) are not re-timed:
+// at large shapes Find's order is sound and slow algorithms (FFT at a big batch) would only cost
+// search time. At small shapes every usable algorithm is re-timed.
+constexpr double kFarFactor = 8.0, kFarMs = 1.0;
+
 template <typename Perf>
-const Perf* pick(const std::vector<Perf>& found, int returned, std::int64_t cap_bytes, bool deterministic) {
+std::vector<Candidate> usable(const std::vector<Perf>& found, int returned, std::int64_t cap_bytes,
+                              bool deterministic) {
+  std::vector<Candidate> out;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = found[static_cast<std::size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
     if (static_cast<std::int64_t>(p.memory) > cap_bytes) continue;
     if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-    return &p;
+    const double ms = std::isfinite(p.time) && p.time >= 0 ? p.time : 0.0;
+    if (!out.empty() && ms > kFarFactor * out.front().find_ms && ms > kFarMs) continue;
+    out.push_back({static_cast<int>(p.algo), p.mathType, static_cast<std::int64_t>(p.memory), ms});
   }
-  return nullptr;
+  return out;
+}
+
+// GPU time of one launch sequence, free of host overhead: a spin kernel holds the stream while the
+// host queues the runs between two events, so they execute back to back. If queueing took longer
+// than half the spin (a slow host call), the spin doubles and the sample is taken again.
+class GpuSampler {
+ public:
+  GpuSampler(cudaStream_t stream, const std::string& what)
+      : stream_(stream), start_(backend::cuda::create_event(what)), stop_(backend::cuda::create_event(what)) {}
+
+  // Seconds per call of `run`, timed over `calls` back-to-back calls; `run` returns false if the
+  // call failed (nothing was queued).
+  double sample(const std::function<bool()>& run, int calls, const std::string& what) {
+    double seconds = 0;
+    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      AB_CUDA(cudaStreamSynchronize(stream_), what);
+      cuda_pointwise::spin(stream_, spin_ns_);
+      const auto host_start = std::chrono::steady_clock::now();
+      AB_CUDA(cudaEventRecord(start_.get(), stream_), what);
+      for (int i = 0; i < calls; ++i)
+        if (!run()) throw Error(what + ": a timed run failed after its warm-up succeeded");
+      AB_CUDA(cudaEventRecord(stop_.get(), stream_), what);
+      const auto host_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - host_start)
+                               .count();
+      AB_CUDA(cudaEventSynchronize(stop_.get()), what);
+      float ms = 0;
+      AB_CUDA(cudaEventElapsedTime(&ms, start_.get(), stop_.get()), what);
+      seconds = static_cast<double>(ms) * 1e-3 / calls;
+      if (2 * host_ns < spin_ns_) break;
+      spin_ns_ = std::min<std::int64_t>(std::max<std::int64_t>(2 * spin_ns_, 4 * host_ns), kMaxSpinNs);
+    }
+    return seconds;
+  }
+
+ private:
+  static constexpr int kMaxAttempts = 4;
+  static constexpr std::int64_t kMaxSpinNs = 100'000'000;
+  cudaStream_t stream_;
+  backend::cuda::EventPtr start_, stop_;
+  std::int64_t spin_ns_ = 200'000;
+};
+
+// Samples per candidate and the GPU time a sample should span (event resolution is ~0.5 us).
+constexpr int kSamples = 5, kLongSamples = 3;
+constexpr double kLongRunS = 1e-3, kSampleSpanS = 50e-6;
+constexpr int kMaxCallsPerSample = 16;
+// A candidate whose first sample is this much slower than the best median so far is dropped.
+constexpr double kAbortFactor = 1.5;
+
+std::string format_us(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", seconds * 1e6);
+  return buf;
+}
+
+const char* math_name(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH: return "default";
+    case CUDNN_TENSOR_OP_MATH: return "tensor-op";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "tensor-op-conv";
+    case CUDNN_FMA_MATH: return "fma";
+    default: return "?";
+  }
 }
 
 }  // namespace
@@ -121,8 +213,8 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
     throw Error(label + ": cuDNN computes an output of [" + std::to_string(on) + ", " + std::to_string(oc) + ", " +
                 std::to_string(oh) + ", " + std::to_string(ow) + "]");
 
-  // Scratch operands for the timed search: x, w, y and the largest workspace allowed. Their
-  // contents do not matter (zeroed so no NaN patterns take slow paths).
+  // Scratch operands for the search: x, w, y and the largest workspace allowed, filled with
+  // random values in [-1, 1) before each pass is timed.
   const std::int64_t xb = align_up(x.size_bytes()), wb = align_up(w.size_bytes()), yb = align_up(y.size_bytes());
   std::int64_t cap = conv_workspace_cap();
   for (;;) {
@@ -143,11 +235,62 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
   void* sw = base + xb;
   void* sy = base + xb + wb;
   void* sws = cap > 0 ? base + xb + wb + yb : nullptr;
-  AB_CUDA(cudaMemsetAsync(base, 0, static_cast<std::size_t>(xb + wb + yb), stream_), label);
+  auto randomise = [&](std::uint64_t seed) {
+    cuda_pointwise::fill_uniform(stream_, x.dtype, sx, x.numel(), seed, -1.0, 1.0);
+    cuda_pointwise::fill_uniform(stream_, w.dtype, sw, w.numel(), seed + 1, -1.0, 1.0);
+    cuda_pointwise::fill_uniform(stream_, y.dtype, sy, y.numel(), seed + 2, -1.0, 1.0);
+  };
+  randomise(1);
   const auto ws_size = static_cast<std::size_t>(cap);
   const std::string limits = std::string(deterministic_ ? " deterministic" : "") + " algorithm within a workspace of " +
                              std::to_string(cap >> 20) + " MiB for " + label;
+  GpuSampler sampler(stream_, label + ", algorithm timing");
 
+  // Runs each candidate once (a failure drops it; the run also loads or compiles its kernel), then
+  // times it; the fastest median wins. `launch` queues one call and returns cuDNN's status.
+  auto choose = [&](const std::vector<Candidate>& candidates, const char* pass, std::uint64_t seed,
+                    const std::function<cudnnStatus_t(const Candidate&, cudnnConvolutionDescriptor_t)>& launch,
+                    ConvPass& out) {
+    const std::string what = label + ", " + pass + " algorithm timing";
+    randomise(seed);
+    double best_s = std::numeric_limits<double>::infinity();
+    std::string log;
+    for (const Candidate& c : candidates) {
+      ConvDescPtr conv = make_conv(run_math(c.math));
+      log += " " + std::to_string(c.algo) + "/" + math_name(run_math(c.math)) + ":";
+      const cudnnStatus_t warm = launch(c, conv.get());
+      if (warm != CUDNN_STATUS_SUCCESS) {
+        cudaGetLastError();  // a refused launch leaves no work, only its status
+        log += std::string("refused (") + cudnnGetErrorString(warm) + ")";
+        continue;
+      }
+      auto run = [&] { return launch(c, conv.get()) == CUDNN_STATUS_SUCCESS; };
+      const double first_s = sampler.sample(run, 1, what);
+      double median_s = first_s;
+      if (first_s <= kAbortFactor * best_s) {
+        const int calls = static_cast<int>(std::clamp(std::ceil(kSampleSpanS / std::max(first_s, 1e-9)), 1.0,
+                                                      static_cast<double>(kMaxCallsPerSample)));
+        std::vector<double> samples;
+        for (int i = 0, n = first_s < kLongRunS ? kSamples : kLongSamples; i < n; ++i)
+          samples.push_back(sampler.sample(run, calls, what));
+        std::sort(samples.begin(), samples.end());
+        median_s = samples[samples.size() / 2];
+      }
+      log += format_us(median_s) + "us(find " + format_us(c.find_ms * 1e-3) + ")";
+      if (median_s < best_s) {
+        best_s = median_s;
+        out.conv = std::move(conv);
+        out.algo = c.algo;
+        out.workspace_bytes = c.workspace_bytes;
+        out.time_s = median_s;
+      }
+    }
+    if (out.algo >= 0)
+      out.choice = std::string(pass) + " algo " + std::to_string(out.algo) + " " + format_us(out.time_s) +
+                   " us, workspace " + std::to_string(out.workspace_bytes) + " B; timed" + log;
+  };
+
+  const float one = 1.0f, zero = 0.0f;
   {
     int count = 0, returned = 0;
     AB_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(cudnn_.get(), &count), label);
@@ -155,13 +298,14 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
     AB_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(cudnn_.get(), plan->x.get(), sx, plan->w.get(), sw, search.get(),
                                                     plan->y.get(), sy, count, &returned, found.data(), sws, ws_size),
              label + ", forward algorithm search");
-    if (const auto* p = pick(found, returned, cap, deterministic_)) {
-      plan->fwd.conv = make_conv(run_math(p->mathType));
-      plan->fwd.algo = static_cast<int>(p->algo);
-      plan->fwd.workspace_bytes = static_cast<std::int64_t>(p->memory);
-    } else {
-      plan->fwd.refusal = "cuDNN has no forward" + limits;
-    }
+    choose(usable(found, returned, cap, deterministic_), "forward", 11,
+           [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+             return cudnnConvolutionForward(cudnn_.get(), &one, plan->x.get(), sx, plan->w.get(), sw, cd,
+                                            static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), sws,
+                                            static_cast<std::size_t>(c.workspace_bytes), &zero, plan->y.get(), sy);
+           },
+           plan->fwd);
+    if (plan->fwd.algo < 0) plan->fwd.refusal = "cuDNN has no forward" + limits;
   }
   // A backward pass cuDNN cannot run is refused when it is called, not here: an inference graph or
   // a first layer never calls it.
@@ -169,17 +313,20 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
     int count = 0, returned = 0;
     AB_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnn_.get(), &count), label);
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
+    randomise(21);
     AB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn_.get(), plan->w.get(), sw, plan->y.get(), sy,
                                                          search.get(), plan->x.get(), sx, count, &returned,
                                                          found.data(), sws, ws_size),
              label + ", backward-data algorithm search");
-    if (const auto* p = pick(found, returned, cap, deterministic_)) {
-      plan->bwd_data.conv = make_conv(run_math(p->mathType));
-      plan->bwd_data.algo = static_cast<int>(p->algo);
-      plan->bwd_data.workspace_bytes = static_cast<std::int64_t>(p->memory);
-    } else {
-      plan->bwd_data.refusal = "cuDNN has no backward-data" + limits;
-    }
+    choose(usable(found, returned, cap, deterministic_), "backward-data", 22,
+           [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+             return cudnnConvolutionBackwardData(cudnn_.get(), &one, plan->w.get(), sw, plan->y.get(), sy, cd,
+                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), sws,
+                                                 static_cast<std::size_t>(c.workspace_bytes), &zero, plan->x.get(),
+                                                 sx);
+           },
+           plan->bwd_data);
+    if (plan->bwd_data.algo < 0) plan->bwd_data.refusal = "cuDNN has no backward-data" + limits;
   } catch (const Unsupported& e) {
     plan->bwd_data.refusal = e.what();
   }
@@ -187,20 +334,27 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
     int count = 0, returned = 0;
     AB_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn_.get(), &count), label);
     std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
+    randomise(31);
     AB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn_.get(), plan->x.get(), sx, plan->y.get(), sy,
                                                            search.get(), plan->w.get(), sw, count, &returned,
                                                            found.data(), sws, ws_size),
              label + ", backward-filter algorithm search");
-    if (const auto* p = pick(found, returned, cap, deterministic_)) {
-      plan->bwd_filter.conv = make_conv(run_math(p->mathType));
-      plan->bwd_filter.algo = static_cast<int>(p->algo);
-      plan->bwd_filter.workspace_bytes = static_cast<std::int64_t>(p->memory);
-    } else {
-      plan->bwd_filter.refusal = "cuDNN has no backward-filter" + limits;
-    }
+    choose(usable(found, returned, cap, deterministic_), "backward-filter", 32,
+           [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+             return cudnnConvolutionBackwardFilter(cudnn_.get(), &one, plan->x.get(), sx, plan->y.get(), sy, cd,
+                                                   static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), sws,
+                                                   static_cast<std::size_t>(c.workspace_bytes), &zero, plan->w.get(),
+                                                   sw);
+           },
+           plan->bwd_filter);
+    if (plan->bwd_filter.algo < 0) plan->bwd_filter.refusal = "cuDNN has no backward-filter" + limits;
   } catch (const Unsupported& e) {
     plan->bwd_filter.refusal = e.what();
   }
+  AB_CUDA(cudaStreamSynchronize(stream_), label + ", algorithm search");
+  if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
+    for (const ConvPass* pass : {&plan->fwd, &plan->bwd_data, &plan->bwd_filter})
+      if (!pass->choice.empty()) std::fprintf(stderr, "%s: %s\n", label.c_str(), pass->choice.c_str());
   return plan;
 }
 
@@ -214,6 +368,15 @@ ConvPlan& CudaKernels::conv_plan(const Conv2dDesc& d, const Tensor& x, const Ten
   auto plan = build_conv_plan(d, x, w, y);
   ++stats_.conv_searches;
   return *conv_plans_.emplace(key, std::move(plan)).first->second;
+}
+
+std::vector<std::string> CudaKernels::conv_choices() const {
+  std::vector<std::string> lines;
+  for (const auto& [key, plan] : conv_plans_)
+    for (const ConvPass* pass : {&plan->fwd, &plan->bwd_data, &plan->bwd_filter})
+      if (!pass->choice.empty()) lines.push_back(plan->label + ": " + pass->choice);
+  std::sort(lines.begin(), lines.end());
+  return lines;
 }
 
 std::int64_t CudaKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {

@@ -396,4 +396,10 @@ const CudaKernelStats& cuda_kernel_stats(const Kernels& k) {
   return c->stats();
 }
 
+std::vector<std::string> cuda_conv_choices(const Kernels& k) {
+  const auto* c = dynamic_cast<const cuda::CudaKernels*>(&k);
+  if (c == nullptr) throw Error("cuda_conv_choices: kernels '" + std::string(k.name()) + "' are not the CUDA kernels");
+  return c->conv_choices();
+}
+
 }  // namespace ab::nn

@@ -7,12 +7,16 @@
 //   launches), as the contract says; replay() launches the graph on the stream.
 // - conv2d_prepare runs cuDNN's algorithm search (timed runs on scratch operands) once per distinct
 //   (shape, strides, dtype, attributes, deterministic, tf32); binding a graph is where it happens.
+//   With AB_CONV_CHOICES=1 in the environment each choice is printed to stderr as it is made
+//   (the lines of cuda_conv_choices).
 // - Storage: f32, f16, bf16 and i32 (labels); f64 is refused (it runs on the reference kernels).
 //   Batch-norm parameters and statistics are f32 whatever the activations' dtype.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "nn/kernels.h"
@@ -31,5 +35,11 @@ struct CudaKernelStats {
 };
 // Throws Error when `k` is not the CUDA kernels.
 const CudaKernelStats& cuda_kernel_stats(const Kernels& k);
+
+// The convolution algorithms chosen so far, one line per configuration and pass, sorted: the
+// configuration, the chosen algorithm with its timed GPU time and workspace, and every timed
+// candidate as algo/math:time (cudnnFind's own time in brackets). For reports and for finding
+// why a layer is slow. Throws Error when `k` is not the CUDA kernels.
+std::vector<std::string> cuda_conv_choices(const Kernels& k);
 
 }  // namespace ab::nn

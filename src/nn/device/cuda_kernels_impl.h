@@ -26,6 +26,8 @@ struct ConvPass {
   ConvDescPtr conv;
   int algo = -1;
   std::int64_t workspace_bytes = 0;
+  double time_s = 0;    // the chosen algorithm's timed GPU time per call
+  std::string choice;   // the chosen algorithm and every candidate's time, for reports
   std::string refusal;
 };
 
@@ -140,6 +142,7 @@ class CudaKernels final : public Kernels {
   void set_tf32(bool allowed) override { tf32_ = allowed; }
 
   const CudaKernelStats& stats() const { return stats_; }
+  std::vector<std::string> conv_choices() const;
 
  private:
   // cuda_conv.cpp
