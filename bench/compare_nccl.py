@@ -106,7 +106,11 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--gpus", type=int, default=0, help="processes / GPUs (default: all visible)")
+    ap.add_argument("--sizes", default="", help="comma-separated bytes (default: 1 MiB .. 1 GiB by x4)")
     args = ap.parse_args()
+    global SIZES
+    if args.sizes:
+        SIZES = [int(s) for s in args.sizes.split(",")]
     import torch
     world = args.gpus or torch.cuda.device_count()
     if world < 2:
