@@ -202,13 +202,18 @@ def accelbench(binary, args, out_dir):
 
 
 def main():
+    global TRAIN_PRECISIONS, INFER_PRECISIONS
     ap = argparse.ArgumentParser()
     ap.add_argument("--accelbench", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--train-batch", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--max-infer-batch", type=int, default=256)
+    ap.add_argument("--train-precisions", default=",".join(TRAIN_PRECISIONS))
+    ap.add_argument("--infer-precisions", default=",".join(INFER_PRECISIONS))
     args = ap.parse_args()
+    TRAIN_PRECISIONS = tuple(p for p in args.train_precisions.split(",") if p)
+    INFER_PRECISIONS = tuple(p for p in args.infer_precisions.split(",") if p)
     os.makedirs(args.out, exist_ok=True)
     px, tb = args.image_size, args.train_batch
     infer_batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch]
