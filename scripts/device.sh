@@ -4,7 +4,9 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|multi] (default all)
+#   usage: scripts/device.sh [test|bench|all|multi|engine] (default all)
+# engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
+# bench/compare_resnet.py (ResNet-50 training and inference beside PyTorch, ~3 min).
 # multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
 # GPU collectives/p2p tests), accelbench collectives under mpirun and in one process, p2p, sysinfo's
 # topology, and bench/compare_nccl.py against torch.distributed. Where the image has no mpirun,
@@ -66,15 +68,23 @@ if [[ $what == multi ]]; then
   ./build/cuda/tests/dist_test > "$logs/dist_test.log" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$logs/dist_test.log"
   $ab sysinfo | tee "$logs/sysinfo.txt"
-  mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
-    -x NVSHMEM_DISABLE_NVLS $ab run collectives --axis bytes=8:8589934592:x32 --axis in_place=0 --min-time 0.2 \
-    --out "$logs/mpi" > "$logs/collectives-mpi.txt" 2>&1; echo "collectives under mpirun: exit $?"
-  tail -n 8 "$logs/collectives-mpi.txt"
+  # The targets first (unbuffered, so a time limit keeps what was printed), the long sweeps after.
+  python3 -u bench/compare_nccl.py --accelbench $ab --out "$logs" 2>&1 | tee "$logs/compare_nccl.txt" | tail -n 14
   $ab run collectives --axis op=all_reduce --axis bytes=1048576,1073741824 --out "$logs/one" \
     > "$logs/collectives-one.txt" 2>&1; echo "collectives in one process: exit $?"; tail -n 8 "$logs/collectives-one.txt"
   $ab run p2p --axis direction=uni,bi --out "$logs/p2p" > "$logs/p2p.txt" 2>&1; echo "p2p: exit $?"
   tail -n 22 "$logs/p2p.txt"
-  python3 bench/compare_nccl.py --accelbench $ab --out "$logs" 2>&1 | tee "$logs/compare_nccl.txt" | tail -n 14
+  mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
+    -x NVSHMEM_DISABLE_NVLS $ab run collectives --axis bytes=8:8589934592:x32 --axis in_place=0 --min-time 0.2 \
+    --out "$logs/mpi" > "$logs/collectives-mpi.txt" 2>&1; echo "collectives under mpirun: exit $?"
+  tail -n 8 "$logs/collectives-mpi.txt"
+fi
+if [[ $what == engine ]]; then
+  ctest --preset cuda -j 6 -R 'nn_cuda|workloads_models|nn_test|models_test' --output-on-failure \
+    > "$logs/ctest-engine.log" 2>&1
+  grep -E "tests passed|tests failed|\(Failed\)|SEGFAULT|Timeout" "$logs/ctest-engine.log" | head -20
+  python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet" 2>&1 | tee "$logs/compare_resnet.txt" |
+    tail -n 26
 fi
 if [[ $what == bench || $what == all ]]; then
   $ab sysinfo | tee "$logs/sysinfo.txt"
