@@ -18,11 +18,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from compare_common import accelbench, time_batches
 
 TRAIN_PRECISIONS = ("bf16", "tf32")
 INFER_PRECISIONS = ("fp16", "bf16")
@@ -101,22 +102,6 @@ def resnet50():
 # ----------------------------------------------------------------------------------------------
 # Timing
 
-def time_batches(fn, iters_per_batch, batches, warmup):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters_per_batch):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / iters_per_batch)
-    return statistics.median(times)
-
-
 def time_singles(fn, samples, warmup):
     """One call per sample, as the infer workload samples: median and p99 latency in seconds."""
     for _ in range(warmup):
@@ -181,24 +166,6 @@ def torch_infer_latency_s(precision, batch, image_px):
     del graph, model, x
     torch.cuda.empty_cache()
     return t
-
-
-# ----------------------------------------------------------------------------------------------
-# accelbench
-
-def accelbench(binary, args, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    runs_dir = os.path.join(out_dir, "runs")
-    before = set(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else set()
-    cmd = [binary, "run", *args, "--out", out_dir, "-q"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    new = [r for r in os.listdir(runs_dir) if r not in before and os.path.isdir(os.path.join(runs_dir, r))]
-    if len(new) != 1:
-        raise SystemExit(f"expected one new run in {runs_dir}, found {new}")
-    with open(os.path.join(runs_dir, new[0], "points.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def main():

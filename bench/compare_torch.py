@@ -10,26 +10,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 
 import torch
 
+from compare_common import accelbench, time_batches
+
 
 def time_cuda(fn, iters_per_batch=10, batches=30, warmup=5):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters_per_batch):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / iters_per_batch)
-    return statistics.median(times)
+    return time_batches(fn, iters_per_batch, batches, warmup)
 
 
 def torch_gemm_tflops(precision, n):
@@ -52,17 +41,6 @@ def torch_copy_gbps(array_bytes):
     y = torch.empty_like(x)
     t = time_cuda(lambda: y.copy_(x), iters_per_batch=5)
     return 2 * array_bytes / t / 1e9  # read + write, as accelbench's stream copy counts
-
-
-def accelbench(binary, args, out_dir):
-    cmd = [binary, "run", *args, "--out", out_dir, "-q"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    runs = sorted(os.listdir(os.path.join(out_dir, "runs")))
-    runs = [r for r in runs if os.path.isdir(os.path.join(out_dir, "runs", r))]
-    with open(os.path.join(out_dir, "runs", runs[-1], "points.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def main():
