@@ -22,18 +22,18 @@ class Infer final : public Workload {
            "latencies; logits checked against the float64 reference first.";
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override {
-    const bool gpu = device_kind == "cuda";
     const auto one = [](const char* v) { return std::vector<std::string>{v}; };
-    return {{"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
-            {"batch", AxisKind::integer,
-             gpu ? std::vector<std::string>{"1", "8", "32", "128", "256"} : std::vector<std::string>{"1", "8"}, {},
-             "images per forward"},
-            {"precision", AxisKind::text, one(gpu ? "fp16" : "fp32"), model_precisions(),
-             "fp32, tf32 (fp32 storage, TF32 math), bf16, fp16 (weights and activations)"},
-            {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels"},
-            {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"},
-            {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
-            {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"}};
+    std::vector<AxisSpec> axes = model_axes(
+        device_kind, {.cuda_batches = {"1", "8", "32", "128", "256"},
+                      .host_batches = {"1", "8"},
+                      .batch_help = "images per forward",
+                      .cuda_precision = "fp16",
+                      .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16, fp16 (weights and activations)"});
+    axes.insert(
+        axes.end(),
+        {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
+         {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"}});
+    return axes;
   }
 
   void run(State& state) override {

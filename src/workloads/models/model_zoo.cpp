@@ -62,6 +62,17 @@ Precision parse_model_precision(const std::string& name) {
   throw UsageError("precision '" + name + "' has no training/inference policy; valid: " + valid);
 }
 
+std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxesText& text) {
+  const bool gpu = device_kind == "cuda";
+  const auto one = [](const std::string& v) { return std::vector<std::string>{v}; };
+  return {{"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
+          {"batch", AxisKind::integer, gpu ? text.cuda_batches : text.host_batches, {}, text.batch_help},
+          {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"), model_precisions(),
+           text.precision_help},
+          {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels"},
+          {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
+}
+
 SyntheticBatch synthetic_batch(std::uint64_t seed, std::uint64_t first, std::int64_t batch, std::int64_t channels,
                                std::int64_t image_px, std::int64_t classes) {
   SyntheticBatch b;

@@ -31,6 +31,17 @@ const std::vector<std::string>& model_precisions();  // fp32, tf32, bf16, fp16
 // Refuses precisions the engine has no policy for (UsageError listing the valid ones).
 Precision parse_model_precision(const std::string& name);
 
+// The axes train and infer share, in their order: model, batch, precision, image_size, layout.
+// Defaults are per device kind (cuda: the full-size network; otherwise tiny_resnet, fp32, 16 px);
+// what the two workloads differ in comes from the caller.
+struct ModelAxesText {
+  std::vector<std::string> cuda_batches, host_batches;  // batch defaults on cuda / elsewhere
+  std::string batch_help;
+  std::string cuda_precision;  // precision default on cuda (fp32 elsewhere)
+  std::string precision_help;
+};
+std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxesText& text);
+
 // Images of `batch` samples from index `first` on: each sample's label and pixels depend only on
 // (seed, its index), so a sample is the same whatever batch holds it. Pixels are a label-dependent
 // separable cosine pattern plus uniform noise (learnable, not constant); logical NCHW order.

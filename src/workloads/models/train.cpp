@@ -45,19 +45,22 @@ class Train final : public Workload {
            "per-op table (time, FLOPs, bytes) to the point's artifacts.";
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override {
-    const bool gpu = device_kind == "cuda";
     const auto one = [](const char* v) { return std::vector<std::string>{v}; };
-    return {{"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
-            {"batch", AxisKind::integer, one(gpu ? "256" : "16"), {}, "images per step"},
-            {"precision", AxisKind::text, one(gpu ? "bf16" : "fp32"), model_precisions(),
-             "fp32, tf32 (fp32 storage, TF32 math), bf16 / fp16 (fp32 master weights; fp16 with dynamic loss scaling)"},
-            {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels"},
-            {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"},
-            {"optimizer", AxisKind::text, one("sgd"), {"sgd", "lars"}, "SGD with momentum, or LARS (MLPerf)"},
-            {"lr", AxisKind::real, one("0"), {}, "learning rate; 0 = sgd 0.1 x batch/256, lars 0.8 x batch/256"},
-            {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
-            {"trajectory_steps", AxisKind::integer, one("30"), {}, "steps whose loss is read before timing"},
-            {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"}};
+    std::vector<AxisSpec> axes = model_axes(
+        device_kind, {.cuda_batches = {"256"},
+                      .host_batches = {"16"},
+                      .batch_help = "images per step",
+                      .cuda_precision = "bf16",
+                      .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16 / fp16 (fp32 master weights; "
+                                        "fp16 with dynamic loss scaling)"});
+    axes.insert(
+        axes.end(),
+        {{"optimizer", AxisKind::text, one("sgd"), {"sgd", "lars"}, "SGD with momentum, or LARS (MLPerf)"},
+         {"lr", AxisKind::real, one("0"), {}, "learning rate; 0 = sgd 0.1 x batch/256, lars 0.8 x batch/256"},
+         {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
+         {"trajectory_steps", AxisKind::integer, one("30"), {}, "steps whose loss is read before timing"},
+         {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"}});
+    return axes;
   }
 
   void run(State& state) override {
