@@ -37,14 +37,8 @@ class Infer final : public Workload {
   }
 
   void run(State& state) override {
-    ModelSpec spec;
-    spec.model = state.get_text("model");
+    const ModelSpec spec = model_spec(state, /*training=*/false);
     const ab::models::ResNetConfig cfg = model_config(spec.model);
-    spec.batch = state.get_int("batch");
-    spec.image_px = state.get_int("image_size");
-    spec.precision = parse_model_precision(state.get_text("precision"));
-    spec.layout = parse_layout(state.get_text("layout"));
-    spec.training = false;
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     if (spec.batch < 1 || spec.image_px < 1)
       throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");

@@ -73,6 +73,17 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
           {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
 }
 
+ModelSpec model_spec(const State& state, bool training) {
+  ModelSpec spec;
+  spec.model = state.get_text("model");
+  spec.batch = state.get_int("batch");
+  spec.image_px = state.get_int("image_size");
+  spec.precision = parse_model_precision(state.get_text("precision"));
+  spec.layout = parse_layout(state.get_text("layout"));
+  spec.training = training;
+  return spec;
+}
+
 SyntheticBatch synthetic_batch(std::uint64_t seed, std::uint64_t first, std::int64_t batch, std::int64_t channels,
                                std::int64_t image_px, std::int64_t classes) {
   SyntheticBatch b;

@@ -62,6 +62,8 @@ struct ModelSpec {
   bool training = true;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
+// The point's values of the axes model_axes() declares.
+ModelSpec model_spec(const State& state, bool training);
 
 // The network's logits for image 0 of the synthetic data in float64 on the reference kernels
 // (inference mode, the same parameter seed), cached per (model, size, layout): the oracle the

@@ -64,13 +64,8 @@ class Train final : public Workload {
   }
 
   void run(State& state) override {
-    ModelSpec spec;
-    spec.model = state.get_text("model");
+    const ModelSpec spec = model_spec(state, /*training=*/true);
     const ab::models::ResNetConfig cfg = model_config(spec.model);
-    spec.batch = state.get_int("batch");
-    spec.image_px = state.get_int("image_size");
-    spec.precision = parse_model_precision(state.get_text("precision"));
-    spec.layout = parse_layout(state.get_text("layout"));
     const double lr = state.get_real("lr");
     const std::int64_t trajectory_steps = state.get_int("trajectory_steps");
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
