@@ -11,6 +11,7 @@
 
 #include "backend/cuda/check.h"
 #include "core/error.h"
+#include "nn/device/cuda_device_common.cuh"
 #include "nn/device/cuda_pointwise.h"
 
 namespace ab::nn::cuda_batchnorm {
@@ -37,26 +38,14 @@ constexpr int kFinalX = 32, kFinalY = 32;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) backend::cuda::throw_cuda(err, "kernel launch", std::string("cuda_batchnorm ") + what);
-}
+void check_launch(const char* what) { device_common::check_launch("cuda_batchnorm", what); }
 
 // ---- device helpers
 
-template <typename T, int W>
-struct alignas(W * sizeof(T)) Chunk {
-  T v[W];
-};
-
-template <int W, typename T>
-__device__ __forceinline__ Chunk<T, W> load(const T* p, int64_t i) {
-  return *reinterpret_cast<const Chunk<T, W>*>(p + i);
-}
-template <int W, typename T>
-__device__ __forceinline__ void store(T* p, int64_t i, const Chunk<T, W>& c) {
-  *reinterpret_cast<Chunk<T, W>*>(p + i) = c;
-}
+using device_common::Chunk;
+using device_common::load;
+using device_common::store;
+using device_common::Tag;
 
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
@@ -397,21 +386,10 @@ unsigned apply_row_blocks(const Tile& t, int64_t rows) {
 
 std::size_t stats_shared_bytes(const Tile& t) { return std::size_t{2} * kThreads * t.vec * sizeof(double); }
 
-// Calls f(Tag<T>{}) for the storage type of t.
-template <typename T>
-struct Tag {
-  using type = T;
-};
+// Calls f(Tag<T>{}) for the storage type of t (no f64: the statistics kernels are f32/16-bit).
 template <typename F>
 void dispatch(DType t, const char* what, F&& f) {
-  switch (t) {
-    case DType::f32: f(Tag<float>{}); return;
-    case DType::f16: f(Tag<__half>{}); return;
-    case DType::bf16: f(Tag<__nv_bfloat16>{}); return;
-    default:
-      throw Unsupported(std::string("cuda batch norm ") + what + ": dtype " + std::string(to_string(t)) +
-                        " is not supported (valid: f32, f16, bf16)");
-  }
+  device_common::dispatch_storage<false>(t, "cuda batch norm", what, std::forward<F>(f));
 }
 
 // Calls f(std::integral_constant<int, V>{}) for the tile's vector width.

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/check.h"
 #include "core/error.h"
+#include "nn/device/cuda_device_common.cuh"
 
 namespace ab::nn::cuda_pointwise {
 namespace {
@@ -32,11 +33,7 @@ constexpr int kLossThreads = 1024;
 
 // ---- host helpers
 
-// Only builds the message on failure, so a launch costs no string work.
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) backend::cuda::throw_cuda(err, "kernel launch", std::string("cuda_pointwise ") + what);
-}
+void check_launch(const char* what) { device_common::check_launch("cuda_pointwise", what); }
 
 }  // namespace
 
@@ -73,23 +70,10 @@ bool all_aligned16(const P*... p) {
   return (aligned16(p) && ...);
 }
 
-template <typename T>
-struct Tag {
-  using type = T;
-};
-
-// Calls f(Tag<T>{}) with T the device storage type of float dtype t.
+// Calls f(Tag<T>{}) with T the device storage type of float dtype t (f64 included).
 template <typename F>
 void dispatch_float(DType t, const char* what, F&& f) {
-  switch (t) {
-    case DType::f32: f(Tag<float>{}); return;
-    case DType::f16: f(Tag<__half>{}); return;
-    case DType::bf16: f(Tag<__nv_bfloat16>{}); return;
-    case DType::f64: f(Tag<double>{}); return;
-    default:
-      throw Unsupported(std::string("cuda_pointwise ") + what + ": dtype " + std::string(to_string(t)) +
-                        " is not supported (valid: f32, f16, bf16, f64)");
-  }
+  device_common::dispatch_storage<true>(t, "cuda_pointwise", what, std::forward<F>(f));
 }
 
 // Small single values (loss, dloss) whose dtype is chosen at run time, not by template.
@@ -182,19 +166,10 @@ __device__ __forceinline__ bool is_finite_value(double v) { return isfinite(v); 
 
 // ---- vector access: W consecutive elements as one aligned load or store (16 bytes at most)
 
-template <typename T, int W>
-struct alignas(W * sizeof(T)) Chunk {
-  T v[W];
-};
-
-template <int W, typename T>
-__device__ __forceinline__ Chunk<T, W> load(const T* p, int64_t i) {
-  return *reinterpret_cast<const Chunk<T, W>*>(p + i);
-}
-template <int W, typename T>
-__device__ __forceinline__ void store(T* p, int64_t i, const Chunk<T, W>& c) {
-  *reinterpret_cast<Chunk<T, W>*>(p + i) = c;
-}
+using device_common::Chunk;
+using device_common::load;
+using device_common::store;
+using device_common::Tag;
 
 // ---- reductions in a fixed order (the xor butterfly leaves the same sum in every lane)
 
