@@ -4,6 +4,8 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
+import time
 
 import torch
 
@@ -25,17 +27,58 @@ def time_batches(fn, iters_per_batch, batches, warmup):
     return statistics.median(times)
 
 
-def accelbench(binary, args, out_dir):
-    """Runs `accelbench run ARGS --out OUT_DIR -q`; returns the records of the one run it added."""
+def _new_runs(runs_dir, before):
+    if not os.path.isdir(runs_dir):
+        return []
+    return [r for r in os.listdir(runs_dir) if r not in before and os.path.isdir(os.path.join(runs_dir, r))]
+
+
+def accelbench(binary, args, out_dir, launcher=(), on_record=None, poll_s=1.0):
+    """Runs `[LAUNCHER...] accelbench run ARGS --out OUT_DIR -q`; returns the records of the one run it added.
+
+    launcher: a prefix such as `mpirun -np 2 ...` (under it rank 0 alone writes the run). on_record:
+    called with each record as soon as accelbench has appended it to points.jsonl (it writes each
+    point durably when measured), so a caller can print figures before a long run ends."""
     os.makedirs(out_dir, exist_ok=True)
     runs_dir = os.path.join(out_dir, "runs")
     before = set(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else set()
-    cmd = [binary, "run", *args, "--out", out_dir, "-q"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    new = [r for r in os.listdir(runs_dir) if r not in before and os.path.isdir(os.path.join(runs_dir, r))]
+    cmd = [*launcher, binary, "run", *args, "--out", out_dir, "-q"]
+    if on_record is None:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    else:
+        # Output to files, not pipes: a full pipe would stall accelbench while this loop polls.
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+            seen, offset, run = [], 0, None
+            while True:
+                done = proc.poll() is not None  # read once more after exit: the last records
+                if run is None:
+                    new = _new_runs(runs_dir, before)
+                    run = new[0] if len(new) == 1 else None
+                path = os.path.join(runs_dir, run, "points.jsonl") if run else None
+                if path and os.path.exists(path):
+                    with open(path, "rb") as f:
+                        f.seek(offset)
+                        chunk = f.read()
+                    complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits
+                    offset += len(complete)
+                    for line in complete.decode().splitlines():
+                        if line.strip():
+                            seen.append(json.loads(line))
+                            on_record(seen[-1])
+                if done:
+                    break
+                time.sleep(poll_s)
+            code = proc.returncode
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+    if code != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({code}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    new = _new_runs(runs_dir, before)
     if len(new) != 1:
-        raise SystemExit(f"expected one new run in {runs_dir}, found {new}")
+        hint = " (under a launcher: was accelbench built without MPI, so every process ran alone?)" if launcher else ""
+        raise SystemExit(f"expected one new run in {runs_dir}, found {new}{hint}")
     with open(os.path.join(runs_dir, new[0], "points.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return [json.loads(line) for line in f if line.strip()]

@@ -11,8 +11,10 @@ torch.nn when torchvision is absent), channels_last, cudnn.benchmark on;
 Timing follows accelbench's: CUDA events, warm-up first; training = median over batches of
 back-to-back steps; inference = median (and p99) over single replays, one forward per sample, as
 the `infer` workload samples. Each PyTorch figure is taken before and after accelbench and the
-better one kept, so drift favours the peer.
-  usage: compare_resnet.py --accelbench build/cuda/src/cli/accelbench --out DIR
+better one kept, so drift favours the peer (--torch-once: before only, to fit a short time limit).
+Every figure is printed (flushed) the moment it is measured, accelbench's as its CLI appends each
+record, so a run cut short by a time limit keeps what it measured; the table comes at the end.
+  usage: compare_resnet.py --accelbench build/cuda/src/cli/accelbench --out DIR [--torch-once]
 """
 import argparse
 import json
@@ -178,6 +180,8 @@ def main():
     ap.add_argument("--max-infer-batch", type=int, default=256)
     ap.add_argument("--train-precisions", default=",".join(TRAIN_PRECISIONS))
     ap.add_argument("--infer-precisions", default=",".join(INFER_PRECISIONS))
+    ap.add_argument("--torch-once", action="store_true",
+                    help="measure PyTorch before accelbench only, not again after (about half the PyTorch time)")
     args = ap.parse_args()
     TRAIN_PRECISIONS = tuple(p for p in args.train_precisions.split(",") if p)
     INFER_PRECISIONS = tuple(p for p in args.infer_precisions.split(",") if p)
@@ -189,28 +193,57 @@ def main():
               "cudnn": torch.backends.cudnn.version(), "torch_model": net, "image_size": px}
     torch.backends.cudnn.benchmark = True
 
-    def torch_all():
-        train = {p: torch_train_step_s(p, tb, px) for p in TRAIN_PRECISIONS}
-        infer = {(p, b): torch_infer_latency_s(p, b, px) for p in INFER_PRECISIONS for b in infer_batches}
+    print(f"ResNet-50 at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}); "
+          f"figures as measured, the table at the end", flush=True)
+
+    def torch_all(when):
+        train, infer = {}, {}
+        for p in TRAIN_PRECISIONS:
+            train[p] = t = torch_train_step_s(p, tb, px)
+            print(f"PyTorch    train resnet50 {p} b{tb} ({when}): {tb / t:.0f} img/s, {t * 1e3:.2f} ms/step", flush=True)
+        for p in INFER_PRECISIONS:
+            for b in infer_batches:
+                infer[(p, b)] = t = torch_infer_latency_s(p, b, px)
+                print(f"PyTorch    infer resnet50 {p} b{b} ({when}): {b / t[0]:.0f} img/s, "
+                      f"p50 {t[0] * 1e3:.3f} ms, p99 {t[1] * 1e3:.3f} ms", flush=True)
         return train, infer
 
-    train_before, infer_before = torch_all()
+    def print_ours(rec):
+        prm = rec.get("params", {})
+        what = f"{rec.get('workload')} resnet50 {prm.get('precision')} b{prm.get('batch')}"
+        if rec.get("status") != "ok":
+            print(f"accelbench {what}: {rec.get('status')}: {rec.get('reason')}", flush=True)
+            return
+        t = rec["time"]
+        if rec.get("workload") == "train":
+            tail = f"{t['median_s'] * 1e3:.2f} ms/step"
+            peer_s = train_before.get(prm.get("precision"))
+        else:
+            tail = f"p50 {t['median_s'] * 1e3:.3f} ms, p99 {t['p99_s'] * 1e3:.3f} ms"
+            peer_s = infer_before.get((prm.get("precision"), prm.get("batch")), (None,))[0]
+        vs = f"; x{peer_s / t['median_s']:.2f} PyTorch's (before)" if peer_s else ""
+        print(f"accelbench {what}: {prm['batch'] / t['median_s']:.0f} img/s, {tail}{vs}", flush=True)
+
+    train_before, infer_before = torch_all("before accelbench")
     ab_dir = os.path.join(args.out, "accelbench")
     ours_train, ours_infer = {}, {}
     for rec in accelbench(args.accelbench, ["train", "--axis", "model=resnet50", "--axis", f"batch={tb}",
                                             "--axis", f"precision={','.join(TRAIN_PRECISIONS)}", "--axis", "layout=nhwc",
-                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir):
+                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir,
+                          on_record=print_ours):
         if rec["status"] != "ok":
             raise SystemExit(f"accelbench train point not ok: {rec.get('status')}: {rec.get('reason')}")
         ours_train[rec["params"]["precision"]] = rec
     for rec in accelbench(args.accelbench, ["infer", "--axis", "model=resnet50",
                                             "--axis", f"batch={','.join(map(str, infer_batches))}",
                                             "--axis", f"precision={','.join(INFER_PRECISIONS)}", "--axis", "layout=nhwc",
-                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir):
+                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir,
+                          on_record=print_ours):
         if rec["status"] != "ok":
             raise SystemExit(f"accelbench infer point not ok: {rec.get('status')}: {rec.get('reason')}")
         ours_infer[(rec["params"]["precision"], rec["params"]["batch"])] = rec
-    train_after, infer_after = torch_all()
+    # Without a second measurement "after" is the same figure, so min() below keeps "before".
+    train_after, infer_after = (train_before, infer_before) if args.torch_once else torch_all("after accelbench")
 
     rows = []
     for p in TRAIN_PRECISIONS:
@@ -231,11 +264,16 @@ def main():
                          "ours_p99_ms": rec["time"]["p99_s"] * 1e3, "torch_p99_ms": peer[1] * 1e3,
                          "ours_check_rel_error": rec.get("check", {}).get("rel_error")})
     report["rows"] = rows
-    report["torch_raw"] = {"train_before_s": train_before, "train_after_s": train_after,
+    report["torch_measured"] = "before accelbench only" if args.torch_once else "before and after accelbench, better kept"
+    report["torch_raw"] = {"train_before_s": train_before,
+                           "train_after_s": None if args.torch_once else train_after,
                            "infer_before_s": {f"{p} b{b}": v for (p, b), v in infer_before.items()},
-                           "infer_after_s": {f"{p} b{b}": v for (p, b), v in infer_after.items()}}
+                           "infer_after_s": None if args.torch_once else
+                           {f"{p} b{b}": v for (p, b), v in infer_after.items()}}
 
-    lines = [f"ResNet-50 at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}), cuDNN {report['cudnn']}",
+    lines = ["",
+             f"ResNet-50 at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}), cuDNN {report['cudnn']}; "
+             f"PyTorch measured {report['torch_measured']}",
              "",
              "| what | accelbench img/s | PyTorch img/s | accelbench / PyTorch | accelbench ms (p50 / p99) | PyTorch ms (p50 / p99) |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -249,7 +287,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(args.out, "compare_resnet.md"), "w") as f:
-        f.write(text + "\n")
+        f.write(text.lstrip("\n") + "\n")
     with open(os.path.join(args.out, "compare_resnet.json"), "w") as f:
         json.dump(report, f, indent=1)
 

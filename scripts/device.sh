@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|multi|engine] (default all)
+#   usage: scripts/device.sh [test|bench|all|multi|engine|ddp] (default all)
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # bench/compare_resnet.py (ResNet-50 training and inference beside PyTorch, ~3 min).
 # multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
@@ -15,6 +15,8 @@
 # libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1
 # ibverbs-providers librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1
 # libmunge2 libatomic1); it is unpacked into a private prefix and found through OPAL_PREFIX.
+# ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
+# (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -33,7 +35,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if [[ $what == multi ]] && ! command -v mpirun >/dev/null 2>&1; then
+if [[ $what == multi || $what == ddp ]] && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -48,7 +50,7 @@ if [[ $what == multi ]] && ! command -v mpirun >/dev/null 2>&1; then
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-[[ $what == multi ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+[[ $what == multi || $what == ddp ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -83,8 +85,13 @@ if [[ $what == engine ]]; then
   ctest --preset cuda -j 6 -R 'nn_cuda|workloads_models|nn_test|models_test' --output-on-failure \
     > "$logs/ctest-engine.log" 2>&1
   grep -E "tests passed|tests failed|\(Failed\)|SEGFAULT|Timeout" "$logs/ctest-engine.log" | head -20
-  python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet" 2>&1 | tee "$logs/compare_resnet.txt" |
-    tail -n 26
+  # No tail: each figure is printed as measured, and a tail would hold them all back until the end.
+  python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet" 2>&1 | tee "$logs/compare_resnet.txt"
+fi
+if [[ $what == ddp ]]; then
+  grep -E "MPI" "$logs/build.log" | head -3
+  # Each figure is printed as measured (unbuffered), so a time limit keeps what was measured.
+  python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" 2>&1 | tee "$logs/compare_ddp.txt"
 fi
 if [[ $what == bench || $what == all ]]; then
   $ab sysinfo | tee "$logs/sysinfo.txt"
