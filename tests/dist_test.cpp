@@ -514,6 +514,45 @@ TEST(MpiBootstrap, AccelbenchUnderMpirunRunsEveryPointOnBothRanksAndRankZeroWrit
   EXPECT_EQ(tables, 1u) << r.output;
 }
 
+TEST(DataParallel, TrainUnderMpirunAveragesGradientsOverTheTrainingRanks) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
+                       " run train --device cpu --axis batch=4 --axis image_size=8 --axis trajectory_steps=4 "
+                       "--axis graph=off --axis gpus=1,2,3 --axis bucket_mib=0.0001,25 --min-time 0.05 --out " +
+                       quote(tmp.path().string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto points = read_points(tmp.path());
+  ASSERT_EQ(points.size(), 6u);
+  std::map<std::pair<int, double>, nlohmann::json> by;  // (gpus, bucket_mib)
+  for (const auto& p : points) by[{p["params"]["gpus"].get<int>(), p["params"]["bucket_mib"].get<double>()}] = p;
+  const auto losses = [](const nlohmann::json& p) { return p["metrics"]["loss_trajectory"].get<std::vector<double>>(); };
+  for (double mib : {0.0001, 25.0}) {
+    const auto& one = by.at({1, mib});
+    const auto& two = by.at({2, mib});
+    ASSERT_EQ(one["status"], "ok") << one.dump();
+    ASSERT_EQ(two["status"], "ok") << two.dump();
+    EXPECT_FALSE(one["metrics"].contains("data_parallel"));
+    const auto& dp = two["metrics"]["data_parallel"];
+    EXPECT_EQ(dp["averaging"], "host");
+    EXPECT_EQ(dp["global_batch"], 8);
+    EXPECT_EQ(two["counts"]["samples"], 8);  // an iteration is one step of both ranks
+    // Rank 0 trains on the same first 4 samples from the same weights: the same first loss; the
+    // averaged gradient (rank 1's samples too) then takes it elsewhere.
+    EXPECT_EQ(losses(two).front(), losses(one).front());
+    EXPECT_NE(losses(two).back(), losses(one).back());
+    EXPECT_GT(two["metrics"]["scaling_efficiency"].get<double>(), 0.0) << two.dump();
+    EXPECT_TRUE(two["metrics"].contains("rank_step_time_s"));
+    const auto& three = by.at({3, mib});
+    EXPECT_EQ(three["status"], "skipped");
+    EXPECT_NE(three.value("reason", "").find("needs 3 processes"), std::string::npos) << three.dump();
+  }
+  // Many small buckets or one large: the same averages, so the same trajectory, bit for bit.
+  EXPECT_GT(by.at({2, 0.0001})["metrics"]["data_parallel"]["buckets"].get<int>(), 3);
+  EXPECT_EQ(by.at({2, 25.0})["metrics"]["data_parallel"]["buckets"], 1);
+  EXPECT_EQ(losses(by.at({2, 0.0001})), losses(by.at({2, 25.0})));
+}
+
 TEST(MpiBootstrap, ARankThatCannotStartStopsEveryRank) {
   SKIP_WITHOUT_MPI();
   test::TempDir tmp;

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "nn/data_parallel.h"
 #include "nn/graph.h"
 #include "nn/ops.h"
 #include "nn/optim.h"
@@ -76,12 +77,14 @@ struct SmallNet {
   Value x, labels, logits, loss;
 };
 
-SmallNet small_net(GraphBuilder& b, std::int64_t n) {
+// Without batch norm, a batch's gradient is the mean of its halves' (data parallelism's check).
+SmallNet small_net(GraphBuilder& b, std::int64_t n, bool with_batchnorm = true) {
   SmallNet m;
   m.x = b.input("x", Shape{n, 2, 6, 6}, /*requires_grad=*/true);
   m.labels = b.input("labels", Shape{n}, DType::i32);
   Conv2dAttrs c1{4, 3, 3, Conv2dDesc{1, 1, 1, 1, 1, 1, 1}};
-  Value y = relu(b, "relu1", batchnorm2d(b, "bn1", conv2d(b, "conv1", m.x, c1)));
+  Value y = conv2d(b, "conv1", m.x, c1);
+  y = relu(b, "relu1", with_batchnorm ? batchnorm2d(b, "bn1", y) : y);
   const Value p = maxpool2d(b, "pool", y, Pool2dDesc{2, 2, 2, 2, 0, 0});
   Conv2dAttrs c2{4, 3, 3, Conv2dDesc{1, 1, 1, 1, 1, 1, 2}};
   Conv2dAttrs c3{4, 1, 1, Conv2dDesc{}};
@@ -99,13 +102,15 @@ struct Bound {
   GraphBuilder b;
   SmallNet m;
   Graph g;
-  explicit Bound(GraphOptions o, std::int64_t n = 4) : b(o), m(small_net(b, n)), g(std::move(b)) {}
+  explicit Bound(GraphOptions o, std::int64_t n = 4, bool with_batchnorm = true)
+      : b(o), m(small_net(b, n, with_batchnorm)), g(std::move(b)) {}
 };
 
-void fill_inputs(Graph& g, const SmallNet& m, std::int64_t n, std::uint64_t seed) {
+// Samples first..first+n-1 of one seeded data set (a sample does not depend on its batch).
+void fill_inputs(Graph& g, const SmallNet& m, std::int64_t n, std::uint64_t seed, std::int64_t first = 0) {
   std::vector<double> x(static_cast<std::size_t>(n * 72)), labels(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = uniform(seed, i, -1, 1);
-  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>(i % 3);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = uniform(seed, static_cast<std::uint64_t>(first * 72) + i, -1, 1);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>((static_cast<std::size_t>(first) + i) % 3);
   g.set_input(m.x, x);
   g.set_input(m.labels, labels);
 }
@@ -757,6 +762,110 @@ TEST(Learnability, TinyResnetLearnsTheSyntheticTaskInBf16) {
   EXPECT_LT(test::mean_tail(losses, 10), 0.25 * chance);
   std::printf("tiny resnet, bf16 SGD: loss %.3f -> %.3f in %d steps, %.1f s\n", losses.front(),
               test::mean_tail(losses, 10), kSteps, seconds);
+}
+
+// ---------------------------------------------------------------------------------------------
+// data parallelism: gradient buckets
+
+// Records the blocks it is asked to average, in order; averaging is left to the test.
+struct RecordingAverager final : GradientAverager {
+  std::vector<Tensor> blocks;
+  std::vector<std::string> events;  // "average" / "join", in call order
+  void average(const Tensor& flat) override {
+    blocks.push_back(flat);
+    events.emplace_back("average");
+  }
+  void join() override { events.emplace_back("join"); }
+};
+
+TEST(DataParallel, AveragedBucketsOfTwoHalfBatchesGiveTheFullBatchGradients) {
+  GraphOptions o;
+  o.dtype = DType::f64;
+  o.seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));
+  Bound full(o, 8, /*with_batchnorm=*/false);
+  full.g.bind(*full.k);
+  fill_inputs(full.g, full.m, 8, o.seed);
+  full.g.forward();
+  full.g.backward();
+
+  // Two ranks, simulated: each half batch on its own graph with its own sync; tiny buckets so
+  // that the parameters spread over several of them.
+  Bound half0(o, 4, false), half1(o, 4, false);
+  RecordingAverager avg0, avg1;
+  half0.g.bind(*half0.k);
+  half1.g.bind(*half1.k);
+  BucketedGradientSync sync0(half0.g.parameters(), avg0, 100), sync1(half1.g.parameters(), avg1, 100);
+  ASSERT_GT(sync0.buckets().size(), 2u);
+  half0.g.set_gradient_sync(&sync0);
+  half1.g.set_gradient_sync(&sync1);
+  fill_inputs(half0.g, half0.m, 4, o.seed, 0);
+  fill_inputs(half1.g, half1.m, 4, o.seed, 4);
+  for (Bound* h : {&half0, &half1}) {
+    h->g.forward();
+    h->g.backward();
+  }
+  // Every bucket once per backward, in bucket order (backward order), then one join.
+  ASSERT_EQ(avg0.blocks.size(), sync0.buckets().size());
+  ASSERT_EQ(avg1.blocks.size(), avg0.blocks.size());
+  EXPECT_EQ(avg0.events.back(), "join");
+  EXPECT_EQ(std::count(avg0.events.begin(), avg0.events.end(), "join"), 1);
+  for (std::size_t b = 0; b < avg0.blocks.size(); ++b) {
+    EXPECT_EQ(avg0.blocks[b].data, sync0.buckets()[b].flat.data) << "bucket " << b;
+    const auto a = read_host(avg0.blocks[b]), c = read_host(avg1.blocks[b]);
+    std::vector<double> mean(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) mean[i] = (a[i] + c[i]) / 2;
+    write_host(avg0.blocks[b], mean);
+  }
+  // Bucket 0 holds the last layer's parameters: reduction starts with the first gradients made.
+  EXPECT_EQ(sync0.buckets().front().parameters.front(), half0.g.parameters().size() - 1);
+
+  std::size_t compared = 0;
+  for (std::size_t i = 0; i < full.g.parameters().size(); ++i) {
+    const Parameter& want = full.g.parameters()[i];
+    if (!want.grad.defined()) continue;
+    const auto w = read_host(want.grad), got = read_host(half0.g.parameters()[i].grad);
+    double largest = 0;
+    for (double v : w) largest = std::max(largest, std::abs(v));
+    ASSERT_GT(largest, 1e-8) << want.name << ": an all-zero gradient checks nothing";
+    for (std::size_t j = 0; j < w.size(); ++j)
+      ASSERT_NEAR(got[j], w[j], 1e-12 * std::max(1.0, largest)) << want.name << " element " << j;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 5u);  // three convolution weights, the linear layer's weight and bias
+}
+
+TEST(DataParallel, ABucketIsAveragedWhenItsLastGradientIsReadyAndTheRestAtFinish) {
+  // Four f32 gradients of 64 bytes in one store, as the graph lays them out (aligned).
+  std::vector<unsigned char> store(4 * kAllocAlignment);
+  std::vector<Parameter> params(4);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    params[i].name = "p" + std::to_string(i);
+    params[i].grad = Tensor::describe(DType::f32, Shape{16}).with_data(store.data() + i * kAllocAlignment);
+  }
+  RecordingAverager avg;
+  BucketedGradientSync sync(params, avg, 128);  // two gradients per bucket: {p3, p2}, {p1, p0}
+  ASSERT_EQ(sync.buckets().size(), 2u);
+  EXPECT_EQ(sync.buckets()[0].parameters, (std::vector<std::size_t>{3, 2}));
+  EXPECT_EQ(sync.buckets()[0].flat.data, params[2].grad.data);
+  EXPECT_EQ(sync.buckets()[0].flat.numel(), kAllocAlignment / 4 + 16);  // p2, padding, p3
+  for (int step = 0; step < 2; ++step) {
+    avg.blocks.clear();
+    sync.begin();
+    sync.ready(3);
+    EXPECT_TRUE(avg.blocks.empty());
+    sync.ready(2);
+    ASSERT_EQ(avg.blocks.size(), 1u) << "the first bucket starts as soon as it is complete";
+    sync.ready(1);  // p0's op ran no backward: its bucket goes at finish
+    EXPECT_EQ(avg.blocks.size(), 1u);
+    sync.finish();
+    ASSERT_EQ(avg.blocks.size(), 2u);
+    EXPECT_EQ(avg.blocks[1].data, params[0].grad.data);
+  }
+  sync.begin();
+  sync.ready(3);
+  EXPECT_THROW(sync.ready(3), Error);
+  EXPECT_THROW(BucketedGradientSync(params, avg, 0), UsageError);
 }
 
 }  // namespace

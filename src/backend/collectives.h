@@ -61,6 +61,17 @@ class CollectivePlan {
   virtual std::vector<double> per_rank_seconds(int iterations) = 0;
 };
 
+// In-place averages of device buffers over a group's ranks that overlap the backend's stream
+// (data-parallel gradients): average() waits for the work enqueued on the backend's stream so
+// far and reduces on a side stream (NCCL's ncclAvg); join() makes the backend's stream wait for
+// every average() before it. Both only enqueue, so a CUDA-graph capture can hold them.
+class StreamAverager {
+ public:
+  virtual ~StreamAverager() = default;
+  virtual void average(void* data, std::int64_t count, DType dtype) = 0;
+  virtual void join() = 0;
+};
+
 class CollectiveGroup {
  public:
   virtual ~CollectiveGroup() = default;
@@ -72,6 +83,8 @@ class CollectiveGroup {
   virtual std::map<std::string, std::string> forced_settings() const = 0;
   // Allocates the buffers; throws OutOfMemory when a device is full, UsageError for a bad count.
   virtual std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) = 0;
+  // For a group of one local rank (one GPU per process); throws Unsupported otherwise.
+  virtual std::unique_ptr<StreamAverager> make_averager() = 0;
 };
 
 // GPUs a collective group can span in this process (0 in the CPU build or without a GPU).

@@ -1,32 +1,52 @@
 #include "dist/world_group.h"
 
+#include <map>
+
 #include "core/error.h"
 
 namespace ab::dist {
 
-std::unique_ptr<backend::CollectiveGroup> world_collective_group(backend::Backend& backend, Comm& comm) {
-  static Bytes id;  // one id per process's launch: every group after the first reuses its communicator
-  if (id.empty()) {
-    Outcome made;
-    Bytes mine;
-    if (comm.rank() == 0) {
-      try {
-        mine = backend::collective_unique_id();
-      } catch (const std::exception& e) {
-        made = {1, e.what()};
-      }
+namespace {
+
+// Rank 0 creates an NCCL unique id and every rank of `comm` receives it (or rank 0's failure).
+Bytes shared_unique_id(Comm& comm) {
+  Outcome made;
+  Bytes mine;
+  if (comm.rank() == 0) {
+    try {
+      mine = backend::collective_unique_id();
+    } catch (const std::exception& e) {
+      made = {1, e.what()};
     }
-    Bytes message = Packer().put(static_cast<std::int64_t>(made.code)).put(made.message).bytes();
-    message.insert(message.end(), mine.begin(), mine.end());
-    comm.broadcast(message, 0);
-    Unpacker in(message);
-    const std::int64_t code = in.get_int();
-    const std::string why = in.get_string();
-    if (code != 0) throw Error("rank 0 could not create the NCCL unique id: " + why);
-    const std::size_t header = sizeof(std::int64_t) * 2 + why.size();
-    id.assign(message.begin() + static_cast<std::ptrdiff_t>(header), message.end());
   }
-  return backend::make_collective_rank(backend, comm.rank(), comm.size(), id);
+  Bytes message = Packer().put(static_cast<std::int64_t>(made.code)).put(made.message).bytes();
+  message.insert(message.end(), mine.begin(), mine.end());
+  comm.broadcast(message, 0);
+  Unpacker in(message);
+  const std::int64_t code = in.get_int();
+  const std::string why = in.get_string();
+  if (code != 0) throw Error("rank 0 could not create the NCCL unique id: " + why);
+  const std::size_t header = sizeof(std::int64_t) * 2 + why.size();
+  return Bytes(message.begin() + static_cast<std::ptrdiff_t>(header), message.end());
+}
+
+}  // namespace
+
+std::unique_ptr<backend::CollectiveGroup> world_collective_group(backend::Backend& backend, Comm& comm) {
+  return first_ranks_collective_group(backend, comm, comm.size());
+}
+
+std::unique_ptr<backend::CollectiveGroup> first_ranks_collective_group(backend::Backend& backend, Comm& comm,
+                                                                       int ranks) {
+  if (ranks < 1 || ranks > comm.size())
+    throw UsageError("a communicator of " + std::to_string(ranks) + " ranks in a launch of " +
+                     std::to_string(comm.size()));
+  // One id per size and process: every group after the first of a size reuses its communicator.
+  static std::map<int, Bytes> ids;
+  Bytes& id = ids[ranks];
+  if (id.empty()) id = shared_unique_id(comm);
+  if (comm.rank() >= ranks) return nullptr;
+  return backend::make_collective_rank(backend, comm.rank(), ranks, id);
 }
 
 }  // namespace ab::dist

@@ -15,4 +15,10 @@ namespace ab::dist {
 // rank 0 cannot create the id, every rank throws ab::Error saying so.
 std::unique_ptr<backend::CollectiveGroup> world_collective_group(backend::Backend& backend, Comm& comm);
 
+// The communicator of ranks 0..ranks-1 of `comm` (a scaling sweep's gpus=k point in a launch of
+// more processes): every rank of `comm` must call it (the id travels over all of them); ranks
+// from `ranks` on get null. One id per size, kept for the process's life like the world's.
+std::unique_ptr<backend::CollectiveGroup> first_ranks_collective_group(backend::Backend& backend, Comm& comm,
+                                                                       int ranks);
+
 }  // namespace ab::dist

@@ -95,8 +95,9 @@ void Graph::State::plan_lifetimes() {
     value_buffer[v] = static_cast<int>(lifetimes.size());
     lifetimes.push_back({info.desc.size_bytes(), first, last[v], info.name});
   }
+  const std::vector<int> grad_root = share_passed_gradients();
   for (std::size_t v = 0; v < values.size(); ++v) {
-    if (!has_grad[v]) continue;
+    if (!has_grad[v] || grad_root[v] != static_cast<int>(v)) continue;
     const ValueInfo& info = values[v];
     // A graph input's gradient is kept to the end of the step for the caller to read.
     const int end = info.producer >= 0 ? bwd_step(static_cast<std::size_t>(info.producer)) : end_step();
@@ -106,6 +107,15 @@ void Graph::State::plan_lifetimes() {
     if (static_cast<int>(v) == loss) first = std::min(first, bwd_step(n() - 1));
     grad_buffer[v] = static_cast<int>(lifetimes.size());
     lifetimes.push_back({info.desc.size_bytes(), first, end, "grad " + info.name});
+  }
+  // A shared gradient lives in its root's buffer, kept until the last member's producer has read it.
+  for (std::size_t v = 0; v < values.size(); ++v) {
+    const auto r = static_cast<std::size_t>(grad_root[v]);
+    if (!has_grad[v] || r == v) continue;
+    grad_buffer[v] = grad_buffer[r];
+    BufferLifetime& life = lifetimes[static_cast<std::size_t>(grad_buffer[r])];
+    life.last_step = std::max(life.last_step, bwd_step(static_cast<std::size_t>(values[v].producer)));
+    life.label += " = grad " + values[v].name;
   }
   grad16_buffer.assign(n(), {});
   for (std::size_t i = 0; i < n(); ++i)
@@ -127,6 +137,54 @@ void Graph::State::plan_lifetimes() {
                            nodes[i].op->name() + ":saved" + std::to_string(j)});
     }
   }
+}
+
+// An op that passes a gradient through unchanged (add) would copy its output gradient into each
+// input's. Instead the input's gradient may live in the output gradient's buffer (its "root"),
+// which removes the copy and the buffer, when it is safe: this op writes the input's gradient first
+// (no accumulation yet), the input has a producer (graph inputs keep their own gradient), and
+// from this op's backward on, no later write into one member of the group (an accumulation by
+// another consumer) lands before another member's producer has read its gradient. In a
+// bottleneck block this shares the residual add's gradient with both branches.
+std::vector<int> Graph::State::share_passed_gradients() {
+  std::vector<int> root(values.size());
+  for (std::size_t v = 0; v < values.size(); ++v) root[v] = static_cast<int>(v);
+  if (!options.training) return root;
+  std::vector<std::vector<int>> writes(values.size());  // backward steps writing the value's gradient
+  for (std::size_t i = 0; i < n(); ++i)
+    if (runs_backward[i])
+      for (int in : nodes[i].inputs)
+        if (value(in).requires_grad) writes[static_cast<std::size_t>(in)].push_back(bwd_step(i));
+  const auto last_read = [&](int v) { return bwd_step(static_cast<std::size_t>(value(v).producer)); };
+  const auto compatible = [&](int x, int y, int from_step) {
+    for (int w : writes[static_cast<std::size_t>(x)])
+      if (w > from_step && w <= last_read(y)) return false;
+    for (int w : writes[static_cast<std::size_t>(y)])
+      if (w > from_step && w <= last_read(x)) return false;
+    return true;
+  };
+  std::vector<std::vector<int>> members(values.size());  // per root, the values sharing its buffer
+  for (std::size_t i = n(); i-- > 0;) {
+    const Node& node = nodes[i];
+    if (!runs_backward[i] || node.outputs.size() != 1) continue;
+    const int out = node.outputs[0];
+    if (!has_grad[static_cast<std::size_t>(out)] || out == loss) continue;
+    const auto r = static_cast<std::size_t>(root[static_cast<std::size_t>(out)]);
+    for (std::size_t s = 0; s < node.inputs.size(); ++s) {
+      const int in = node.inputs[s];
+      const auto iv = static_cast<std::size_t>(in);
+      if (!node.op->passes_gradient_through(static_cast<int>(s)) || !has_grad[iv] || din_accumulate[i][s] ||
+          value(in).producer < 0 || root[iv] != in || std::count(node.inputs.begin(), node.inputs.end(), in) != 1)
+        continue;
+      bool ok = compatible(in, static_cast<int>(r), bwd_step(i));
+      for (int m : members[r]) ok = ok && compatible(in, m, bwd_step(i));
+      if (!ok) continue;
+      root[iv] = static_cast<int>(r);
+      members[r].push_back(in);
+      node.op->set_shared_gradient(static_cast<int>(s));
+    }
+  }
+  return root;
 }
 
 const GraphOptions& Graph::options() const { return s_->options; }

@@ -93,6 +93,19 @@ struct Parameter {
   Tensor copy;       // bf16/fp16: the 16-bit copy the op reads, `value` rounded; else undefined
 };
 
+// Data parallelism's hook into backward (nn/data_parallel.h): told as each parameter's gradient
+// becomes final, in backward order, so that its all-reduce can start while backward goes on; and
+// asked to finish (the step's stream waits for every reduction) before the fp16 unscale and the
+// update, so all ranks check and apply the same averaged gradients. Calls are enqueue-only: a
+// step with a sync can still be captured.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual void begin() = 0;                            // before the first op's backward
+  virtual void ready(std::size_t parameter_index) = 0;  // index into Graph::parameters()
+  virtual void finish() = 0;
+};
+
 class Graph {
  public:
   // Plans the graph: which gradients exist, each buffer's lifetime, the arena layout. No memory.
@@ -148,6 +161,10 @@ class Graph {
   double loss_scale() const;
   bool last_step_skipped() const;
   void set_loss_scale(double scale);
+
+  // Data parallelism (nn/data_parallel.h): null for none. The sync must outlive the graph's use
+  // of it (and any step captured while it was set).
+  void set_gradient_sync(GradientSync* sync);
 
   // Per-op timing: each op's forward and backward is timed with the backend's timer (which
   // synchronises), so a profiled step is slower than a plain one; report() shows the times.

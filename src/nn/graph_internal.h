@@ -64,6 +64,7 @@ struct Graph::State {
   // and the scale before the last update (f32 [1]) to tell a skipped step afterwards.
   Tensor scale, good_steps, found_nonfinite, scale_before;
 
+  GradientSync* gradient_sync = nullptr;
   bool profiling = false;
   std::unique_ptr<measure::IterationTimer> timer;
   std::vector<double> forward_s, backward_s;
@@ -80,6 +81,7 @@ struct Graph::State {
   bool loss_scaling() const { return options.precision == Precision::fp16; }
   void plan_gradients();
   void plan_lifetimes();
+  std::vector<int> share_passed_gradients();  // per value: the value whose gradient buffer it uses
   // The step, on State so that a captured step does not depend on where the Graph object lives.
   void run_forward(bool training);
   void run_backward();

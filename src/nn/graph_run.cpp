@@ -217,6 +217,8 @@ void Graph::set_profiling(bool on) {
   if (on && s_->kernels != nullptr && !s_->timer) s_->timer = s_->kernels->make_timer();
 }
 
+void Graph::set_gradient_sync(GradientSync* sync) { s_->gradient_sync = sync; }
+
 void Graph::forward(bool training) { s_->run_forward(training); }
 void Graph::backward() { s_->run_backward(); }
 void Graph::update(Optimizer& optimizer) { s_->run_update(optimizer); }
@@ -244,6 +246,7 @@ void Graph::State::run_backward() {
     kk.cast(scale, dloss);
   else
     kk.fill(dloss, 1.0);
+  if (gradient_sync != nullptr) gradient_sync->begin();
   for (std::size_t i = n(); i-- > 0;) {
     if (!runs_backward[i]) continue;
     Op& op = *nodes[i].op;
@@ -258,7 +261,11 @@ void Graph::State::run_backward() {
       backward_s[i] = timer->time_batch(body, 1);
     else
       body();
+    if (gradient_sync != nullptr)
+      for (std::size_t j = 0; j < specs[i].size(); ++j)
+        if (specs[i][j].trainable()) gradient_sync->ready(param_index[i][j]);
   }
+  if (gradient_sync != nullptr) gradient_sync->finish();
   if (loss_scaling())
     for (std::size_t i = 0; i < n(); ++i) {
       if (!runs_backward[i]) continue;

@@ -81,6 +81,9 @@ class Op {
   // Which activations backward reads: the memory planner keeps exactly these alive.
   virtual bool backward_reads_input(int /*i*/) const { return false; }
   virtual bool backward_reads_output(int /*i*/) const { return false; }
+  // Whether input i's gradient is the output's gradient unchanged (add): the planner may then give
+  // both one buffer, and backward skips the copy for an input whose gradient shares it.
+  virtual bool passes_gradient_through(int /*i*/) const { return false; }
 
   // Set by the graph for the cost model: whether the graph trains (batch norm's forward differs)
   // and whether input i's gradient is computed (the first layer's is not, which removes a
@@ -90,6 +93,15 @@ class Op {
     needs_grad_ = std::move(input_needs_grad);
   }
   bool input_needs_grad(int i) const { return needs_grad_.empty() || needs_grad_[static_cast<std::size_t>(i)]; }
+  // Set by the graph's planner: input i's gradient shares the output gradient's buffer, so
+  // backward moves no bytes for it (the cost model counts none).
+  void set_shared_gradient(int i) {
+    if (shared_grad_.size() <= static_cast<std::size_t>(i)) shared_grad_.resize(static_cast<std::size_t>(i) + 1, false);
+    shared_grad_[static_cast<std::size_t>(i)] = true;
+  }
+  bool shares_gradient(int i) const {
+    return static_cast<std::size_t>(i) < shared_grad_.size() && shared_grad_[static_cast<std::size_t>(i)];
+  }
 
   // Checks the backend can run this layer (descriptors only, no data) and returns the workspace
   // bytes it needs. The default checks every tensor's storage type; convolution asks for its
@@ -112,7 +124,7 @@ class Op {
   static std::int64_t bytes_of(DType t) { return static_cast<std::int64_t>(size_bytes(t)); }
 
   std::vector<Tensor> in_, out_;
-  std::vector<bool> needs_grad_;
+  std::vector<bool> needs_grad_, shared_grad_;
   bool training_ = true;
 
  private:

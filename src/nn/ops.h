@@ -72,6 +72,7 @@ class Add final : public Op {
  public:
   using Op::Op;
   std::string_view kind() const override { return "add"; }
+  bool passes_gradient_through(int /*i*/) const override { return true; }
   void forward(Kernels& k, const OpTensors& t) override;
   void backward(Kernels& k, const OpTensors& t) override;
   std::int64_t flops(Pass p) const override;

@@ -43,9 +43,11 @@ std::vector<Tensor> Add::do_infer(const std::vector<Tensor>& in) {
 void Add::forward(Kernels& k, const OpTensors& t) { k.add_forward(t.in[0], t.in[1], t.out[0]); }
 
 void Add::backward(Kernels& k, const OpTensors& t) {
-  // In slot order, so that an add of a value to itself overwrites then accumulates.
+  // In slot order, so that an add of a value to itself overwrites then accumulates. An input
+  // gradient in the output gradient's own buffer (the planner's sharing) already holds it.
   for (std::size_t i = 0; i < 2; ++i)
-    if (t.din[i].defined()) k.copy_gradient(t.dout[0], t.din[i], t.din_accumulate[i]);
+    if (t.din[i].defined() && !(t.din[i].data == t.dout[0].data && !t.din_accumulate[i]))
+      k.copy_gradient(t.dout[0], t.din[i], t.din_accumulate[i]);
 }
 
 std::int64_t Add::flops(Pass p) const { return p == Pass::forward ? in_[0].numel() : 0; }
@@ -53,7 +55,8 @@ std::int64_t Add::flops(Pass p) const { return p == Pass::forward ? in_[0].numel
 std::int64_t Add::bytes(Pass p) const {
   const std::int64_t n = in_[0].numel();
   if (p == Pass::forward) return 3 * n * element_bytes();
-  const std::int64_t copies = (input_needs_grad(0) ? 1 : 0) + (input_needs_grad(1) ? 1 : 0);
+  const std::int64_t copies = (input_needs_grad(0) && !shares_gradient(0) ? 1 : 0) +
+                              (input_needs_grad(1) && !shares_gradient(1) ? 1 : 0);
   return 2 * n * copies * element_bytes();
 }
 

@@ -133,6 +133,7 @@ class NcclGroup final : public CollectiveGroup {
   std::vector<std::string> device_ids() const override { return ids_; }
   std::map<std::string, std::string> forced_settings() const override { return forced_; }
   std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) override;
+  std::unique_ptr<StreamAverager> make_averager() override;
 
   std::vector<Rank> ranks_;
   int world_, first_rank_;
@@ -491,6 +492,48 @@ std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpu
     slot = c.release();
   }
   return std::make_unique<NcclGroup>(*slot, backend, forced);
+}
+
+namespace {
+
+// Forks a side stream from the backend's stream at each average() and joins it back at join().
+// One fork and one join event suffice: a wait takes the event's latest record at the time it is
+// enqueued (and, in a capture, becomes that edge of the graph).
+class NcclAverager final : public StreamAverager {
+ public:
+  explicit NcclAverager(const Rank& rank)
+      : rank_(rank),
+        side_(create_stream("gradient averaging stream")),
+        fork_(create_event("gradient averaging fork")),
+        join_(create_event("gradient averaging join")) {}
+  void average(void* data, std::int64_t count, DType dtype) override {
+    AB_CUDA(cudaEventRecord(fork_.get(), rank_.stream), "gradient averaging fork");
+    AB_CUDA(cudaStreamWaitEvent(side_.get(), fork_.get(), 0), "gradient averaging fork");
+    AB_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), nccl_type(dtype), ncclAvg, rank_.comm,
+                          side_.get()),
+            "gradient all-reduce of " + std::to_string(count) + " elements");
+    pending_ = true;
+  }
+  void join() override {
+    if (!pending_) return;
+    AB_CUDA(cudaEventRecord(join_.get(), side_.get()), "gradient averaging join");
+    AB_CUDA(cudaStreamWaitEvent(rank_.stream, join_.get(), 0), "gradient averaging join");
+    pending_ = false;
+  }
+
+ private:
+  Rank rank_;
+  StreamPtr side_;
+  EventPtr fork_, join_;
+  bool pending_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamAverager> NcclGroup::make_averager() {
+  if (ranks_.size() != 1) throw Unsupported("gradient averaging needs one GPU per process (run under mpirun or srun)");
+  AB_CUDA(cudaSetDevice(ranks_[0].device), "gradient averaging device");
+  return std::make_unique<NcclAverager>(ranks_[0]);
 }
 
 std::vector<std::uint8_t> collective_unique_id() {

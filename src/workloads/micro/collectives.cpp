@@ -11,6 +11,7 @@
 #include "dist/comm.h"
 #include "dist/lockstep.h"
 #include "dist/world_group.h"
+#include "workloads/ranks.h"
 #include "workloads/micro/micro.h"
 
 namespace ab::workloads::micro {
@@ -27,38 +28,6 @@ struct Params {
 // fewer as a collective grows (from 64 MiB on, one per graph: launch cost no longer matters).
 int graph_collectives(std::int64_t bytes) {
   return static_cast<int>(std::clamp<std::int64_t>((std::int64_t{1} << 26) / std::max<std::int64_t>(bytes, 1), 1, 20));
-}
-
-// Runs a step on this rank, then every rank shares the first failure (dist::agree) and rethrows it
-// as the same kind, so all ranks record the same status and none waits for a rank that gave up.
-void on_all_ranks(dist::Comm& comm, const std::function<void()>& step) {
-  enum Code { kOk, kSkip, kCheck, kOom, kUnsupported, kUsage, kError };
-  dist::Outcome mine;
-  try {
-    step();
-  } catch (const SkipPoint& e) {
-    mine = {kSkip, e.reason};
-  } catch (const CheckFailed& e) {
-    mine = {kCheck, e.reason};
-  } catch (const OutOfMemory& e) {
-    mine = {kOom, e.what()};
-  } catch (const Unsupported& e) {
-    mine = {kUnsupported, e.what()};
-  } catch (const UsageError& e) {
-    mine = {kUsage, e.what()};
-  } catch (const std::exception& e) {
-    mine = {kError, e.what()};
-  }
-  const dist::Outcome all = dist::agree(comm, mine);
-  switch (all.code) {
-    case kOk: return;
-    case kSkip: throw SkipPoint{all.message};
-    case kCheck: throw CheckFailed{all.message};
-    case kOom: throw OutOfMemory(all.message);
-    case kUnsupported: throw Unsupported(all.message);
-    case kUsage: throw UsageError(all.message);
-    default: throw Error(all.message);
-  }
 }
 
 void add_common_metrics(State& state, const Params& p, int n, std::int64_t count, int per_run,

@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/collectives.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "dist/comm.h"
 #include "models/resnet.h"
+#include "nn/data_parallel.h"
 #include "nn/graph.h"
 #include "scenarios/suts.h"
 #include "workloads/workload.h"
@@ -75,6 +78,33 @@ double logits_tolerance(Precision p);
 // Per-op table of a profiled step: <dir>/ops.json and <dir>/ops.csv (time, FLOPs, bytes, rates and
 // arithmetic intensity per op); returns the per-kind summary for the record's metrics.
 nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std::filesystem::path& dir);
+
+// --- Data parallelism ---------------------------------------------------------------------------
+
+// The gradient averaging of a data-parallel `train` point over ranks 0..gpus-1 of the launch:
+// NCCL (ncclAvg on a side stream, overlapped with backward) on CUDA; on host backends the
+// launch's own exchange (dist::Comm, for tests on the CPU: gpus must then be the launch's size).
+// Every rank of the launch constructs it (the NCCL id goes to all); only ranks below `gpus`
+// attach it to their graph.
+class DataParallel {
+ public:
+  DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes);
+  ~DataParallel();
+  // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
+  void attach(nn::Graph& graph, nn::Kernels& kernels);
+  std::size_t bucket_count() const;
+  std::string describe() const;  // "nccl" or "host"
+
+ private:
+  dist::Comm& comm_;
+  int gpus_;
+  std::int64_t bucket_bytes_;
+  std::unique_ptr<backend::CollectiveGroup> group_;  // CUDA; null on idle ranks and host backends
+  std::unique_ptr<nn::GradientAverager> averager_;
+  std::unique_ptr<nn::BucketedGradientSync> sync_;
+};
+std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
+                                                 std::int64_t bucket_bytes);
 
 // --- The loadgen system under test -------------------------------------------------------------
 

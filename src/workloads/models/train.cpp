@@ -2,13 +2,19 @@
 // on a fixed synthetic batch, replayed as one captured graph where the axis asks. Before timing, a
 // loss trajectory of `trajectory_steps` steps reads the loss after every step: a non-finite loss
 // makes the point "diverged". docs/METHODOLOGY.md, "Training and inference".
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <numeric>
 #include <sstream>
 
 #include "core/error.h"
+#include "dist/comm.h"
+#include "dist/lockstep.h"
 #include "nn/device/device_kernels.h"
 #include "nn/optim.h"
 #include "workloads/models/models.h"
+#include "workloads/ranks.h"
 
 namespace ab::workloads::zoo {
 namespace {
@@ -59,94 +65,188 @@ class Train final : public Workload {
          {"lr", AxisKind::real, one("0"), {}, "learning rate; 0 = sgd 0.1 x batch/256, lars 0.8 x batch/256"},
          {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
          {"trajectory_steps", AxisKind::integer, one("30"), {}, "steps whose loss is read before timing"},
-         {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"}});
+         {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"},
+         {"gpus", AxisKind::integer, one("1"), {},
+          "data-parallel GPUs, one process each (under mpirun/srun; gpus=k trains on ranks 0..k-1)"},
+         {"scaling", AxisKind::text, one("weak"), {"weak", "strong"},
+          "weak: batch is per GPU; strong: batch is global, split over the GPUs"},
+         {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"}});
     return axes;
   }
 
   void run(State& state) override {
-    const ModelSpec spec = model_spec(state, /*training=*/true);
-    const ab::models::ResNetConfig cfg = model_config(spec.model);
+    const ModelSpec asked = model_spec(state, /*training=*/true);
+    const ab::models::ResNetConfig cfg = model_config(asked.model);
     const double lr = state.get_real("lr");
-    const std::int64_t trajectory_steps = state.get_int("trajectory_steps");
+    const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
+    const double bucket_mib = state.get_real("bucket_mib");
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
-    if (spec.batch < 1 || spec.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr))
-      throw UsageError("train needs batch, image_size, trajectory_steps >= 1 and a finite lr >= 0 (got " +
-                       state.point().label() + ")");
+    const bool strong = state.get_text("scaling") == "strong";
+    if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
+        gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib))
+      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0 and a finite lr >= 0 "
+                       "(got " + state.point().label() + ")");
+    dist::Comm& comm = dist::world();
+    const int world = comm.size(), rank = comm.rank();
+    if (gpus > world)
+      state.skip("gpus=" + std::to_string(gpus) + " needs " + std::to_string(gpus) + " processes, one per GPU (mpirun -np " +
+                 std::to_string(gpus) + " or srun); this launch has " + std::to_string(world));
+    if (strong && asked.batch % gpus != 0)
+      state.skip("strong scaling splits batch=" + std::to_string(asked.batch) + " over gpus=" + std::to_string(gpus) +
+                 ": not a multiple");
+    ModelSpec spec = asked;  // spec.batch: this rank's share
+    if (strong) spec.batch = asked.batch / gpus;
+    const std::int64_t global_batch = spec.batch * gpus;
+    const bool active = rank < gpus;
+    // Every step that can fail on one rank is agreed on before the next collective call.
+    const auto together = [&](const std::function<void()>& step) {
+      if (world > 1)
+        on_all_ranks(comm, [&] {
+          if (active) step();
+        });
+      else
+        step();
+    };
 
     // Build and plan first (no memory): a layer that does not fit this image size fails here,
     // naming the layer, and the counts are known before anything is allocated.
-    nn::GraphBuilder builder(graph_options(spec));
-    const ab::models::Classifier m = ab::models::build_classifier(builder, cfg, spec.batch, spec.image_px);
-    // Kernels before the graph and optimizer: their memory comes from its allocator.
-    std::unique_ptr<nn::Kernels> kernels = nn::make_device_kernels(state.backend());
-    nn::Graph g(std::move(builder));
-    std::unique_ptr<nn::Optimizer> opt = make_optimizer(state.get_text("optimizer"), lr, spec.batch);
-    set_counts_and_plan_metrics(state, g, *opt, spec);
-    state.add_metric("learning_rate", opt->learning_rate());
-
-    g.bind(*kernels);
-    {
-      const SyntheticBatch data = synthetic_batch(kDataSeed, 0, spec.batch, cfg.in_channels, spec.image_px, cfg.num_classes);
-      g.set_input(m.images, data.images);  // uploaded once: every step trains on this batch
-      g.set_input(m.labels, data.labels);
+    std::unique_ptr<nn::Kernels> kernels;
+    std::unique_ptr<nn::Graph> g;
+    std::unique_ptr<nn::Optimizer> opt;
+    ab::models::Classifier m;
+    together([&] {
+      nn::GraphBuilder builder(graph_options(spec));
+      m = ab::models::build_classifier(builder, cfg, spec.batch, spec.image_px);
+      // Kernels before the graph and optimizer: their memory comes from its allocator.
+      kernels = nn::make_device_kernels(state.backend());
+      g = std::make_unique<nn::Graph>(std::move(builder));
+      opt = make_optimizer(state.get_text("optimizer"), lr, global_batch);
+      set_counts_and_plan_metrics(state, *g, *opt, spec, gpus);
+      state.add_metric("learning_rate", opt->learning_rate());
+      g->bind(*kernels);
+      // Each rank trains on its own slice of one global batch: samples rank*batch on.
+      const SyntheticBatch data = synthetic_batch(kDataSeed, static_cast<std::uint64_t>(rank * spec.batch), spec.batch,
+                                                  cfg.in_channels, spec.image_px, cfg.num_classes);
+      g->set_input(m.images, data.images);  // uploaded once: every step trains on this batch
+      g->set_input(m.labels, data.labels);
+    });
+    const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(bucket_mib * 1024 * 1024));
+    std::unique_ptr<DataParallel> dp;
+    if (gpus > 1) {  // then world > 1: every rank takes part in creating the communicator
+      on_all_ranks(comm, [&] { dp = make_data_parallel(state.backend(), comm, static_cast<int>(gpus), bucket_bytes); });
+      together([&] {
+        dp->attach(*g, *kernels);
+        state.add_metric("data_parallel", {{"gpus", gpus},
+                                           {"processes", world},
+                                           {"scaling", strong ? "strong" : "weak"},
+                                           {"batch_per_gpu", spec.batch},
+                                           {"global_batch", global_batch},
+                                           {"bucket_bytes", bucket_bytes},
+                                           {"buckets", dp->bucket_count()},
+                                           {"averaging", dp->describe()}});
+      });
     }
 
     const bool scaled = spec.precision == Precision::fp16;
     std::vector<double> losses;
     std::int64_t skipped = 0;
-    const auto record_loss = [&](const char* when) {
-      const double loss = g.read(m.loss)[0];
-      losses.push_back(loss);
-      state.add_metric("loss_trajectory", losses);
-      if (scaled && g.last_step_skipped()) state.add_metric("steps_skipped", ++skipped);
-      if (!std::isfinite(loss))
-        throw Diverged{"loss is " + text(loss) + " " + when + " (step " + std::to_string(losses.size()) + ")"};
-    };
     const auto eager_step = [&] {
-      g.forward();
-      g.backward();
-      g.update(*opt);
+      g->forward();
+      g->backward();
+      g->update(*opt);
     };
     // The step as timed: captured once (capture_step binds the optimizer first, so replays allocate
     // nothing), or launched op by op.
     std::unique_ptr<nn::Replayable> captured;
-    if (use_graph) captured = g.capture_step(opt.get());
-    const std::function<void()> step = use_graph ? std::function<void()>([&] { captured->replay(); })
-                                                 : std::function<void()>(eager_step);
-    if (scaled) state.add_metric("steps_skipped", skipped);
-    for (std::int64_t i = 0; i < trajectory_steps; ++i) {
-      step();
-      record_loss("in the loss trajectory");
-    }
-    state.add_metric("loss_first", losses.front());
-    state.add_metric("loss_last", losses.back());
-    if (scaled) state.add_metric("loss_scale_after_trajectory", g.loss_scale());
-    state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
+    std::function<void()> step = [] {};  // idle ranks of a scaling sweep take no part
+    together([&] {
+      if (use_graph) captured = g->capture_step(opt.get());
+      step = use_graph ? std::function<void()>([&] { captured->replay(); }) : std::function<void()>(eager_step);
+    });
+    // Every step of the trajectory runs on every active rank (a rank that stopped early would
+    // leave the others waiting in an all-reduce); the first non-finite loss is reported after.
+    together([&] {
+      if (scaled) state.add_metric("steps_skipped", skipped);
+      std::string bad;
+      for (std::int64_t i = 0; i < trajectory_steps; ++i) {
+        step();
+        const double loss = g->read(m.loss)[0];
+        losses.push_back(loss);
+        if (scaled && g->last_step_skipped()) ++skipped;
+        if (!std::isfinite(loss) && bad.empty())
+          bad = "loss is " + text(loss) + " in the loss trajectory (step " + std::to_string(i + 1) + ")";
+      }
+      state.add_metric("loss_trajectory", losses);
+      if (scaled) state.add_metric("steps_skipped", skipped);
+      if (!bad.empty()) throw Diverged{bad};
+      state.add_metric("loss_first", losses.front());
+      state.add_metric("loss_last", losses.back());
+      if (scaled) state.add_metric("loss_scale_after_trajectory", g->loss_scale());
+      state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
+    });
 
-    state.exec(step);
-    const double final_loss = g.read(m.loss)[0];
-    state.add_metric("loss_after_timing", final_loss);
-    if (scaled) state.add_metric("loss_scale_after_timing", g.loss_scale());
-    if (!std::isfinite(final_loss)) throw Diverged{"loss is " + text(final_loss) + " after the timed steps"};
-
-    if (profile) {
-      g.set_profiling(true);
-      eager_step();
-      g.set_profiling(false);
-      state.add_metric("profile", write_op_profile(g.report(), state.artifact_dir()));
+    if (world > 1) {
+      auto timer = state.backend().make_timer();
+      const dist::LockstepResult measured =
+          dist::measure_lockstep(comm, *timer, step, state.settings(), state.cancel_flag());
+      state.set_result(measured.result);
+      std::vector<double> times;  // the training ranks' own step times
+      for (std::size_t r = 0; r < static_cast<std::size_t>(gpus); ++r) times.push_back(measured.ranks[r].median_s);
+      const auto [lo, hi] = std::minmax_element(times.begin(), times.end());
+      state.add_metric("rank_step_time_s", {{"min", *lo},
+                                            {"avg", std::accumulate(times.begin(), times.end(), 0.0) / static_cast<double>(times.size())},
+                                            {"max", *hi}});
+    } else {
+      state.exec(step);
     }
+    record_scaling(state, gpus, global_batch);
+
+    together([&] {
+      const double final_loss = g->read(m.loss)[0];
+      state.add_metric("loss_after_timing", final_loss);
+      if (scaled) state.add_metric("loss_scale_after_timing", g->loss_scale());
+      if (!std::isfinite(final_loss)) throw Diverged{"loss is " + text(final_loss) + " after the timed steps"};
+      if (profile) {
+        g->set_profiling(true);
+        eager_step();
+        g->set_profiling(false);
+        state.add_metric("profile", write_op_profile(g->report(), state.artifact_dir()));
+      }
+    });
   }
 
  private:
+  // The single-GPU rate of each configuration measured earlier in this process (the point's
+  // label less `gpus`), so a scaling sweep gpus=1,2,4 records its efficiency at every count after
+  // the first: rate(k) / (k x rate(1)). Weak scaling keeps the per-GPU batch, strong the global.
+  static void record_scaling(State& state, std::int64_t gpus, std::int64_t global_batch) {
+    static std::map<std::string, double> single_gpu_rate;
+    if (!state.result() || !(state.result()->summary.median > 0)) return;
+    const double rate = static_cast<double>(global_batch) / state.result()->summary.median;
+    std::string key;
+    for (const auto& [axis, value] : state.point().values)
+      if (axis != "gpus") key += axis + "=" + value + " ";
+    if (gpus == 1) {
+      single_gpu_rate[key] = rate;
+      return;
+    }
+    const auto it = single_gpu_rate.find(key);
+    if (it == single_gpu_rate.end()) return;
+    state.add_metric("scaling_efficiency", rate / (static_cast<double>(gpus) * it->second));
+    state.add_metric("single_gpu_samples_per_s", it->second);
+  }
+
   static void set_counts_and_plan_metrics(State& state, const nn::Graph& g, const nn::Optimizer& opt,
-                                          const ModelSpec& spec) {
+                                          const ModelSpec& spec, std::int64_t gpus) {
     const std::int64_t params = g.parameter_count();
     double bytes = static_cast<double>(opt.bytes(params, 4));  // fp32 master weights, gradients, velocity
     for (const auto& op : g.report()) bytes += static_cast<double>(op.forward_bytes + op.backward_bytes);
     const auto fwd = static_cast<double>(g.forward_flops()), bwd = static_cast<double>(g.backward_flops());
-    const auto batch = static_cast<double>(spec.batch);
-    state.set_counts({batch, fwd + bwd + static_cast<double>(opt.flops(params)), bytes, "FLOP"});
-    state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
+    const auto batch = static_cast<double>(spec.batch), ranks = static_cast<double>(gpus);
+    // An iteration is one step of every rank: the global batch's samples, FLOPs and bytes.
+    state.set_counts({batch * ranks, (fwd + bwd + static_cast<double>(opt.flops(params))) * ranks, bytes * ranks, "FLOP"});
+    // The ceiling is one GPU's: only a one-GPU point is placed against it.
+    if (gpus == 1) state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
     const auto& plan = g.memory_plan();
     state.add_metric("model", {{"name", spec.model}, {"parameters", params}, {"ops", g.op_count()}});
     state.add_metric("gflops_per_sample", {{"forward", fwd / batch / 1e9}, {"backward", bwd / batch / 1e9},

@@ -1,0 +1,81 @@
+#include "nn/data_parallel.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace ab::nn {
+
+BucketedGradientSync::BucketedGradientSync(const std::vector<Parameter>& parameters, GradientAverager& averager,
+                                           std::int64_t bucket_bytes)
+    : averager_(averager), bucket_of_(parameters.size(), -1) {
+  if (bucket_bytes < 1) throw UsageError("gradient bucket size must be positive, got " + std::to_string(bucket_bytes));
+  std::int64_t filled = bucket_bytes;
+  for (std::size_t i = parameters.size(); i-- > 0;) {
+    const Tensor& g = parameters[i].grad;
+    if (!g.defined()) continue;
+    if (filled >= bucket_bytes) {
+      buckets_.emplace_back();
+      filled = 0;
+    }
+    buckets_.back().parameters.push_back(i);
+    bucket_of_[i] = static_cast<int>(buckets_.size() - 1);
+    filled += g.size_bytes();
+  }
+  for (Bucket& b : buckets_) {
+    const Tensor& first = parameters[b.parameters.front()].grad;
+    const auto* lo = static_cast<const unsigned char*>(first.data);
+    const unsigned char* hi = lo;
+    for (std::size_t i : b.parameters) {
+      const Tensor& g = parameters[i].grad;
+      if (g.dtype != first.dtype || g.device != first.device)
+        throw Error("data parallelism: gradients of '" + parameters[i].name + "' and '" +
+                    parameters[b.parameters.front()].name + "' differ in dtype or device");
+      const auto* p = static_cast<const unsigned char*>(g.data);
+      lo = std::min(lo, p);
+      hi = std::max(hi, p + g.size_bytes());
+    }
+    const auto span = static_cast<std::int64_t>(hi - lo);
+    const auto elem = static_cast<std::int64_t>(size_bytes(first.dtype));
+    // The block includes the alignment padding between gradients: averaged too, and never read.
+    if (span % elem != 0) throw Error("data parallelism: a gradient bucket is not a whole number of elements");
+    std::int64_t inside = 0;
+    for (std::size_t i : b.parameters) inside += parameters[i].grad.size_bytes();
+    if (span > inside + static_cast<std::int64_t>(b.parameters.size()) * kAllocAlignment)
+      throw Error("data parallelism: a bucket's gradients are not one contiguous block");
+    b.flat = Tensor::describe(first.dtype, Shape{span / elem}).with_data(const_cast<unsigned char*>(lo));
+    b.flat.device = first.device;
+  }
+  pending_.assign(buckets_.size(), 0);
+  started_.assign(buckets_.size(), false);
+  reported_.assign(parameters.size(), false);
+}
+
+void BucketedGradientSync::begin() {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = buckets_[b].parameters.size();
+    started_[b] = false;
+  }
+  std::fill(reported_.begin(), reported_.end(), false);
+}
+
+void BucketedGradientSync::ready(std::size_t parameter_index) {
+  if (parameter_index >= bucket_of_.size() || bucket_of_[parameter_index] < 0)
+    throw Error("data parallelism: parameter " + std::to_string(parameter_index) + " has no gradient bucket");
+  const auto b = static_cast<std::size_t>(bucket_of_[parameter_index]);
+  if (reported_[parameter_index] || pending_[b] == 0)
+    throw Error("data parallelism: parameter " + std::to_string(parameter_index) + " reported ready twice in one backward");
+  reported_[parameter_index] = true;
+  if (--pending_[b] == 0) {
+    started_[b] = true;
+    averager_.average(buckets_[b].flat);
+  }
+}
+
+void BucketedGradientSync::finish() {
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    if (!started_[b]) averager_.average(buckets_[b].flat);
+  averager_.join();
+}
+
+}  // namespace ab::nn
