@@ -445,6 +445,42 @@ TEST_F(CudaKernelsTest, HugeAllocationThrowsOutOfMemoryNamingTheSize) {
   a.deallocate(p, 1 << 20);
 }
 
+// The loadgen SUT's path: samples from a page-locked pool into rows of a device batch, queued with
+// no wait, in any order, and rows back into page-locked memory; one synchronize makes them land.
+TEST_F(CudaKernelsTest, PinnedByteRangeCopiesGatherSamplesInOrderAndRefuseRangesOutsideTheTensor) {
+  constexpr std::int64_t kSamples = 64, kRow = 3 * 32 * 32, kRowBytes = kRow * 2;  // f16 32x32 images
+  HostBuffer pool = cuda_->allocate_host(kSamples * kRowBytes);
+  ASSERT_NE(pool.data(), nullptr);
+  for (std::int64_t i = 0; i < kSamples * kRow; ++i)
+    pool.as<std::uint16_t>()[i] = static_cast<std::uint16_t>((i * 7919 + 13) & 0x7bff);  // finite f16 bit patterns
+  const Tensor d = Tensor::describe(DType::f16, Shape{40, kRow}, Layout::nchw, DeviceKind::cuda);
+  Buffer buf(cuda_->allocator(), d.size_bytes());
+  const Tensor batch = buf.view(d);
+  cuda_->fill(batch, 0.0);
+  std::vector<std::int64_t> order(40);
+  for (std::size_t r = 0; r < order.size(); ++r) order[r] = static_cast<std::int64_t>((r * 37 + 5) % kSamples);
+  for (std::size_t r = 0; r < order.size(); ++r)
+    cuda_->upload_bytes(batch, static_cast<std::int64_t>(r) * kRowBytes,
+                        pool.as<unsigned char>() + order[r] * kRowBytes, kRowBytes);
+  HostBuffer out = cuda_->allocate_host(30 * kRowBytes);
+  std::memset(out.data(), 0xff, sz(out.bytes()));
+  cuda_->download_bytes(batch, 10 * kRowBytes, out.data(), 30 * kRowBytes);  // rows 10..39
+  cuda_->synchronize();
+  std::vector<std::uint16_t> all(sz(40 * kRow));
+  cuda_->download(batch, all.data());
+  for (std::int64_t r = 0; r < 40; ++r) {
+    const auto* want = pool.as<std::uint16_t>() + order[sz(r)] * kRow;
+    ASSERT_EQ(std::memcmp(all.data() + r * kRow, want, sz(kRowBytes)), 0)
+        << "row " << r << " is not sample " << order[sz(r)];
+    if (r >= 10) {
+      ASSERT_EQ(std::memcmp(out.as<std::uint16_t>() + (r - 10) * kRow, want, sz(kRowBytes)), 0)
+          << "downloaded row " << r;
+    }
+  }
+  EXPECT_THROW(cuda_->upload_bytes(batch, 39 * kRowBytes + 2, pool.data(), kRowBytes), Error);
+  EXPECT_THROW(cuda_->download_bytes(batch, -2, out.data(), 2), Error);
+}
+
 // bf16 takes cuDNN's batch norm, f32 NHWC the project's kernels: both capture.
 TEST_F(CudaKernelsTest, CapturedStepReplaysToTheSameResultsAsDirectCalls) {
   for (DType t : {DType::bf16, DType::f32}) {
@@ -613,6 +649,13 @@ class CheckedKernels final : public Kernels {
   void synchronize() override { dut_.synchronize(); }
   void upload(const Tensor& dst, const void* host) override { dut_.upload(dst, host); }
   void download(const Tensor& src, void* host) override { dut_.download(src, host); }
+  HostBuffer allocate_host(std::int64_t bytes) override { return dut_.allocate_host(bytes); }
+  void upload_bytes(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) override {
+    dut_.upload_bytes(dst, offset, host, bytes);
+  }
+  void download_bytes(const Tensor& src, std::int64_t offset, void* host, std::int64_t bytes) override {
+    dut_.download_bytes(src, offset, host, bytes);
+  }
   void fill(const Tensor& t, double value) override { dut_.fill(t, value); }
   void check_tensor(const Tensor& t) override { dut_.check_tensor(t); }
   std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) override {

@@ -809,5 +809,47 @@ TEST(Capture, RecordsKernelCallsAndRunsThemOnlyOnReplay) {
   EXPECT_NE(after.data(), nullptr);
 }
 
+// The loadgen SUT's path: single samples from a host pool into rows of a batch, in any order, and
+// some rows back; ranges outside the tensor and copies while capturing are refused.
+TEST(HostBuffer, ByteRangeCopiesGatherSamplesAndRefuseRangesOutsideTheTensor) {
+  HostTensors h;
+  constexpr std::int64_t kSamples = 5, kRow = 6, kRowBytes = kRow * 4;
+  HostBuffer pool = h.k->allocate_host(kSamples * kRowBytes);
+  ASSERT_NE(pool.data(), nullptr);
+  EXPECT_EQ(pool.bytes(), kSamples * kRowBytes);
+  for (std::int64_t i = 0; i < kSamples * kRow; ++i) pool.as<float>()[i] = static_cast<float>(i + 1);
+  const Tensor batch = h.make(DType::f32, Shape{3, kRow});
+  h.k->fill(batch, -1.0);
+  const std::int64_t order[] = {4, 0, 2};
+  for (std::int64_t row = 0; row < 3; ++row)
+    h.k->upload_bytes(batch, row * kRowBytes, pool.as<unsigned char>() + order[row] * kRowBytes, kRowBytes);
+  HostBuffer out = h.k->allocate_host(2 * kRowBytes);
+  h.k->download_bytes(batch, kRowBytes, out.data(), 2 * kRowBytes);  // rows 1 and 2
+  h.k->synchronize();
+  const std::vector<double> got = read_host(batch);
+  for (std::int64_t row = 0; row < 3; ++row)
+    for (std::int64_t j = 0; j < kRow; ++j) {
+      const double want = static_cast<double>(order[row] * kRow + j + 1);
+      EXPECT_EQ(got[static_cast<std::size_t>(row * kRow + j)], want) << "row " << row << " element " << j;
+      if (row > 0) {
+        EXPECT_EQ(out.as<float>()[(row - 1) * kRow + j], want) << "downloaded row " << row;
+      }
+    }
+
+  EXPECT_THROW(h.k->upload_bytes(batch, 2 * kRowBytes + 4, pool.data(), kRowBytes), Error);
+  EXPECT_THROW(h.k->upload_bytes(batch, -4, pool.data(), 4), Error);
+  EXPECT_THROW(h.k->download_bytes(batch, 0, out.data(), 3 * kRowBytes + 1), Error);
+  EXPECT_THROW(h.k->capture([&] { h.k->upload_bytes(batch, 0, pool.data(), 4); }), Error);
+  EXPECT_THROW(h.k->capture([&] { h.k->download_bytes(batch, 0, out.data(), 4); }), Error);
+
+  void* const block = out.data();
+  HostBuffer moved = std::move(out);
+  EXPECT_EQ(moved.data(), block);
+  EXPECT_EQ(moved.bytes(), 2 * kRowBytes);
+  EXPECT_EQ(out.data(), nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state is defined
+  EXPECT_EQ(out.bytes(), 0);
+  EXPECT_EQ(h.k->allocate_host(0).data(), nullptr);
+}
+
 }  // namespace
 }  // namespace ab::nn

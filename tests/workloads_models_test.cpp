@@ -275,6 +275,35 @@ TEST(ModelSut, ExecutorRunsEveryBucket) {
   EXPECT_EQ(s["padded_samples"], 1 + 2 + 4 + 4 + 5);
 }
 
+// Above 8 the buckets step by 8, so a batch pads by at most 7 (powers of two padded 17 to 32).
+// Sample indices past the pool wrap, runs of consecutive ones share a copy, and the summary
+// reports the memory the buckets took.
+TEST(ModelSut, BucketsStepByEightAboveEightAndReportTheirMemory) {
+  auto be = backend::make_backend("cpu");
+  zoo::ModelSutSpec spec{"tiny_resnet", Precision::fp32, 8, Layout::nchw};
+  auto exec = zoo::make_model_executor(*be, spec, 20);
+  exec->prepare();
+  std::uint64_t id = 0;
+  const auto run = [&](std::size_t n, std::uint64_t first, std::uint64_t step) {
+    std::vector<scenarios::QuerySample> batch;
+    for (std::size_t i = 0; i < n; ++i) batch.push_back({id++, first + i * step});
+    exec->run(batch);
+  };
+  run(9, 3, 1);    // one run of consecutive samples -> bucket 16
+  run(17, 15, 1);  // wraps past the pool of 20 -> bucket 20
+  run(20, 5, 7);   // scattered -> bucket 20
+  run(3, 40, 13);  // -> bucket 4
+  run(8, 0, 1);    // exactly a bucket
+  EXPECT_THROW(run(21, 0, 1), Error);
+  const json s = zoo::model_executor_summary(*exec);
+  EXPECT_EQ(s["buckets"], json::array({1, 2, 4, 8, 16, 20}));
+  EXPECT_EQ(s["padded_samples"], 16 + 20 + 20 + 4 + 8);
+  EXPECT_GT(s["device_bytes"].get<double>(), 0.0);
+  const double image_bytes = 3 * 8 * 8 * 4;  // f32 3x8x8
+  EXPECT_GE(s["pinned_host_bytes"].get<double>(), 20 * image_bytes);  // the pool, plus the logits
+  EXPECT_GT(s["prepare_s"].get<double>(), 0.0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The binary
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string_view>
+#include <utility>
 
 #include "core/tensor.h"
 #include "measure/timer.h"
@@ -82,6 +83,35 @@ struct Workspace {
   std::int64_t bytes = 0;
 };
 
+// Host memory for what a device reads from and writes back to the host often (a loadgen SUT's
+// sample pool and results): page-locked on a GPU (cudaHostAlloc), so a copy to or from it is a
+// DMA queued on the kernels' stream that returns at once and runs at link speed, where a copy
+// from pageable memory is staged through a driver buffer by the CPU, synchronously. Plain memory
+// on the reference. Owns the block; the kernels that made it need not outlive it.
+class HostBuffer {
+ public:
+  using Free = void (*)(void*) noexcept;
+  HostBuffer() = default;
+  HostBuffer(void* data, std::int64_t bytes, Free free) : ptr_(data, free), bytes_(bytes) {}
+  HostBuffer(HostBuffer&& o) noexcept : ptr_(std::move(o.ptr_)), bytes_(std::exchange(o.bytes_, 0)) {}
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    ptr_ = std::move(o.ptr_);
+    bytes_ = std::exchange(o.bytes_, 0);
+    return *this;
+  }
+  void* data() const { return ptr_.get(); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_.get());
+  }
+  std::int64_t bytes() const { return bytes_; }
+
+ private:
+  static void no_free(void*) noexcept {}
+  std::unique_ptr<void, Free> ptr_{nullptr, &no_free};
+  std::int64_t bytes_ = 0;
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -94,6 +124,15 @@ class Kernels {
   virtual void upload(const Tensor& dst, const void* host) = 0;
   virtual void download(const Tensor& src, void* host) = 0;
   virtual void fill(const Tensor& t, double value) = 0;
+
+  // For moving single samples without a host-side gather: `bytes` bytes between host memory and
+  // the contiguous tensor's storage starting `offset` bytes in (Error when the range leaves the
+  // tensor). Queued on the kernels' stream and not waited for: `host` may be read or written until
+  // synchronize(), so it must stay untouched until then; from allocate_host memory the copies
+  // overlap the host's work (pageable memory may make them synchronous).
+  virtual HostBuffer allocate_host(std::int64_t bytes) = 0;
+  virtual void upload_bytes(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) = 0;
+  virtual void download_bytes(const Tensor& src, std::int64_t offset, void* host, std::int64_t bytes) = 0;
 
   // Called once per layer when a graph is bound. Throws Unsupported with the reason where this
   // backend cannot store the tensor or run the configuration (the graph adds the layer's name).
@@ -177,6 +216,10 @@ class Kernels {
   // fp32 convolutions and matmuls may use TF32 tensor cores (Precision::tf32); off by default.
   virtual void set_tf32(bool allowed) = 0;
 };
+
+// Throws Error unless [offset, offset + bytes) lies within the contiguous tensor `t`; what
+// upload_bytes and download_bytes check before copying (`what` names the call).
+void check_byte_range(std::string_view what, const Tensor& t, std::int64_t offset, std::int64_t bytes);
 
 // The reference kernels (nn/ref): host memory, f64/f32/f16/bf16 storage (16-bit values loaded
 // exactly, stored rounded once to nearest even), float64 accumulation, and work split over

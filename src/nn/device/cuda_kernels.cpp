@@ -199,6 +199,37 @@ void CudaKernels::download(const Tensor& src, void* host) {
   AB_CUDA_LAZY(cudaStreamSynchronize(stream_), label_ + " download " + src.to_string());
 }
 
+HostBuffer CudaKernels::allocate_host(std::int64_t bytes) {
+  if (bytes < 0) throw Error("cuda allocate_host: " + std::to_string(bytes) + " bytes");
+  if (bytes == 0) return {};
+  void* p = nullptr;
+  // Portable: page-locked for every device's context, so another device's kernels copy at full
+  // speed too. A failure is the host running out of lockable memory.
+  const cudaError_t err = cudaHostAlloc(&p, static_cast<std::size_t>(bytes), cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw OutOfMemory(label_ + " allocate_host: cudaHostAlloc of " + std::to_string(bytes) +
+                      " bytes failed: " + cudaGetErrorString(err));
+  }
+  return HostBuffer(p, bytes, [](void* q) noexcept { cudaFreeHost(q); });
+}
+
+void CudaKernels::upload_bytes(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) {
+  check_byte_range("cuda upload_bytes", dst, offset, bytes);
+  if (bytes == 0) return;
+  AB_CUDA_LAZY(cudaMemcpyAsync(static_cast<unsigned char*>(dst.data) + offset, host, static_cast<std::size_t>(bytes),
+                               cudaMemcpyHostToDevice, stream_),
+               label_ + " upload_bytes " + dst.to_string());
+}
+
+void CudaKernels::download_bytes(const Tensor& src, std::int64_t offset, void* host, std::int64_t bytes) {
+  check_byte_range("cuda download_bytes", src, offset, bytes);
+  if (bytes == 0) return;
+  AB_CUDA_LAZY(cudaMemcpyAsync(host, static_cast<const unsigned char*>(src.data) + offset,
+                               static_cast<std::size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
+               label_ + " download_bytes " + src.to_string());
+}
+
 void CudaKernels::fill(const Tensor& t, double value) {
   if (!t.is_contiguous()) throw Unsupported("cuda fill: tensor " + t.to_string() + " is not contiguous");
   if (t.numel() == 0) return;

@@ -90,6 +90,9 @@ class CudaKernels final : public Kernels {
   void synchronize() override;
   void upload(const Tensor& dst, const void* host) override;
   void download(const Tensor& src, void* host) override;
+  HostBuffer allocate_host(std::int64_t bytes) override;
+  void upload_bytes(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) override;
+  void download_bytes(const Tensor& src, std::int64_t offset, void* host, std::int64_t bytes) override;
   void fill(const Tensor& t, double value) override;
   void check_tensor(const Tensor& t) override;
   std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) override;

@@ -5,6 +5,17 @@
 #include <cstring>
 #include <utility>
 
+namespace ab::nn {
+
+void check_byte_range(std::string_view what, const Tensor& t, std::int64_t offset, std::int64_t bytes) {
+  if (!t.is_contiguous()) throw Error(std::string(what) + ": tensor " + t.to_string() + " is not contiguous");
+  if (offset < 0 || bytes < 0 || offset > t.size_bytes() - bytes)
+    throw Error(std::string(what) + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
+                ") are outside tensor " + t.to_string() + " of " + std::to_string(t.size_bytes()) + " bytes");
+}
+
+}  // namespace ab::nn
+
 namespace ab::nn::ref {
 
 void require_same_flat(const char* kernel, const Tensor& a, const Tensor& b) {
@@ -102,6 +113,24 @@ void RefKernels::upload(const Tensor& dst, const void* host) {
 void RefKernels::download(const Tensor& src, void* host) {
   refuse_while_capturing("download");
   if (src.size_bytes() > 0) std::memcpy(host, src.data, static_cast<std::size_t>(src.size_bytes()));
+}
+
+HostBuffer RefKernels::allocate_host(std::int64_t bytes) {
+  if (bytes < 0) throw Error("ref allocate_host: " + std::to_string(bytes) + " bytes");
+  if (bytes == 0) return {};
+  return HostBuffer(::operator new(sz(bytes)), bytes, [](void* p) noexcept { ::operator delete(p); });
+}
+
+void RefKernels::upload_bytes(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) {
+  refuse_while_capturing("upload_bytes");
+  check_byte_range("ref upload_bytes", dst, offset, bytes);
+  if (bytes > 0) std::memcpy(dst.as<unsigned char>() + offset, host, sz(bytes));
+}
+
+void RefKernels::download_bytes(const Tensor& src, std::int64_t offset, void* host, std::int64_t bytes) {
+  refuse_while_capturing("download_bytes");
+  check_byte_range("ref download_bytes", src, offset, bytes);
+  if (bytes > 0) std::memcpy(host, src.as<const unsigned char>() + offset, sz(bytes));
 }
 
 void RefKernels::fill(const Tensor& t, double value) {
