@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """accelbench's all-reduce beside torch.distributed's on the same GPUs, in one run (issue 8's targets).
 
-accelbench runs twice: one process per GPU under mpirun (the multi-process path, eager and CUDA-graph
-mode) and one process over all visible GPUs (the single-process path). PyTorch runs one process per
+accelbench runs one process per GPU under mpirun (the multi-process path; --graph adds CUDA-graph
+mode, --single-process the one-process path over all visible GPUs). PyTorch runs one process per
 GPU (mp.spawn, NCCL backend), all_reduce in place on float32, timed with CUDA events around
 back-to-back calls after a warm-up: median over batches of the slowest rank's batch time, the way
 accelbench's lock-step measurement counts. busbw = algbw * 2(n-1)/n for both (nccl-tests).
@@ -107,6 +107,11 @@ def main():
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--gpus", type=int, default=0, help="processes / GPUs (default: all visible)")
     ap.add_argument("--sizes", default="", help="comma-separated bytes (default: 1 MiB .. 1 GiB by x4)")
+    ap.add_argument("--graph", action="store_true", help="also accelbench's CUDA-graph mode")
+    ap.add_argument("--single-process", action="store_true", help="also accelbench's one-process path")
+    ap.add_argument("--torch-after", action="store_true", help="measure PyTorch again after accelbench, keep its best")
+    ap.add_argument("--min-time", type=float, default=0.3, help="accelbench --min-time per point")
+    ap.add_argument("--point-timeout", type=float, default=20, help="accelbench --timeout per point")
     args = ap.parse_args()
     global SIZES
     if args.sizes:
@@ -120,19 +125,42 @@ def main():
     axes = ["--axis", "op=all_reduce", "--axis", "dtype=f32", "--axis", "bytes=" + sizes, "--axis", "in_place=1"]
     exports = sum([["-x", k] for k in NO_MULTICAST], [])
 
+    measure = ["--min-time", str(args.min_time), "--timeout", str(args.point_timeout)]
+
+    def show(label, table):
+        for s in SIZES:
+            if s in table:
+                ratio = ""
+                if label != "torch" and s in torch_before["results"]:
+                    ratio = "  %.1f%% of torch" % (100 * table[s]["busbw_gbps"] / torch_before["results"][s]["busbw_gbps"])
+                print("%-22s %12d B: busbw %8.1f GB/s%s" % (label, s, table[s]["busbw_gbps"], ratio), flush=True)
+
+    # Every figure is printed as soon as it is measured, so a time limit keeps what was measured.
     torch_before = torch_allreduce(world, SIZES)
-    with tempfile.TemporaryDirectory() as mpi_dir, tempfile.TemporaryDirectory() as one_dir:
+    show("torch", torch_before["results"])
+    modes = "graph=off,on" if args.graph else "graph=off"
+    with tempfile.TemporaryDirectory() as mpi_dir:
         mpi_points = accelbench_points([args.mpirun, "-np", str(world), "--allow-run-as-root", "--bind-to", "none",
-                                        *exports, args.accelbench, "run", "collectives", *axes, "--axis", "graph=off,on",
-                                        "--out", mpi_dir, "-q"], mpi_dir)
-        one_points = accelbench_points([args.accelbench, "run", "collectives", *axes, "--axis", "gpus=%d" % world,
-                                        "--out", one_dir, "-q"], one_dir)
-    torch_after = torch_allreduce(world, SIZES)
-    # The peer's better figure of its two runs: drift favours PyTorch, never accelbench.
-    peer = {s: max(torch_before["results"][s], torch_after["results"][s], key=lambda r: r["busbw_gbps"]) for s in SIZES}
+                                        *exports, args.accelbench, "run", "collectives", *axes, "--axis", modes,
+                                        *measure, "--out", mpi_dir, "-q"], mpi_dir)
     mpi = busbw_by_size(mpi_points, graph="off")
     mpi_graph = busbw_by_size(mpi_points, graph="on")
-    single = busbw_by_size(one_points)
+    show("accelbench mpirun", mpi)
+    show("accelbench mpirun graph", mpi_graph)
+    single = {}
+    if args.single_process:
+        with tempfile.TemporaryDirectory() as one_dir:
+            one_points = accelbench_points([args.accelbench, "run", "collectives", *axes, "--axis", "gpus=%d" % world,
+                                            *measure, "--out", one_dir, "-q"], one_dir)
+        single = busbw_by_size(one_points)
+        show("accelbench 1 process", single)
+    torch_runs = [torch_before]
+    if args.torch_after:
+        torch_runs.append(torch_allreduce(world, SIZES))
+        show("torch (after)", torch_runs[-1]["results"])
+    torch_after = torch_runs[-1]
+    # The peer's better figure of its runs: drift favours PyTorch, never accelbench.
+    peer = {s: max((r["results"][s] for r in torch_runs), key=lambda r: r["busbw_gbps"]) for s in SIZES}
 
     def cell(table, s):
         return "%8.1f" % table[s]["busbw_gbps"] if s in table else "     n/a"
@@ -153,7 +181,7 @@ def main():
     print("NCCL: accelbench %s, torch %s (torch %s)" % (next(iter(mpi.values()), {}).get("nccl"), torch_after["nccl"],
                                                          torch_after["torch"]))
     report = {"world": world, "sizes": SIZES, "accelbench_mpirun": mpi, "accelbench_mpirun_graph": mpi_graph,
-              "accelbench_single_process": single, "torch": peer, "torch_runs": [torch_before, torch_after],
+              "accelbench_single_process": single, "torch": peer, "torch_runs": torch_runs,
               "checks": checks, "env": NO_MULTICAST}
     with open(os.path.join(args.out, "compare_nccl.json"), "w") as f:
         json.dump(report, f, indent=2, default=str)
