@@ -94,6 +94,9 @@ class Train final : public Workload {
     if (strong && asked.batch % gpus != 0)
       state.skip("strong scaling splits batch=" + std::to_string(asked.batch) + " over gpus=" + std::to_string(gpus) +
                  ": not a multiple");
+    if (gpus > 1 && use_graph && state.backend().info().kind != "cuda")
+      state.skip("data parallelism on " + state.backend().info().id +
+                 " averages through the host, which a captured step cannot hold: use graph=off");
     ModelSpec spec = asked;  // spec.batch: this rank's share
     if (strong) spec.batch = asked.batch / gpus;
     const std::int64_t global_batch = spec.batch * gpus;
