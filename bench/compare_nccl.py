@@ -51,8 +51,10 @@ def torch_worker(rank, world, port, sizes, queue):
     import torch
     import torch.distributed as dist
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    if rank == 0:
+        print("torch: %d ranks joined" % world, flush=True)
     results = {}
     for size in sizes:
         x = torch.ones(size // 4, dtype=torch.float32, device="cuda")
@@ -83,6 +85,8 @@ def torch_worker(rank, world, port, sizes, queue):
         algbw = size / t / 1e9
         results[size] = {"busbw_gbps": algbw * 2 * (world - 1) / world, "algbw_gbps": algbw, "median_s": t,
                          "iterations_per_batch": iters}
+        if rank == 0:
+            print("torch %12d B: busbw %8.1f GB/s" % (size, results[size]["busbw_gbps"]), flush=True)
     if rank == 0:
         queue.put({"results": results, "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))})
     dist.destroy_process_group()
@@ -108,6 +112,7 @@ def main():
     ap.add_argument("--gpus", type=int, default=0, help="processes / GPUs (default: all visible)")
     ap.add_argument("--sizes", default="", help="comma-separated bytes (default: 1 MiB .. 1 GiB by x4)")
     ap.add_argument("--graph", action="store_true", help="also accelbench's CUDA-graph mode")
+    ap.add_argument("--torch-only", action="store_true", help="PyTorch's figures only (no accelbench)")
     ap.add_argument("--single-process", action="store_true", help="also accelbench's one-process path")
     ap.add_argument("--torch-after", action="store_true", help="measure PyTorch again after accelbench, keep its best")
     ap.add_argument("--min-time", type=float, default=0.3, help="accelbench --min-time per point")
@@ -137,7 +142,10 @@ def main():
 
     # Every figure is printed as soon as it is measured, so a time limit keeps what was measured.
     torch_before = torch_allreduce(world, SIZES)
-    show("torch", torch_before["results"])
+    if args.torch_only:
+        with open(os.path.join(args.out, "compare_nccl_torch.json"), "w") as f:
+            json.dump(torch_before, f, indent=2, default=str)
+        return
     modes = "graph=off,on" if args.graph else "graph=off"
     with tempfile.TemporaryDirectory() as mpi_dir:
         mpi_points = accelbench_points([args.mpirun, "-np", str(world), "--allow-run-as-root", "--bind-to", "none",
