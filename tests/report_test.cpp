@@ -3,9 +3,12 @@
 // Markdown. The browser end-to-end test is in report_e2e_test.cpp.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,8 @@
 #include "core/error.h"
 #include "report/report.h"
 #include "results/results.h"
+#include "workloads/runner.h"
+#include "workloads/suite.h"
 
 namespace ab::report {
 namespace {
@@ -295,6 +300,157 @@ TEST(CompareRule, RunsMatchedByWorkloadAndAxes) {
   const auto& only = std::get<Table>(s->blocks[2]);
   EXPECT_EQ(only.rows.size(), 2u);  // m=8 only in A, m=16 only in B
   EXPECT_NE(render_text(doc).find("faster"), std::string::npos);
+}
+
+// ---- The studies of issue 5 (suites/precision-study.yaml, batch-study.yaml, c2-inference.yaml) ----
+
+const Table* first_table(const Section& s) {
+  for (const auto& b : s.blocks)
+    if (const auto* t = std::get_if<Table>(&b)) return t;
+  return nullptr;
+}
+
+std::size_t column(const Table& t, const std::string& name) {
+  const auto it = std::find(t.columns.begin(), t.columns.end(), name);
+  EXPECT_NE(it, t.columns.end()) << name;
+  return static_cast<std::size_t>(it - t.columns.begin());
+}
+
+json model_rec(int seq, const std::string& workload, const std::string& model, const std::string& prec, int batch,
+               double samples_per_s, const std::string& status = "ok") {
+  json params = {{"model", model}, {"batch", batch}, {"precision", prec}, {"image_size", 224}, {"layout", "nhwc"}, {"graph", "on"}};
+  if (status != "ok") return rec(seq, workload, params, status);
+  return rec(seq, workload, params, "ok", batch / samples_per_s, {{"samples_per_s", samples_per_s}, {"primary", "tflops"}},
+             {{"telemetry", {{"samples_per_j", samples_per_s / 400}, {"mean_power_w", 400.0}}}});
+}
+
+TEST(ReportStudies, PrecisionSpeedUpOverFp32AtTheSameBatch) {
+  const std::map<std::string, double> speedup = {{"fp32", 1}, {"tf32", 1.5}, {"bf16", 2}, {"fp16", 2.5}};
+  std::vector<json> pts;
+  int seq = 0;
+  for (const auto& [prec, x] : speedup) pts.push_back(model_rec(seq++, "train", "resnet50", prec, 128, 1000 * x));
+  for (int batch : {8, 128})
+    for (const auto& [prec, x] : speedup)
+      pts.push_back(batch == 8 && prec == "fp16" ? model_rec(seq++, "infer", "resnet50", prec, batch, 0, "oom")
+                                                 : model_rec(seq++, "infer", "resnet50", prec, batch, 100.0 * batch * x));
+  // Two precisions at a batch with no fp32 point: no speed-up to show, the note counts it.
+  pts.push_back(model_rec(seq++, "infer", "resnet50", "bf16", 64, 9000));
+  pts.push_back(model_rec(seq++, "infer", "resnet50", "fp16", 64, 9900));
+  const Document doc = build_report({make_run(pts)});
+  const Section* s = find_section(doc, "Precision study");
+  ASSERT_NE(s, nullptr);
+  EXPECT_NE(std::get<Paragraph>(s->blocks[0]).text.find("1 group(s)"), std::string::npos);
+  const Table* t = first_table(*s);
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->rows.size(), 3u);  // train 128, infer 8, infer 128
+  const auto mode = column(*t, "mode"), batch = column(*t, "batch"), base = column(*t, "fp32 samples/s");
+  const auto tf32 = column(*t, "tf32 ×"), bf16 = column(*t, "bf16 ×"), fp16 = column(*t, "fp16 ×");
+  EXPECT_LT(tf32, bf16);  // columns from the widest precision down
+  EXPECT_LT(bf16, fp16);
+  EXPECT_EQ(t->rows[0][mode].text, "train");
+  EXPECT_EQ(t->rows[0][base].text, "1000");
+  EXPECT_EQ(t->rows[0][tf32].text, "1.5");
+  EXPECT_EQ(t->rows[0][bf16].text, "2");
+  EXPECT_EQ(t->rows[0][fp16].text, "2.5");
+  EXPECT_EQ(t->rows[1][mode].text, "infer");
+  EXPECT_EQ(t->rows[1][batch].text, "8");
+  EXPECT_EQ(t->rows[1][base].text, "800");
+  EXPECT_EQ(t->rows[1][bf16].text, "2");
+  EXPECT_EQ(t->rows[1][fp16].text, "—");  // oom: no speed-up, and says why
+  ASSERT_FALSE(t->rows[1][fp16].badges.empty());
+  EXPECT_EQ(t->rows[1][fp16].badges[0], "oom");
+  EXPECT_EQ(t->rows[2][batch].text, "128");
+  EXPECT_EQ(t->rows[2][fp16].text, "2.5");
+  // The same numbers in Markdown.
+  EXPECT_NE(render_markdown(doc).find("## Precision study"), std::string::npos);
+}
+
+TEST(ReportStudies, BatchSizeStudyPerModel) {
+  std::vector<json> pts;
+  int seq = 0;
+  for (int batch : {1, 2, 4, 8}) pts.push_back(model_rec(seq++, "infer", "resnet50", "fp16", batch, 500.0 * batch));
+  pts.push_back(model_rec(seq++, "infer", "resnet50", "fp16", 16, 0, "oom"));
+  // Two batch sizes are not a sweep; a training sweep is not the batch-size study.
+  for (int batch : {2, 12}) pts.push_back(model_rec(seq++, "infer", "resnext101_32x4d", "fp16", batch, 100.0 * batch));
+  for (int batch : {64, 128, 256}) pts.push_back(model_rec(seq++, "train", "resnet50", "bf16", batch, 10.0 * batch));
+  const Document doc = build_report({make_run(pts)});
+  ASSERT_NE(find_section(doc, "Batch-size study"), nullptr);
+  const Section* s = find_section(doc, "Batch-size study: resnet50");
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->level, 3);
+  EXPECT_EQ(find_section(doc, "Batch-size study: resnext101_32x4d"), nullptr);
+  EXPECT_EQ(find_section(doc, "Precision study"), nullptr);  // one precision per batch: nothing to compare
+  const Table* t = first_table(*s);
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->rows.size(), 5u);
+  const auto batch = column(*t, "batch"), rate = column(*t, "samples/s"), p50 = column(*t, "p50 latency"),
+             p99 = column(*t, "p99 latency"), spj = column(*t, "samples/J"), status = column(*t, "status");
+  // Rows in batch order; batch 4: 2000 img/s, 2 ms per batch (p99 = 1.2 x median in rec()), 5 img/J.
+  EXPECT_EQ(t->rows[2][batch].text, "4");
+  EXPECT_EQ(t->rows[2][rate].text, "2000");
+  EXPECT_EQ(t->rows[2][p50].text, "2 ms");
+  EXPECT_EQ(t->rows[2][p99].text, "2.4 ms");
+  EXPECT_EQ(t->rows[2][spj].text, "5");
+  EXPECT_EQ(t->rows[4][batch].text, "16");
+  EXPECT_EQ(t->rows[4][status].badges[0], "oom");
+  EXPECT_EQ(t->rows[4][rate].text, "—");
+  // The model's own charts, titled with the model.
+  const Chart* lat = find_chart(doc, "resnet50: Latency percentiles");
+  ASSERT_NE(lat, nullptr);
+  EXPECT_EQ(lat->table.rows.size(), 5u);
+  EXPECT_NE(find_chart(doc, "resnet50: Energy efficiency"), nullptr);
+  EXPECT_NE(find_chart(doc, "resnet50: samples/s vs batch"), nullptr);
+}
+
+TEST(ReportStudies, NoStudySectionsWithoutTheirPoints) {
+  const Document doc = build_report({make_run({rec(0, "gemm", {{"m", 1024}}, "ok", 1e-3, {{"tflops", 1.0}}),
+                                               rec(1, "gemm", {{"m", 2048}}, "ok", 1e-3, {{"tflops", 2.0}})})});
+  EXPECT_EQ(find_section(doc, "Precision study"), nullptr);
+  EXPECT_EQ(find_section(doc, "Batch-size study"), nullptr);
+}
+
+// The study suites load, validate for both device kinds and expand to the points the studies need.
+std::vector<workloads::PlanEntry> suite_plan(const std::string& file, const std::string& workload, int step_index) {
+  const auto s = workloads::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / file);
+  int seen = 0;
+  for (const auto& st : s.steps)
+    if (st.workload == workload && seen++ == step_index)
+      return workloads::plan_for(workloads::find_workload(st.workload), "cuda", st.overrides);
+  ADD_FAILURE() << file << " has no step " << step_index << " of " << workload;
+  return {};
+}
+
+std::set<std::string> values_of(const std::vector<workloads::PlanEntry>& plan, const std::string& axis) {
+  std::set<std::string> v;
+  for (const auto& e : plan) v.insert(e.point.at(axis));
+  return v;
+}
+
+TEST(ReportStudies, StudySuitesExpand) {
+  const auto batch = suite_plan("batch-study.yaml", "infer", 0);
+  EXPECT_EQ(batch.size(), 27u);  // 3 models x 9 batch sizes
+  EXPECT_EQ(values_of(batch, "model"), (std::set<std::string>{"resnet50", "resnext101_32x4d", "resnext101_32x8d"}));
+  EXPECT_EQ(values_of(batch, "precision"), std::set<std::string>{"fp16"});
+  EXPECT_EQ(values_of(batch, "batch"), (std::set<std::string>{"1", "2", "4", "8", "16", "32", "64", "128", "256"}));
+
+  const auto train = suite_plan("precision-study.yaml", "train", 0);
+  const auto infer = suite_plan("precision-study.yaml", "infer", 0);
+  EXPECT_EQ(train.size(), 12u);  // 3 models x 4 precisions
+  EXPECT_EQ(infer.size(), 24u);  // 3 models x 4 precisions x 2 batch sizes
+  const std::set<std::string> precisions = {"fp32", "tf32", "bf16", "fp16"};
+  EXPECT_EQ(values_of(train, "precision"), precisions);
+  EXPECT_EQ(values_of(infer, "precision"), precisions);
+
+  const auto c2 = suite_plan("c2-inference.yaml", "infer", 0);
+  ASSERT_EQ(c2.size(), 11u);  // batch 2 to 12
+  EXPECT_EQ(values_of(c2, "model"), std::set<std::string>{"resnext101_32x4d"});
+  EXPECT_EQ(values_of(c2, "precision"), std::set<std::string>{"fp16"});
+  EXPECT_EQ(c2.front().point.at("batch"), "2");
+  EXPECT_EQ(c2.back().point.at("batch"), "12");
+  // Every step also expands on a CPU build's host device.
+  for (const char* f : {"batch-study.yaml", "precision-study.yaml", "c2-inference.yaml"})
+    for (const auto& st : workloads::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / f).steps)
+      EXPECT_FALSE(workloads::plan_for(workloads::find_workload(st.workload), "cpu", st.overrides).empty()) << f;
 }
 
 }  // namespace

@@ -28,6 +28,9 @@ std::optional<Chart> energy_chart(const ChartInput& in);
 std::optional<Chart> precision_chart(const ChartInput& in, const Metric& metric);
 std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceiling>& ceilings);
 std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric);
+// The study sections (studies.cpp): "Precision study" and "Batch-size study" with one sub-section per
+// model; empty when the points hold no such comparison.
+std::vector<Section> study_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings, bool multi_run);
 // Power and host CPU over the run, from telemetry.json; empty without a trace.
 std::vector<Block> telemetry_blocks(const Run& run);
 

@@ -1,5 +1,5 @@
 // The report's sections: summary and points needing attention, system context, measured ceilings,
-// one section per workload with the charts its axes allow, telemetry over time.
+// one section per workload with the charts its axes allow, the studies (studies.cpp), telemetry over time.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -276,6 +276,7 @@ Document build_report(const std::vector<Run>& runs) {
     std::copy_if(all.begin(), all.end(), std::back_inserter(pts), [&w](const Point& p) { return p.workload() == w; });
     doc.sections.push_back(workload_section(w, pts, ceilings, multi_run));
   }
+  for (auto& s : study_sections(all, ceilings, multi_run)) doc.sections.push_back(std::move(s));
   for (const auto& r : runs) {
     auto blocks = telemetry_blocks(r);
     if (blocks.empty()) continue;
