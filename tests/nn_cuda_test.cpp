@@ -180,7 +180,7 @@ TEST_F(CudaKernelsTest, ConvolutionMatchesReferenceInEveryConfiguration) {
     Twin x = random(c.dtype, Shape{c.n, c.c, c.h, c.w}, c.layout);
     Twin w = random(c.dtype, Shape{c.k, c.c / d.groups, c.r, c.s}, c.layout);
     Twin y = random(c.dtype, ys, c.layout);
-    const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev);
+    const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev, ConvPasses{});
     ASSERT_GE(ws_bytes, 0);
     Buffer ws(cuda_->allocator(), ws_bytes);
     const Workspace space{ws.data(), ws_bytes};
@@ -210,18 +210,102 @@ TEST_F(CudaKernelsTest, IdenticalConvolutionsSearchOnce) {
   const Conv2dDesc d{1, 1, 1, 1, 1, 1, 1};
   const Tensor x = Tensor::describe(DType::bf16, Shape{4, 64, 14, 14}, Layout::nhwc, DeviceKind::cuda);
   const Tensor w = Tensor::describe(DType::bf16, Shape{64, 64, 3, 3}, Layout::nhwc, DeviceKind::cuda);
-  const std::int64_t first = cuda_->conv2d_prepare(d, x, w, x);  // descriptors only: no data needed
+  const std::int64_t first = cuda_->conv2d_prepare(d, x, w, x, ConvPasses{});  // descriptors only: no data needed
   EXPECT_EQ(stats.conv_searches, 1);
-  EXPECT_EQ(cuda_->conv2d_prepare(d, x, w, x), first);  // a second identical layer
+  EXPECT_EQ(stats.conv_pass_searches, 3);
+  EXPECT_EQ(cuda_->conv2d_prepare(d, x, w, x, ConvPasses{}), first);  // a second identical layer
   EXPECT_EQ(stats.conv_searches, 1);
+  EXPECT_EQ(stats.conv_pass_searches, 3);
   EXPECT_EQ(stats.conv_cache_hits, 1);
   const Tensor x2 = Tensor::describe(DType::bf16, Shape{4, 64, 7, 7}, Layout::nhwc, DeviceKind::cuda);
-  cuda_->conv2d_prepare(d, x2, w, x2);  // another shape searches
+  cuda_->conv2d_prepare(d, x2, w, x2, ConvPasses{});  // another shape searches
   EXPECT_EQ(stats.conv_searches, 2);
   cuda_->set_deterministic(true);  // the mode is part of the key
-  cuda_->conv2d_prepare(d, x, w, x);
+  cuda_->conv2d_prepare(d, x, w, x, ConvPasses{});
   EXPECT_EQ(stats.conv_searches, 3);
   EXPECT_THROW(cuda_kernel_stats(*ref_), Error);
+}
+
+// A layer searches only the passes it runs. An inference layer's plan is forward only; a first
+// layer in training adds backward-filter and a later layer of the same configuration
+// backward-data, each extending the one cached plan; a pass never prepared throws, naming the
+// shape and the pass, instead of running without an algorithm.
+TEST_F(CudaKernelsTest, ConvolutionSearchesOnlyThePassesALayerRunsAndExtendsTheCachedPlan) {
+  const auto& stats = cuda_kernel_stats(*cuda_);
+  const DType t = DType::bf16;
+  const Conv2dDesc d{1, 1, 1, 1, 1, 1, 1};
+  Twin x = random(t, Shape{4, 32, 10, 10}, Layout::nhwc), w = random(t, Shape{32, 32, 3, 3}, Layout::nhwc);
+  Twin y = random(t, Shape{4, 32, 10, 10}, Layout::nhwc), dy = random(t, Shape{4, 32, 10, 10}, Layout::nhwc);
+  Twin dx = random(t, x.dev.shape, Layout::nhwc), dw = random(t, w.dev.shape, Layout::nhwc);
+  const std::int64_t fwd_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev, ConvPasses{false, false});
+  EXPECT_EQ(stats.conv_searches, 1);
+  EXPECT_EQ(stats.conv_pass_searches, 1);
+  EXPECT_EQ(stats.conv_cache_hits, 0);
+  Buffer fwd_ws(cuda_->allocator(), fwd_bytes);
+  cuda_->conv2d_forward(d, x.dev, w.dev, y.dev, {fwd_ws.data(), fwd_bytes});
+  ref_->conv2d_forward(d, x.ref, w.ref, y.ref, {});
+  expect_close(y, tolerance(t), "forward");
+  for (const char* pass : {"backward-data", "backward-filter"}) {
+    const bool data = std::string(pass) == "backward-data";
+    // No workspace: the missing search is what must be reported.
+    const std::string msg = test::error_message<Error>([&] {
+      if (data)
+        cuda_->conv2d_backward_data(d, dy.dev, w.dev, dx.dev, false, {});
+      else
+        cuda_->conv2d_backward_filter(d, x.dev, dy.dev, dw.dev, {});
+    });
+    EXPECT_NE(msg.find(std::string("the ") + pass + " pass was not prepared"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("conv2d x " + x.dev.to_string()), std::string::npos) << msg;
+  }
+  EXPECT_EQ(stats.conv_pass_searches, 1) << "a refused call must not search";
+
+  // A first layer in training: backward-filter, no backward-data.
+  const std::int64_t filter_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev, ConvPasses{false, true});
+  EXPECT_EQ(stats.conv_searches, 1);
+  EXPECT_EQ(stats.conv_pass_searches, 2);
+  EXPECT_GE(filter_bytes, fwd_bytes);
+  Buffer filter_ws(cuda_->allocator(), filter_bytes);
+  cuda_->conv2d_backward_filter(d, x.dev, dy.dev, dw.dev, {filter_ws.data(), filter_bytes});
+  ref_->conv2d_backward_filter(d, x.ref, dy.ref, dw.ref, {});
+  expect_close(dw, tolerance(t), "backward filter");
+  EXPECT_THROW(cuda_->conv2d_backward_data(d, dy.dev, w.dev, dx.dev, false, {filter_ws.data(), filter_bytes}),
+               Error);
+
+  // A later layer of the same configuration: every pass.
+  const std::int64_t all_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev, ConvPasses{});
+  EXPECT_EQ(stats.conv_searches, 1);
+  EXPECT_EQ(stats.conv_pass_searches, 3);
+  EXPECT_EQ(stats.conv_cache_hits, 0);
+  EXPECT_GE(all_bytes, filter_bytes);
+  Buffer all_ws(cuda_->allocator(), all_bytes);
+  cuda_->conv2d_backward_data(d, dy.dev, w.dev, dx.dev, false, {all_ws.data(), all_bytes});
+  ref_->conv2d_backward_data(d, dy.ref, w.ref, dx.ref, false, {});
+  expect_close(dx, tolerance(t), "backward data");
+
+  // Answered from the cache, each with the workspace of its own passes only.
+  EXPECT_EQ(cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev, ConvPasses{}), all_bytes);
+  EXPECT_EQ(cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev, ConvPasses{false, false}), fwd_bytes);
+  EXPECT_EQ(stats.conv_pass_searches, 3);
+  EXPECT_EQ(stats.conv_cache_hits, 2);
+}
+
+// An inference graph binds with forward searches only.
+TEST_F(CudaKernelsTest, InferenceGraphSearchesOnlyForwardConvolutions) {
+  GraphOptions o;
+  o.training = false;
+  o.layout = Layout::nhwc;
+  o.dtype = DType::bf16;
+  GraphBuilder b(o);
+  const models::Classifier m = models::build_classifier(b, models::tiny_resnet(1, 4), 4, 8);
+  Graph g(std::move(b));
+  g.bind(*cuda_);
+  const auto& stats = cuda_kernel_stats(*cuda_);
+  EXPECT_GT(stats.conv_searches, 1);
+  EXPECT_EQ(stats.conv_pass_searches, stats.conv_searches);
+  g.set_input(m.images, std::vector<double>(sz(4 * 8 * 8), 0.5));
+  g.set_input(m.labels, {0, 1, 2, 3});
+  g.forward(false);
+  EXPECT_EQ(g.read(m.logits).size(), sz(4 * 4));
 }
 
 TEST_F(CudaKernelsTest, DeterministicModeGivesBitIdenticalGradients) {
@@ -233,7 +317,7 @@ TEST_F(CudaKernelsTest, DeterministicModeGivesBitIdenticalGradients) {
     const Shape xs{32, 64, 28, 28}, wsh{64, 64, 3, 3};
     Twin x = random(t, xs, Layout::nhwc), dy = random(t, xs, Layout::nhwc), w = random(t, wsh, Layout::nhwc);
     Twin dx = random(t, xs, Layout::nhwc), dw = random(t, wsh, Layout::nhwc);
-    const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, dy.dev);
+    const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, dy.dev, ConvPasses{});
     Buffer ws(cuda_->allocator(), ws_bytes);
     auto run = [&] {
       cuda_->conv2d_backward_filter(d, x.dev, dy.dev, dw.dev, {ws.data(), ws_bytes});
@@ -499,7 +583,7 @@ void CudaKernelsTest::captured_step_matches_direct_calls(DType t) {
   Twin rm = random(DType::f32, Shape{32}), rv = random(DType::f32, Shape{32}, Layout::nchw, 0.5, 1.5);
   Twin sm = random(DType::f32, Shape{32}), si = random(DType::f32, Shape{32});
   for (const Tensor* v : {&x.dev, &y.dev, &z.dev}) cuda_->check_tensor(*v);
-  const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev);
+  const std::int64_t ws_bytes = cuda_->conv2d_prepare(d, x.dev, w.dev, y.dev, ConvPasses{});
   Buffer ws(cuda_->allocator(), ws_bytes);
   auto step = [&] {
     cuda_->conv2d_forward(d, x.dev, w.dev, y.dev, {ws.data(), ws_bytes});
@@ -658,8 +742,9 @@ class CheckedKernels final : public Kernels {
   }
   void fill(const Tensor& t, double value) override { dut_.fill(t, value); }
   void check_tensor(const Tensor& t) override { dut_.check_tensor(t); }
-  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) override {
-    return dut_.conv2d_prepare(d, x, w, y);
+  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                              ConvPasses passes) override {
+    return dut_.conv2d_prepare(d, x, w, y, passes);
   }
 
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override {
@@ -907,10 +992,12 @@ TEST_F(CudaKernelsTest, Resnet50At64PixelsLogitsAndGradientsMatchReference) {
   close_to(gpu.values[0], f64.values[0], 1e-3, "logits", &log);
   close_to(gpu.values[1], f64.values[1], 1e-3, "loss", &log);
   EXPECT_TRUE(log.empty()) << log;
-  // 53 convolutions, far fewer distinct configurations: identical layers searched once.
+  // 53 convolutions, far fewer distinct configurations: identical layers searched once, each for
+  // three passes but the stem (its own configuration), whose input needs no gradient.
   const auto& stats = cuda_kernel_stats(*cuda_);
   EXPECT_LT(stats.conv_searches, 30);
   EXPECT_GT(stats.conv_cache_hits, 20);
+  EXPECT_EQ(stats.conv_pass_searches, 3 * stats.conv_searches - 1);
 }
 
 // Reference kernels with one classic mistake each: a backward-data convolution that should add
@@ -975,17 +1062,17 @@ TEST_F(CudaKernelsTest, Resnet50BatchOneConvolutionChoicesAreTimed) {
   Graph g(std::move(b));
   g.bind(*cuda_);
   const auto lines = cuda_conv_choices(*cuda_);
-  // One line per pass (forward, backward-data, backward-filter) of each distinct configuration.
+  // One line per searched pass of each distinct configuration: an inference graph searches the
+  // forward pass only.
   std::size_t forward_lines = 0;
   for (const std::string& line : lines) {
     const bool forward = line.find(": forward algo ") != std::string::npos;
     forward_lines += forward ? 1 : 0;
-    EXPECT_TRUE(forward || line.find(": backward-data algo ") != std::string::npos ||
-                line.find(": backward-filter algo ") != std::string::npos)
-        << line;
+    EXPECT_TRUE(forward) << "a backward pass searched for an inference graph: " << line;
     std::printf("%s\n", line.c_str());
   }
   EXPECT_GE(forward_lines, 10u) << "one forward choice per distinct convolution configuration";
+  EXPECT_EQ(static_cast<std::int64_t>(forward_lines), cuda_kernel_stats(*cuda_).conv_searches);
   std::vector<double> images(sz(3 * 224 * 224));
   for (std::size_t i = 0; i < images.size(); ++i) images[i] = uniform(seed_, i, -1, 1);
   g.set_input(m.images, images);

@@ -3,8 +3,8 @@
 // planned buffers that never overlap while alive, an inference plan, per-op timing, a backend
 // refusal and shape-inference errors that name the layer and the reason, SGD/LARS steps against
 // their formulas; the precision policies on a tiny ResNet (types, masters and copies, the arena,
-// agreement with fp32, fp16 loss scaling, bf16 learning), whole-step capture and the flags a
-// graph passes to its kernels.
+// agreement with fp32, fp16 loss scaling, bf16 learning), the convolution passes a graph prepares,
+// whole-step capture and the flags a graph passes to its kernels.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -241,9 +241,10 @@ TEST(Graph, ProfilingRecordsEveryOpsTimeAndTheTableAddsUp) {
 // Reference kernels that refuse grouped convolutions, as a device backend might.
 class NoGroupedConv final : public ref::RefKernels {
  public:
-  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) override {
+  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                              ConvPasses passes) override {
     if (d.groups > 1) throw Unsupported("grouped convolutions are not supported here");
-    return RefKernels::conv2d_prepare(d, x, w, y);
+    return RefKernels::conv2d_prepare(d, x, w, y, passes);
   }
 };
 
@@ -665,6 +666,80 @@ TEST(Precision, DeterministicAndTf32FlagsReachTheKernels) {
   b.g.bind(spy);
   EXPECT_EQ(spy.deterministic, 0);
   EXPECT_EQ(spy.tf32, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// convolution passes
+
+// Reference kernels that record the passes each convolution is prepared for and, as the CUDA
+// kernels do, refuse a backward pass for a configuration no layer was prepared for.
+class ConvPassSpy final : public ref::RefKernels {
+ public:
+  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                              ConvPasses passes) override {
+    prepared.push_back(passes);
+    if (passes.backward_data) with_data.push_back(x.to_string() + " " + w.to_string());
+    if (passes.backward_filter) with_filter.push_back(x.to_string() + " " + w.to_string());
+    return RefKernels::conv2d_prepare(d, x, w, y, passes);
+  }
+  void conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate,
+                            Workspace ws) override {
+    ++data_calls;
+    if (!has(with_data, dx.to_string() + " " + w.to_string())) throw Error("backward-data not prepared");
+    RefKernels::conv2d_backward_data(d, dy, w, dx, accumulate, ws);
+  }
+  void conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
+                              Workspace ws) override {
+    ++filter_calls;
+    if (!has(with_filter, x.to_string() + " " + dw.to_string())) throw Error("backward-filter not prepared");
+    RefKernels::conv2d_backward_filter(d, x, dy, dw, ws);
+  }
+  static bool has(const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  }
+  std::vector<ConvPasses> prepared;
+  std::vector<std::string> with_data, with_filter;  // the configurations prepared for each pass
+  int data_calls = 0, filter_calls = 0;
+};
+
+TEST(Graph, ConvolutionsArePreparedOnlyForThePassesTheyRun) {
+  // Inference: forward only, for every convolution.
+  GraphOptions inference;
+  inference.training = false;
+  ConvPassSpy inf_spy;
+  Tiny inf(inference);
+  inf.g.bind(inf_spy);
+  ASSERT_GT(inf_spy.prepared.size(), 3u);
+  for (const ConvPasses& p : inf_spy.prepared) {
+    EXPECT_FALSE(p.backward_data);
+    EXPECT_FALSE(p.backward_filter);
+  }
+  inf.feed(fresh_seed(), 0);
+  inf.g.forward(false);
+
+  // Training: the stem's input (the images; convolution 0) needs no gradient, so no backward-data;
+  // every convolution has a trainable weight, so backward-filter. A step runs only prepared passes.
+  ConvPassSpy spy;
+  Tiny train(GraphOptions{});
+  train.g.bind(spy);
+  ASSERT_EQ(spy.prepared.size(), inf_spy.prepared.size());
+  for (std::size_t i = 0; i < spy.prepared.size(); ++i) {
+    EXPECT_EQ(spy.prepared[i].backward_data, i > 0) << "convolution " << i;
+    EXPECT_TRUE(spy.prepared[i].backward_filter) << "convolution " << i;
+  }
+  Sgd sgd(0.05, 0.9, 0);
+  train.feed(fresh_seed(), 0);
+  train.step(sgd);
+  const auto convs = static_cast<int>(spy.prepared.size());
+  EXPECT_EQ(spy.data_calls, convs - 1);
+  EXPECT_EQ(spy.filter_calls, convs);
+
+  // An input that requires a gradient gets the first convolution's backward-data too.
+  ConvPassSpy x_spy;
+  Bound b(GraphOptions{});
+  b.g.bind(x_spy);
+  ASSERT_EQ(x_spy.prepared.size(), 3u);
+  for (const ConvPasses& p : x_spy.prepared) EXPECT_TRUE(p.backward_data && p.backward_filter);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -302,10 +302,17 @@ TEST(Conv2d, FirstLayerSkipsTheDataGradientAndItsCost) {
   Conv2d op("conv1", conv_cases()[0].a);
   Harness h(op, {f64(conv_cases()[0].x)}, {false}, Layout::nchw, away_from_zero(fresh_seed()));
   EXPECT_EQ(op.flops(Pass::backward), op.flops(Pass::forward));
+  EXPECT_FALSE(op.passes().backward_data);  // so prepare asks no backward-data search
+  EXPECT_TRUE(op.passes().backward_filter);
   h.run_all();  // only the filter gradient is checked; din is undefined
   op.set_context(true, {true});
   EXPECT_EQ(op.flops(Pass::backward), 2 * op.flops(Pass::forward));
   EXPECT_EQ(op.flops(Pass::forward), 2 * 2 * 4 * 5 * 5 * 3 * 3 * 3);
+  EXPECT_TRUE(op.passes().backward_data);
+  EXPECT_TRUE(op.passes().backward_filter);
+  op.set_context(false, {false});  // an inference graph: forward only
+  EXPECT_FALSE(op.passes().backward_data);
+  EXPECT_FALSE(op.passes().backward_filter);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,6 +22,14 @@ struct Conv2dDesc {
   std::int64_t groups = 1;
 };
 
+// The backward passes a convolution layer runs besides its forward pass: backward-data only where
+// the layer's input needs a gradient (not the first layer's), backward-filter only in a training
+// graph. conv2d_prepare readies (the CUDA kernels: searches) only these; the defaults ask for all.
+struct ConvPasses {
+  bool backward_data = true;
+  bool backward_filter = true;
+};
+
 // Max pooling window; padded positions never win (they count as -infinity, as in PyTorch).
 struct Pool2dDesc {
   std::int64_t window_h = 1, window_w = 1;
@@ -136,10 +144,12 @@ class Kernels {
 
   // Called once per layer when a graph is bound. Throws Unsupported with the reason where this
   // backend cannot store the tensor or run the configuration (the graph adds the layer's name).
-  // conv2d_prepare returns the workspace bytes the convolution needs; the CUDA backend runs and
-  // caches its algorithm search per shape here, so nothing is searched while timing.
+  // conv2d_prepare returns the workspace bytes the convolution's forward pass and `passes` need;
+  // the CUDA backend runs and caches its algorithm search per shape and pass here, so nothing is
+  // searched while timing, and a backward pass the layer was prepared without is an Error.
   virtual void check_tensor(const Tensor& t) = 0;
-  virtual std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+  virtual std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                                      ConvPasses passes) = 0;
 
   // Backward kernels that produce an input gradient take `accumulate`: add into dx instead of
   // overwriting it (cuDNN's beta = 1). That is how a value feeding several layers (a residual

@@ -30,6 +30,8 @@ class Conv2d final : public Op {
   std::int64_t bytes(Pass p) const override;
   std::int64_t macs() const;  // multiply-adds of the forward pass
   const Conv2dAttrs& attrs() const { return a_; }
+  // The backward passes backward() runs in the graph's context (set_context), which prepare asks for.
+  ConvPasses passes() const;
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;

@@ -58,12 +58,16 @@ std::int64_t Conv2d::macs() const {
 
 std::int64_t Conv2d::prepare(Kernels& k, const OpTensors& d) {
   Op::prepare(k, d);
-  return k.conv2d_prepare(a_.conv, d.in[0], d.params[0], d.out[0]);
+  // Only the passes backward() will call: an inference graph runs none, and the first layer
+  // (whose input needs no gradient) no backward-data. Searching the rest cost seconds per graph.
+  return k.conv2d_prepare(a_.conv, d.in[0], d.params[0], d.out[0], passes());
 }
 
 void Conv2d::forward(Kernels& k, const OpTensors& t) {
   k.conv2d_forward(a_.conv, t.in[0], t.params[0], t.out[0], t.workspace);
 }
+
+ConvPasses Conv2d::passes() const { return {training_ && input_needs_grad(0), training_}; }
 
 void Conv2d::backward(Kernels& k, const OpTensors& t) {
   if (t.din[0].defined())

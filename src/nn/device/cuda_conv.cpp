@@ -1,6 +1,8 @@
 // Convolution through cuDNN's convolution API: descriptors built from the tensors' strides (NCHW
-// and NHWC alike), and per distinct configuration one algorithm choice for forward, backward data
-// and backward filter, cached so identical layers choose once. cudnnFind*Ex lists the usable
+// and NHWC alike), and per distinct configuration one algorithm choice for forward and for each
+// backward pass a layer runs (backward data, backward filter), cached so identical layers choose
+// once; a pass no layer asked for is never searched (an inference graph searches forward only:
+// the backward searches had cost seconds per graph at binding). cudnnFind*Ex lists the usable
 // algorithms (workspace within the cap; only deterministic ones in deterministic mode), but it
 // times each once, with host overhead, on zero operands: at batch 1 its order picked kernels
 // several times slower than the best. So every candidate Find ranks within reach of its fastest is
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "nn/device/cuda_kernels_impl.h"
@@ -122,6 +125,25 @@ std::string format_us(double seconds) {
   return buf;
 }
 
+// f32 stays in FMA math unless TF32 is allowed; f16/bf16 use tensor cores, accumulating in f32.
+cudnnMathType_t search_math(DType t, bool tf32) {
+  return t == DType::f32 ? (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) : CUDNN_TENSOR_OP_MATH;
+}
+
+ConvDescPtr make_conv_desc(const Conv2dDesc& d, cudnnMathType_t math, const std::string& label) {
+  cudnnConvolutionDescriptor_t cd = nullptr;
+  AB_CUDNN(cudnnCreateConvolutionDescriptor(&cd), label);
+  ConvDescPtr owned(cd);
+  AB_CUDNN(cudnnSetConvolution2dDescriptor(cd, narrow(d.pad_h, label), narrow(d.pad_w, label),
+                                           narrow(d.stride_h, label), narrow(d.stride_w, label),
+                                           narrow(d.dilation_h, label), narrow(d.dilation_w, label),
+                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+           label);
+  AB_CUDNN(cudnnSetConvolutionGroupCount(cd, narrow(d.groups, label)), label);
+  AB_CUDNN(cudnnSetConvolutionMathType(cd, math), label);
+  return owned;
+}
+
 const char* math_name(cudnnMathType_t m) {
   switch (m) {
     case CUDNN_DEFAULT_MATH: return "default";
@@ -186,32 +208,27 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
                                       narrow(w.shape[1], label), narrow(w.shape[2], label), narrow(w.shape[3], label)),
            label);
 
-  // f32 stays in FMA math unless TF32 is allowed; f16/bf16 use tensor cores, accumulating in f32.
-  const cudnnMathType_t search_math =
-      x.dtype == DType::f32 ? (tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) : CUDNN_TENSOR_OP_MATH;
-  auto make_conv = [&](cudnnMathType_t math) {
-    cudnnConvolutionDescriptor_t cd = nullptr;
-    AB_CUDNN(cudnnCreateConvolutionDescriptor(&cd), label);
-    ConvDescPtr owned(cd);
-    AB_CUDNN(cudnnSetConvolution2dDescriptor(cd, narrow(d.pad_h, label), narrow(d.pad_w, label),
-                                             narrow(d.stride_h, label), narrow(d.stride_w, label),
-                                             narrow(d.dilation_h, label), narrow(d.dilation_w, label),
-                                             CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-             label);
-    AB_CUDNN(cudnnSetConvolutionGroupCount(cd, narrow(d.groups, label)), label);
-    AB_CUDNN(cudnnSetConvolutionMathType(cd, math), label);
-    return owned;
-  };
-  const ConvDescPtr search = make_conv(search_math);
-  // The math a chosen algorithm runs with: its own, except that f32 without TF32 stays in FMA
-  // math whatever cuDNN reports, so no TF32 kernel can slip in.
-  auto run_math = [&](cudnnMathType_t reported) { return search_math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : reported; };
+  const ConvDescPtr search = make_conv_desc(d, search_math(x.dtype, tf32_), label);
   int on = 0, oc = 0, oh = 0, ow = 0;
   AB_CUDNN(cudnnGetConvolution2dForwardOutputDim(search.get(), plan->x.get(), plan->w.get(), &on, &oc, &oh, &ow),
            label);
   if (on != y.shape[0] || oc != y.shape[1] || oh != y.shape[2] || ow != y.shape[3])
     throw Error(label + ": cuDNN computes an output of [" + std::to_string(on) + ", " + std::to_string(oc) + ", " +
                 std::to_string(oh) + ", " + std::to_string(ow) + "]");
+  return plan;
+}
+
+void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                     const Tensor& y, ConvPasses passes) {
+  const bool want_fwd = !plan.fwd.searched, want_data = passes.backward_data && !plan.bwd_data.searched,
+             want_filter = passes.backward_filter && !plan.bwd_filter.searched;
+  if (!want_fwd && !want_data && !want_filter) return;
+  const std::string& label = plan.label;
+  const cudnnMathType_t math = search_math(x.dtype, tf32_);
+  const ConvDescPtr search = make_conv_desc(d, math, label);
+  // The math a chosen algorithm runs with: its own, except that f32 without TF32 stays in FMA
+  // math whatever cuDNN reports, so no TF32 kernel can slip in.
+  auto run_math = [&](cudnnMathType_t reported) { return math == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : reported; };
 
   // Scratch operands for the search: x, w, y and the largest workspace allowed, filled with
   // random values in [-1, 1) before each pass is timed.
@@ -256,7 +273,7 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
     double best_s = std::numeric_limits<double>::infinity();
     std::string log;
     for (const Candidate& c : candidates) {
-      ConvDescPtr conv = make_conv(run_math(c.math));
+      ConvDescPtr conv = make_conv_desc(d, run_math(c.math), label);
       log += " " + std::to_string(c.algo) + "/" + math_name(run_math(c.math)) + ":";
       const cudnnStatus_t warm = launch(c, conv.get());
       if (warm != CUDNN_STATUS_SUCCESS) {
@@ -291,83 +308,109 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
   };
 
   const float one = 1.0f, zero = 0.0f;
-  {
+  if (want_fwd) {
     int count = 0, returned = 0;
     AB_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(cudnn_.get(), &count), label);
     std::vector<cudnnConvolutionFwdAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
-    AB_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(cudnn_.get(), plan->x.get(), sx, plan->w.get(), sw, search.get(),
-                                                    plan->y.get(), sy, count, &returned, found.data(), sws, ws_size),
+    AB_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(cudnn_.get(), plan.x.get(), sx, plan.w.get(), sw, search.get(),
+                                                    plan.y.get(), sy, count, &returned, found.data(), sws, ws_size),
              label + ", forward algorithm search");
     choose(usable(found, returned, cap, deterministic_), "forward", 11,
            [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-             return cudnnConvolutionForward(cudnn_.get(), &one, plan->x.get(), sx, plan->w.get(), sw, cd,
+             return cudnnConvolutionForward(cudnn_.get(), &one, plan.x.get(), sx, plan.w.get(), sw, cd,
                                             static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), sws,
-                                            static_cast<std::size_t>(c.workspace_bytes), &zero, plan->y.get(), sy);
+                                            static_cast<std::size_t>(c.workspace_bytes), &zero, plan.y.get(), sy);
            },
-           plan->fwd);
-    if (plan->fwd.algo < 0) plan->fwd.refusal = "cuDNN has no forward" + limits;
+           plan.fwd);
+    if (plan.fwd.algo < 0) plan.fwd.refusal = "cuDNN has no forward" + limits;
+    plan.fwd.searched = true;
+    ++stats_.conv_pass_searches;
   }
-  // A backward pass cuDNN cannot run is refused when it is called, not here: an inference graph or
-  // a first layer never calls it.
-  try {
-    int count = 0, returned = 0;
-    AB_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnn_.get(), &count), label);
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
-    randomise(21);
-    AB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn_.get(), plan->w.get(), sw, plan->y.get(), sy,
-                                                         search.get(), plan->x.get(), sx, count, &returned,
-                                                         found.data(), sws, ws_size),
-             label + ", backward-data algorithm search");
-    choose(usable(found, returned, cap, deterministic_), "backward-data", 22,
-           [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-             return cudnnConvolutionBackwardData(cudnn_.get(), &one, plan->w.get(), sw, plan->y.get(), sy, cd,
-                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), sws,
-                                                 static_cast<std::size_t>(c.workspace_bytes), &zero, plan->x.get(),
-                                                 sx);
-           },
-           plan->bwd_data);
-    if (plan->bwd_data.algo < 0) plan->bwd_data.refusal = "cuDNN has no backward-data" + limits;
-  } catch (const Unsupported& e) {
-    plan->bwd_data.refusal = e.what();
-  }
-  try {
-    int count = 0, returned = 0;
-    AB_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn_.get(), &count), label);
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
-    randomise(31);
-    AB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn_.get(), plan->x.get(), sx, plan->y.get(), sy,
-                                                           search.get(), plan->w.get(), sw, count, &returned,
+  // A backward pass cuDNN cannot run is refused when it is called, not here: the layer asking for
+  // it may be one of several of this configuration, and a refusal is only an error when it runs.
+  if (want_data) {
+    try {
+      int count = 0, returned = 0;
+      AB_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnn_.get(), &count), label);
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
+      randomise(21);
+      AB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn_.get(), plan.w.get(), sw, plan.y.get(), sy,
+                                                           search.get(), plan.x.get(), sx, count, &returned,
                                                            found.data(), sws, ws_size),
-             label + ", backward-filter algorithm search");
-    choose(usable(found, returned, cap, deterministic_), "backward-filter", 32,
-           [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-             return cudnnConvolutionBackwardFilter(cudnn_.get(), &one, plan->x.get(), sx, plan->y.get(), sy, cd,
-                                                   static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), sws,
-                                                   static_cast<std::size_t>(c.workspace_bytes), &zero, plan->w.get(),
-                                                   sw);
-           },
-           plan->bwd_filter);
-    if (plan->bwd_filter.algo < 0) plan->bwd_filter.refusal = "cuDNN has no backward-filter" + limits;
-  } catch (const Unsupported& e) {
-    plan->bwd_filter.refusal = e.what();
+               label + ", backward-data algorithm search");
+      choose(usable(found, returned, cap, deterministic_), "backward-data", 22,
+             [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+               return cudnnConvolutionBackwardData(cudnn_.get(), &one, plan.w.get(), sw, plan.y.get(), sy, cd,
+                                                   static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), sws,
+                                                   static_cast<std::size_t>(c.workspace_bytes), &zero, plan.x.get(),
+                                                   sx);
+             },
+             plan.bwd_data);
+      if (plan.bwd_data.algo < 0) plan.bwd_data.refusal = "cuDNN has no backward-data" + limits;
+    } catch (const Unsupported& e) {
+      plan.bwd_data.refusal = e.what();
+    }
+    plan.bwd_data.searched = true;
+    ++stats_.conv_pass_searches;
+  }
+  if (want_filter) {
+    try {
+      int count = 0, returned = 0;
+      AB_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn_.get(), &count), label);
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
+      randomise(31);
+      AB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn_.get(), plan.x.get(), sx, plan.y.get(), sy,
+                                                             search.get(), plan.w.get(), sw, count, &returned,
+                                                             found.data(), sws, ws_size),
+               label + ", backward-filter algorithm search");
+      choose(usable(found, returned, cap, deterministic_), "backward-filter", 32,
+             [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+               return cudnnConvolutionBackwardFilter(cudnn_.get(), &one, plan.x.get(), sx, plan.y.get(), sy, cd,
+                                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), sws,
+                                                     static_cast<std::size_t>(c.workspace_bytes), &zero, plan.w.get(),
+                                                     sw);
+             },
+             plan.bwd_filter);
+      if (plan.bwd_filter.algo < 0) plan.bwd_filter.refusal = "cuDNN has no backward-filter" + limits;
+    } catch (const Unsupported& e) {
+      plan.bwd_filter.refusal = e.what();
+    }
+    plan.bwd_filter.searched = true;
+    ++stats_.conv_pass_searches;
   }
   AB_CUDA(cudaStreamSynchronize(stream_), label + ", algorithm search");
   if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
-    for (const ConvPass* pass : {&plan->fwd, &plan->bwd_data, &plan->bwd_filter})
-      if (!pass->choice.empty()) std::fprintf(stderr, "%s: %s\n", label.c_str(), pass->choice.c_str());
-  return plan;
+    for (const auto& [pass, now] : {std::pair{&plan.fwd, want_fwd}, {&plan.bwd_data, want_data},
+                                    {&plan.bwd_filter, want_filter}})
+      if (now && !pass->choice.empty()) std::fprintf(stderr, "%s: %s\n", label.c_str(), pass->choice.c_str());
 }
 
 ConvPlan& CudaKernels::conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
+  if (auto it = conv_plans_.find(conv_key(d, x, w, y)); it != conv_plans_.end()) return *it->second;
+  // Not prepared (a direct call, or the mode changed since binding): search every pass now.
+  return prepared_conv_plan(d, x, w, y, ConvPasses{});
+}
+
+// A cached plan always has its forward pass searched: a new plan enters the cache only after that.
+ConvPlan& CudaKernels::prepared_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                                          ConvPasses passes) {
   const Key key = conv_key(d, x, w, y);
-  if (auto it = conv_plans_.find(key); it != conv_plans_.end()) return *it->second;
-  // Not prepared (a direct call, or the mode changed since binding): search now, unless this is
-  // a capture, where the search's allocations and synchronisation cannot happen.
+  const auto it = conv_plans_.find(key);
+  ConvPlan* plan = it != conv_plans_.end() ? it->second.get() : nullptr;
+  if (plan != nullptr && (!passes.backward_data || plan->bwd_data.searched) &&
+      (!passes.backward_filter || plan->bwd_filter.searched))
+    return *plan;
+  // The search's allocations and synchronisation cannot happen inside a capture.
   if (capturing())
     throw Error(conv_label(d, x, w, y) + ": not prepared; call conv2d_prepare (bind the graph) before capturing");
-  auto plan = build_conv_plan(d, x, w, y);
+  if (plan != nullptr) {  // cached for fewer passes (an inference or first layer): extend it
+    search_conv_passes(*plan, d, x, w, y, passes);
+    return *plan;
+  }
+  auto built = build_conv_plan(d, x, w, y);
+  search_conv_passes(*built, d, x, w, y, passes);
   ++stats_.conv_searches;
-  return *conv_plans_.emplace(key, std::move(plan)).first->second;
+  return *conv_plans_.emplace(key, std::move(built)).first->second;
 }
 
 std::vector<std::string> CudaKernels::conv_choices() const {
@@ -379,21 +422,27 @@ std::vector<std::string> CudaKernels::conv_choices() const {
   return lines;
 }
 
-std::int64_t CudaKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
+std::int64_t CudaKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                                         ConvPasses passes) {
   AB_CUDA(cudaSetDevice(device_), label_ + " conv2d_prepare");
-  const bool cached = conv_plans_.count(conv_key(d, x, w, y)) != 0;
-  if (cached) ++stats_.conv_cache_hits;
-  const ConvPlan& p = conv_plan(d, x, w, y);
+  const std::int64_t searched_before = stats_.conv_pass_searches;
+  const ConvPlan& p = prepared_conv_plan(d, x, w, y, passes);
+  if (stats_.conv_pass_searches == searched_before) ++stats_.conv_cache_hits;
   if (p.fwd.algo < 0) throw Unsupported(p.fwd.refusal);
-  std::int64_t bytes = 0;
-  for (const ConvPass* pass : {&p.fwd, &p.bwd_data, &p.bwd_filter})
-    if (pass->algo >= 0) bytes = std::max(bytes, pass->workspace_bytes);
+  // The passes this layer runs only: another layer of the configuration may have asked for more.
+  std::int64_t bytes = p.fwd.workspace_bytes;
+  if (passes.backward_data && p.bwd_data.algo >= 0) bytes = std::max(bytes, p.bwd_data.workspace_bytes);
+  if (passes.backward_filter && p.bwd_filter.algo >= 0) bytes = std::max(bytes, p.bwd_filter.workspace_bytes);
   return bytes;
 }
 
 namespace {
 
 const ConvPass& usable(const ConvPass& pass, const ConvPlan& plan, const Workspace& ws, const char* what) {
+  if (!pass.searched)
+    throw Error(plan.label + ": the " + what + " pass was not prepared; conv2d_prepare was asked only for the " +
+                "passes the layer runs (no backward in an inference graph, no backward-data where the input " +
+                "needs no gradient)");
   if (pass.algo < 0) throw Unsupported(pass.refusal);
   if (pass.workspace_bytes > ws.bytes)
     throw Error(plan.label + ": the " + what + " algorithm needs a workspace of " +

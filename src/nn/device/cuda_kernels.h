@@ -6,7 +6,10 @@
 // - capture() records `body` into a CUDA graph without executing it (stream capture only records
 //   launches), as the contract says; replay() launches the graph on the stream.
 // - conv2d_prepare runs cuDNN's algorithm search (timed runs on scratch operands) once per distinct
-//   (shape, strides, dtype, attributes, deterministic, tf32); binding a graph is where it happens.
+//   (shape, strides, dtype, attributes, deterministic, tf32) and pass: forward always, a backward
+//   pass only where ConvPasses asks for it (a later layer of the same configuration that asks for
+//   more extends the cached choice). Binding a graph is where it happens. A backward pass called
+//   for a configuration prepared without it throws Error naming the shape and the pass.
 //   With AB_CONV_CHOICES=1 in the environment each choice is printed to stderr as it is made
 //   (the lines of cuda_conv_choices).
 // - Storage: f32, f16, bf16 and i32 (labels); f64 is refused (it runs on the reference kernels).
@@ -30,8 +33,9 @@ std::unique_ptr<Kernels> make_cuda_kernels(backend::Backend& backend);
 // Counters for tests and reports: how often the algorithm search ran and how often a prepared
 // plan was found in the cache.
 struct CudaKernelStats {
-  std::int64_t conv_searches = 0;    // distinct convolution configurations searched
-  std::int64_t conv_cache_hits = 0;  // conv2d_prepare calls answered from the cache
+  std::int64_t conv_searches = 0;       // distinct convolution configurations searched
+  std::int64_t conv_pass_searches = 0;  // passes searched (forward, backward-data, backward-filter)
+  std::int64_t conv_cache_hits = 0;     // conv2d_prepare calls answered from the cache alone
 };
 // Throws Error when `k` is not the CUDA kernels.
 const CudaKernelStats& cuda_kernel_stats(const Kernels& k);

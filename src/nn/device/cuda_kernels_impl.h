@@ -22,7 +22,10 @@ namespace ab::nn::cuda {
 
 // One pass of a convolution: its own descriptor (the chosen algorithm fixes the math type) and
 // algorithm; algo < 0 where no algorithm fitted (the pass then refuses to run, naming why).
+// searched: false until a conv2d_prepare asked for the pass (a backward pass no layer of this
+// configuration runs is never searched, and calling it is an Error).
 struct ConvPass {
+  bool searched = false;
   ConvDescPtr conv;
   int algo = -1;
   std::int64_t workspace_bytes = 0;
@@ -95,7 +98,8 @@ class CudaKernels final : public Kernels {
   void download_bytes(const Tensor& src, std::int64_t offset, void* host, std::int64_t bytes) override;
   void fill(const Tensor& t, double value) override;
   void check_tensor(const Tensor& t) override;
-  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) override;
+  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                              ConvPasses passes) override;
 
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override;
   void conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate,
@@ -150,8 +154,16 @@ class CudaKernels final : public Kernels {
  private:
   // cuda_conv.cpp
   Key conv_key(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) const;
+  // For a kernel call: the cached plan, or where none is (a direct call without conv2d_prepare)
+  // one searched now for every pass.
   ConvPlan& conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y);
+  // The cached plan with forward and `passes` searched: a cached plan lacking a pass is extended.
+  ConvPlan& prepared_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                               ConvPasses passes);
   std::unique_ptr<ConvPlan> build_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y);
+  // Searches forward (if not yet) and the passes in `passes` not searched yet.
+  void search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                          ConvPasses passes);
   std::int64_t conv_workspace_cap() const;
   // cuda_norm_pool.cpp
   BnPlan& bn_plan(const Tensor& x);

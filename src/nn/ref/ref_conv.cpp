@@ -135,7 +135,8 @@ void check_conv_shapes(const Conv2dDesc& d, const Tensor& x, const Tensor& w, co
 
 }  // namespace
 
-std::int64_t RefKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
+std::int64_t RefKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                                        ConvPasses /*passes*/) {
   check_tensor(x);
   check_tensor(w);
   check_tensor(y);

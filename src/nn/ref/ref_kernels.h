@@ -149,7 +149,9 @@ class RefKernels : public Kernels {
   void download_bytes(const Tensor& src, std::int64_t offset, void* host, std::int64_t bytes) override;
   void fill(const Tensor& t, double value) override;
   void check_tensor(const Tensor& t) override;
-  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) override;
+  // Checks the operands only: the direct loops need no search and no workspace for any pass.
+  std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                              ConvPasses passes) override;
 
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace) override;
   void conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate,
