@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -180,10 +181,15 @@ TEST(CudaPointwise, RejectsNonFloatDtypesNamingTheValidOnes) {
                                         nullptr, 4, 10, nullptr),
                Unsupported);
   EXPECT_THROW(pw::update_loss_scale(nullptr, LossScaleRule{2.0, 0.5, 0}, nullptr, nullptr, nullptr), Error);
+  EXPECT_THROW(pw::round_forward(nullptr, DType::i32, nullptr, nullptr, 4, 1.0), Unsupported);
+  EXPECT_THROW(pw::rate_distortion_forward(nullptr, DType::f32, nullptr, nullptr, 4, nullptr, 2, 0.1, DType::i32,
+                                           nullptr, nullptr, nullptr),
+               Unsupported);
 }
 
 TEST(CudaPointwise, ScratchSizes) {
   EXPECT_GE(pw::lars_scratch_floats(), 2);
+  EXPECT_GE(pw::rate_distortion_scratch_floats(), 4);
   EXPECT_GE(pw::softmax_xent_scratch_floats(1024), 1024);
 }
 
@@ -396,6 +402,98 @@ TEST(CudaPointwise, LossIsBitIdenticalRunToRun) {
     } else {
       EXPECT_EQ(dloss.bytes(), first_loss) << "run " << run;
       EXPECT_EQ(dp.bytes(), first_p) << "run " << run;
+    }
+  }
+}
+
+// ---- learned compression: rounding and the rate-distortion proxy
+
+TEST(CudaPointwise, RoundMatchesReferenceWithTiesToEven) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (DType t : kFloatTypes)
+    for (const double step : {1.0, 1.0 / 32.0})
+      for (int64_t n : kSizes) {
+        SCOPED_TRACE(name(t) + " step " + std::to_string(step) + " n=" + std::to_string(n));
+        auto x = rng.uniform_in(t, n, -8, 8);
+        // Ties in every dtype: k + 1/2 steps round to the even neighbour.
+        const std::vector<double> ties{0.5, 1.5, 2.5, -0.5, -1.5, -2.5};
+        for (std::size_t i = 0; i < ties.size() && i < x.size(); ++i) x[i] = ties[i] * step;
+        DeviceArray dx(t, x), dy(t, n);
+        pw::round_forward(nullptr, t, dx.get(), dy.get(), n, step);
+        std::vector<double> want(x.size());
+        ref().round_forward(host(x, Shape{n}), host(want, Shape{n}), step);
+        expect_near(dy.download(), want, 0, 0, "round_forward");  // exact
+        if (n >= 6) {
+          EXPECT_EQ(dy.download()[1], 2 * step);  // 1.5 steps: the even neighbour
+        }
+      }
+}
+
+TEST(CudaPointwise, RateDistortionForwardAndBackwardMatchReference) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (DType t : kFloatTypes)
+    for (const auto& [n_x, n_l] : std::vector<std::pair<int64_t, int64_t>>{{7, 3}, {3 * 64 * 64 * 4, 192 * 4 * 4 * 4},
+                                                                            {1000003, 5}}) {
+      SCOPED_TRACE(name(t) + " n_x=" + std::to_string(n_x) + " n_latent=" + std::to_string(n_l));
+      const double lambda = 0.37;
+      auto xh = rng.uniform_in(t, n_x, 0, 1), x = rng.uniform_in(t, n_x, 0, 1), l = rng.uniform_in(t, n_l, -4, 4);
+      DeviceArray dxh(t, xh), dxv(t, x), dl(t, l), loss(DType::f32, 1), mse(DType::f32, 1),
+          scratch(DType::f32, pw::rate_distortion_scratch_floats());
+      pw::rate_distortion_forward(nullptr, t, dxh.get(), dxv.get(), n_x, dl.get(), n_l, lambda, DType::f32, loss.get(),
+                                  mse.get(), scratch.as<float>());
+      std::vector<double> want_loss(1), want_mse(1);
+      ref().rate_distortion_forward({lambda}, host(xh, Shape{n_x}), host(x, Shape{n_x}), host(l, Shape{n_l}),
+                                    host(want_loss, Shape{1}), host(want_mse, Shape{1}));
+      EXPECT_GT(want_mse[0], 0.05);  // uniform [0, 1) pairs: 1/6
+      EXPECT_NEAR(mse.download()[0], want_mse[0], 2e-6 * want_mse[0]);
+      EXPECT_NEAR(loss.download()[0], want_loss[0], 2e-6 * want_loss[0]);
+
+      std::vector<double> dloss = quantize(t, {rng.uniform(1, 0.5, 2)[0]});
+      auto old_x = rng.uniform_in(t, n_x, -1e-3, 1e-3), old_l = rng.uniform_in(t, n_l, -1e-3, 1e-3);
+      DeviceArray ddloss(t, dloss), gx(t, n_x), gl(t, n_l);
+      for (bool acc : {false, true}) {
+        SCOPED_TRACE(acc ? "accumulate" : "overwrite");
+        gx.upload(old_x);
+        gl.upload(old_l);
+        auto want_x = old_x, want_l = old_l;
+        pw::rate_distortion_backward(nullptr, t, dxh.get(), dxv.get(), n_x, dl.get(), n_l, lambda, t, ddloss.get(),
+                                     gx.get(), acc, gl.get(), acc);
+        ref().rate_distortion_backward({lambda}, host(xh, Shape{n_x}), host(x, Shape{n_x}), host(l, Shape{n_l}),
+                                       host(dloss, Shape{1}), host(want_x, Shape{n_x}), acc, host(want_l, Shape{n_l}),
+                                       acc);
+        expect_near(gx.download(), want_x, rel_tol(t), abs_tol(t, 1e-12), "dx_hat");
+        expect_near(gl.download(), want_l, rel_tol(t), abs_tol(t, 1e-12), "dlatent");
+      }
+      // An absent gradient is skipped: only dlatent written.
+      gx.upload(old_x);
+      pw::rate_distortion_backward(nullptr, t, dxh.get(), dxv.get(), n_x, dl.get(), n_l, lambda, t, ddloss.get(),
+                                   nullptr, false, gl.get(), false);
+      EXPECT_EQ(gx.download(), quantize(t, old_x));
+    }
+}
+
+TEST(CudaPointwise, RateDistortionLossIsBitIdenticalRunToRun) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const int64_t n_x = 3 * 256 * 256 * 8, n_l = 192 * 16 * 16 * 8;
+  DeviceArray dxh(DType::f32, rng.uniform(n_x, 0, 1)), dxv(DType::f32, rng.uniform(n_x, 0, 1)),
+      dl(DType::f32, rng.uniform(n_l, -3, 3)), loss(DType::f32, 1), mse(DType::f32, 1),
+      scratch(DType::f32, pw::rate_distortion_scratch_floats());
+  std::vector<unsigned char> first_loss, first_mse;
+  for (int run = 0; run < 3; ++run) {
+    pw::rate_distortion_forward(nullptr, DType::f32, dxh.get(), dxv.get(), n_x, dl.get(), n_l, 0.01, DType::f32,
+                                loss.get(), mse.get(), scratch.as<float>());
+    if (run == 0) {
+      first_loss = loss.bytes();
+      first_mse = mse.bytes();
+    } else {
+      EXPECT_EQ(loss.bytes(), first_loss) << "run " << run;
+      EXPECT_EQ(mse.bytes(), first_mse) << "run " << run;
     }
   }
 }

@@ -901,6 +901,35 @@ class CheckedKernels final : public Kernels {
     c.check(dlogits, hdx, accumulate ? "dlogits (accumulate)" : "dlogits");
   }
 
+  void round_forward(const Tensor& x, const Tensor& y, double step) override {
+    Call c(*this, "round_forward " + x.to_string(), tol_);
+    const Tensor hx = c.in(x), hy = c.out(y);
+    dut_.round_forward(x, y, step);
+    ref_->round_forward(hx, hy, step);
+    c.check(y, hy, "y");
+  }
+  void rate_distortion_forward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x, const Tensor& latent,
+                               const Tensor& loss, const Tensor& mse) override {
+    Call c(*this, "rate_distortion_forward " + x.to_string(), tol_);
+    const Tensor hxh = c.in(x_hat), hx = c.in(x), hl = c.in(latent), hloss = c.out(loss), hmse = c.out(mse);
+    dut_.rate_distortion_forward(d, x_hat, x, latent, loss, mse);
+    ref_->rate_distortion_forward(d, hxh, hx, hl, hloss, hmse);
+    c.check(loss, hloss, "loss");
+    c.check(mse, hmse, "mse");
+  }
+  void rate_distortion_backward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x, const Tensor& latent,
+                                const Tensor& dloss, const Tensor& dx_hat, bool acc_x_hat, const Tensor& dlatent,
+                                bool acc_latent) override {
+    Call c(*this, "rate_distortion_backward " + x.to_string(), tol_);
+    const Tensor hxh = c.in(x_hat), hx = c.in(x), hl = c.in(latent), hdl = c.in(dloss);
+    const Tensor hdx = dx_hat.defined() ? c.out(dx_hat, acc_x_hat) : Tensor{};
+    const Tensor hdlat = dlatent.defined() ? c.out(dlatent, acc_latent) : Tensor{};
+    dut_.rate_distortion_backward(d, x_hat, x, latent, dloss, dx_hat, acc_x_hat, dlatent, acc_latent);
+    ref_->rate_distortion_backward(d, hxh, hx, hl, hdl, hdx, acc_x_hat, hdlat, acc_latent);
+    if (dx_hat.defined()) c.check(dx_hat, hdx, "dx_hat");
+    if (dlatent.defined()) c.check(dlatent, hdlat, "dlatent");
+  }
+
   // Not part of a forward/backward step: passed through unchecked.
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override {
     dut_.sgd_update(s, w, g, v);

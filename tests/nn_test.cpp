@@ -858,5 +858,204 @@ TEST(HostBuffer, ByteRangeCopiesGatherSamplesAndRefuseRangesOutsideTheTensor) {
   EXPECT_EQ(h.k->allocate_host(0).data(), nullptr);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Learned compression: conv_transpose2d, quantize_ste, rate_distortion_loss
+
+// The transposed convolution by its definition: every input element scatters x * w into the
+// outputs it touches, oh = ih * stride - pad + r * dilation (logical NCHW, w [in, out / g, R, S]).
+std::vector<double> naive_conv_transpose(const std::vector<double>& x, const Shape& xs, const std::vector<double>& w,
+                                         const Shape& ws, const Conv2dDesc& d, const Shape& ys) {
+  std::vector<double> y(static_cast<std::size_t>(ys.numel()), 0.0);
+  const std::int64_t cg = xs[1] / d.groups, kg = ys[1] / d.groups;
+  for (std::int64_t n = 0; n < xs[0]; ++n)
+    for (std::int64_t ci = 0; ci < xs[1]; ++ci)
+      for (std::int64_t ih = 0; ih < xs[2]; ++ih)
+        for (std::int64_t iw = 0; iw < xs[3]; ++iw) {
+          const double xv = x[static_cast<std::size_t>(((n * xs[1] + ci) * xs[2] + ih) * xs[3] + iw)];
+          for (std::int64_t k = 0; k < kg; ++k)
+            for (std::int64_t r = 0; r < ws[2]; ++r)
+              for (std::int64_t s = 0; s < ws[3]; ++s) {
+                const std::int64_t oh = ih * d.stride_h - d.pad_h + r * d.dilation_h;
+                const std::int64_t ow = iw * d.stride_w - d.pad_w + s * d.dilation_w;
+                if (oh < 0 || ow < 0 || oh >= ys[2] || ow >= ys[3]) continue;
+                const std::int64_t co = (ci / cg) * kg + k;
+                y[static_cast<std::size_t>(((n * ys[1] + co) * ys[2] + oh) * ys[3] + ow)] +=
+                    xv * w[static_cast<std::size_t>(((ci * ws[1] + k) * ws[2] + r) * ws[3] + s)];
+              }
+        }
+  return y;
+}
+
+struct ConvTCase {
+  const char* label;
+  Shape x;
+  ConvTranspose2dAttrs a;
+  Shape y;  // expected output shape (PyTorch's formula)
+};
+
+std::vector<ConvTCase> conv_transpose_cases() {
+  auto attrs = [](std::int64_t k, std::int64_t kh, std::int64_t kw, std::int64_t sh, std::int64_t sw, std::int64_t ph,
+                  std::int64_t pw, std::int64_t dil, std::int64_t groups, std::int64_t oph, std::int64_t opw) {
+    return ConvTranspose2dAttrs{k, kh, kw, Conv2dDesc{sh, sw, ph, pw, dil, dil, groups}, oph, opw};
+  };
+  return {{"5x5 stride 2 pad 2 output_padding 1 (the model's)", Shape{2, 3, 3, 4}, attrs(2, 5, 5, 2, 2, 2, 2, 1, 1, 1, 1),
+           Shape{2, 2, 6, 8}},
+          {"3x3 stride 2 pad 1 output_padding 0", Shape{1, 2, 4, 3}, attrs(3, 3, 3, 2, 2, 1, 1, 1, 1, 0, 0),
+           Shape{1, 3, 7, 5}},
+          {"3x3 stride 1 pad 1 groups 2", Shape{2, 4, 4, 4}, attrs(6, 3, 3, 1, 1, 1, 1, 1, 2, 0, 0), Shape{2, 6, 4, 4}},
+          {"3x3 dilation 2 stride 2 output_padding 1", Shape{1, 2, 3, 3}, attrs(2, 3, 3, 2, 2, 1, 1, 2, 1, 1, 1),
+           Shape{1, 2, 8, 8}},
+          {"1x3 stride 3x1 pad 0x1 output_padding 2x0", Shape{2, 2, 3, 4}, attrs(3, 1, 3, 3, 1, 0, 1, 1, 1, 2, 0),
+           Shape{2, 3, 9, 4}},
+          {"2x2 stride 2 (no overlap), depthwise", Shape{1, 3, 2, 3}, attrs(3, 2, 2, 2, 2, 0, 0, 1, 3, 0, 0),
+           Shape{1, 3, 4, 6}}};
+}
+
+TEST(ConvTranspose2d, ForwardMatchesNaiveScatterInBothLayouts) {
+  for (const auto& c : conv_transpose_cases()) {
+    SCOPED_TRACE(c.label);
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      ConvTranspose2d op("deconv", c.a);
+      const std::uint64_t seed = fresh_seed();
+      Harness h(op, {f64(c.x)}, {true}, layout, [&](std::size_t, std::size_t j) { return uniform(seed, j, -1, 1); });
+      ASSERT_EQ(h.t.out[0].shape, c.y);
+      ASSERT_EQ(h.t.params[0].shape,
+                (Shape{c.x[1], c.a.out_channels / c.a.conv.groups, c.a.kernel_h, c.a.kernel_w}));
+      op.forward(*h.k, h.t);
+      const auto want = naive_conv_transpose(read_host(h.t.in[0]), c.x, read_host(h.t.params[0]),
+                                             h.t.params[0].shape, c.a.conv, c.y);
+      const auto got = read_host(h.t.out[0]);
+      ASSERT_EQ(got.size(), want.size());
+      double largest = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+        largest = std::max(largest, std::abs(want[i]));
+      }
+      EXPECT_GT(largest, 0.1);  // not a vacuous comparison of zeros
+    }
+  }
+}
+
+TEST(ConvTranspose2d, BackwardMatchesFiniteDifferencesIncludingTheAccumulatePath) {
+  for (Layout layout : {Layout::nchw, Layout::nhwc})
+    for (const auto& c : conv_transpose_cases()) {
+      SCOPED_TRACE(std::string(c.label) + " " + std::string(to_string(layout)));
+      ConvTranspose2d op("deconv", c.a);
+      Harness h(op, {f64(c.x)}, {true}, layout, away_from_zero(fresh_seed()));
+      // The accumulating data gradient needs the scratch prepare asks for once dx accumulates.
+      h.t.din_accumulate[0] = true;
+      const std::int64_t ws_bytes = op.prepare(*h.k, h.t);
+      h.t.din_accumulate[0] = false;
+      EXPECT_GE(ws_bytes, h.t.in[0].size_bytes());
+      EXPECT_EQ(op.prepare(*h.k, h.t), 0);  // ref: no convolution workspace, no scratch without accumulation
+      op.prepare(*h.k, h.t);
+      Buffer ws(h.k->allocator(), ws_bytes);
+      h.t.workspace = Workspace{ws.data(), ws_bytes};
+      h.run_all();
+    }
+}
+
+TEST(ConvTranspose2d, CountsAndRefusals) {
+  const auto c = conv_transpose_cases()[0];
+  ConvTranspose2d op("deconv", c.a);
+  op.infer({f64(c.x)});
+  // Each of the 2*3*3*4 inputs meets 2 output channels x 25 taps.
+  EXPECT_EQ(op.macs(), 2 * 3 * 3 * 4 * 2 * 25);
+  EXPECT_EQ(op.flops(Pass::forward), 2 * op.macs());
+  op.set_context(true, {true});
+  EXPECT_EQ(op.flops(Pass::backward), 4 * op.macs());
+  op.set_context(true, {false});
+  EXPECT_EQ(op.flops(Pass::backward), 2 * op.macs());
+  const std::int64_t x = 72, y = 2 * 2 * 6 * 8, w = 3 * 2 * 25;
+  EXPECT_EQ(op.bytes(Pass::forward), (x + w + y) * 8);
+  EXPECT_EQ(op.bytes(Pass::backward), (x + y + w) * 8);
+  EXPECT_EQ(op.passes().backward_data, true);  // the transposed forward is the convolution's backward-data
+  EXPECT_EQ(op.passes().backward_filter, true);
+  op.set_context(false, {false});
+  EXPECT_EQ(op.passes().backward_filter, false);
+  auto bad = c.a;
+  bad.output_padding_h = 2;  // must be < max(stride, dilation) = 2
+  ConvTranspose2d refused("deconv", bad);
+  EXPECT_THROW(refused.infer({f64(c.x)}), LayerError);
+  auto groups = c.a;
+  groups.conv.groups = 2;  // 3 input channels
+  ConvTranspose2d refused2("deconv", groups);
+  EXPECT_THROW(refused2.infer({f64(c.x)}), LayerError);
+}
+
+TEST(QuantizeSte, RoundsToNearestEvenAndPassesTheGradientStraightThrough) {
+  const std::vector<double> x{-2.5, -1.5, -0.6, -0.5, -0.4, 0.0, 0.4, 0.5, 0.51, 1.5, 2.5, 3.49, 7.2, -7.7};
+  const std::vector<double> integers{-2, -2, -1, -0.0, -0.0, 0, 0, 0, 1, 2, 2, 3, 7, -8};
+  const std::vector<double> quarters{-2.5, -1.5, -0.5, -0.5, -0.5, 0, 0.5, 0.5, 0.5, 1.5, 2.5, 3.5, 7.25, -7.75};
+  for (const double step : {1.0, 0.25}) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    QuantizeSte op("quantize", step);
+    Harness h(op, {f64(Shape{2, 7})}, {true}, Layout::nchw, [&](std::size_t, std::size_t j) { return x[j]; });
+    op.forward(*h.k, h.t);
+    EXPECT_EQ(read_host(h.t.out[0]), step == 1.0 ? integers : quarters);
+    // Straight through: dx = dy exactly, and dx += dy when accumulating. (Finite differences do
+    // not apply: rounding's derivative is 0 almost everywhere, which is why the estimator exists.)
+    op.backward(*h.k, h.t);
+    const auto dy = read_host(h.t.dout[0]);
+    EXPECT_EQ(read_host(h.t.din[0]), dy);
+    std::vector<double> prev(dy.size(), 0.75);
+    write_host(h.t.din[0], prev);
+    h.t.din_accumulate[0] = true;
+    op.backward(*h.k, h.t);
+    const auto acc = read_host(h.t.din[0]);
+    for (std::size_t i = 0; i < dy.size(); ++i) EXPECT_EQ(acc[i], 0.75 + dy[i]);
+  }
+  EXPECT_EQ(QuantizeSte("q").flops(Pass::backward), 0);
+  QuantizeSte bad("q", 0.0);
+  EXPECT_THROW(bad.infer({f64(Shape{3})}), LayerError);
+}
+
+TEST(RateDistortionLoss, KnownValuesAndBackwardOfEveryInput) {
+  RateDistortionLoss op("loss", {0.3});
+  const std::uint64_t seed = fresh_seed();
+  Harness h(op, {f64(Shape{2, 3, 4, 4}), f64(Shape{2, 3, 4, 4}), f64(Shape{2, 5, 1, 1})}, {true, true, true},
+            Layout::nhwc, away_from_zero(seed));
+  // x_hat - x = 0.5 everywhere and |latent| = 2: mse 0.25, loss 0.25 + 0.3 * 2.
+  write_host(h.t.in[0], std::vector<double>(96, 0.75));
+  write_host(h.t.in[1], std::vector<double>(96, 0.25));
+  std::vector<double> latent(10, 2.0);
+  for (std::size_t i = 0; i < latent.size(); i += 2) latent[i] = -2.0;
+  write_host(h.t.in[2], latent);
+  h.loss();
+  EXPECT_NEAR(read_host(h.t.out[0])[0], 0.25 + 0.6, 1e-15);
+  EXPECT_NEAR(read_host(h.t.out[1])[0], 0.25, 1e-15);
+  // Gradients by central differences on fresh values (latent away from |.|'s kink at 0).
+  const auto gen = away_from_zero(seed + 1);
+  for (std::size_t i = 0; i < 3; ++i) {
+    std::vector<double> v(static_cast<std::size_t>(h.t.in[i].numel()));
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = gen(i, j);
+    write_host(h.t.in[i], v);
+  }
+  h.run_all(40);
+  EXPECT_EQ(op.flops(Pass::forward), 3 * 96 + 2 * 10 + 4);
+  EXPECT_EQ(op.flops(Pass::backward), 2 * 96 * 2 + 2 * 10);
+}
+
+TEST(RateDistortionLoss, RefusesMismatchedImages) {
+  RateDistortionLoss op("loss", {0.01});
+  EXPECT_THROW(op.infer({f64(Shape{1, 3, 4, 4}), f64(Shape{1, 3, 4, 2}), f64(Shape{1, 2, 1, 1})}), LayerError);
+  RateDistortionLoss negative("loss", {-1.0});
+  EXPECT_THROW(negative.infer({f64(Shape{1, 3, 4, 4}), f64(Shape{1, 3, 4, 4}), f64(Shape{1, 2, 1, 1})}), LayerError);
+}
+
+TEST(SixteenBit, CompressionOpsGiveTheF64ResultRoundedOnce) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto gen = away_from_zero(seed);
+  for (DType t : {DType::bf16, DType::f16}) {
+    const auto c = conv_transpose_cases()[0];
+    expect_f64_rounded_once([&] { return std::make_unique<ConvTranspose2d>("deconv", c.a); }, {f64(c.x)}, t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<QuantizeSte>("quantize", 0.25); }, {f64(Shape{2, 3, 2, 2})},
+                            t, gen);
+    expect_f64_rounded_once([] { return std::make_unique<RateDistortionLoss>("loss", RateDistortionDesc{0.1}); },
+                            {f64(Shape{2, 3, 4, 4}), f64(Shape{2, 3, 4, 4}), f64(Shape{2, 2, 1, 1})}, t, gen);
+  }
+}
+
 }  // namespace
 }  // namespace ab::nn

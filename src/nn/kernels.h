@@ -67,6 +67,12 @@ struct LarsStep {
   Tensor skip_if;     // as in SgdStep
 };
 
+// The rate term's weight: loss = distortion + lambda * rate (Balle et al. weight the other way,
+// rate + lambda * distortion; the two differ by a constant factor of the loss).
+struct RateDistortionDesc {
+  double lambda = 0.01;
+};
+
 // Dynamic loss scaling (fp16), PyTorch's GradScaler rule: after a step with a non-finite gradient
 // scale *= backoff and the good-step count restarts; after growth_interval good steps in a row
 // scale *= growth.
@@ -199,6 +205,20 @@ class Kernels {
                                              const Tensor& loss) = 0;
   virtual void softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
                                               const Tensor& dlogits, bool accumulate) = 0;
+
+  // Learned compression (models/compression.h). round_forward: y = step * round(x / step), rounding
+  // to the nearest integer with ties to even (torch.round); step 1 rounds to integers. One shape
+  // and layout; a power-of-two step keeps the division exact.
+  virtual void round_forward(const Tensor& x, const Tensor& y, double step) = 0;
+  // The rate-distortion proxy: mse = mean((x_hat - x)^2), loss = mse + lambda * mean(|latent|)
+  // (loss, mse: [1]; every sum in a fixed order). Backward: dx_hat (+)= dloss * 2 (x_hat - x) / n
+  // and dlatent (+)= dloss * lambda * sign(latent) / n_latent (sign(0) = 0); an undefined gradient
+  // tensor is skipped. x_hat and x share shape and layout; latent is any contiguous tensor.
+  virtual void rate_distortion_forward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
+                                       const Tensor& latent, const Tensor& loss, const Tensor& mse) = 0;
+  virtual void rate_distortion_backward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
+                                        const Tensor& latent, const Tensor& dloss, const Tensor& dx_hat,
+                                        bool accumulate_x_hat, const Tensor& dlatent, bool accumulate_latent) = 0;
 
   // One optimizer step on one parameter tensor; v is its velocity (same shape, zeroed at start).
   virtual void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) = 0;

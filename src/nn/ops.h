@@ -150,6 +150,81 @@ class SoftmaxCrossEntropy final : public Op {
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
 };
 
+// ---- learned compression (ops_compress.cpp; models/compression.h)
+
+struct ConvTranspose2dAttrs {
+  std::int64_t out_channels = 1;
+  std::int64_t kernel_h = 1, kernel_w = 1;
+  Conv2dDesc conv;  // stride, padding, dilation, groups, as PyTorch's ConvTranspose2d
+  std::int64_t output_padding_h = 0, output_padding_w = 0;  // < max(stride, dilation)
+};
+
+// The transposed convolution (PyTorch's ConvTranspose2d, no bias): the adjoint of the convolution
+// of the same geometry from the (larger) output to the input, so it runs on the Kernels
+// convolution calls with the roles swapped: its forward is that convolution's backward-data, its
+// data gradient the convolution's forward, its weight gradient the backward-filter with x and dy
+// swapped. Weight [in, out / groups, R, S] (PyTorch's layout = the swapped convolution's KCRS).
+// H_out = (H - 1) * stride - 2 * pad + dilation * (R - 1) + output_padding + 1.
+class ConvTranspose2d final : public Op {
+ public:
+  ConvTranspose2d(std::string name, const ConvTranspose2dAttrs& a) : Op(std::move(name)), a_(a) {}
+  std::string_view kind() const override { return "conv_transpose2d"; }
+  std::vector<ParamSpec> parameters() const override;
+  bool backward_reads_input(int i) const override { return i == 0; }
+  std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+  std::int64_t macs() const;  // multiply-adds of the forward pass (= the swapped convolution's)
+  // The swapped convolution's passes: backward-data always (the forward), backward-filter when
+  // training; its forward (the data gradient) is always prepared.
+  ConvPasses passes() const;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  ConvTranspose2dAttrs a_;
+  std::int64_t conv_workspace_ = 0;  // of the convolution calls; an accumulating data gradient's scratch follows
+};
+
+// Rounds to the nearest multiple of `step` (step 1: the nearest integer; ties to even) in training
+// and inference; backward passes the gradient through unchanged (the straight-through estimator:
+// rounding's true derivative is 0 almost everywhere, which would stop the encoder learning). A
+// step below 1 is the uniform quantiser's bin width: it sets how many bins the latent spans.
+class QuantizeSte final : public Op {
+ public:
+  explicit QuantizeSte(std::string name, double step = 1.0) : Op(std::move(name)), step_(step) {}
+  std::string_view kind() const override { return "quantize_ste"; }
+  bool passes_gradient_through(int /*i*/) const override { return true; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  double step_;
+};
+
+// (x_hat, x, latent) -> (loss [1], mse [1]): loss = mse(x_hat, x) + lambda * mean(|latent|).
+// The L1 term is a proxy for the rate: the bits an entropy coder spends on a latent grow with its
+// magnitude (a Laplacian prior's code length is |y| / b + const), but no entropy model is learned
+// here, so the loss is not a bit count. mse is the distortion alone (PSNR); it gets no gradient.
+class RateDistortionLoss final : public Op {
+ public:
+  RateDistortionLoss(std::string name, const RateDistortionDesc& d) : Op(std::move(name)), d_(d) {}
+  std::string_view kind() const override { return "rate_distortion_loss"; }
+  bool backward_reads_input(int /*i*/) const override { return true; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  RateDistortionDesc d_;
+};
+
 // Helpers that add one layer to a graph and return its output.
 Value conv2d(GraphBuilder& b, const std::string& name, Value x, const Conv2dAttrs& a);
 Value batchnorm2d(GraphBuilder& b, const std::string& name, Value x, const BatchNormDesc& d = {});
@@ -159,5 +234,12 @@ Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dD
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x);
 Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias = true);
 Value softmax_cross_entropy(GraphBuilder& b, const std::string& name, Value logits, Value labels);
+Value conv_transpose2d(GraphBuilder& b, const std::string& name, Value x, const ConvTranspose2dAttrs& a);
+Value quantize_ste(GraphBuilder& b, const std::string& name, Value x, double step = 1.0);
+struct RateDistortion {
+  Value loss, mse;
+};
+RateDistortion rate_distortion_loss(GraphBuilder& b, const std::string& name, Value x_hat, Value x, Value latent,
+                                    const RateDistortionDesc& d = {});
 
 }  // namespace ab::nn

@@ -134,6 +134,8 @@ CudaKernels::CudaKernels(backend::Backend& backend)
       std::max<std::int64_t>(cuda_pointwise::lars_scratch_floats(), 1) * 4, label_ + " LARS scratch");
   xent_scratch_ = backend::cuda::DeviceBuffer(
       std::max<std::int64_t>(cuda_pointwise::softmax_xent_scratch_floats(1024), 1) * 4, label_ + " loss scratch");
+  rd_scratch_ = backend::cuda::DeviceBuffer(cuda_pointwise::rate_distortion_scratch_floats() * 4,
+                                            label_ + " rate-distortion scratch");
   ones_count_ = kOnesCount;
   ones_ = backend::cuda::DeviceBuffer(ones_count_ * (4 + 2 + 2), label_ + " ones");
   auto* base = ones_.as<unsigned char>();
@@ -342,6 +344,39 @@ void CudaKernels::softmax_cross_entropy_backward(const Tensor& probs, const Tens
   cuda_pointwise::softmax_xent_backward(stream_, probs.dtype, probs.data, labels.as<const std::int32_t>(), dloss.dtype,
                                         dloss.data, dlogits.dtype, dlogits.data, probs.shape[0], probs.shape[1],
                                         accumulate);
+}
+
+// ---- learned compression
+
+void CudaKernels::round_forward(const Tensor& x, const Tensor& y, double step) {
+  require_flat("round_forward", x, y);
+  if (!(step > 0) || !std::isfinite(step)) throw Error("cuda round_forward: step must be positive and finite");
+  cuda_pointwise::round_forward(stream_, x.dtype, x.data, y.data, x.numel(), step);
+}
+
+void CudaKernels::rate_distortion_forward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
+                                          const Tensor& latent, const Tensor& loss, const Tensor& mse) {
+  require_flat("rate_distortion_forward", x_hat, x);
+  if (!latent.is_contiguous() || latent.dtype != x.dtype || loss.numel() != 1 || mse.numel() != 1 ||
+      loss.dtype != mse.dtype)
+    throw Unsupported("cuda rate_distortion_forward: needs a contiguous latent of the images' dtype and loss, mse [1] "
+                      "of one dtype; got " + latent.to_string() + ", " + loss.to_string() + ", " + mse.to_string());
+  cuda_pointwise::rate_distortion_forward(stream_, x.dtype, x_hat.data, x.data, x.numel(), latent.data,
+                                          latent.numel(), d.lambda, loss.dtype, loss.data, mse.data,
+                                          rd_scratch_.as<float>());
+}
+
+void CudaKernels::rate_distortion_backward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
+                                           const Tensor& latent, const Tensor& dloss, const Tensor& dx_hat,
+                                           bool accumulate_x_hat, const Tensor& dlatent, bool accumulate_latent) {
+  require_flat("rate_distortion_backward", x_hat, x);
+  if (dx_hat.defined()) require_flat("rate_distortion_backward", x_hat, dx_hat);
+  if (dlatent.defined()) require_flat("rate_distortion_backward", latent, dlatent);
+  if (dloss.numel() != 1)
+    throw Unsupported("cuda rate_distortion_backward: dloss must be [1], got " + dloss.to_string());
+  cuda_pointwise::rate_distortion_backward(stream_, x.dtype, x_hat.data, x.data, x.numel(), latent.data,
+                                           latent.numel(), d.lambda, dloss.dtype, dloss.data, dx_hat.data,
+                                           accumulate_x_hat, dlatent.data, accumulate_latent);
 }
 
 void CudaKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {

@@ -136,6 +136,13 @@ class CudaKernels final : public Kernels {
   void softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
                                       const Tensor& dlogits, bool accumulate) override;
 
+  void round_forward(const Tensor& x, const Tensor& y, double step) override;
+  void rate_distortion_forward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x, const Tensor& latent,
+                               const Tensor& loss, const Tensor& mse) override;
+  void rate_distortion_backward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x, const Tensor& latent,
+                                const Tensor& dloss, const Tensor& dx_hat, bool accumulate_x_hat, const Tensor& dlatent,
+                                bool accumulate_latent) override;
+
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
 
@@ -191,6 +198,7 @@ class CudaKernels final : public Kernels {
   backend::cuda::DeviceBuffer lt_workspace_;
   backend::cuda::DeviceBuffer lars_scratch_;
   backend::cuda::DeviceBuffer xent_scratch_;  // the loss's per-row partials, grown at bind
+  backend::cuda::DeviceBuffer rd_scratch_;    // the rate-distortion loss's per-block partials
   backend::cuda::DeviceBuffer ones_;  // f32/f16/bf16 ones for the bias gradient's reduction GEMM
   std::int64_t ones_count_ = 0;
   backend::cuda::DeviceBuffer bn_workspace_;  // grown at bind (check_tensor) for the BN *Ex kernels

@@ -698,6 +698,119 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- learned compression
+
+__device__ __forceinline__ float math_rint(float v) { return rintf(v); }  // nearest, ties to even
+__device__ __forceinline__ double math_rint(double v) { return rint(v); }
+
+template <typename T>
+struct RoundOp : OpBase {
+  static constexpr int kVec = vec_of<T>();
+  const T* x;
+  T* y;
+  Math<T> step;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const auto a = load<W>(x, i);
+    Chunk<T, W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) o.v[j] = from_math<T>(step * math_rint(to_math(a.v[j]) / step));
+    store<W>(y, i, o);
+  }
+};
+
+// Blocks of the rate-distortion reduction: a fixed count, so the order of every sum is fixed.
+constexpr int kRdBlocks = 256;
+
+// Each block writes its f64 sums of (x_hat - x)^2 and |latent| to partials[2b] and [2b + 1]; each
+// thread strides over the elements in a fixed order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    rd_partials_kernel(const T* x_hat, const T* x, int64_t n_x, const T* latent, int64_t n_latent,
+                       double* partials) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  double squares = 0.0, l1 = 0.0;
+  for (int64_t i = first; i < n_x; i += stride) {
+    const double e = static_cast<double>(to_math(x_hat[i])) - static_cast<double>(to_math(x[i]));
+    squares += e * e;
+  }
+  for (int64_t i = first; i < n_latent; i += stride) l1 += fabs(static_cast<double>(to_math(latent[i])));
+  const double bs = block_sum(squares);
+  const double bl = block_sum(l1);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = bs;
+    partials[2 * blockIdx.x + 1] = bl;
+  }
+}
+
+__global__ void __launch_bounds__(kRdBlocks)
+    rd_total_kernel(const double* partials, int64_t n_x, int64_t n_latent, double lambda, void* loss, void* mse,
+                    ScalarType loss_t) {
+  const double squares = block_sum(partials[2 * threadIdx.x]);
+  const double l1 = block_sum(partials[2 * threadIdx.x + 1]);
+  if (threadIdx.x == 0) {
+    const double distortion = squares / static_cast<double>(n_x);
+    store_scalar(mse, loss_t, distortion);
+    store_scalar(loss, loss_t, distortion + lambda * l1 / static_cast<double>(n_latent));
+  }
+}
+
+// dx_hat (+)= dloss * scale * (x_hat - x), dloss read once per thread.
+template <typename T>
+struct MseGradOp : OpBase {
+  static constexpr int kVec = vec_of<T>();
+  const T* x_hat;
+  const T* x;
+  T* dx;
+  const void* dloss;
+  ScalarType dloss_t;
+  double scale;  // 2 / n_x
+  Math<T> g = 0;
+  bool accumulate;
+  __device__ void begin() { g = static_cast<Math<T>>(load_scalar(dloss, dloss_t) * scale); }
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const auto a = load<W>(x_hat, i);
+    const auto b = load<W>(x, i);
+    Chunk<T, W> d;
+    if (accumulate) d = load<W>(dx, i);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const Math<T> v = g * (to_math(a.v[j]) - to_math(b.v[j]));
+      d.v[j] = from_math<T>(accumulate ? to_math(d.v[j]) + v : v);
+    }
+    store<W>(dx, i, d);
+  }
+};
+
+// dlatent (+)= dloss * scale * sign(latent).
+template <typename T>
+struct L1GradOp : OpBase {
+  static constexpr int kVec = vec_of<T>();
+  const T* latent;
+  T* dl;
+  const void* dloss;
+  ScalarType dloss_t;
+  double scale;  // lambda / n_latent
+  Math<T> g = 0;
+  bool accumulate;
+  __device__ void begin() { g = static_cast<Math<T>>(load_scalar(dloss, dloss_t) * scale); }
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const auto a = load<W>(latent, i);
+    Chunk<T, W> d;
+    if (accumulate) d = load<W>(dl, i);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const Math<T> v = to_math(a.v[j]);
+      const Math<T> s = v > Math<T>(0) ? g : v < Math<T>(0) ? -g : Math<T>(0);
+      d.v[j] = from_math<T>(accumulate ? to_math(d.v[j]) + s : s);
+    }
+    store<W>(dl, i, d);
+  }
+};
+
 // ---- loss scale
 
 // Products in f64 then rounded, as the reference forms them.
@@ -857,6 +970,70 @@ void softmax_xent_backward(cudaStream_t stream, DType probs_t, const void* probs
     });
   });
   check_launch("softmax_xent_backward");
+}
+
+// ---- learned compression
+
+void round_forward(cudaStream_t stream, DType t, const void* x, void* y, int64_t n, double step) {
+  dispatch_float(t, "round_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    RoundOp<T> op;
+    op.x = static_cast<const T*>(x);
+    op.y = static_cast<T*>(y);
+    op.step = static_cast<Math<T>>(step);
+    launch_elementwise(stream, op, n, all_aligned16(x, y), "round_forward");
+  });
+}
+
+std::int64_t rate_distortion_scratch_floats() { return 4 * kRdBlocks; }  // two f64 per block
+
+void rate_distortion_forward(cudaStream_t stream, DType t, const void* x_hat, const void* x, int64_t n_x,
+                             const void* latent, int64_t n_latent, double lambda, DType loss_t, void* loss, void* mse,
+                             float* scratch) {
+  const ScalarType lt = scalar_type(loss_t, "rate_distortion_forward (loss)");
+  if (n_x <= 0 || n_latent <= 0) throw Error("cuda_pointwise rate_distortion_forward: inputs must not be empty");
+  if (scratch == nullptr || reinterpret_cast<std::uintptr_t>(scratch) % alignof(double) != 0)
+    throw Error("cuda_pointwise rate_distortion_forward: scratch must be 8-byte aligned device memory of "
+                "rate_distortion_scratch_floats() floats");
+  auto* partials = reinterpret_cast<double*>(scratch);
+  dispatch_float(t, "rate_distortion_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rd_partials_kernel<T><<<kRdBlocks, kThreads, 0, stream>>>(static_cast<const T*>(x_hat), static_cast<const T*>(x),
+                                                             n_x, static_cast<const T*>(latent), n_latent, partials);
+  });
+  check_launch("rate_distortion_forward (partials)");
+  rd_total_kernel<<<1, kRdBlocks, 0, stream>>>(partials, n_x, n_latent, lambda, loss, mse, lt);
+  check_launch("rate_distortion_forward (total)");
+}
+
+void rate_distortion_backward(cudaStream_t stream, DType t, const void* x_hat, const void* x, int64_t n_x,
+                              const void* latent, int64_t n_latent, double lambda, DType dloss_t, const void* dloss,
+                              void* dx_hat, bool accumulate_x_hat, void* dlatent, bool accumulate_latent) {
+  const ScalarType dt = scalar_type(dloss_t, "rate_distortion_backward (dloss)");
+  dispatch_float(t, "rate_distortion_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (dx_hat != nullptr && n_x > 0) {
+      MseGradOp<T> op;
+      op.x_hat = static_cast<const T*>(x_hat);
+      op.x = static_cast<const T*>(x);
+      op.dx = static_cast<T*>(dx_hat);
+      op.dloss = dloss;
+      op.dloss_t = dt;
+      op.scale = 2.0 / static_cast<double>(n_x);
+      op.accumulate = accumulate_x_hat;
+      launch_elementwise(stream, op, n_x, all_aligned16(x_hat, x, dx_hat), "rate_distortion_backward (x_hat)");
+    }
+    if (dlatent != nullptr && n_latent > 0) {
+      L1GradOp<T> op;
+      op.latent = static_cast<const T*>(latent);
+      op.dl = static_cast<T*>(dlatent);
+      op.dloss = dloss;
+      op.dloss_t = dt;
+      op.scale = lambda / static_cast<double>(n_latent);
+      op.accumulate = accumulate_latent;
+      launch_elementwise(stream, op, n_latent, all_aligned16(latent, dlatent), "rate_distortion_backward (latent)");
+    }
+  });
 }
 
 // ---- optimizers

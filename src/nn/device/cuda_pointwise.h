@@ -53,6 +53,26 @@ void softmax_xent_backward(cudaStream_t stream, DType probs_t, const void* probs
                            DType dloss_t, const void* dloss, DType dlogits_t, void* dlogits, std::int64_t N,
                            std::int64_t K, bool accumulate);
 
+// ---- learned compression
+// y = step * round(x / step), to the nearest integer with ties to even (torch.round), n elements;
+// in the math type (f32; f64 for f64).
+void round_forward(cudaStream_t stream, DType t, const void* x, void* y, std::int64_t n, double step);
+// Floats of scratch rate_distortion_forward needs (per-block f64 partials; same rules as the
+// softmax cross-entropy's scratch).
+std::int64_t rate_distortion_scratch_floats();
+// x_hat, x: n_x elements, latent: n_latent elements, all of dtype t; loss, mse: [1] of loss_t.
+// mse = mean((x_hat - x)^2), loss = mse + lambda * mean(|latent|): f64 sums over a fixed grid, then
+// one block sums the partials in a fixed order (bit-identical run to run).
+void rate_distortion_forward(cudaStream_t stream, DType t, const void* x_hat, const void* x, std::int64_t n_x,
+                             const void* latent, std::int64_t n_latent, double lambda, DType loss_t, void* loss,
+                             void* mse, float* scratch);
+// dloss: [1] of dloss_t, read on the device. Where dx_hat is non-null: dx_hat (+)= dloss * 2 (x_hat - x) / n_x;
+// where dlatent is non-null: dlatent (+)= dloss * lambda * sign(latent) / n_latent (sign(0) = 0).
+void rate_distortion_backward(cudaStream_t stream, DType t, const void* x_hat, const void* x, std::int64_t n_x,
+                              const void* latent, std::int64_t n_latent, double lambda, DType dloss_t,
+                              const void* dloss, void* dx_hat, bool accumulate_x_hat, void* dlatent,
+                              bool accumulate_latent);
+
 // ---- optimizer steps (w, g, v: n elements of dtype t). The skip_if member of the step struct is
 // ignored; the flag comes as the device pointer skip_if (i32 [1], may be null = never skip):
 // non-zero at run time leaves w and v unchanged.

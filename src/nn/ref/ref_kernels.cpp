@@ -210,6 +210,85 @@ void RefKernels::copy_gradient(const Tensor& dy, const Tensor& dx, bool accumula
   });
 }
 
+// ---- learned compression: rounding and the rate-distortion proxy
+
+void RefKernels::round_forward(const Tensor& x, const Tensor& y, double step) {
+  if (deferred([=, this] { round_forward(x, y, step); })) return;
+  if (!(step > 0) || !std::isfinite(step)) throw Error("ref round_forward: step must be positive and finite");
+  require_same_flat("round_forward", x, y);
+  dispatch(x.dtype, [&](auto z) {
+    using T = decltype(z);
+    const T* in = x.as<T>();
+    T* out = y.as<T>();
+    // nearbyint in the default rounding mode: nearest, ties to even (torch.round).
+    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = static_cast<T>(step * std::nearbyint(static_cast<double>(in[i]) / step));
+  });
+}
+
+namespace {
+
+// Calls f(offset) for every element of a contiguous tensor in logical (NCHW) order, so sums over it
+// are the same bits in either layout.
+template <typename F>
+void for_each_logical(const Tensor& t, F&& f) {
+  if (t.shape.rank() != 4) {
+    for (std::int64_t i = 0; i < t.numel(); ++i) f(i);
+    return;
+  }
+  for (std::int64_t n = 0; n < t.shape[0]; ++n)
+    for (std::int64_t c = 0; c < t.shape[1]; ++c)
+      for (std::int64_t h = 0; h < t.shape[2]; ++h)
+        for (std::int64_t w = 0; w < t.shape[3]; ++w)
+          f(n * t.strides[0] + c * t.strides[1] + h * t.strides[2] + w * t.strides[3]);
+}
+
+double sign_of(double v) { return v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0; }
+
+}  // namespace
+
+void RefKernels::rate_distortion_forward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
+                                         const Tensor& latent, const Tensor& loss, const Tensor& mse) {
+  if (deferred([=, this] { rate_distortion_forward(d, x_hat, x, latent, loss, mse); })) return;
+  require_same_flat("rate_distortion_forward", x_hat, x);
+  require_same_flat("rate_distortion_forward", latent, latent);
+  double squares = 0.0, l1 = 0.0;
+  for_each_logical(x_hat, [&](std::int64_t i) {
+    const double e = load(x_hat, i) - load(x, i);
+    squares += e * e;
+  });
+  for_each_logical(latent, [&](std::int64_t i) { l1 += std::fabs(load(latent, i)); });
+  const double distortion = squares / static_cast<double>(x_hat.numel());
+  store(mse, 0, distortion);
+  store(loss, 0, distortion + d.lambda * l1 / static_cast<double>(latent.numel()));
+}
+
+void RefKernels::rate_distortion_backward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
+                                          const Tensor& latent, const Tensor& dloss, const Tensor& dx_hat,
+                                          bool accumulate_x_hat, const Tensor& dlatent, bool accumulate_latent) {
+  if (deferred([=, this] {
+        rate_distortion_backward(d, x_hat, x, latent, dloss, dx_hat, accumulate_x_hat, dlatent, accumulate_latent);
+      }))
+    return;
+  const double g = load(dloss, 0);
+  if (dx_hat.defined()) {
+    require_same_flat("rate_distortion_backward", x_hat, x);
+    require_same_flat("rate_distortion_backward", x_hat, dx_hat);
+    const double scale = 2.0 * g / static_cast<double>(x_hat.numel());
+    for (std::int64_t i = 0; i < x_hat.numel(); ++i) {
+      const double v = scale * (load(x_hat, i) - load(x, i));
+      store(dx_hat, i, accumulate_x_hat ? load(dx_hat, i) + v : v);
+    }
+  }
+  if (dlatent.defined()) {
+    require_same_flat("rate_distortion_backward", latent, dlatent);
+    const double scale = g * d.lambda / static_cast<double>(latent.numel());
+    for (std::int64_t i = 0; i < latent.numel(); ++i) {
+      const double v = scale * sign_of(load(latent, i));
+      store(dlatent, i, accumulate_latent ? load(dlatent, i) + v : v);
+    }
+  }
+}
+
 // ---- linear (x, w, y, dx, dy, dw in one type; the bias and its gradient in any)
 
 namespace {

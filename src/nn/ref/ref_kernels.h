@@ -188,6 +188,13 @@ class RefKernels : public Kernels {
   void softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
                                       const Tensor& dlogits, bool accumulate) override;
 
+  void round_forward(const Tensor& x, const Tensor& y, double step) override;
+  void rate_distortion_forward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x, const Tensor& latent,
+                               const Tensor& loss, const Tensor& mse) override;
+  void rate_distortion_backward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x, const Tensor& latent,
+                                const Tensor& dloss, const Tensor& dx_hat, bool accumulate_x_hat, const Tensor& dlatent,
+                                bool accumulate_latent) override;
+
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
 
