@@ -2,6 +2,7 @@
 // on the reference kernels (tiny ResNet, small images: counts, loss trajectory, diverged status,
 // latency percentiles, the per-op profile), the model system under test behind loadgen, and the
 // accelbench binary running train end to end.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -62,7 +63,20 @@ std::vector<double> trajectory(const json& r) { return r["metrics"]["loss_trajec
 // The zoo and the data
 
 TEST(ModelZoo, NamesBuildAndBadNamesListTheValidOnes) {
-  for (const auto& name : zoo::model_names()) EXPECT_EQ(zoo::model_config(name).name, name);
+  int autoencoders = 0;
+  for (const auto& name : zoo::model_names()) {
+    if (!zoo::is_compression_model(name)) {
+      EXPECT_EQ(zoo::model_config(name).name, name);
+      continue;
+    }
+    ++autoencoders;
+    EXPECT_GE(zoo::compression_config(name).channels, 1);
+    const std::string msg = test::usage_error([&] { zoo::model_config(name); });
+    EXPECT_TRUE(contains(msg, "compression autoencoder") && contains(msg, "resnet50")) << msg;
+  }
+  EXPECT_EQ(autoencoders, 2);
+  EXPECT_EQ(zoo::compression_config("compression_ae").latent_channels, 192);
+  EXPECT_FALSE(zoo::is_compression_model("resnet50"));
   const std::string msg = test::usage_error([] { zoo::model_config("resnet49"); });
   EXPECT_TRUE(contains(msg, "resnet49") && contains(msg, "resnet50") && contains(msg, "tiny_resnet")) << msg;
   EXPECT_EQ(zoo::parse_model_precision("bf16"), Precision::bf16);
@@ -97,6 +111,23 @@ TEST(SyntheticBatch, EachSampleDependsOnlyOnItsIndex) {
   EXPECT_GE(lo, -1.5);
 }
 
+TEST(ModelZoo, CompressionBatchIsCentredImagesWithoutLabels) {
+  zoo::ZooModel m;
+  m.compression = true;
+  const auto b = zoo::model_batch(m, 3, 2, 8);
+  const auto raw = zoo::synthetic_batch(zoo::kDataSeed, 3, 2, 3, 8, 10);
+  ASSERT_EQ(b.images.size(), raw.images.size());
+  EXPECT_TRUE(b.labels.empty());
+  double lo = b.images[0], hi = b.images[0];
+  for (std::size_t i = 0; i < b.images.size(); ++i) {
+    ASSERT_EQ(b.images[i], std::clamp(raw.images[i] / 3.0, -0.5, 0.5)) << i;
+    lo = std::min(lo, b.images[i]), hi = std::max(hi, b.images[i]);
+  }
+  EXPECT_GE(lo, -0.5);
+  EXPECT_LE(hi, 0.5);
+  EXPECT_GT(hi - lo, 0.3) << "images must not be constant";
+}
+
 // ---------------------------------------------------------------------------------------------
 // train
 
@@ -128,6 +159,33 @@ TEST(Train, TinyResnetPointCountsAndALossThatFalls) {
   for (std::size_t i = 25; i < 30; ++i) tail += losses[i] / 5;
   EXPECT_LT(tail, 0.7 * losses.front()) << "loss " << losses.front() << " -> " << tail;
   EXPECT_TRUE(std::isfinite(r["metrics"]["loss_after_timing"].get<double>()));
+}
+
+// The full-size autoencoder (N = 128, M = 192) on 16x16 images: the counts come from its ops, the
+// recipe's SGD rate (10) brings the rate-distortion loss down, and the PSNR after the trajectory
+// is that of its mse.
+TEST(Train, CompressionAePointReportsPsnrAndALossThatFalls) {
+  const auto records = run_points("train", {"model=compression_ae", "batch=2", "image_size=16", "trajectory_steps=16"});
+  ASSERT_EQ(records.size(), 1u);
+  const json& r = records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  const json& m = r["metrics"];
+  EXPECT_EQ(m["model"]["parameters"], 2'886'400);
+  EXPECT_EQ(m["learning_rate"], 10.0);
+  const auto& gf = m["gflops_per_sample"];
+  EXPECT_GT(gf["forward"].get<double>(), 0.03);  // about 37.7 MFLOP per 16x16 image
+  EXPECT_GT(gf["backward"].get<double>(), 1.9 * gf["forward"].get<double>());
+  EXPECT_NEAR(r["counts"]["flops"].get<double>(),
+              2e9 * (gf["forward"].get<double>() + gf["backward"].get<double>() + gf["optimizer"].get<double>()), 1.0);
+  const auto losses = trajectory(r);
+  ASSERT_EQ(losses.size(), 16u);
+  EXPECT_GT(losses.front(), 0.01);  // the centred images' variance is about 0.037
+  EXPECT_LT(losses.back(), 0.8 * losses.front()) << losses.front() << " -> " << losses.back();
+  const double mse = m["mse"].get<double>();
+  EXPECT_GT(mse, 0.0);
+  EXPECT_LE(mse, losses.back());  // the loss adds the rate term to the distortion
+  EXPECT_DOUBLE_EQ(m["psnr_db"].get<double>(), 10 * std::log10(1 / mse));
+  EXPECT_GT(m["psnr_db"].get<double>(), 10 * std::log10(1 / losses.front()));
 }
 
 TEST(Train, CapturedAndEagerStepsGiveTheSameTrajectory) {
@@ -229,6 +287,24 @@ TEST(Infer, LatencyPercentilesOfOneForwardPerSample) {
     EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
     EXPECT_GT(r["metrics"]["gflops_per_sample"]["forward"].get<double>(), 0.0);
   }
+}
+
+TEST(Infer, CompressionAutoencodersReportThePsnrOfTheirReconstruction) {
+  const auto records =
+      run_points("infer", {"model=compression_ae,tiny_compression_ae", "batch=2", "image_size=16", "layout=nhwc"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    EXPECT_EQ(r["counts"]["samples"], 2.0);
+    EXPECT_GT(r["metrics"]["latency_s"]["p50"].get<double>(), 0.0);
+    EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
+    const double mse = r["metrics"]["mse"].get<double>();
+    EXPECT_GT(mse, 0.0);  // untrained: far from the images
+    EXPECT_DOUBLE_EQ(r["metrics"]["psnr_db"].get<double>(), 10 * std::log10(1 / mse));
+    EXPECT_FALSE(r.contains("check") && r["check"].contains("rel_error"));  // no f64 reference for a quantiser
+  }
+  EXPECT_EQ(records[0]["metrics"]["model"]["parameters"], 2'886'400);
 }
 
 TEST(Infer, ReferenceLogitsDoNotDependOnTheBatchOrLayout) {

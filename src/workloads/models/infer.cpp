@@ -1,8 +1,9 @@
 // infer: one iteration = one forward pass (inference mode: batch norm with running statistics) of
 // a zoo model on a fixed synthetic batch, replayed as one captured graph where the axis asks. Each
 // sample of the timing is one forward, so the record's percentiles are per-batch latencies.
-// Checked first: two replays give identical finite logits, and image 0's logits match the float64
-// reference. docs/METHODOLOGY.md, "Training and inference".
+// Checked first: two replays give identical finite outputs, and a classifier's logits of image 0
+// match the float64 reference; the compression autoencoder reports the PSNR of its reconstruction.
+// docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
 
 #include "backend/ref/ref.h"
@@ -17,7 +18,8 @@ class Infer final : public Workload {
  public:
   std::string name() const override { return "infer"; }
   std::string description() const override {
-    return "Inference latency and throughput of a ResNet / ResNeXt: one forward of the batch per iteration (CUDA-graph "
+    return "Inference latency and throughput of a ResNet / ResNeXt or the image-compression autoencoder (plus the "
+           "PSNR of its reconstruction): one forward of the batch per iteration (CUDA-graph "
            "replay by default), one iteration per timing sample so time.median_s / p90_s / p99_s are per-batch "
            "latencies; logits checked against the float64 reference first.";
   }
@@ -38,15 +40,12 @@ class Infer final : public Workload {
 
   void run(State& state) override {
     const ModelSpec spec = model_spec(state, /*training=*/false);
-    const ab::models::ResNetConfig cfg = model_config(spec.model);
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     if (spec.batch < 1 || spec.image_px < 1)
       throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");
 
     nn::GraphBuilder builder(graph_options(spec));
-    const nn::Value images = builder.input("images", Shape{spec.batch, cfg.in_channels, spec.image_px, spec.image_px});
-    const nn::Value logits = ab::models::resnet(builder, images, cfg);
-    builder.mark_output(logits);
+    const ZooModel m = build_zoo_model(builder, spec);
     std::unique_ptr<nn::Kernels> kernels = nn::make_device_kernels(state.backend());
     nn::Graph g(std::move(builder));
     const auto fwd = static_cast<double>(g.forward_flops()), batch = static_cast<double>(spec.batch);
@@ -61,15 +60,20 @@ class Infer final : public Workload {
                                      {"no_reuse_bytes", g.memory_plan().total_bytes}});
 
     g.bind(*kernels);
-    g.set_input(images,
-                synthetic_batch(kDataSeed, 0, spec.batch, cfg.in_channels, spec.image_px, cfg.num_classes).images);
+    g.set_input(m.images, model_batch(m, 0, spec.batch, spec.image_px).images);
     const auto forward = [&] { g.forward(false); };
     forward();  // lazy initialisation outside the capture
     std::unique_ptr<nn::Replayable> captured;
     if (use_graph) captured = g.capture_step(nullptr);
     const std::function<void()> step = use_graph ? std::function<void()>([&] { captured->replay(); })
                                                  : std::function<void()>(forward);
-    check_logits(state, g, logits, step, spec, cfg.num_classes);
+    check_outputs(state, g, m, step, spec);
+    // The autoencoder's forward includes its loss, so that its distortion gives the PSNR.
+    if (m.compression) {
+      const nlohmann::json q = reconstruction_quality(g.read(m.mse)[0]);
+      state.add_metric("mse", q["mse"]);
+      state.add_metric("psnr_db", q["psnr_db"]);
+    }
     state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
 
     measure::Settings settings = state.settings();
@@ -87,21 +91,27 @@ class Infer final : public Workload {
   }
 
  private:
-  // The same batch twice must give the same finite logits (a capture that misses work or reads a
-  // stale buffer shows here), and image 0's row must match the float64 reference.
-  static void check_logits(State& state, const nn::Graph& g, nn::Value logits, const std::function<void()>& step,
-                           const ModelSpec& spec, std::int64_t classes) {
+  // The same batch twice must give the same finite outputs (a capture that misses work or reads a
+  // stale buffer shows here), and a classifier's row of image 0 must match the float64 reference.
+  // The autoencoder has no such reference check: its quantiser rounds, so a last-bit difference
+  // from f64 can move a latent into the next bin and the reconstructions differ by design.
+  static void check_outputs(State& state, const nn::Graph& g, const ZooModel& m, const std::function<void()>& step,
+                            const ModelSpec& spec) {
+    const char* what = m.compression ? "reconstruction element" : "logit";
     step();
-    const std::vector<double> first = g.read(logits);
+    const std::vector<double> first = g.read(m.output);
     step();
-    const std::vector<double> second = g.read(logits);
+    const std::vector<double> second = g.read(m.output);
     for (std::size_t i = 0; i < first.size(); ++i) {
       if (!std::isfinite(first[i]))
-        throw CheckFailed{"logit " + std::to_string(i) + " is not finite (" + std::to_string(first[i]) + ")"};
+        throw CheckFailed{std::string(what) + " " + std::to_string(i) + " is not finite (" + std::to_string(first[i]) +
+                          ")"};
       if (first[i] != second[i])
-        throw CheckFailed{"two forwards of the same batch differ at logit " + std::to_string(i) + ": " +
-                          std::to_string(first[i]) + " vs " + std::to_string(second[i])};
+        throw CheckFailed{"two forwards of the same batch differ at " + std::string(what) + " " + std::to_string(i) +
+                          ": " + std::to_string(first[i]) + " vs " + std::to_string(second[i])};
     }
+    if (m.compression) return;
+    const std::int64_t classes = m.classes;
     const std::vector<double> want = reference_logits(spec);
     const std::vector<double> got(first.begin(), first.begin() + classes);
     state.check(backend::ref::rel_error(got, want), logits_tolerance(spec.precision),

@@ -1,4 +1,5 @@
 // The model zoo, synthetic data, and the float64 reference logits the model workloads check against.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -29,12 +30,24 @@ const std::vector<Entry>& entries() {
   return all;
 }
 
+struct CompressionEntry {
+  const char* name;
+  ab::models::CompressionConfig (*make)();
+};
+
+const std::vector<CompressionEntry>& compression_entries() {
+  static const std::vector<CompressionEntry> all{{"compression_ae", ab::models::compression_ae},
+                                                 {"tiny_compression_ae", ab::models::tiny_compression_ae}};
+  return all;
+}
+
 }  // namespace
 
 const std::vector<std::string>& model_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
     for (const auto& e : entries()) v.emplace_back(e.name);
+    for (const auto& e : compression_entries()) v.emplace_back(e.name);
     return v;
   }();
   return names;
@@ -46,7 +59,64 @@ ab::models::ResNetConfig model_config(const std::string& name) {
     if (name == e.name) return e.make();
     valid += (valid.empty() ? "" : ", ") + std::string(e.name);
   }
+  if (is_compression_model(name))
+    throw UsageError("model '" + name + "' is the compression autoencoder, not a classifier; classifiers: " + valid);
   throw UsageError("unknown model '" + name + "'; valid: " + valid);
+}
+
+bool is_compression_model(const std::string& name) {
+  for (const auto& e : compression_entries())
+    if (name == e.name) return true;
+  return false;
+}
+
+ab::models::CompressionConfig compression_config(const std::string& name) {
+  for (const auto& e : compression_entries())
+    if (name == e.name) return e.make();
+  throw UsageError("model '" + name + "' is not a compression autoencoder");
+}
+
+ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
+  ZooModel m;
+  if (is_compression_model(s.model)) {
+    const ab::models::CompressionConfig c = compression_config(s.model);
+    const ab::models::CompressionModel ae = ab::models::build_compression_ae(b, c, s.batch, s.image_px);
+    m.compression = true;
+    m.in_channels = c.in_channels;
+    m.images = ae.images;
+    m.output = ae.reconstruction;
+    m.loss = ae.loss;
+    m.mse = ae.mse;
+    return m;
+  }
+  const ab::models::ResNetConfig c = model_config(s.model);
+  m.in_channels = c.in_channels;
+  m.classes = c.num_classes;
+  if (s.training) {
+    const ab::models::Classifier cl = ab::models::build_classifier(b, c, s.batch, s.image_px);
+    m.images = cl.images;
+    m.labels = cl.labels;
+    m.output = cl.logits;
+    m.loss = cl.loss;
+  } else {
+    m.images = b.input("images", Shape{s.batch, c.in_channels, s.image_px, s.image_px});
+    m.output = ab::models::resnet(b, m.images, c);
+    b.mark_output(m.output);
+  }
+  return m;
+}
+
+SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, std::int64_t batch, std::int64_t image_px) {
+  if (!m.compression) return synthetic_batch(kDataSeed, first, batch, m.in_channels, image_px, m.classes);
+  constexpr std::int64_t kPatterns = 10;  // as tiny_resnet's classes: ten cosine patterns, noise per image
+  SyntheticBatch b = synthetic_batch(kDataSeed, first, batch, m.in_channels, image_px, kPatterns);
+  for (double& v : b.images) v = std::clamp(v / 3.0, -0.5, 0.5);  // |cos cos| <= 1, noise in [-0.5, 0.5]
+  b.labels.clear();
+  return b;
+}
+
+nlohmann::json reconstruction_quality(double mse) {
+  return {{"mse", mse}, {"psnr_db", ab::models::psnr_db(mse)}};
 }
 
 const std::vector<std::string>& model_precisions() {

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "dist/comm.h"
+#include "models/compression.h"
 #include "models/resnet.h"
 #include "nn/data_parallel.h"
 #include "nn/graph.h"
@@ -27,9 +28,16 @@ std::unique_ptr<Workload> make_infer();
 
 // --- The model zoo ------------------------------------------------------------------------------
 
-const std::vector<std::string>& model_names();  // resnet50, resnet101, resnext..., tiny_resnet
-// The named network; throws UsageError listing the valid names. tiny_resnet takes 3 channels and 10 classes.
+// resnet50, resnet101, resnext..., tiny_resnet (classifiers); compression_ae, tiny_compression_ae
+// (the image-compression autoencoder, models/compression.h).
+const std::vector<std::string>& model_names();
+// The named classifier; throws UsageError listing the valid names (and for an autoencoder's name).
+// tiny_resnet takes 3 channels and 10 classes.
 ab::models::ResNetConfig model_config(const std::string& name);
+// Whether the name is one of the compression autoencoders (no labels; the workloads report PSNR).
+bool is_compression_model(const std::string& name);
+// The named autoencoder (compression_ae: N = 128, M = 192); UsageError for another name.
+ab::models::CompressionConfig compression_config(const std::string& name);
 const std::vector<std::string>& model_precisions();  // fp32, tf32, bf16, fp16
 // Refuses precisions the engine has no policy for (UsageError listing the valid ones).
 Precision parse_model_precision(const std::string& name);
@@ -65,6 +73,24 @@ struct ModelSpec {
   bool training = true;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
+
+// A zoo model built into a graph as train and infer run it: a classifier (images, labels, logits;
+// its softmax cross-entropy loss on a training graph) or the compression autoencoder (images,
+// reconstruction, its rate-distortion loss and mse in either graph; no labels). Values a model
+// lacks are undefined (id -1).
+struct ZooModel {
+  bool compression = false;
+  std::int64_t in_channels = 3, classes = 0;  // classes: 0 for the autoencoder
+  nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
+};
+// Builds the model of `s` into b (whose options come from graph_options(s)).
+ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s);
+// The model's batch of synthetic data from sample `first` on: synthetic_batch's images for a
+// classifier; for the autoencoder the same images scaled from [-1.5, 1.5] into [-0.5, 0.5] (a
+// range of 1, which its PSNR assumes; models/compression.h says why centred) and no labels.
+SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, std::int64_t batch, std::int64_t image_px);
+// The point's reconstruction quality, for records: {"mse": m, "psnr_db": 10 log10(1 / m)} (range 1).
+nlohmann::json reconstruction_quality(double mse);
 // The point's values of the axes model_axes() declares.
 ModelSpec model_spec(const State& state, bool training);
 

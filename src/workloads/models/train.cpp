@@ -1,7 +1,8 @@
 // train: one iteration = one training step (forward, backward, optimizer update) of a zoo model
 // on a fixed synthetic batch, replayed as one captured graph where the axis asks. Before timing, a
 // loss trajectory of `trajectory_steps` steps reads the loss after every step: a non-finite loss
-// makes the point "diverged". docs/METHODOLOGY.md, "Training and inference".
+// makes the point "diverged"; the compression autoencoder also records the PSNR of its
+// reconstruction after the trajectory. docs/METHODOLOGY.md, "Training and inference".
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -24,11 +25,22 @@ constexpr double kSgdWeightDecay = 1e-4;   // torchvision's ResNet recipe
 constexpr double kLarsWeightDecay = 5e-5;  // MLPerf's ResNet reference with LARS
 constexpr double kLarsEta = 0.001;
 
+// The compression autoencoder's SGD rate. Its loss is a mean over pixels of small squared errors
+// (about 0.02 at the start), so its gradients are orders of magnitude below a classifier's, and
+// the classifiers' 0.1 x batch/256 barely moves it; Balle et al. train with Adam, which the
+// engine lacks. 10 improved the tiny model on the reference kernels steadily (models_test); not
+// tuned for the full-size model.
+constexpr double kAutoencoderSgdLr = 10.0;
+
 // lr = 0 picks the recipe's rate: SGD 0.1 per 256 images (Goyal et al. 2017, linear scaling),
-// LARS MLPerf's base rate of the order of 10 at batch 3072, scaled the same way.
-std::unique_ptr<nn::Optimizer> make_optimizer(const std::string& name, double lr, std::int64_t batch) {
+// LARS MLPerf's base rate of the order of 10 at batch 3072, scaled the same way; the autoencoder's
+// SGD rate is kAutoencoderSgdLr at any batch (its loss is a mean over the batch's pixels).
+std::unique_ptr<nn::Optimizer> make_optimizer(const std::string& name, double lr, std::int64_t batch,
+                                              bool autoencoder) {
   const double per_256 = static_cast<double>(batch) / 256.0;
-  if (name == "sgd") return std::make_unique<nn::Sgd>(lr > 0 ? lr : 0.1 * per_256, kMomentum, kSgdWeightDecay);
+  if (name == "sgd")
+    return std::make_unique<nn::Sgd>(lr > 0 ? lr : autoencoder ? kAutoencoderSgdLr : 0.1 * per_256, kMomentum,
+                                     kSgdWeightDecay);
   if (name == "lars")
     return std::make_unique<nn::Lars>(lr > 0 ? lr : 0.8 * per_256, kMomentum, kLarsWeightDecay, kLarsEta);
   throw UsageError("unknown optimizer '" + name + "'; valid: sgd, lars");
@@ -45,9 +57,10 @@ class Train final : public Workload {
  public:
   std::string name() const override { return "train"; }
   std::string description() const override {
-    return "Training throughput of a ResNet / ResNeXt (images/s, TFLOP/s of forward + backward + update, % of the "
+    return "Training throughput of a ResNet / ResNeXt or the image-compression autoencoder (images/s, TFLOP/s of forward + backward + update, % of the "
            "measured GEMM ceiling of the precision): one step per iteration on a fixed synthetic batch, CUDA-graph "
-           "replay by default; a loss trajectory is read first (NaN/Inf: status diverged). profile=on writes a "
+           "replay by default; a loss trajectory is read first (NaN/Inf: status diverged; the autoencoder adds the "
+           "PSNR of its reconstruction after it). profile=on writes a "
            "per-op table (time, FLOPs, bytes) to the point's artifacts.";
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override {
@@ -62,7 +75,8 @@ class Train final : public Workload {
     axes.insert(
         axes.end(),
         {{"optimizer", AxisKind::text, one("sgd"), {"sgd", "lars"}, "SGD with momentum, or LARS (MLPerf)"},
-         {"lr", AxisKind::real, one("0"), {}, "learning rate; 0 = sgd 0.1 x batch/256, lars 0.8 x batch/256"},
+         {"lr", AxisKind::real, one("0"), {},
+          "learning rate; 0 = sgd 0.1 x batch/256 (autoencoders: 10), lars 0.8 x batch/256"},
          {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
          {"trajectory_steps", AxisKind::integer, one("30"), {}, "steps whose loss is read before timing"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"},
@@ -76,7 +90,6 @@ class Train final : public Workload {
 
   void run(State& state) override {
     const ModelSpec asked = model_spec(state, /*training=*/true);
-    const ab::models::ResNetConfig cfg = model_config(asked.model);
     const double lr = state.get_real("lr");
     const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
     const double bucket_mib = state.get_real("bucket_mib");
@@ -116,22 +129,21 @@ class Train final : public Workload {
     std::unique_ptr<nn::Kernels> kernels;
     std::unique_ptr<nn::Graph> g;
     std::unique_ptr<nn::Optimizer> opt;
-    ab::models::Classifier m;
+    ZooModel m;
     together([&] {
       nn::GraphBuilder builder(graph_options(spec));
-      m = ab::models::build_classifier(builder, cfg, spec.batch, spec.image_px);
+      m = build_zoo_model(builder, spec);
       // Kernels before the graph and optimizer: their memory comes from its allocator.
       kernels = nn::make_device_kernels(state.backend());
       g = std::make_unique<nn::Graph>(std::move(builder));
-      opt = make_optimizer(state.get_text("optimizer"), lr, global_batch);
+      opt = make_optimizer(state.get_text("optimizer"), lr, global_batch, m.compression);
       set_counts_and_plan_metrics(state, *g, *opt, spec, gpus);
       state.add_metric("learning_rate", opt->learning_rate());
       g->bind(*kernels);
       // Each rank trains on its own slice of one global batch: samples rank*batch on.
-      const SyntheticBatch data = synthetic_batch(kDataSeed, static_cast<std::uint64_t>(rank * spec.batch), spec.batch,
-                                                  cfg.in_channels, spec.image_px, cfg.num_classes);
+      const SyntheticBatch data = model_batch(m, static_cast<std::uint64_t>(rank * spec.batch), spec.batch, spec.image_px);
       g->set_input(m.images, data.images);  // uploaded once: every step trains on this batch
-      g->set_input(m.labels, data.labels);
+      if (!m.compression) g->set_input(m.labels, data.labels);
     });
     const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(bucket_mib * 1024 * 1024));
     std::unique_ptr<DataParallel> dp;
@@ -184,6 +196,12 @@ class Train final : public Workload {
       if (!bad.empty()) throw Diverged{bad};
       state.add_metric("loss_first", losses.front());
       state.add_metric("loss_last", losses.back());
+      // The distortion of the last trajectory step's reconstruction (before that step's update).
+      if (m.compression) {
+        const nlohmann::json q = reconstruction_quality(g->read(m.mse)[0]);
+        state.add_metric("mse", q["mse"]);
+        state.add_metric("psnr_db", q["psnr_db"]);
+      }
       if (scaled) state.add_metric("loss_scale_after_trajectory", g->loss_scale());
       state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
     });
