@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "models/compression.h"
 #include "models/resnet.h"
 #include "nn/device/cuda_kernels.h"
 #include "nn/device/device_kernels.h"
@@ -1076,6 +1077,53 @@ TEST(CudaModelCheck, EveryKernelCallCheckCatchesALostResidualGradientAndSwappedG
   EXPECT_NE(swapped.failures().find("batchnorm_backward"), std::string::npos) << swapped.failures();
   std::printf("%d outputs checked; a lost residual gradient:\n%sswapped batch-norm gradients:\n%s", ok.checked(),
               dropped.failures().c_str(), swapped.failures().c_str());
+}
+
+// One training step (forward, backward) of a small compression autoencoder (N = 16, M = 12, 5x5,
+// 32 px: latent 2x2) through CheckedKernels: every call, the transposed convolutions' swapped
+// convolution calls, the rounding and the rate-distortion loss included, against the reference.
+// Returns the number of checked outputs; failures are the wrapper's.
+int run_checked_autoencoder_step(CheckedKernels& k, Layout layout, std::uint64_t seed) {
+  models::CompressionConfig c = models::compression_ae();
+  c.channels = 16;
+  c.latent_channels = 12;
+  GraphOptions o;
+  o.layout = layout;
+  o.seed = seed;
+  GraphBuilder b(o);
+  const models::CompressionModel m = models::build_compression_ae(b, c, 2, 32);
+  Graph g(std::move(b));
+  g.bind(k);
+  std::vector<double> images(sz(2 * 3 * 32 * 32));
+  for (std::size_t i = 0; i < images.size(); ++i) images[i] = static_cast<float>(uniform(seed, i, -0.5, 0.5));
+  g.set_input(m.images, images);
+  g.forward();
+  g.backward();
+  EXPECT_TRUE(std::isfinite(g.read(m.loss)[0]));
+  return k.checked();
+}
+
+TEST(CudaModelCheck, CompressionAutoencoderStepIsCheckedCallByCallOnTheReference) {
+  // The wrapper itself, on the CPU: the f32 reference passes every call.
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto honest = make_ref_kernels();
+  CheckedKernels ok(*honest, 1e-4, 1e-3);
+  // 8 forward convolutions, 7 data and 8 filter gradients, 6 ReLUs each way, the rounding, the
+  // loss forward and backward, the straight-through copy.
+  EXPECT_GE(run_checked_autoencoder_step(ok, Layout::nhwc, seed), 40);
+  EXPECT_EQ(ok.failed(), 0) << ok.failures();
+}
+
+TEST_F(CudaKernelsTest, CompressionAutoencoderStepMatchesReferenceCallByCall) {
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    const std::uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + std::string(to_string(layout)));
+    CheckedKernels checked(*cuda_, 1e-4, 1e-3);
+    EXPECT_GE(run_checked_autoencoder_step(checked, layout, seed), 40);
+    EXPECT_EQ(checked.failed(), 0) << checked.failed() << " of " << checked.checked()
+                                   << " checked outputs differ:\n" << checked.failures();
+  }
 }
 
 // At batch 1 cudnnFind's single, host-bound timing misranks algorithms: every usable candidate is
