@@ -943,5 +943,123 @@ TEST(DataParallel, ABucketIsAveragedWhenItsLastGradientIsReadyAndTheRestAtFinish
   EXPECT_THROW(BucketedGradientSync(params, avg, 0), UsageError);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The compression layers in a graph
+
+// x -> conv (stride 2) -> relu = t; t feeds two transposed convolutions (a branch point: the second
+// one in backward order adds its data gradient through the scratch after the workspace), their sum
+// is x_hat, and the rate-distortion loss reads x_hat, x itself (so x's gradient sums the loss's and
+// the convolution's) and t as the latent. No quantiser: its straight-through gradient is not the
+// derivative finite differences measure.
+struct CodecNet {
+  Value x, t, loss, mse;
+};
+
+CodecNet codec_net(GraphBuilder& b) {
+  CodecNet m;
+  m.x = b.input("x", Shape{2, 2, 6, 6}, /*requires_grad=*/true);
+  const Conv2dDesc s2{2, 2, 1, 1, 1, 1, 1};
+  m.t = relu(b, "relu", conv2d(b, "conv", m.x, Conv2dAttrs{3, 3, 3, s2}));
+  const Value a = conv_transpose2d(b, "deconv_a", m.t, ConvTranspose2dAttrs{2, 3, 3, s2, 1, 1});
+  const Value c = conv_transpose2d(b, "deconv_b", m.t, ConvTranspose2dAttrs{2, 2, 2, Conv2dDesc{2, 2, 0, 0, 1, 1, 1}, 0, 0});
+  const RateDistortion rd = rate_distortion_loss(b, "loss", add(b, "sum", a, c), m.x, m.t, {0.05});
+  m.loss = rd.loss;
+  m.mse = rd.mse;
+  b.set_loss(m.loss);
+  b.mark_output(m.mse);
+  return m;
+}
+
+TEST(Graph, CompressionLayersGradientsMatchFiniteDifferencesThroughBranchPoints) {
+  GraphOptions o;
+  o.dtype = DType::f64;
+  o.seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));
+  auto k = make_ref_kernels();
+  GraphBuilder b(o);
+  const CodecNet m = codec_net(b);
+  Graph g(std::move(b));
+  g.bind(*k);
+  std::vector<double> x(144);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = uniform(o.seed, i, -1, 1);
+  g.set_input(m.x, x);
+  const auto loss = [&] {
+    g.forward();
+    return g.read(m.loss)[0];
+  };
+  loss();
+  EXPECT_GT(g.read(m.mse)[0], 0.0);
+  g.backward();
+  const auto grad_x = g.read(g.grad(m.x));
+  int checked = 0, skipped = 0;
+  const auto check = [&](const Tensor& value, const std::vector<double>& grad, const std::string& what,
+                         std::uint64_t seed) {
+    auto v = read_host(value);
+    double largest = 0;
+    for (double e : grad) largest = std::max(largest, std::abs(e));
+    EXPECT_GT(largest, 1e-6) << what << ": an all-zero gradient checks nothing";
+    for (std::uint64_t s = 0; s < 8; ++s) {
+      const std::size_t i = mix64(seed, s) % v.size();
+      const double x0 = v[i];
+      const auto diff = [&](double h) {
+        v[i] = x0 + h;
+        write_host(value, v);
+        const double up = loss();
+        v[i] = x0 - h;
+        write_host(value, v);
+        const double down = loss();
+        v[i] = x0;
+        write_host(value, v);
+        return (up - down) / (2 * h);
+      };
+      const double n1 = diff(1e-6), n2 = diff(5e-7);
+      if (std::abs(n1 - n2) > 1e-6 * std::max(1.0, std::abs(n1))) {  // a ReLU or |.| kink
+        ++skipped;
+        continue;
+      }
+      ++checked;
+      EXPECT_NEAR(grad[i], n1, 2e-6 * std::max(1.0, std::abs(n1))) << what << " element " << i;
+    }
+  };
+  for (auto& p : g.parameters()) check(p.value, read_host(p.grad), p.name, o.seed + 1);
+  check(g.tensor(m.x), grad_x, "x", o.seed + 2);
+  EXPECT_GE(checked, 28);  // 4 tensors x 8 elements, a few kinks skipped
+  EXPECT_LE(skipped, 4);
+}
+
+TEST(Graph, QuantizerSharesItsGradientBufferWhenItWritesItFirst) {
+  // Rate on the quantised latent: the encoder's output has one consumer, the quantiser, which
+  // writes its gradient first, so the planner gives both one buffer and the backward copies nothing.
+  GraphOptions o;
+  o.dtype = DType::f64;
+  o.seed = fresh_seed();
+  auto k = make_ref_kernels();
+  GraphBuilder b(o);
+  const Value x = b.input("x", Shape{2, 2, 4, 4});
+  const Value y = conv2d(b, "enc", x, Conv2dAttrs{3, 3, 3, Conv2dDesc{2, 2, 1, 1, 1, 1, 1}});
+  const Value q = quantize_ste(b, "quantize", y, 0.25);
+  const Value x_hat = conv_transpose2d(b, "dec", q, ConvTranspose2dAttrs{2, 3, 3, Conv2dDesc{2, 2, 1, 1, 1, 1, 1}, 1, 1});
+  const RateDistortion rd = rate_distortion_loss(b, "loss", x_hat, x, q, {0.1});
+  b.set_loss(rd.loss);
+  Graph g(std::move(b));
+  g.bind(*k);
+  std::vector<double> images(64);
+  for (std::size_t i = 0; i < images.size(); ++i) images[i] = uniform(o.seed, i, -2, 2);
+  g.set_input(x, images);
+  g.forward();
+  g.backward();
+  EXPECT_EQ(g.grad(y).data, g.grad(q).data);
+  const auto dq = g.read(g.grad(q));
+  double largest = 0;
+  for (double v : dq) largest = std::max(largest, std::abs(v));
+  EXPECT_GT(largest, 0.0);
+  for (std::size_t i = 0; i < g.op_count(); ++i)
+    if (g.op(i).name() == "quantize") {
+      EXPECT_EQ(g.op(i).bytes(Pass::backward), 0);
+    }
+  // Quantised: every latent on the grid.
+  for (double v : g.read(q)) EXPECT_EQ(v, 0.25 * std::nearbyint(v / 0.25));
+}
+
 }  // namespace
 }  // namespace ab::nn
