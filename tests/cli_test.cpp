@@ -229,8 +229,15 @@ TEST(Cli, CeilingsFromAnEarlierRunGivePercentOfPeak) {
   }
   ASSERT_FALSE(gemm.is_null());
   ASSERT_TRUE(gemm["rates"].contains("pct_of_ceiling")) << gemm.dump();
-  EXPECT_GT(gemm["rates"]["pct_of_ceiling"].get<double>(), 10.0);
-  EXPECT_EQ(gemm["rates"]["ceiling"]["key"], "gemm.fp32");
+  // The earlier run's ceiling is attached and the percentage is this point's rate against it. How
+  // close the two rates are is a matter of machine load (a busy CI runner), not of correctness.
+  const auto& rates = gemm["rates"];
+  EXPECT_EQ(rates["ceiling"]["key"], "gemm.fp32");
+  EXPECT_NE(rates["ceiling"]["source"].get<std::string>().find("run "), std::string::npos) << rates.dump();
+  const double ceiling = rates["ceiling"]["value"].get<double>();
+  ASSERT_GT(ceiling, 0.0);
+  EXPECT_NEAR(rates["pct_of_ceiling"].get<double>(), 100.0 * rates["tflops"].get<double>() / ceiling, 1e-9 * 100.0)
+      << rates.dump();
 }
 
 TEST(Cli, KilledRunKeepsEveryMeasuredPoint) {
