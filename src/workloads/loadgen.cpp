@@ -97,7 +97,9 @@ class Loadgen final : public Workload {
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override {
     std::vector<std::string> suts{"null", "gemm", "faulty"};
-    suts.insert(suts.end(), zoo::model_names().begin(), zoo::model_names().end());
+    // The model SUT runs classifiers (images in, logits out); the compression autoencoders are not offered.
+    for (const auto& m : zoo::model_names())
+      if (!zoo::is_compression_model(m)) suts.push_back(m);
     std::vector<std::string> precisions{"auto"};
     precisions.insert(precisions.end(), zoo::model_precisions().begin(), zoo::model_precisions().end());
     return {{"scenario", AxisKind::text, {"single-stream", "multi-stream", "server", "offline"},
