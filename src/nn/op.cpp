@@ -17,6 +17,25 @@ void Op::fail(const std::string& reason) const {
   throw LayerError("layer '" + name_ + "' (" + std::string(kind()) + "): " + reason);
 }
 
+void Op::require_float(const Tensor& t) const {
+  require(is_float(t.dtype), "input dtype " + std::string(to_string(t.dtype)) + " is not a floating type");
+}
+
+void Op::require_conv_geometry(const Tensor& x, std::int64_t out_channels, std::int64_t kernel_h,
+                               std::int64_t kernel_w, const Conv2dDesc& c) const {
+  require(x.shape.rank() == 4, "input must be [N, C, H, W], got " + x.shape.to_string());
+  require_float(x);
+  require(out_channels >= 1 && kernel_h >= 1 && kernel_w >= 1, "out_channels and kernel must be >= 1");
+  require(c.stride_h >= 1 && c.stride_w >= 1, "stride must be >= 1");
+  require(c.dilation_h >= 1 && c.dilation_w >= 1, "dilation must be >= 1");
+  require(c.pad_h >= 0 && c.pad_w >= 0, "padding must be >= 0");
+  require(c.groups >= 1, "groups must be >= 1");
+  require(x.shape[1] % c.groups == 0, "input channels " + std::to_string(x.shape[1]) + " not divisible by groups " +
+                                          std::to_string(c.groups));
+  require(out_channels % c.groups == 0, "output channels " + std::to_string(out_channels) +
+                                            " not divisible by groups " + std::to_string(c.groups));
+}
+
 std::int64_t Op::element_bytes() const {
   return in_.empty() ? 0 : static_cast<std::int64_t>(size_bytes(in_[0].dtype));
 }

@@ -29,6 +29,7 @@ struct ParamInit {
 // 16-bit data keeps its batch-norm parameters and statistics, softmax probabilities and the loss
 // in f32 (cuDNN requires it of batch norm; the loss wants the range); wider types keep their own.
 inline bool is_16bit(DType t) { return t == DType::f16 || t == DType::bf16; }
+inline bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || is_16bit(t); }
 inline DType wide_dtype(DType t) { return is_16bit(t) ? DType::f32 : t; }
 
 struct ParamSpec {
@@ -120,6 +121,12 @@ class Op {
   // Throws LayerError "layer 'NAME' (KIND): reason" unless `ok`.
   void require(bool ok, const std::string& reason) const;
   [[noreturn]] void fail(const std::string& reason) const;
+  // Shared input checks: a floating-point dtype; a convolution's geometry against an input
+  // [N, C, H, W] (counts and kernel >= 1, stride and dilation >= 1, padding >= 0, channels
+  // divisible by groups). Conv2d and ConvTranspose2d check the same things.
+  void require_float(const Tensor& t) const;
+  void require_conv_geometry(const Tensor& x, std::int64_t out_channels, std::int64_t kernel_h,
+                             std::int64_t kernel_w, const Conv2dDesc& c) const;
   std::int64_t element_bytes() const;  // of the first input's dtype
   static std::int64_t bytes_of(DType t) { return static_cast<std::int64_t>(size_bytes(t)); }
 

@@ -9,8 +9,6 @@
 namespace ab::nn {
 namespace {
 
-bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
-
 std::int64_t transposed_extent(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t pad,
                                std::int64_t dilation, std::int64_t output_padding) {
   return (in - 1) * stride - 2 * pad + dilation * (kernel - 1) + output_padding + 1;
@@ -23,18 +21,8 @@ std::int64_t transposed_extent(std::int64_t in, std::int64_t kernel, std::int64_
 std::vector<Tensor> ConvTranspose2d::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
   const Tensor& x = in[0];
-  require(x.shape.rank() == 4, "input must be [N, C, H, W], got " + x.shape.to_string());
-  require(is_float(x.dtype), "input dtype " + std::string(to_string(x.dtype)) + " is not a floating type");
   const Conv2dDesc& c = a_.conv;
-  require(a_.out_channels >= 1 && a_.kernel_h >= 1 && a_.kernel_w >= 1, "out_channels and kernel must be >= 1");
-  require(c.stride_h >= 1 && c.stride_w >= 1, "stride must be >= 1");
-  require(c.dilation_h >= 1 && c.dilation_w >= 1, "dilation must be >= 1");
-  require(c.pad_h >= 0 && c.pad_w >= 0, "padding must be >= 0");
-  require(c.groups >= 1, "groups must be >= 1");
-  require(x.shape[1] % c.groups == 0, "input channels " + std::to_string(x.shape[1]) + " not divisible by groups " +
-                                          std::to_string(c.groups));
-  require(a_.out_channels % c.groups == 0, "output channels " + std::to_string(a_.out_channels) +
-                                               " not divisible by groups " + std::to_string(c.groups));
+  require_conv_geometry(x, a_.out_channels, a_.kernel_h, a_.kernel_w, c);
   // PyTorch's rule: the padding only picks one of the output sizes that map back to the input.
   require(a_.output_padding_h >= 0 && a_.output_padding_w >= 0 &&
               a_.output_padding_h < std::max(c.stride_h, c.dilation_h) &&
@@ -112,7 +100,7 @@ std::int64_t ConvTranspose2d::bytes(Pass p) const {
 
 std::vector<Tensor> QuantizeSte::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
-  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require_float(in[0]);
   require(step_ > 0 && std::isfinite(step_), "step must be positive and finite");
   return {Tensor::describe(in[0].dtype, in[0].shape)};
 }
@@ -140,7 +128,7 @@ std::vector<Tensor> RateDistortionLoss::do_infer(const std::vector<Tensor>& in) 
   require(in[0].shape == in[1].shape,
           "x_hat " + in[0].shape.to_string() + " and x " + in[1].shape.to_string() + " differ in shape");
   require(in[0].dtype == in[1].dtype && in[0].dtype == in[2].dtype, "inputs must share one dtype");
-  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require_float(in[0]);
   require(in[0].numel() >= 1 && in[2].numel() >= 1, "inputs must not be empty");
   require(d_.lambda >= 0 && std::isfinite(d_.lambda), "lambda must be finite and >= 0");
   const Tensor scalar = Tensor::describe(wide_dtype(in[0].dtype), Shape{1});

@@ -6,8 +6,6 @@
 namespace ab::nn {
 namespace {
 
-bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
-
 std::int64_t conv_out_extent(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t pad,
                              std::int64_t dilation) {
   const std::int64_t span = dilation * (kernel - 1) + 1;
@@ -22,18 +20,8 @@ std::int64_t conv_out_extent(std::int64_t in, std::int64_t kernel, std::int64_t 
 std::vector<Tensor> Conv2d::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
   const Tensor& x = in[0];
-  require(x.shape.rank() == 4, "input must be [N, C, H, W], got " + x.shape.to_string());
-  require(is_float(x.dtype), "input dtype " + std::string(to_string(x.dtype)) + " is not a floating type");
   const Conv2dDesc& c = a_.conv;
-  require(a_.out_channels >= 1 && a_.kernel_h >= 1 && a_.kernel_w >= 1, "out_channels and kernel must be >= 1");
-  require(c.stride_h >= 1 && c.stride_w >= 1, "stride must be >= 1");
-  require(c.dilation_h >= 1 && c.dilation_w >= 1, "dilation must be >= 1");
-  require(c.pad_h >= 0 && c.pad_w >= 0, "padding must be >= 0");
-  require(c.groups >= 1, "groups must be >= 1");
-  require(x.shape[1] % c.groups == 0, "input channels " + std::to_string(x.shape[1]) + " not divisible by groups " +
-                                          std::to_string(c.groups));
-  require(a_.out_channels % c.groups == 0, "output channels " + std::to_string(a_.out_channels) +
-                                               " not divisible by groups " + std::to_string(c.groups));
+  require_conv_geometry(x, a_.out_channels, a_.kernel_h, a_.kernel_w, c);
   const std::int64_t oh = conv_out_extent(x.shape[2], a_.kernel_h, c.stride_h, c.pad_h, c.dilation_h);
   const std::int64_t ow = conv_out_extent(x.shape[3], a_.kernel_w, c.stride_w, c.pad_w, c.dilation_w);
   require(oh >= 1 && ow >= 1, "dilated kernel " + std::to_string(a_.kernel_h) + "x" + std::to_string(a_.kernel_w) +
@@ -94,7 +82,7 @@ std::int64_t Conv2d::bytes(Pass p) const {
 std::vector<Tensor> BatchNorm2d::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
   require(in[0].shape.rank() == 4, "input must be [N, C, H, W], got " + in[0].shape.to_string());
-  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require_float(in[0]);
   require(d_.epsilon > 0, "epsilon must be > 0");
   return {Tensor::describe(in[0].dtype, in[0].shape)};
 }
@@ -147,7 +135,7 @@ std::int64_t BatchNorm2d::bytes(Pass p) const {
 std::vector<Tensor> Linear::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
   require(in[0].shape.rank() == 2, "input must be [N, features], got " + in[0].shape.to_string());
-  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require_float(in[0]);
   require(out_features_ >= 1, "out_features must be >= 1");
   return {Tensor::describe(in[0].dtype, Shape{in[0].shape[0], out_features_})};
 }

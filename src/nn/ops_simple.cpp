@@ -3,17 +3,12 @@
 #include "nn/ops.h"
 
 namespace ab::nn {
-namespace {
-
-bool is_float(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
-
-}  // namespace
 
 // ---- relu
 
 std::vector<Tensor> Relu::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
-  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require_float(in[0]);
   return {Tensor::describe(in[0].dtype, in[0].shape)};
 }
 
@@ -36,7 +31,7 @@ std::vector<Tensor> Add::do_infer(const std::vector<Tensor>& in) {
   require(in[0].shape == in[1].shape,
           "input shapes " + in[0].shape.to_string() + " and " + in[1].shape.to_string() + " differ");
   require(in[0].dtype == in[1].dtype, "input dtypes differ");
-  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require_float(in[0]);
   return {Tensor::describe(in[0].dtype, in[0].shape)};
 }
 
@@ -66,7 +61,7 @@ std::vector<Tensor> MaxPool2d::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
   const Tensor& x = in[0];
   require(x.shape.rank() == 4, "input must be [N, C, H, W], got " + x.shape.to_string());
-  require(is_float(x.dtype), "input dtype " + std::string(to_string(x.dtype)) + " is not a floating type");
+  require_float(x);
   require(d_.window_h >= 1 && d_.window_w >= 1 && d_.stride_h >= 1 && d_.stride_w >= 1,
           "window and stride must be >= 1");
   // PyTorch's rule; it also guarantees every window holds at least one real element.
@@ -99,7 +94,7 @@ std::int64_t MaxPool2d::bytes(Pass p) const {
 std::vector<Tensor> GlobalAvgPool::do_infer(const std::vector<Tensor>& in) {
   require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
   require(in[0].shape.rank() == 4, "input must be [N, C, H, W], got " + in[0].shape.to_string());
-  require(is_float(in[0].dtype), "input dtype " + std::string(to_string(in[0].dtype)) + " is not a floating type");
+  require_float(in[0]);
   return {Tensor::describe(in[0].dtype, Shape{in[0].shape[0], in[0].shape[1]})};
 }
 

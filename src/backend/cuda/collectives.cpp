@@ -511,7 +511,7 @@ class NcclAverager final : public StreamAverager {
     AB_CUDA(cudaStreamWaitEvent(side_.get(), fork_.get(), 0), "gradient averaging fork");
     AB_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), nccl_type(dtype), ncclAvg, rank_.comm,
                           side_.get()),
-            "gradient all-reduce of " + std::to_string(count) + " elements");
+            "gradient all-reduce");  // no per-call message building: eager steps call this every bucket
     pending_ = true;
   }
   void join() override {
