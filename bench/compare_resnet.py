@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""accelbench's ResNet-50 training and inference side by side with PyTorch on the same GPU, in one run.
+"""accelbench's ResNet-50 (or ResNeXt-101, --model) training and inference side by side with PyTorch on the same GPU, in one run.
 
 accelbench: `train` (batch 256, bf16 and tf32, NHWC, CUDA-graph replay of the whole step) and `infer`
 (batch 1..256, fp16 and bf16, NHWC, CUDA-graph replay of the forward), through the CLI; records read
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from compare_common import accelbench, time_batches
 
 TRAIN_PRECISIONS = ("bf16", "tf32")
+MODEL = "resnet50"
 INFER_PRECISIONS = ("fp16", "bf16")
 
 
@@ -93,12 +94,23 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def resnet50():
+MODELS = ("resnet50", "resnext101_32x4d", "resnext101_32x8d")
+
+
+def build_model(name):
+    """torchvision's network (ResNeXt-101 32x4d, which torchvision does not name, from its ResNet class
+    with timm's / the paper's groups=32, width 4); ResNet-50 from torch.nn when torchvision is absent."""
     try:
         import torchvision
-        return torchvision.models.resnet50(), f"torchvision {torchvision.__version__} resnet50"
+        from torchvision.models.resnet import Bottleneck as TvBottleneck, ResNet
     except ImportError:
+        if name != "resnet50":
+            raise SystemExit(f"{name} needs torchvision")
         return ResNet50(), "resnet50 built from torch.nn (torchvision absent)"
+    tag = f"torchvision {torchvision.__version__} {name}"
+    if name == "resnext101_32x4d":
+        return ResNet(TvBottleneck, [3, 4, 23, 3], groups=32, width_per_group=4), tag + " (ResNet class, groups 32, width 4)"
+    return getattr(torchvision.models, name)(), tag
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,7 +139,7 @@ def time_singles(fn, samples, warmup):
 def torch_train_step_s(precision, batch, image_px):
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    model, _ = resnet50()
+    model, _ = build_model(MODEL)
     model = model.cuda().to(memory_format=torch.channels_last).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=True)
     x = torch.randn(batch, 3, image_px, image_px, device="cuda").to(memory_format=torch.channels_last)
@@ -150,7 +162,7 @@ def torch_infer_latency_s(precision, batch, image_px):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    model, _ = resnet50()
+    model, _ = build_model(MODEL)
     model = model.cuda().to(dtype=dtype, memory_format=torch.channels_last).eval()
     x = torch.randn(batch, 3, image_px, image_px, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
     with torch.inference_mode():
@@ -171,13 +183,15 @@ def torch_infer_latency_s(precision, batch, image_px):
 
 
 def main():
-    global TRAIN_PRECISIONS, INFER_PRECISIONS
+    global TRAIN_PRECISIONS, INFER_PRECISIONS, MODEL
     ap = argparse.ArgumentParser()
     ap.add_argument("--accelbench", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--train-batch", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--model", default=MODEL, choices=MODELS)
     ap.add_argument("--max-infer-batch", type=int, default=256)
+    ap.add_argument("--infer-batches", default="", help="comma-separated inference batches (default: 1, 2, 4, .. max)")
     ap.add_argument("--train-precisions", default=",".join(TRAIN_PRECISIONS))
     ap.add_argument("--infer-precisions", default=",".join(INFER_PRECISIONS))
     ap.add_argument("--torch-once", action="store_true",
@@ -187,30 +201,32 @@ def main():
     INFER_PRECISIONS = tuple(p for p in args.infer_precisions.split(",") if p)
     os.makedirs(args.out, exist_ok=True)
     px, tb = args.image_size, args.train_batch
-    infer_batches = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch]
-    _, net = resnet50()
+    MODEL = args.model
+    infer_batches = ([int(b) for b in args.infer_batches.split(",") if b] if args.infer_batches else
+                     [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch])
+    _, net = build_model(MODEL)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "torch_model": net, "image_size": px}
     torch.backends.cudnn.benchmark = True
 
-    print(f"ResNet-50 at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}); "
+    print(f"{MODEL} at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}); "
           f"figures as measured, the table at the end", flush=True)
 
     def torch_all(when):
         train, infer = {}, {}
         for p in TRAIN_PRECISIONS:
             train[p] = t = torch_train_step_s(p, tb, px)
-            print(f"PyTorch    train resnet50 {p} b{tb} ({when}): {tb / t:.0f} img/s, {t * 1e3:.2f} ms/step", flush=True)
+            print(f"PyTorch    train {MODEL} {p} b{tb} ({when}): {tb / t:.0f} img/s, {t * 1e3:.2f} ms/step", flush=True)
         for p in INFER_PRECISIONS:
             for b in infer_batches:
                 infer[(p, b)] = t = torch_infer_latency_s(p, b, px)
-                print(f"PyTorch    infer resnet50 {p} b{b} ({when}): {b / t[0]:.0f} img/s, "
+                print(f"PyTorch    infer {MODEL} {p} b{b} ({when}): {b / t[0]:.0f} img/s, "
                       f"p50 {t[0] * 1e3:.3f} ms, p99 {t[1] * 1e3:.3f} ms", flush=True)
         return train, infer
 
     def print_ours(rec):
         prm = rec.get("params", {})
-        what = f"{rec.get('workload')} resnet50 {prm.get('precision')} b{prm.get('batch')}"
+        what = f"{rec.get('workload')} {MODEL} {prm.get('precision')} b{prm.get('batch')}"
         if rec.get("status") != "ok":
             print(f"accelbench {what}: {rec.get('status')}: {rec.get('reason')}", flush=True)
             return
@@ -227,18 +243,17 @@ def main():
     train_before, infer_before = torch_all("before accelbench")
     ab_dir = os.path.join(args.out, "accelbench")
     ours_train, ours_infer = {}, {}
-    for rec in accelbench(args.accelbench, ["train", "--axis", "model=resnet50", "--axis", f"batch={tb}",
-                                            "--axis", f"precision={','.join(TRAIN_PRECISIONS)}", "--axis", "layout=nhwc",
-                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir,
-                          on_record=print_ours):
+    train_runs = [["train", "--axis", f"model={MODEL}", "--axis", f"batch={tb}",
+                   "--axis", f"precision={','.join(TRAIN_PRECISIONS)}", "--axis", "layout=nhwc",
+                   "--axis", f"image_size={px}", "--axis", "graph=on"]] if TRAIN_PRECISIONS else []
+    for rec in (r for run in train_runs for r in accelbench(args.accelbench, run, ab_dir, on_record=print_ours)):
         if rec["status"] != "ok":
             raise SystemExit(f"accelbench train point not ok: {rec.get('status')}: {rec.get('reason')}")
         ours_train[rec["params"]["precision"]] = rec
-    for rec in accelbench(args.accelbench, ["infer", "--axis", "model=resnet50",
-                                            "--axis", f"batch={','.join(map(str, infer_batches))}",
-                                            "--axis", f"precision={','.join(INFER_PRECISIONS)}", "--axis", "layout=nhwc",
-                                            "--axis", f"image_size={px}", "--axis", "graph=on"], ab_dir,
-                          on_record=print_ours):
+    infer_runs = [["infer", "--axis", f"model={MODEL}", "--axis", f"batch={','.join(map(str, infer_batches))}",
+                   "--axis", f"precision={','.join(INFER_PRECISIONS)}", "--axis", "layout=nhwc",
+                   "--axis", f"image_size={px}", "--axis", "graph=on"]] if INFER_PRECISIONS else []
+    for rec in (r for run in infer_runs for r in accelbench(args.accelbench, run, ab_dir, on_record=print_ours)):
         if rec["status"] != "ok":
             raise SystemExit(f"accelbench infer point not ok: {rec.get('status')}: {rec.get('reason')}")
         ours_infer[(rec["params"]["precision"], rec["params"]["batch"])] = rec
@@ -250,7 +265,7 @@ def main():
         rec = ours_train[p]
         peer_s = min(train_before[p], train_after[p])
         ours_s = rec["time"]["median_s"]
-        rows.append({"what": f"train resnet50 {p} b{tb}", "unit": "img/s", "ours": tb / ours_s, "torch": tb / peer_s,
+        rows.append({"what": f"train {MODEL} {p} b{tb}", "unit": "img/s", "ours": tb / ours_s, "torch": tb / peer_s,
                      "ratio": peer_s / ours_s, "ours_step_ms": ours_s * 1e3, "torch_step_ms": peer_s * 1e3,
                      "ours_tflops": rec["rates"].get("tflops"), "ours_pct_of_ceiling": rec["rates"].get("pct_of_ceiling"),
                      "ours_loss_first_last": [rec["metrics"]["loss_first"], rec["metrics"]["loss_last"]]})
@@ -259,7 +274,7 @@ def main():
             rec = ours_infer[(p, b)]
             peer = min(infer_before[(p, b)], infer_after[(p, b)], key=lambda t: t[0])
             ours_s = rec["time"]["median_s"]
-            rows.append({"what": f"infer resnet50 {p} b{b}", "unit": "img/s", "ours": b / ours_s, "torch": b / peer[0],
+            rows.append({"what": f"infer {MODEL} {p} b{b}", "unit": "img/s", "ours": b / ours_s, "torch": b / peer[0],
                          "ratio": peer[0] / ours_s, "ours_p50_ms": ours_s * 1e3, "torch_p50_ms": peer[0] * 1e3,
                          "ours_p99_ms": rec["time"]["p99_s"] * 1e3, "torch_p99_ms": peer[1] * 1e3,
                          "ours_check_rel_error": rec.get("check", {}).get("rel_error")})
@@ -272,7 +287,7 @@ def main():
                            {f"{p} b{b}": v for (p, b), v in infer_after.items()}}
 
     lines = ["",
-             f"ResNet-50 at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}), cuDNN {report['cudnn']}; "
+             f"{MODEL} at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}), cuDNN {report['cudnn']}; "
              f"PyTorch measured {report['torch_measured']}",
              "",
              "| what | accelbench img/s | PyTorch img/s | accelbench / PyTorch | accelbench ms (p50 / p99) | PyTorch ms (p50 / p99) |",
