@@ -67,8 +67,11 @@ def torch_worker(rank, world, port, sizes, queue):
             dist.all_reduce(x)
         end.record()
         end.synchronize()
-        estimate = start.elapsed_time(end) / 1e3 / 10
-        iters = max(1, min(1000, int(0.01 / max(estimate, 1e-9))))  # ~10 ms batches, like accelbench's 5 ms+
+        # Every rank must run the same number of calls, or the ranks' collectives stop matching and
+        # hang: the batch length comes from the slowest rank's estimate, agreed on by all.
+        estimate = torch.tensor([start.elapsed_time(end) / 1e3 / 10], device="cuda")
+        dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+        iters = max(1, min(1000, int(0.01 / max(estimate.item(), 1e-9))))  # ~10 ms batches, like accelbench's 5 ms+
         times = []
         for _ in range(30):
             dist.barrier(device_ids=[rank])
