@@ -249,7 +249,7 @@ int run(const RunOptions& o) {
   // Telemetry: NVML for the GPU under test (absent driver -> noted, never fatal), /proc for the host.
   std::string nvml_note;
   std::vector<std::string> bus_ids;
-  if (be->info().kind == "cuda") bus_ids.push_back(be->info().pci_bus_id);
+  if (be->info().kind == "cuda" && !o.no_gpu_telemetry) bus_ids.push_back(be->info().pci_bus_id);
   auto gpus = bus_ids.empty() ? std::vector<std::unique_ptr<telemetry::GpuSource>>{}
                               : telemetry::open_nvml_devices(bus_ids, &nvml_note);
   telemetry::Sampler sampler(std::move(gpus), std::make_unique<telemetry::HostSource>(),

@@ -16,6 +16,7 @@ struct RunOptions {
   std::string out_dir = ".";
   bool telemetry_trace = false;
   double telemetry_period_ms = 20;
+  bool no_gpu_telemetry = false;
   bool quiet = false;
   std::string command_line;
 };

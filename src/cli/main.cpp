@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   run->add_option("--out", run_opts.out_dir, "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db");
   run->add_flag("--telemetry-trace", run_opts.telemetry_trace, "also write the raw telemetry time series");
   run->add_option("--telemetry-period", run_opts.telemetry_period_ms, "telemetry sampling period, ms (default 20)");
+  run->add_flag("--no-gpu-telemetry", run_opts.no_gpu_telemetry,
+                "read no GPU counters through NVML (no power, energy or clocks in the records; host telemetry stays)");
   run->add_flag("--quiet,-q", run_opts.quiet, "no progress lines");
 
   std::string results_out = ".", results_run, results_file;
