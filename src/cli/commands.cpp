@@ -247,9 +247,12 @@ int run(const RunOptions& o) {
   }
 
   // Telemetry: NVML for the GPU under test (absent driver -> noted, never fatal), /proc for the host.
+  // Only rank 0's records are kept, so the other ranks read no GPU counters: their readings were
+  // never used, and under mpirun on the H200s a non-zero rank sampling NVML corrupted its heap
+  // (bench/RESULTS.md, issue 8: 3 of 3 runs at a 2 ms period; none without its NVML sampling).
   std::string nvml_note;
   std::vector<std::string> bus_ids;
-  if (be->info().kind == "cuda" && !o.no_gpu_telemetry) bus_ids.push_back(be->info().pci_bus_id);
+  if (be->info().kind == "cuda" && !o.no_gpu_telemetry && leader) bus_ids.push_back(be->info().pci_bus_id);
   auto gpus = bus_ids.empty() ? std::vector<std::unique_ptr<telemetry::GpuSource>>{}
                               : telemetry::open_nvml_devices(bus_ids, &nvml_note);
   telemetry::Sampler sampler(std::move(gpus), std::make_unique<telemetry::HostSource>(),
