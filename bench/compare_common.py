@@ -82,3 +82,46 @@ def accelbench(binary, args, out_dir, launcher=(), on_record=None, poll_s=1.0):
         raise SystemExit(f"expected one new run in {runs_dir}, found {new}{hint}")
     with open(os.path.join(runs_dir, new[0], "points.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+class GpuEnergy:
+    """The GPU's cumulative energy counter (NVML's nvmlDeviceGetTotalEnergyConsumption, mJ), read
+    through ctypes so no NVML Python package is needed; the device is found by its PCI bus id, so
+    CUDA's and NVML's numbering may differ. The counter advances about every 100 ms on an H200, so
+    windows of several seconds keep its step below a few percent."""
+
+    def __init__(self, cuda_index=0):
+        import ctypes
+        self._nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if self._nvml.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit_v2 failed")
+        p = torch.cuda.get_device_properties(cuda_index)
+        bus = getattr(p, "pci_bus_id", None)
+        domain = getattr(p, "pci_domain_id", 0)
+        device = getattr(p, "pci_device_id", None)
+        if bus is None or device is None:
+            raise RuntimeError("this PyTorch does not report the GPU's PCI location")
+        self._handle = ctypes.c_void_p()
+        bus_id = f"{domain:08x}:{bus:02x}:{device:02x}.0".encode()
+        if self._nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id, ctypes.byref(self._handle)) != 0:
+            raise RuntimeError(f"NVML does not know {bus_id.decode()}")
+        self._ctypes = ctypes
+
+    def joules(self):
+        mj = self._ctypes.c_ulonglong()
+        if self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle, self._ctypes.byref(mj)) != 0:
+            raise RuntimeError("nvmlDeviceGetTotalEnergyConsumption failed")
+        return mj.value / 1e3
+
+
+def samples_per_joule(fn, samples_per_call, min_s, energy):
+    """Calls fn one at a time (synchronised after each, as the latency loop runs) for at least
+    min_s seconds; samples per joule from the energy counter over that window."""
+    torch.cuda.synchronize()
+    e0, t0, calls = energy.joules(), time.perf_counter(), 0
+    while time.perf_counter() - t0 < min_s:
+        fn()
+        torch.cuda.synchronize()
+        calls += 1
+    e1, t1 = energy.joules(), time.perf_counter()
+    return calls * samples_per_call / (e1 - e0), (e1 - e0) / (t1 - t0)

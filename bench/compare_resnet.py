@@ -14,7 +14,10 @@ the `infer` workload samples. Each PyTorch figure is taken before and after acce
 better one kept, so drift favours the peer (--torch-once: before only, to fit a short time limit).
 Every figure is printed (flushed) the moment it is measured, accelbench's as its CLI appends each
 record, so a run cut short by a time limit keeps what it measured; the table comes at the end.
+With --energy-batches, those inference batches also get samples per joule on both sides over the
+same kind of loop (one batch at a time, synchronised), each timed for ENERGY_WINDOW_S seconds.
   usage: compare_resnet.py --accelbench build/cuda/src/cli/accelbench --out DIR [--torch-once]
+         [--model resnext101_32x4d] [--infer-batches 1,2,10,12] [--energy-batches 10]
 """
 import argparse
 import json
@@ -25,10 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from compare_common import accelbench, time_batches
+from compare_common import GpuEnergy, accelbench, samples_per_joule, time_batches
 
 TRAIN_PRECISIONS = ("bf16", "tf32")
 MODEL = "resnet50"
+ENERGY_WINDOW_S = 5.0  # the energy counter steps every ~100 ms on an H200: a 2% step at most
 INFER_PRECISIONS = ("fp16", "bf16")
 
 
@@ -158,7 +162,7 @@ def torch_train_step_s(precision, batch, image_px):
     return t
 
 
-def torch_infer_latency_s(precision, batch, image_px):
+def torch_infer_latency_s(precision, batch, image_px, energy=None):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
@@ -177,6 +181,8 @@ def torch_infer_latency_s(precision, batch, image_px):
             model(x)
     samples = 400 if batch <= 32 else 100
     t = time_singles(graph.replay, samples=samples, warmup=20)
+    if energy is not None:  # (samples/J, mean W) over the same one-replay-at-a-time loop
+        t = (*t, *samples_per_joule(graph.replay, batch, ENERGY_WINDOW_S, energy))
     del graph, model, x
     torch.cuda.empty_cache()
     return t
@@ -194,6 +200,9 @@ def main():
     ap.add_argument("--infer-batches", default="", help="comma-separated inference batches (default: 1, 2, 4, .. max)")
     ap.add_argument("--train-precisions", default=",".join(TRAIN_PRECISIONS))
     ap.add_argument("--infer-precisions", default=",".join(INFER_PRECISIONS))
+    ap.add_argument("--energy-batches", default="",
+                    help="inference batches whose samples/J are compared too (PyTorch: NVML energy counter over "
+                         f"{ENERGY_WINDOW_S:.0f} s of the latency loop; accelbench: its record, timed for as long)")
     ap.add_argument("--torch-once", action="store_true",
                     help="measure PyTorch before accelbench only, not again after (about half the PyTorch time)")
     args = ap.parse_args()
@@ -204,6 +213,10 @@ def main():
     MODEL = args.model
     infer_batches = ([int(b) for b in args.infer_batches.split(",") if b] if args.infer_batches else
                      [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch])
+    energy_batches = [int(b) for b in args.energy_batches.split(",") if b]
+    if not set(energy_batches) <= set(infer_batches):
+        raise SystemExit(f"--energy-batches {energy_batches} must be among the inference batches {infer_batches}")
+    energy = GpuEnergy(0) if energy_batches else None
     _, net = build_model(MODEL)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "torch_model": net, "image_size": px}
@@ -219,9 +232,10 @@ def main():
             print(f"PyTorch    train {MODEL} {p} b{tb} ({when}): {tb / t:.0f} img/s, {t * 1e3:.2f} ms/step", flush=True)
         for p in INFER_PRECISIONS:
             for b in infer_batches:
-                infer[(p, b)] = t = torch_infer_latency_s(p, b, px)
+                infer[(p, b)] = t = torch_infer_latency_s(p, b, px, energy if b in energy_batches else None)
+                joules = f", {t[2]:.2f} img/J at {t[3]:.0f} W" if len(t) > 2 else ""
                 print(f"PyTorch    infer {MODEL} {p} b{b} ({when}): {b / t[0]:.0f} img/s, "
-                      f"p50 {t[0] * 1e3:.3f} ms, p99 {t[1] * 1e3:.3f} ms", flush=True)
+                      f"p50 {t[0] * 1e3:.3f} ms, p99 {t[1] * 1e3:.3f} ms{joules}", flush=True)
         return train, infer
 
     def print_ours(rec):
@@ -257,6 +271,18 @@ def main():
         if rec["status"] != "ok":
             raise SystemExit(f"accelbench infer point not ok: {rec.get('status')}: {rec.get('reason')}")
         ours_infer[(rec["params"]["precision"], rec["params"]["batch"])] = rec
+    # Energy: a separate accelbench run timed for as long as PyTorch's energy window.
+    ours_energy = {}
+    energy_runs = [["infer", "--axis", f"model={MODEL}", "--axis", f"batch={','.join(map(str, energy_batches))}",
+                    "--axis", f"precision={','.join(INFER_PRECISIONS)}", "--axis", "layout=nhwc",
+                    "--axis", f"image_size={px}", "--axis", "graph=on",
+                    "--min-time", str(ENERGY_WINDOW_S)]] if energy_batches and INFER_PRECISIONS else []
+    for rec in (r for run in energy_runs for r in accelbench(args.accelbench, run, ab_dir)):
+        tel = rec.get("telemetry", {})
+        key = (rec["params"]["precision"], rec["params"]["batch"])
+        ours_energy[key] = (tel.get("samples_per_j"), tel.get("mean_power_w"))
+        print(f"accelbench infer {MODEL} {key[0]} b{key[1]} (energy run): {rec.get('status')}, "
+              f"{tel.get('samples_per_j')} img/J at {tel.get('mean_power_w')} W", flush=True)
     # Without a second measurement "after" is the same figure, so min() below keeps "before".
     train_after, infer_after = (train_before, infer_before) if args.torch_once else torch_all("after accelbench")
 
@@ -278,6 +304,9 @@ def main():
                          "ratio": peer[0] / ours_s, "ours_p50_ms": ours_s * 1e3, "torch_p50_ms": peer[0] * 1e3,
                          "ours_p99_ms": rec["time"]["p99_s"] * 1e3, "torch_p99_ms": peer[1] * 1e3,
                          "ours_check_rel_error": rec.get("check", {}).get("rel_error")})
+            if (p, b) in ours_energy and len(peer) > 2:
+                rows[-1].update({"ours_img_per_j": ours_energy[(p, b)][0], "ours_mean_w": ours_energy[(p, b)][1],
+                                 "torch_img_per_j": peer[2], "torch_mean_w": peer[3]})
     report["rows"] = rows
     report["torch_measured"] = "before accelbench only" if args.torch_once else "before and after accelbench, better kept"
     report["torch_raw"] = {"train_before_s": train_before,
@@ -299,6 +328,15 @@ def main():
             ms_ours = f"{r['ours_p50_ms']:.3f} / {r['ours_p99_ms']:.3f}"
             ms_peer = f"{r['torch_p50_ms']:.3f} / {r['torch_p99_ms']:.3f}"
         lines.append(f"| {r['what']} | {r['ours']:.0f} | {r['torch']:.0f} | {r['ratio']:.2f} | {ms_ours} | {ms_peer} |")
+    energy_rows = [r for r in rows if r.get("torch_img_per_j")]
+    if energy_rows:
+        lines += ["", f"Energy over {ENERGY_WINDOW_S:.0f} s of one-batch-at-a-time inference (GPU energy counter):", "",
+                  "| what | accelbench img/J (W) | PyTorch img/J (W) | accelbench / PyTorch |", "|---|---:|---:|---:|"]
+        for r in energy_rows:
+            ours = r["ours_img_per_j"]
+            ratio = f"{ours / r['torch_img_per_j']:.2f}" if ours else "n/a"
+            ours_text = f"{ours:.2f} ({r['ours_mean_w']:.0f})" if ours else "n/a (no energy in the record)"
+            lines.append(f"| {r['what']} | {ours_text} | {r['torch_img_per_j']:.2f} ({r['torch_mean_w']:.0f}) | {ratio} |")
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(args.out, "compare_resnet.md"), "w") as f:
