@@ -4,9 +4,11 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|multi|engine|ddp] (default all)
+#   usage: scripts/device.sh [test|bench|all|multi|engine|resnext|ddp] (default all)
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # bench/compare_resnet.py (ResNet-50 training and inference beside PyTorch, ~3 min).
+# resnext: ResNeXt-101 32x4d fp16 inference beside PyTorch + CUDA graphs at the batch-size study's
+# batches, samples/J at batch 10, and 32x8d at batch 1 (issue 5's targets, ~4 min).
 # multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
 # GPU collectives/p2p tests), accelbench collectives under mpirun and in one process, p2p, sysinfo's
 # topology, and bench/compare_nccl.py against torch.distributed. Where the image has no mpirun,
@@ -67,6 +69,12 @@ if [[ $what == test || $what == all ]]; then
 fi
 if [[ $what == multi ]]; then
   grep -E "MPI" "$logs/build.log" | head -3
+  # The rank-1 heap corruption (bench/RESULTS.md, issue 8) showed within seconds at a 2 ms period.
+  for i in 1 2 3; do
+    mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run stream --axis op=copy --min-time 0.05 \
+      --telemetry-period 2 --out "$logs/heap" > "$logs/heap-$i.txt" 2>&1
+    echo "mpirun stream, 2 ms telemetry, try $i: exit $?"
+  done
   ./build/cuda/tests/dist_test > "$logs/dist_test.log" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$logs/dist_test.log"
   $ab sysinfo | tee "$logs/sysinfo.txt"
@@ -87,6 +95,13 @@ if [[ $what == engine ]]; then
   grep -E "tests passed|tests failed|\(Failed\)|SEGFAULT|Timeout" "$logs/ctest-engine.log" | head -20
   # No tail: each figure is printed as measured, and a tail would hold them all back until the end.
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet" 2>&1 | tee "$logs/compare_resnet.txt"
+fi
+if [[ $what == resnext ]]; then
+  python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx4" --model resnext101_32x4d --train-precisions "" \
+    --infer-precisions fp16 --infer-batches 1,2,4,8,10,12,16,32,64,128,256 --energy-batches 10 --torch-once 2>&1 |
+    tee "$logs/compare_resnext_32x4d.txt"
+  python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx8" --model resnext101_32x8d --train-precisions "" \
+    --infer-precisions fp16 --infer-batches 1 --torch-once 2>&1 | tee "$logs/compare_resnext_32x8d.txt"
 fi
 if [[ $what == ddp ]]; then
   grep -E "MPI" "$logs/build.log" | head -3
