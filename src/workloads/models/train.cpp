@@ -32,6 +32,25 @@ constexpr double kLarsEta = 0.001;
 // tuned for the full-size model.
 constexpr double kAutoencoderSgdLr = 10.0;
 
+// Element-wise mean of the training ranks' vectors (ranks 0..gpus-1; idle ranks pass none), summed
+// in rank order so that every rank gets the same bits.
+std::vector<double> mean_over_training_ranks(dist::Comm& comm, std::int64_t gpus, const std::vector<double>& mine) {
+  dist::Packer out;
+  out.put(static_cast<std::int64_t>(mine.size()));
+  for (const double v : mine) out.put(v);
+  const std::vector<dist::Bytes> all = comm.allgather(out.bytes());
+  std::vector<double> sum;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(gpus); ++r) {
+    dist::Unpacker in(all[r]);
+    const auto n = static_cast<std::size_t>(in.get_int());
+    if (r == 0) sum.assign(n, 0.0);
+    if (n != sum.size()) throw Error("data parallelism: the ranks' loss trajectories differ in length");
+    for (double& v : sum) v += in.get_double();
+  }
+  for (double& v : sum) v /= static_cast<double>(gpus);
+  return sum;
+}
+
 // lr = 0 picks the recipe's rate: SGD 0.1 per 256 images (Goyal et al. 2017, linear scaling),
 // LARS MLPerf's base rate of the order of 10 at batch 3072, scaled the same way; the autoencoder's
 // SGD rate is kAutoencoderSgdLr at any batch (its loss is a mean over the batch's pixels).
@@ -164,6 +183,7 @@ class Train final : public Workload {
 
     const bool scaled = spec.precision == Precision::fp16;
     std::vector<double> losses;
+    double mse = 0;
     std::int64_t skipped = 0;
     const auto eager_step = [&] {
       g->forward();
@@ -194,17 +214,28 @@ class Train final : public Workload {
       state.add_metric("loss_trajectory", losses);
       if (scaled) state.add_metric("steps_skipped", skipped);
       if (!bad.empty()) throw Diverged{bad};
-      state.add_metric("loss_first", losses.front());
-      state.add_metric("loss_last", losses.back());
       // The distortion of the last trajectory step's reconstruction (before that step's update).
-      if (m.compression) {
-        const nlohmann::json q = reconstruction_quality(g->read(m.mse)[0]);
-        state.add_metric("mse", q["mse"]);
-        state.add_metric("psnr_db", q["psnr_db"]);
-      }
+      if (m.compression) mse = g->read(m.mse)[0];
       if (scaled) state.add_metric("loss_scale_after_trajectory", g->loss_scale());
       state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
     });
+    // The global batch's figures: each training rank's loss (and distortion) is a mean over its
+    // share of the batch, so their mean is what one GPU reports for the whole batch, and a scaling
+    // sweep's trajectories compare across GPU counts. Every rank takes part; idle ones send none.
+    if (world > 1) {
+      losses.push_back(mse);
+      losses = mean_over_training_ranks(comm, gpus, active ? losses : std::vector<double>{});
+      mse = losses.back();
+      losses.pop_back();
+      state.add_metric("loss_trajectory", losses);
+    }
+    state.add_metric("loss_first", losses.front());
+    state.add_metric("loss_last", losses.back());
+    if (m.compression) {
+      const nlohmann::json q = reconstruction_quality(mse);
+      state.add_metric("mse", q["mse"]);
+      state.add_metric("psnr_db", q["psnr_db"]);
+    }
 
     if (world > 1) {
       auto timer = state.backend().make_timer();
