@@ -553,6 +553,26 @@ TEST(DataParallel, TrainUnderMpirunAveragesGradientsOverTheTrainingRanks) {
   EXPECT_EQ(losses(by.at({2, 0.0001})), losses(by.at({2, 25.0})));
 }
 
+// comm_ctas configures NCCL's communicator: a point outside 0..64 is invalid, and one where
+// averaging goes through the host is skipped (the axis would change nothing there).
+TEST(DataParallel, CommCtasIsCheckedAndSkippedOnHostAveraging) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
+                       " run train --device cpu --axis batch=2 --axis image_size=8 --axis trajectory_steps=1 "
+                       "--axis graph=off --axis gpus=2 --axis comm_ctas=-1,8 --min-time 0.01 --out " +
+                       quote(tmp.path().string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto points = read_points(tmp.path());
+  ASSERT_EQ(points.size(), 2u);
+  std::map<int, nlohmann::json> by;
+  for (const auto& p : points) by[p["params"]["comm_ctas"].get<int>()] = p;
+  EXPECT_EQ(by.at(-1)["status"], "invalid") << by.at(-1).dump();
+  EXPECT_NE(by.at(-1).value("reason", "").find("comm_ctas in 0..64"), std::string::npos) << by.at(-1).dump();
+  EXPECT_EQ(by.at(8)["status"], "skipped") << by.at(8).dump();
+  EXPECT_NE(by.at(8).value("reason", "").find("averages through the host"), std::string::npos) << by.at(8).dump();
+}
+
 // Strong scaling of a model without batch norm: two ranks on halves of one batch of 8 train exactly
 // as one process on all 8 (their gradient mean is the full batch's gradient, their loss mean the
 // full batch's loss), so the trajectories agree to rounding. Batch norm would not: each rank

@@ -90,11 +90,12 @@ std::vector<std::uint8_t> collective_unique_id() {
 }
 
 std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank, int ranks,
-                                                      const std::vector<std::uint8_t>& unique_id) {
+                                                      const std::vector<std::uint8_t>& unique_id,
+                                                      const CommOptions& options) {
 #ifdef ACCELBENCH_WITH_CUDA
-  return cuda::make_collective_rank(backend, rank, ranks, unique_id);
+  return cuda::make_collective_rank(backend, rank, ranks, unique_id, options);
 #else
-  (void)backend, (void)rank, (void)ranks, (void)unique_id;
+  (void)backend, (void)rank, (void)ranks, (void)unique_id, (void)options;
   cpu_only("collectives");
 #endif
 }

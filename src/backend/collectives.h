@@ -98,9 +98,14 @@ std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpu
 // The multi-process shape. One rank creates the id (ncclGetUniqueId), every rank receives it
 // (dist/ broadcasts it over MPI) and calls make_collective_rank with its rank: NCCL's set-up then
 // waits until all `ranks` processes have joined. The communicator is kept per (id, rank).
+// Communicator settings a workload may choose (ncclConfig_t); 0 leaves a field to NCCL.
+struct CommOptions {
+  int max_ctas = 0;  // most thread blocks (SMs) a collective may occupy, e.g. to leave SMs to overlapped compute
+};
 std::vector<std::uint8_t> collective_unique_id();
 std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank, int ranks,
-                                                      const std::vector<std::uint8_t>& unique_id);
+                                                      const std::vector<std::uint8_t>& unique_id,
+                                                      const CommOptions& options = {});
 
 // GPU-to-GPU and host-to-GPU copies (the p2p workload): cudaMemcpyPeerAsync with peer access
 // enabled where the pair allows it. A side of -1 (kHostSide) is pinned host memory.

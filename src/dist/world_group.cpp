@@ -37,16 +37,17 @@ std::unique_ptr<backend::CollectiveGroup> world_collective_group(backend::Backen
 }
 
 std::unique_ptr<backend::CollectiveGroup> first_ranks_collective_group(backend::Backend& backend, Comm& comm,
-                                                                       int ranks) {
+                                                                       int ranks, const backend::CommOptions& options) {
   if (ranks < 1 || ranks > comm.size())
     throw UsageError("a communicator of " + std::to_string(ranks) + " ranks in a launch of " +
                      std::to_string(comm.size()));
-  // One id per size and process: every group after the first of a size reuses its communicator.
-  static std::map<int, Bytes> ids;
-  Bytes& id = ids[ranks];
+  // One id per size, options and process (an id makes one communicator): every group after the
+  // first of a kind reuses its communicator.
+  static std::map<std::pair<int, int>, Bytes> ids;
+  Bytes& id = ids[{ranks, options.max_ctas}];
   if (id.empty()) id = shared_unique_id(comm);
   if (comm.rank() >= ranks) return nullptr;
-  return backend::make_collective_rank(backend, comm.rank(), ranks, id);
+  return backend::make_collective_rank(backend, comm.rank(), ranks, id, options);
 }
 
 }  // namespace ab::dist

@@ -17,8 +17,9 @@ std::unique_ptr<backend::CollectiveGroup> world_collective_group(backend::Backen
 
 // The communicator of ranks 0..ranks-1 of `comm` (a scaling sweep's gpus=k point in a launch of
 // more processes): every rank of `comm` must call it (the id travels over all of them); ranks
-// from `ranks` on get null. One id per size, kept for the process's life like the world's.
+// from `ranks` on get null. One id per size and options, kept for the process's life like the world's.
 std::unique_ptr<backend::CollectiveGroup> first_ranks_collective_group(backend::Backend& backend, Comm& comm,
-                                                                       int ranks);
+                                                                       int ranks,
+                                                                       const backend::CommOptions& options = {});
 
 }  // namespace ab::dist

@@ -545,10 +545,12 @@ std::vector<std::uint8_t> collective_unique_id() {
 }
 
 std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank, int ranks,
-                                                      const std::vector<std::uint8_t>& unique_id) {
+                                                      const std::vector<std::uint8_t>& unique_id,
+                                                      const CommOptions& options) {
   const int device = backend_device(backend);
   if (ranks < 1 || rank < 0 || rank >= ranks)
     throw UsageError("rank " + std::to_string(rank) + " is outside a communicator of " + std::to_string(ranks));
+  if (options.max_ctas < 0) throw UsageError("a communicator's max_ctas must not be negative");
   ncclUniqueId id{};
   if (unique_id.size() != sizeof id.internal)
     throw Error("an NCCL unique id has " + std::to_string(sizeof id.internal) + " bytes, not " +
@@ -556,7 +558,7 @@ std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank
   std::memcpy(id.internal, unique_id.data(), unique_id.size());
   const auto forced = force_settings();
   const std::string key = "rank:" + hex(unique_id) + ":" + std::to_string(rank) + "/" + std::to_string(ranks) +
-                          ":cuda" + std::to_string(device);
+                          ":cuda" + std::to_string(device) + ":ctas" + std::to_string(options.max_ctas);
   const std::lock_guard<std::mutex> lock(g_cache_mutex);
   Comms*& slot = comm_cache()[key];
   if (slot == nullptr) {
@@ -568,7 +570,9 @@ std::unique_ptr<CollectiveGroup> make_collective_rank(Backend& backend, int rank
     c->joins.resize(1);
     c->comms.resize(1);
     AB_CUDA(cudaSetDevice(device), "collective rank " + std::to_string(rank));
-    AB_NCCL(ncclCommInitRank(&c->comms[0], ranks, id, rank),
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (options.max_ctas > 0) config.maxCTAs = options.max_ctas;
+    AB_NCCL(ncclCommInitRankConfig(&c->comms[0], ranks, id, rank, &config),
             "rank " + std::to_string(rank) + " of " + std::to_string(ranks) + " on cuda:" + std::to_string(device));
     slot = c.release();
   }

@@ -54,10 +54,11 @@ class HostGradientAverager final : public nn::GradientAverager {
 
 }  // namespace
 
-DataParallel::DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes)
+DataParallel::DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes,
+                           const backend::CommOptions& comm_options)
     : comm_(comm), gpus_(gpus), bucket_bytes_(bucket_bytes) {
   if (backend.info().kind == "cuda") {
-    group_ = dist::first_ranks_collective_group(backend, comm, gpus);
+    group_ = dist::first_ranks_collective_group(backend, comm, gpus, comm_options);
   } else if (gpus != comm.size()) {
     throw Unsupported("data parallelism on " + backend.info().id + " averages over the whole launch: gpus=" +
                       std::to_string(gpus) + " needs -np " + std::to_string(gpus));
@@ -80,8 +81,8 @@ std::size_t DataParallel::bucket_count() const { return sync_ ? sync_->buckets()
 std::string DataParallel::describe() const { return group_ ? "nccl" : "host"; }
 
 std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
-                                                 std::int64_t bucket_bytes) {
-  return std::make_unique<DataParallel>(backend, comm, gpus, bucket_bytes);
+                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options) {
+  return std::make_unique<DataParallel>(backend, comm, gpus, bucket_bytes, comm_options);
 }
 
 }  // namespace ab::workloads::zoo

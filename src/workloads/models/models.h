@@ -114,7 +114,8 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
 // attach it to their graph.
 class DataParallel {
  public:
-  DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes);
+  DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes,
+               const backend::CommOptions& comm_options = {});
   ~DataParallel();
   // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
   void attach(nn::Graph& graph, nn::Kernels& kernels);
@@ -130,7 +131,7 @@ class DataParallel {
   std::unique_ptr<nn::BucketedGradientSync> sync_;
 };
 std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
-                                                 std::int64_t bucket_bytes);
+                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options = {});
 
 // --- The loadgen system under test -------------------------------------------------------------
 

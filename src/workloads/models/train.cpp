@@ -24,6 +24,7 @@ constexpr double kMomentum = 0.9;
 constexpr double kSgdWeightDecay = 1e-4;   // torchvision's ResNet recipe
 constexpr double kLarsWeightDecay = 5e-5;  // MLPerf's ResNet reference with LARS
 constexpr double kLarsEta = 0.001;
+constexpr std::int64_t kMaxCommCtas = 64;  // NCCL's channel limit (MAXCHANNELS)
 
 // The compression autoencoder's SGD rate. Its loss is a mean over pixels of small squared errors
 // (about 0.02 at the start), so its gradients are orders of magnitude below a classifier's, and
@@ -103,7 +104,10 @@ class Train final : public Workload {
           "data-parallel GPUs, one process each (under mpirun/srun; gpus=k trains on ranks 0..k-1)"},
          {"scaling", AxisKind::text, one("weak"), {"weak", "strong"},
           "weak: batch is per GPU; strong: batch is global, split over the GPUs"},
-         {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"}});
+         {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
+         {"comm_ctas", AxisKind::integer, one("0"), {},
+          "data parallelism on GPUs: most SMs an all-reduce may occupy (NCCL maxCTAs; 0 = NCCL's choice), "
+          "leaving the rest to the backward pass it overlaps"}});
     return axes;
   }
 
@@ -112,12 +116,13 @@ class Train final : public Workload {
     const double lr = state.get_real("lr");
     const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
     const double bucket_mib = state.get_real("bucket_mib");
+    const std::int64_t comm_ctas = state.get_int("comm_ctas");
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
-        gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib))
-      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0 and a finite lr >= 0 "
-                       "(got " + state.point().label() + ")");
+        gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib) || comm_ctas < 0 || comm_ctas > kMaxCommCtas)
+      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, comm_ctas in 0.." +
+                       std::to_string(kMaxCommCtas) + " and a finite lr >= 0 (got " + state.point().label() + ")");
     dist::Comm& comm = dist::world();
     const int world = comm.size(), rank = comm.rank();
     if (gpus > world)
@@ -126,6 +131,9 @@ class Train final : public Workload {
     if (strong && asked.batch % gpus != 0)
       state.skip("strong scaling splits batch=" + std::to_string(asked.batch) + " over gpus=" + std::to_string(gpus) +
                  ": not a multiple");
+    if (gpus > 1 && comm_ctas > 0 && state.backend().info().kind != "cuda")
+      state.skip("comm_ctas sets NCCL's communicator; data parallelism on " + state.backend().info().id +
+                 " averages through the host");
     if (gpus > 1 && use_graph && state.backend().info().kind != "cuda")
       state.skip("data parallelism on " + state.backend().info().id +
                  " averages through the host, which a captured step cannot hold: use graph=off");
@@ -167,7 +175,10 @@ class Train final : public Workload {
     const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(bucket_mib * 1024 * 1024));
     std::unique_ptr<DataParallel> dp;
     if (gpus > 1) {  // then world > 1: every rank takes part in creating the communicator
-      on_all_ranks(comm, [&] { dp = make_data_parallel(state.backend(), comm, static_cast<int>(gpus), bucket_bytes); });
+      on_all_ranks(comm, [&] {
+        dp = make_data_parallel(state.backend(), comm, static_cast<int>(gpus), bucket_bytes,
+                                backend::CommOptions{.max_ctas = static_cast<int>(comm_ctas)});
+      });
       together([&] {
         dp->attach(*g, *kernels);
         state.add_metric("data_parallel", {{"gpus", gpus},
@@ -176,6 +187,7 @@ class Train final : public Workload {
                                            {"batch_per_gpu", spec.batch},
                                            {"global_batch", global_batch},
                                            {"bucket_bytes", bucket_bytes},
+                                           {"comm_max_ctas", comm_ctas},
                                            {"buckets", dp->bucket_count()},
                                            {"averaging", dp->describe()}});
       });
