@@ -281,15 +281,15 @@ class Train final : public Workload {
 
  private:
   // The single-GPU rate of each configuration measured earlier in this process (the point's
-  // label less `gpus`), so a scaling sweep gpus=1,2,4 records its efficiency at every count after
+  // label less `gpus` and the data-parallel knobs), so a scaling sweep gpus=1,2,4 records its efficiency at every count after
   // the first: rate(k) / (k x rate(1)). Weak scaling keeps the per-GPU batch, strong the global.
   static void record_scaling(State& state, std::int64_t gpus, std::int64_t global_batch) {
     static std::map<std::string, double> single_gpu_rate;
     if (!state.result() || !(state.result()->summary.median > 0)) return;
     const double rate = static_cast<double>(global_batch) / state.result()->summary.median;
     std::string key;
-    for (const auto& [axis, value] : state.point().values)
-      if (axis != "gpus") key += axis + "=" + value + " ";
+    for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
+      if (axis != "gpus" && axis != "bucket_mib" && axis != "comm_ctas") key += axis + "=" + value + " ";
     if (gpus == 1) {
       single_gpu_rate[key] = rate;
       return;
