@@ -1,7 +1,9 @@
 // Tests for src/models: ResNet-50 v1.5 and ResNeXt parameter counts and forward MACs against
 // torchvision's published figures (from the ops' own counts, no execution), the memory plan of a
 // full-size training graph, and, on the reference backend, that a tiny ResNet learns a synthetic
-// 4-class task and that two runs give bit-identical losses.
+// 4-class task and that two runs give bit-identical losses; batch norms folded into the
+// convolutions compute the same function (a block, tiny ResNet logits) with fewer ops.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -15,6 +17,7 @@
 #include "models/resnet.h"
 #include "nn/ops.h"
 #include "nn/optim.h"
+#include "nn/ref/ref_kernels.h"
 #include "test_support.h"
 
 namespace ab::models {
@@ -187,6 +190,222 @@ TEST(Determinism, NhwcTrainsBitIdenticallyToNchw) {
   const TrainRun nchw = train_tiny(seed, 3, 6, false, 0, Layout::nchw);
   const TrainRun nhwc = train_tiny(seed, 3, 6, false, 0, Layout::nhwc);
   EXPECT_EQ(nchw.losses, nhwc.losses);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch-norm folding (ResNetConfig::fold_batchnorm, fold_batchnorm_parameters, nn::BiasActivation)
+
+// Non-trivial batch-norm values, as after training (the initial ones, gamma 1, beta 0, mean 0 and
+// var 1, would fold into a near no-op): gamma, beta, running mean and variance of every batch norm
+// set to fresh random values, positive variances.
+void randomise_batchnorms(nn::ParameterValues& values, std::uint64_t seed) {
+  std::uint64_t counter = 0;
+  int found = 0;
+  for (auto& [name, v] : values) {
+    if (!name.ends_with(".running_var")) continue;
+    const std::string bn = name.substr(0, name.size() - std::string(".running_var").size());
+    ++found;
+    for (auto& x : v) x = uniform(seed, counter++, 0.3, 2.0);
+    for (auto& x : values.at(bn + ".running_mean")) x = uniform(seed, counter++, -0.5, 0.5);
+    for (auto& x : values.at(bn + ".weight")) x = uniform(seed, counter++, 0.5, 1.5);
+    for (auto& x : values.at(bn + ".bias")) x = uniform(seed, counter++, -0.5, 0.5);
+  }
+  ASSERT_GT(found, 0);
+}
+
+std::vector<double> random_values(std::int64_t n, std::uint64_t seed) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = uniform(seed, 500000 + i, -1.5, 1.5);
+  return v;
+}
+
+// max |a - b| <= tol * max |b|, and b is not all zeros.
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double scale = 0, worst = 0;
+  for (double v : b) scale = std::max(scale, std::abs(v));
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  EXPECT_GT(scale, 0) << what << ": all-zero outputs check nothing";
+  EXPECT_LE(worst, tol * scale) << what << " (max |ref| " << scale << ")";
+}
+
+// A conv + BN + ReLU, conv + BN, projection conv + BN, add, ReLU block with torchvision's names,
+// unfolded or folded by hand into convolutions and bias_act ops.
+struct SmallBlock {
+  nn::Value x, y;
+};
+SmallBlock small_block(nn::GraphBuilder& b, bool fold) {
+  const auto conv = [&](const std::string& name, nn::Value in, std::int64_t k, std::int64_t kernel) {
+    nn::Conv2dAttrs a;
+    a.out_channels = k;
+    a.kernel_h = a.kernel_w = kernel;
+    a.conv.pad_h = a.conv.pad_w = kernel / 2;
+    return nn::conv2d(b, name, in, a);
+  };
+  SmallBlock s;
+  s.x = b.input("x", Shape{2, 3, 6, 6});
+  nn::Value y = conv("conv1", s.x, 4, 3);
+  y = fold ? nn::bias_activation(b, "bn1", y, nn::Value{}, true) : nn::relu(b, "relu1", nn::batchnorm2d(b, "bn1", y));
+  y = conv("conv2", y, 5, 3);
+  nn::Value shortcut = conv("downsample.0", s.x, 5, 1);
+  if (fold) {
+    shortcut = nn::bias_activation(b, "downsample.1", shortcut, nn::Value{}, false);
+    s.y = nn::bias_activation(b, "bn2", y, shortcut, true);
+  } else {
+    shortcut = nn::batchnorm2d(b, "downsample.1", shortcut);
+    s.y = nn::relu(b, "relu2", nn::add(b, "add", nn::batchnorm2d(b, "bn2", y), shortcut));
+  }
+  b.mark_output(s.y);
+  return s;
+}
+
+TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (DType t : {DType::f64, DType::f32})
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      SCOPED_TRACE(std::string(to_string(t)) + " " + std::string(to_string(layout)));
+      nn::GraphOptions o;
+      o.dtype = t;
+      o.layout = layout;
+      o.training = false;
+      auto k = nn::make_ref_kernels();
+      nn::GraphBuilder ub(o), fb(o);
+      const SmallBlock us = small_block(ub, false), fs = small_block(fb, true);
+      nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
+      EXPECT_EQ(unfolded.op_count(), 9u);
+      EXPECT_EQ(folded.op_count(), 6u);
+      unfolded.bind(*k);
+      folded.bind(*k);
+      nn::ParameterValues values = unfolded.parameter_values();
+      randomise_batchnorms(values, seed);
+      unfolded.set_parameter_values(values);
+      const nn::ParameterValues f = fold_batchnorm_parameters(values);
+      // The folded weights are the unfolded ones scaled per output channel, by more than rounding.
+      EXPECT_EQ(f.size(), 3u + 3u);  // three convolutions' weights, three biases
+      EXPECT_GT(std::abs(f.at("conv2.weight")[0] / values.at("conv2.weight")[0] - 1.0), 1e-3);
+      folded.set_parameter_values(f);
+
+      const std::vector<double> x = random_values(2 * 3 * 6 * 6, seed);
+      unfolded.set_input(us.x, x);
+      folded.set_input(fs.x, x);
+      unfolded.forward(false);
+      folded.forward(false);
+      const auto want = unfolded.read(us.y), got = folded.read(fs.y);
+      expect_close(got, want, t == DType::f64 ? 1e-12 : 2e-6, "block output");
+      const auto zeros = std::count(want.begin(), want.end(), 0.0);
+      EXPECT_GT(zeros, 0);  // the ReLU clamps some elements and passes others
+      EXPECT_LT(zeros, static_cast<std::ptrdiff_t>(want.size() * 9 / 10));
+    }
+}
+
+TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (DType t : {DType::f64, DType::f32})
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      SCOPED_TRACE(std::string(to_string(t)) + " " + std::string(to_string(layout)));
+      nn::GraphOptions o;
+      o.dtype = t;
+      o.layout = layout;
+      o.training = false;
+      o.seed = seed;
+      ResNetConfig c = tiny_resnet(3, 5);
+      nn::GraphBuilder ub(o);
+      const nn::Value ui = ub.input("images", Shape{2, 3, 8, 8});
+      const nn::Value ul = resnet(ub, ui, c);
+      ub.mark_output(ul);
+      c.fold_batchnorm = true;
+      nn::GraphBuilder fb(o);
+      const nn::Value fi = fb.input("images", Shape{2, 3, 8, 8});
+      const nn::Value fl = resnet(fb, fi, c);
+      fb.mark_output(fl);
+      nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
+      // Removed: the stem's ReLU and per block three ReLUs and the add; each batch norm became a bias_act.
+      EXPECT_EQ(unfolded.op_count() - folded.op_count(), 1u + 2u * 4u);
+
+      auto k = nn::make_ref_kernels();
+      unfolded.bind(*k);
+      folded.bind(*k);
+      nn::ParameterValues values = unfolded.parameter_values();
+      randomise_batchnorms(values, seed);
+      unfolded.set_parameter_values(values);
+      folded.set_parameter_values(fold_batchnorm_parameters(values));
+      const std::vector<double> images = random_values(2 * 3 * 8 * 8, seed);
+      unfolded.set_input(ui, images);
+      folded.set_input(fi, images);
+      unfolded.forward(false);
+      folded.forward(false);
+      expect_close(folded.read(fl), unfolded.read(ul), t == DType::f64 ? 1e-11 : 1e-5, "logits");
+    }
+}
+
+TEST(FoldBatchnorm, FullSizeResnextLosesItsReluAndAddKernels) {
+  // ResNeXt-101 32x4d inference: 344 ops unfolded; folded, the stem's ReLU and each of the 33
+  // blocks' three ReLUs and add disappear, leaving convolutions, bias_acts, the pool and fc.
+  nn::GraphOptions o;
+  o.training = false;
+  ResNetConfig c = resnext101_32x4d();
+  nn::GraphBuilder ub(o);
+  resnet(ub, ub.input("images", Shape{2, 3, 224, 224}), c);
+  c.fold_batchnorm = true;
+  nn::GraphBuilder fb(o);
+  resnet(fb, fb.input("images", Shape{2, 3, 224, 224}), c);
+  const nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
+  EXPECT_EQ(unfolded.op_count(), 344u);
+  EXPECT_EQ(folded.op_count(), 344u - 1u - 33u * 4u);
+  EXPECT_EQ(matmul_macs(folded), matmul_macs(unfolded));
+  std::size_t bias_acts = 0, batchnorms = 0;
+  for (std::size_t i = 0; i < folded.op_count(); ++i) bias_acts += folded.op(i).kind() == "bias_act";
+  for (std::size_t i = 0; i < unfolded.op_count(); ++i) batchnorms += unfolded.op(i).kind() == "batchnorm2d";
+  EXPECT_EQ(bias_acts, 104u);  // 3 per block, 1 per projection (4 of them), 1 in the stem
+  EXPECT_EQ(bias_acts, batchnorms);
+  EXPECT_LT(folded.forward_flops(), unfolded.forward_flops());
+  // Trainable parameters: each batch norm's gamma is gone (its beta lives on as the bias).
+  std::int64_t gammas = 0;
+  for (std::size_t i = 0; i < unfolded.op_count(); ++i)
+    if (unfolded.op(i).kind() == "batchnorm2d") gammas += unfolded.op(i).outputs()[0].shape[1];
+  EXPECT_EQ(folded.parameter_count(), unfolded.parameter_count() - gammas);
+  // Training a folded network is refused when bound.
+  nn::GraphOptions t;
+  ResNetConfig tiny = tiny_resnet(3, 5);
+  tiny.fold_batchnorm = true;
+  nn::GraphBuilder tb(t);
+  build_classifier(tb, tiny, 2, 8);
+  nn::Graph tg(std::move(tb));
+  auto k = nn::make_ref_kernels();
+  const std::string msg = test::error_message<nn::LayerError>([&] { tg.bind(*k); });
+  EXPECT_NE(msg.find("(bias_act): is inference only"), std::string::npos) << msg;
+}
+
+TEST(FoldBatchnorm, ParameterValuesRoundTripAndRefuseWrongNamesOrSizes) {
+  nn::GraphOptions o;
+  o.dtype = DType::f64;
+  o.training = false;
+  nn::GraphBuilder b(o);
+  resnet(b, b.input("images", Shape{1, 3, 8, 8}), tiny_resnet(3, 5));
+  nn::Graph g(std::move(b));
+  const nn::ParameterValues initial = g.initial_parameter_values();  // before bind
+  auto k = nn::make_ref_kernels();
+  g.bind(*k);
+  EXPECT_EQ(g.parameter_values(), initial);  // exactly what bind wrote (f64)
+  nn::ParameterValues missing = initial;
+  missing.erase("fc.bias");
+  EXPECT_NE(test::error_message<Error>([&] { g.set_parameter_values(missing); }).find("'fc.bias'"), std::string::npos);
+  nn::ParameterValues extra = initial;
+  extra["fc.scale"] = {1.0};
+  EXPECT_NE(test::error_message<Error>([&] { g.set_parameter_values(extra); }).find("'fc.scale'"), std::string::npos);
+  nn::ParameterValues short_one = initial;
+  short_one.at("conv1.weight").pop_back();
+  EXPECT_THROW(g.set_parameter_values(short_one), Error);
+  nn::ParameterValues changed = initial;
+  changed.at("fc.bias")[0] = 0.25;
+  g.set_parameter_values(changed);
+  EXPECT_EQ(g.parameter_values().at("fc.bias")[0], 0.25);
+  // A batch norm whose convolution cannot be named is refused.
+  nn::ParameterValues odd = initial;
+  odd["head.norm.running_var"] = {1.0};
+  EXPECT_THROW(fold_batchnorm_parameters(odd), Error);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@
 // out-of-memory, CUDA-graph capture and deterministic mode; then whole models: a tiny ResNet's
 // logits and gradients against the reference, every kernel call of a ResNet-50 step (64x64)
 // against the reference on the GPU's own operands plus its logits and loss, and a tiny ResNet
-// learning on the GPU. Skips where no GPU answers (the check of the per-call check runs anyway).
+// learning on the GPU; the fused bias_act epilogue and a folded tiny ResNet's inference. Skips
+// where no GPU answers (the check of the per-call check runs anyway).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -403,6 +404,42 @@ TEST_F(CudaKernelsTest, BatchNormMatchesReferenceInTrainingInferenceAndBackward)
     ref_->batchnorm_forward_inference(d, x.ref, gamma.ref, beta.ref, rmean.ref, rvar.ref, yi.ref);
     expect_close(yi, tol, "inference y");
   }
+}
+
+// The fused inference epilogue (a folded batch norm's shift, the residual add, ReLU) against the
+// reference on the same rounded inputs: every storage type, both layouts, residual and ReLU on and
+// off, channel counts off the vector width (the channel index steps across chunks) and on it.
+TEST_F(CudaKernelsTest, BiasActivationMatchesReferenceInEveryConfiguration) {
+  const std::vector<Shape> shapes = {Shape{2, 13, 5, 7}, Shape{4, 64, 8, 8}, Shape{1, 3, 1, 1}};
+  int compared = 0;
+  for (const Shape& xs : shapes)
+    for (Layout layout : {Layout::nchw, Layout::nhwc})
+      for (DType t : {DType::f32, DType::bf16, DType::f16})
+        for (bool residual : {false, true})
+          for (bool relu : {false, true}) {
+            SCOPED_TRACE(xs.to_string() + " " + std::string(to_string(layout)) + " " + std::string(to_string(t)) +
+                         (residual ? " residual" : "") + (relu ? " relu" : ""));
+            Twin x = random(t, xs, layout, -2, 2);
+            Twin bias = random(DType::f32, Shape{xs[1]}, Layout::nchw, -1, 1);  // f32 beside any data type
+            Twin r = random(t, xs, layout, -1, 1);
+            Twin y = random(t, xs, layout);  // old values, all overwritten
+            cuda_->bias_activation_forward(x.dev, bias.dev, residual ? r.dev : Tensor{}, y.dev, relu);
+            ref_->bias_activation_forward(x.ref, bias.ref, residual ? r.ref : Tensor{}, y.ref, relu);
+            expect_close(y, tolerance(t), "y");
+            if (relu) {
+              const auto got = read(y.dev);
+              EXPECT_GE(*std::min_element(got.begin(), got.end()), 0.0);
+            }
+            ++compared;
+          }
+  EXPECT_EQ(compared, 3 * 2 * 3 * 2 * 2);
+  // Refused with the reason: a bias in the data's 16-bit type, a residual of another layout.
+  const Shape s{2, 8, 3, 3};
+  Twin x = random(DType::bf16, s, Layout::nhwc), y = random(DType::bf16, s, Layout::nhwc);
+  Twin b16 = random(DType::bf16, Shape{8});
+  EXPECT_THROW(cuda_->bias_activation_forward(x.dev, b16.dev, Tensor{}, y.dev, true), Unsupported);
+  Twin b = random(DType::f32, Shape{8}), r = random(DType::bf16, s, Layout::nchw);
+  EXPECT_THROW(cuda_->bias_activation_forward(x.dev, b.dev, r.dev, y.dev, true), Unsupported);
 }
 
 // The project's NHWC kernels (f32 training): a second run gives the same bits (fixed-order
@@ -833,6 +870,14 @@ class CheckedKernels final : public Kernels {
     ref_->copy_gradient(hdy, hdx, accumulate);
     c.check(dx, hdx, accumulate ? "dx (accumulate)" : "dx");
   }
+  void bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y,
+                               bool relu) override {
+    Call c(*this, "bias_activation_forward " + x.to_string(), tol_);
+    const Tensor hx = c.in(x), hb = c.in(bias), hr = c.in(residual), hy = c.out(y);  // hr undefined without one
+    dut_.bias_activation_forward(x, bias, residual, y, relu);
+    ref_->bias_activation_forward(hx, hb, hr, hy, relu);
+    c.check(y, hy, "y");
+  }
   void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) override {
     Call c(*this, "maxpool_forward " + x.to_string(), tol_);
     const Tensor hx = c.in(x), hy = c.out(y);
@@ -1028,6 +1073,102 @@ TEST_F(CudaKernelsTest, Resnet50At64PixelsLogitsAndGradientsMatchReference) {
   EXPECT_LT(stats.conv_searches, 30);
   EXPECT_GT(stats.conv_cache_hits, 20);
   EXPECT_EQ(stats.conv_pass_searches, 3 * stats.conv_searches - 1);
+}
+
+// Batch norms folded into the convolutions (inference): a folded tiny ResNet on `dut`, every
+// kernel call checked against the reference on dut's operands (the bias_act epilogue with and
+// without a residual among them), and its logits against the unfolded network's in f64 on the
+// reference, from the same non-trivial batch-norm values (random gamma, beta, mean and variance).
+// Returns the logits' comparison log (empty when within logits_tol).
+std::string check_folded_tiny_resnet(CheckedKernels& dut, Precision p, Layout layout, std::uint64_t seed,
+                                     double logits_tol) {
+  auto ref = make_ref_kernels();
+  models::ResNetConfig c = models::tiny_resnet(3, 5);
+  GraphOptions ro;
+  ro.dtype = DType::f64;
+  ro.layout = layout;
+  ro.training = false;
+  GraphBuilder rb(ro);
+  const Value ri = rb.input("images", Shape{2, 3, 8, 8});
+  const Value rl = models::resnet(rb, ri, c);
+  rb.mark_output(rl);
+  Graph reference(std::move(rb));
+  reference.bind(*ref);
+  ParameterValues values = reference.parameter_values();
+  std::uint64_t counter = 0;
+  for (auto& [name, v] : values) {
+    if (!name.ends_with(".running_var")) continue;
+    const std::string bn = name.substr(0, name.size() - std::string(".running_var").size());
+    for (auto& x : v) x = uniform(seed, counter++, 0.3, 2.0);
+    for (auto& x : values.at(bn + ".running_mean")) x = uniform(seed, counter++, -0.5, 0.5);
+    for (auto& x : values.at(bn + ".weight")) x = uniform(seed, counter++, 0.5, 1.5);
+    for (auto& x : values.at(bn + ".bias")) x = uniform(seed, counter++, -0.5, 0.5);
+  }
+  reference.set_parameter_values(values);
+  std::vector<double> images(2 * 3 * 8 * 8);
+  for (std::size_t i = 0; i < images.size(); ++i) images[i] = uniform(seed + 1, i, -1.5, 1.5);
+  reference.set_input(ri, images);
+  reference.forward(false);
+
+  c.fold_batchnorm = true;
+  GraphOptions go;
+  go.precision = p;
+  go.layout = layout;
+  go.training = false;
+  GraphBuilder gb(go);
+  const Value gi = gb.input("images", Shape{2, 3, 8, 8});
+  const Value gl = models::resnet(gb, gi, c);
+  gb.mark_output(gl);
+  Graph folded(std::move(gb));
+  folded.bind(dut);
+  folded.set_parameter_values(models::fold_batchnorm_parameters(values));
+  folded.set_input(gi, images);
+  folded.forward(false);
+  std::string log;
+  close_to(folded.read(gl), reference.read(rl), logits_tol, "logits", &log);
+  return log;
+}
+
+// A reference whose fused epilogue forgets the residual: what the per-call check must catch.
+class ResidualDroppingKernels final : public ref::RefKernels {
+ public:
+  void bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor&, const Tensor& y,
+                               bool relu) override {
+    RefKernels::bias_activation_forward(x, bias, Tensor{}, y, relu);
+  }
+};
+
+// The check above on the CPU: the f32 reference passes every call and gives the unfolded logits;
+// an epilogue without its residual fails exactly the two block-ending calls and the logits.
+TEST(CudaModelCheck, FoldedTinyResnetIsCheckedCallByCallOnTheReference) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto honest = make_ref_kernels();
+  CheckedKernels ok(*honest, 1e-5, 1e-5);
+  EXPECT_EQ(check_folded_tiny_resnet(ok, Precision::fp32, Layout::nhwc, seed, 1e-5), "");
+  // The stem's conv and bias_act, per block conv, bias_act x 2, conv x 2 (with the projection),
+  // bias_act x 2; the pool and fc.
+  EXPECT_EQ(ok.checked(), 2 + 2 * 8 + 2);
+  EXPECT_EQ(ok.failed(), 0) << ok.failures();
+  ResidualDroppingKernels faulty;
+  CheckedKernels bad(faulty, 1e-5, 1e-5);
+  EXPECT_NE(check_folded_tiny_resnet(bad, Precision::fp32, Layout::nhwc, seed, 1e-5), "");
+  EXPECT_EQ(bad.failed(), 2) << bad.failures();
+}
+
+TEST_F(CudaKernelsTest, FoldedTinyResnetInferenceMatchesTheUnfoldedReference) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      SCOPED_TRACE(std::string(to_string(p)) + " " + std::string(to_string(layout)));
+      const bool bf16 = p == Precision::bf16;
+      CheckedKernels checked(*cuda_, tolerance(bf16 ? DType::bf16 : DType::f32), bf16 ? 3e-2 : 1e-3);
+      EXPECT_EQ(check_folded_tiny_resnet(checked, p, layout, seed, bf16 ? 1e-1 : 1e-3), "");
+      EXPECT_EQ(checked.failed(), 0) << checked.failed() << " of " << checked.checked() << " checked outputs differ:\n"
+                                     << checked.failures();
+      EXPECT_EQ(checked.checked(), 2 + 2 * 8 + 2);
+    }
 }
 
 // Reference kernels with one classic mistake each: a backward-data convolution that should add

@@ -2,7 +2,8 @@
 // independent naive formula, every op's backward against central finite differences on fresh
 // random inputs (f64 storage), the accumulate path of every input gradient, layouts, and
 // bit-identical results at any thread count; 16-bit storage (each op's result is the f64 result
-// rounded once), casts, loss scaling, skipped optimizer steps and capture on the reference kernels.
+// rounded once), casts, loss scaling, skipped optimizer steps and capture on the reference kernels;
+// the fused bias_act epilogue against the reference ops it replaces.
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "nn/kernels.h"
 #include "nn/ops.h"
 #include "nn/ref/ref_kernels.h"
+#include "test_support.h"
 
 namespace ab::nn {
 namespace {
@@ -385,6 +387,111 @@ TEST(Add, ForwardAndBackwardOfBothInputs) {
   const auto a = read_host(h.t.in[0]), b = read_host(h.t.in[1]), y = read_host(h.t.out[0]);
   for (std::size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], a[i] + b[i]);
   h.run_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// bias_act: the fused inference epilogue of a folded batch norm
+
+// The fused kernel against the reference ops it replaces, on fresh random inputs: a batch norm in
+// inference with gamma 1, mean 0 and var 1 - eps (so it adds beta = bias), then add, then ReLU;
+// and against the formula itself in logical order. f64 agrees to rounding; f32, where the
+// composition rounds after each op and the fused kernel once, to a few ulps.
+TEST(BiasActivation, MatchesTheComposedReferenceOpsInEveryConfiguration) {
+  auto k = make_ref_kernels();
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::uint64_t counter = 0;
+  std::vector<Buffer> store;
+  const auto make = [&](DType t, const Shape& s, Layout l, double lo, double hi) {
+    const Tensor d = Tensor::describe(t, s, l);
+    store.emplace_back(k->allocator(), d.size_bytes());
+    const Tensor v = store.back().view(d);
+    std::vector<double> values(static_cast<std::size_t>(s.numel()));
+    for (auto& x : values) x = uniform(seed, counter++, lo, hi);
+    write_host(v, values);
+    return v;
+  };
+  const Shape xs{2, 5, 3, 4};
+  const std::int64_t ch = xs[1];
+  int cases = 0;
+  for (Layout layout : {Layout::nchw, Layout::nhwc})
+    for (DType t : {DType::f64, DType::f32})
+      for (bool residual : {false, true})
+        for (bool relu : {false, true}) {
+          SCOPED_TRACE(std::string(to_string(layout)) + " " + std::string(to_string(t)) +
+                       (residual ? " residual" : "") + (relu ? " relu" : ""));
+          const Tensor x = make(t, xs, layout, -2, 2), r = make(t, xs, layout, -1, 1);
+          const Tensor bias = make(t, Shape{ch}, Layout::nchw, -1, 1);
+          const Tensor fused = make(t, xs, layout, 5, 6), composed = make(t, xs, layout, 5, 6);
+          k->bias_activation_forward(x, bias, residual ? r : Tensor{}, fused, relu);
+
+          const BatchNormDesc d{};
+          const Tensor gamma = make(t, Shape{ch}, Layout::nchw, 0, 0), mean = make(t, Shape{ch}, Layout::nchw, 0, 0);
+          const Tensor var = make(t, Shape{ch}, Layout::nchw, 0, 0);
+          k->fill(gamma, 1.0);
+          k->fill(var, 1.0 - d.epsilon);
+          k->batchnorm_forward_inference(d, x, gamma, bias, mean, var, composed);
+          if (residual) k->add_forward(composed, r, composed);
+          if (relu) k->relu_forward(composed, composed);
+
+          const auto got = read_host(fused), want = read_host(composed);
+          const auto xv = read_host(x), rv = read_host(r), bv = read_host(bias);
+          const double tol = t == DType::f64 ? 1e-12 : 1e-6;
+          int positive = 0, negative = 0;
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            double v = xv[i] + bv[(i / 12) % 5] + (residual ? rv[i] : 0.0);  // logical NCHW: c = i / (H*W) % C
+            if (relu) v = std::max(v, 0.0);
+            EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+            EXPECT_NEAR(got[i], v, t == DType::f64 ? 1e-15 : 4e-7) << "element " << i;
+            positive += got[i] > 0;
+            negative += got[i] < 0;
+          }
+          EXPECT_GT(positive, 10);  // not a vacuous all-zero comparison
+          EXPECT_EQ(negative > 0, !relu);
+          ++cases;
+        }
+  EXPECT_EQ(cases, 16);
+}
+
+TEST(BiasActivation, ShapesParametersCostsAndRefusals) {
+  BiasActivation op("layer1.0.bn3", true);
+  const Shape xs{2, 4, 3, 3};
+  EXPECT_EQ(op.infer({Tensor::describe(DType::bf16, xs), Tensor::describe(DType::bf16, xs)})[0].shape, xs);
+  const auto params = op.parameters();
+  ASSERT_EQ(params.size(), 1u);
+  EXPECT_EQ(params[0].name, "bias");
+  EXPECT_EQ(params[0].shape, Shape{4});
+  EXPECT_EQ(params[0].dtype, DType::f32);  // as batch-norm parameters beside 16-bit data
+  EXPECT_EQ(params[0].role, ParamRole::bias);
+  op.set_context(false, {false, false});
+  EXPECT_EQ(op.flops(Pass::forward), 3 * xs.numel());  // bias, residual, ReLU
+  EXPECT_EQ(op.bytes(Pass::forward), 3 * xs.numel() * 2 + 4 * 4);
+  EXPECT_EQ(op.flops(Pass::backward), 0);
+
+  BiasActivation plain("bn1", false);
+  plain.infer({Tensor::describe(DType::f32, xs)});
+  plain.set_context(false, {false});
+  EXPECT_EQ(plain.flops(Pass::forward), xs.numel());
+  EXPECT_EQ(plain.bytes(Pass::forward), 2 * xs.numel() * 4 + 4 * 4);
+
+  BiasActivation bad("bn2", true);
+  const std::string shape = test::error_message<LayerError>(
+      [&] { bad.infer({Tensor::describe(DType::f32, xs), Tensor::describe(DType::f32, Shape{2, 4, 3, 2})}); });
+  EXPECT_NE(shape.find("layer 'bn2' (bias_act): residual shape"), std::string::npos) << shape;
+  EXPECT_THROW(bad.infer({Tensor::describe(DType::f32, Shape{2, 4})}), LayerError);
+
+  // Inference only: a training graph is refused when bound, and backward names why.
+  auto k = make_ref_kernels();
+  BiasActivation train("bn1", true);
+  train.infer({Tensor::describe(DType::f32, xs)});
+  train.set_context(true, {true});
+  OpTensors descs;
+  descs.in = {Tensor::describe(DType::f32, xs)};
+  descs.out = descs.in;
+  descs.params = {Tensor::describe(DType::f32, Shape{4})};
+  const std::string refused = test::error_message<LayerError>([&] { train.prepare(*k, descs); });
+  EXPECT_NE(refused.find("inference only"), std::string::npos) << refused;
+  EXPECT_THROW(train.backward(*k, descs), LayerError);
 }
 
 // Distinct values 0.01 apart (a shuffled ramp): a finite-difference step never changes which

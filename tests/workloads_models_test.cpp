@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -287,6 +288,34 @@ TEST(Infer, LatencyPercentilesOfOneForwardPerSample) {
     EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
     EXPECT_GT(r["metrics"]["gflops_per_sample"]["forward"].get<double>(), 0.0);
   }
+}
+
+// fold=on: batch norms folded into the convolutions (one bias_act op where a batch norm, ReLU and
+// add ran) computes the same logits, checked against the unfolded network's f64 reference, with
+// fewer ops and FLOPs; the record's params say which. Refused for the autoencoder (no batch norm).
+TEST(Infer, FoldedBatchNormsGiveTheReferenceLogitsWithFewerOps) {
+  const auto records = run_points("infer", {"fold=off,on", "batch=2", "image_size=12", "layout=nchw,nhwc"});
+  ASSERT_EQ(records.size(), 4u);
+  std::map<std::string, const json*> by;
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    EXPECT_EQ(r["check"]["passed"], true);
+    EXPECT_LE(r["check"]["rel_error"].get<double>(), 1e-5);
+    by[r["params"]["fold"].get<std::string>() + "/" + r["params"]["layout"].get<std::string>()] = &r;
+  }
+  ASSERT_EQ(by.size(), 4u);
+  for (const std::string layout : {"nchw", "nhwc"}) {
+    const json &off = *by.at("off/" + layout), &on = *by.at("on/" + layout);
+    // tiny_resnet: the stem's ReLU and, in each of its two blocks, three ReLUs and the add.
+    EXPECT_EQ(off["metrics"]["model"]["ops"].get<int>() - on["metrics"]["model"]["ops"].get<int>(), 9);
+    EXPECT_LT(on["metrics"]["gflops_per_sample"]["forward"].get<double>(),
+              off["metrics"]["gflops_per_sample"]["forward"].get<double>());
+    EXPECT_LT(on["counts"]["bytes"].get<double>(), off["counts"]["bytes"].get<double>());
+  }
+  const auto ae = run_points("infer", {"model=tiny_compression_ae", "fold=on", "batch=1", "image_size=16"});
+  ASSERT_EQ(ae.size(), 1u);
+  EXPECT_EQ(ae[0]["status"], "invalid") << ae[0].dump();
 }
 
 TEST(Infer, CompressionAutoencodersReportThePsnrOfTheirReconstruction) {

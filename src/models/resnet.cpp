@@ -1,5 +1,8 @@
 #include "models/resnet.h"
 
+#include <cmath>
+#include <utility>
+
 #include "core/error.h"
 #include "nn/ops.h"
 
@@ -9,30 +12,64 @@ namespace {
 using nn::GraphBuilder;
 using nn::Value;
 
-Value conv_bn(GraphBuilder& b, const std::string& conv_name, const std::string& bn_name, Value x,
-              std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t groups) {
+Value conv(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_channels, std::int64_t kernel,
+           std::int64_t stride, std::int64_t groups) {
   nn::Conv2dAttrs a;
   a.out_channels = out_channels;
   a.kernel_h = a.kernel_w = kernel;
   a.conv.stride_h = a.conv.stride_w = stride;
   a.conv.pad_h = a.conv.pad_w = kernel / 2;
   a.conv.groups = groups;
-  return nn::batchnorm2d(b, bn_name, nn::conv2d(b, conv_name, x, a));
+  return nn::conv2d(b, name, x, a);
+}
+
+Value conv_bn(GraphBuilder& b, const std::string& conv_name, const std::string& bn_name, Value x,
+              std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t groups) {
+  return nn::batchnorm2d(b, bn_name, conv(b, conv_name, x, out_channels, kernel, stride, groups));
+}
+
+// Convolution, batch norm, ReLU; folded: convolution and one bias_act named after the batch norm.
+Value conv_bn_relu(GraphBuilder& b, const ResNetConfig& c, const std::string& conv_name, const std::string& bn_name,
+                   const std::string& relu_name, Value x, std::int64_t out_channels, std::int64_t kernel,
+                   std::int64_t stride, std::int64_t groups) {
+  const Value y = conv(b, conv_name, x, out_channels, kernel, stride, groups);
+  if (c.fold_batchnorm) return nn::bias_activation(b, bn_name, y, Value{}, true);
+  return nn::relu(b, relu_name, nn::batchnorm2d(b, bn_name, y));
 }
 
 // torchvision's Bottleneck: 1x1 reduce, 3x3 (stride, groups), 1x1 expand, each followed by a
-// batch norm; a 1x1 strided projection on the shortcut where the shape changes.
+// batch norm; a 1x1 strided projection on the shortcut where the shape changes. Folded, the last
+// batch norm, the residual add and the final ReLU are one bias_act.
 Value bottleneck(GraphBuilder& b, const std::string& p, Value x, std::int64_t in_channels, std::int64_t planes,
                  std::int64_t stride, const ResNetConfig& c) {
   const std::int64_t width = planes * c.width_per_group / 64 * c.groups;
   const std::int64_t out_channels = planes * c.expansion;
-  Value y = nn::relu(b, p + "relu1", conv_bn(b, p + "conv1", p + "bn1", x, width, 1, 1, 1));
-  y = nn::relu(b, p + "relu2", conv_bn(b, p + "conv2", p + "bn2", y, width, 3, stride, c.groups));
+  const bool project = stride != 1 || in_channels != out_channels;
+  Value y = conv_bn_relu(b, c, p + "conv1", p + "bn1", p + "relu1", x, width, 1, 1, 1);
+  y = conv_bn_relu(b, c, p + "conv2", p + "bn2", p + "relu2", y, width, 3, stride, c.groups);
+  if (c.fold_batchnorm) {
+    y = conv(b, p + "conv3", y, out_channels, 1, 1, 1);
+    Value shortcut = x;
+    if (project)
+      shortcut = nn::bias_activation(b, p + "downsample.1", conv(b, p + "downsample.0", x, out_channels, 1, stride, 1),
+                                     Value{}, false);
+    return nn::bias_activation(b, p + "bn3", y, shortcut, true);
+  }
   y = conv_bn(b, p + "conv3", p + "bn3", y, out_channels, 1, 1, 1);
   Value shortcut = x;
-  if (stride != 1 || in_channels != out_channels)
-    shortcut = conv_bn(b, p + "downsample.0", p + "downsample.1", x, out_channels, 1, stride, 1);
+  if (project) shortcut = conv_bn(b, p + "downsample.0", p + "downsample.1", x, out_channels, 1, stride, 1);
   return nn::relu(b, p + "relu3", nn::add(b, p + "add", y, shortcut));
+}
+
+// The convolution a batch norm follows, by torchvision's names: "layer1.0.bn2" -> "layer1.0.conv2",
+// "bn1" -> "conv1", "layer2.0.downsample.1" -> "layer2.0.downsample.0".
+std::string conv_before(const std::string& bn) {
+  const std::size_t dot = bn.rfind('.');
+  const std::string prefix = dot == std::string::npos ? "" : bn.substr(0, dot + 1);
+  const std::string last = dot == std::string::npos ? bn : bn.substr(dot + 1);
+  if (last.starts_with("bn")) return prefix + "conv" + last.substr(2);
+  if (last == "1" && prefix.ends_with("downsample.")) return prefix + "0";
+  throw Error("fold_batchnorm_parameters: batch norm '" + bn + "' follows no convolution named by torchvision's rule");
 }
 
 }  // namespace
@@ -86,7 +123,7 @@ ResNetConfig tiny_resnet(std::int64_t in_channels, std::int64_t num_classes) {
 Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
   if (c.blocks.size() != c.planes.size() || c.blocks.empty())
     throw UsageError(c.name + ": blocks and planes must list the same, non-zero number of stages");
-  Value x = nn::relu(b, "relu", conv_bn(b, "conv1", "bn1", images, c.stem_channels, c.stem_kernel, c.stem_stride, 1));
+  Value x = conv_bn_relu(b, c, "conv1", "bn1", "relu", images, c.stem_channels, c.stem_kernel, c.stem_stride, 1);
   if (c.stem_maxpool) x = nn::maxpool2d(b, "maxpool", x, nn::Pool2dDesc{3, 3, 2, 2, 1, 1});
   std::int64_t channels = c.stem_channels;
   for (std::size_t s = 0; s < c.blocks.size(); ++s) {
@@ -98,6 +135,42 @@ Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
     }
   }
   return nn::linear(b, "fc", nn::global_avgpool(b, "avgpool", x), c.num_classes);
+}
+
+nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues values, double epsilon) {
+  const std::string stat = ".running_var";
+  const auto take = [&](const std::string& name) {  // moves the value out and drops the name
+    const auto it = values.find(name);
+    if (it == values.end()) throw Error("fold_batchnorm_parameters: no parameter '" + name + "'");
+    std::vector<double> v = std::move(it->second);
+    values.erase(it);
+    return v;
+  };
+  std::vector<std::string> batchnorms;
+  for (const auto& entry : values)
+    if (entry.first.ends_with(stat)) batchnorms.push_back(entry.first.substr(0, entry.first.size() - stat.size()));
+  for (const std::string& bn : batchnorms) {
+    const std::string weight = conv_before(bn) + ".weight";
+    const std::vector<double> var = take(bn + stat), gamma = take(bn + ".weight"), beta = take(bn + ".bias"),
+                              mean = take(bn + ".running_mean");
+    const auto it = values.find(weight);
+    if (it == values.end()) throw Error("fold_batchnorm_parameters: no parameter '" + weight + "'");
+    std::vector<double>& w = it->second;
+    const std::size_t k = var.size();
+    if (gamma.size() != k || beta.size() != k || mean.size() != k || k == 0 || w.size() % k != 0)
+      throw Error("fold_batchnorm_parameters: batch norm '" + bn + "' (" + std::to_string(k) +
+                  " channels) does not match convolution '" + weight + "' (" + std::to_string(w.size()) +
+                  " weights)");
+    std::vector<double> bias(k);
+    const std::size_t per_filter = w.size() / k;  // KCRS: filter k's weights are contiguous
+    for (std::size_t i = 0; i < k; ++i) {
+      const double scale = gamma[i] / std::sqrt(var[i] + epsilon);
+      for (std::size_t j = 0; j < per_filter; ++j) w[i * per_filter + j] *= scale;
+      bias[i] = beta[i] - mean[i] * scale;
+    }
+    values[bn + ".bias"] = std::move(bias);
+  }
+  return values;
 }
 
 Classifier build_classifier(GraphBuilder& b, const ResNetConfig& c, std::int64_t batch, std::int64_t image_px) {

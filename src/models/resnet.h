@@ -26,6 +26,12 @@ struct ResNetConfig {
   std::int64_t stem_stride = 2;
   bool stem_maxpool = true;      // 3x3, stride 2, padding 1
   std::int64_t num_classes = 1000;
+  // Inference only: each batch norm folded into the convolution before it, whose output then goes
+  // through one bias_act op (nn::BiasActivation) that adds the folded shift and, where the
+  // unfolded network follows with them, the block's residual and ReLU. The convolutions keep their
+  // names and the bias_act op takes the batch norm's ("layer1.0.bn1", parameter "bias"), so
+  // fold_batchnorm_parameters maps the unfolded network's values onto the folded one by name.
+  bool fold_batchnorm = false;
 };
 
 ResNetConfig resnet50();
@@ -41,6 +47,20 @@ ResNetConfig tiny_resnet(std::int64_t in_channels, std::int64_t num_classes);
 // follow torchvision's state_dict ("layer1.0.conv2.weight"). Throws nn::LayerError for a
 // configuration that does not fit (the message names the layer).
 nn::Value resnet(nn::GraphBuilder& b, nn::Value images, const ResNetConfig& c);
+
+// The parameter values of the folded network (ResNetConfig::fold_batchnorm) that computes what the
+// unfolded network computes with `unfolded` (its values by name: an unfolded graph's
+// initial_parameter_values(), or trained ones). For each batch norm and the convolution before it,
+//   s[k] = gamma[k] / sqrt(running_var[k] + epsilon),  W'[k] = W[k] * s[k],
+//   bias'[k] = beta[k] - running_mean[k] * s[k]  (stored as the batch norm's "bias"),
+// the batch norm's other parameters are dropped and everything else is copied. Pairs follow
+// torchvision's names (bnK after convK, downsample.1 after downsample.0); Error for a batch norm
+// whose convolution or statistics are missing. Host arithmetic in f64. A mapping of values rather
+// than a pass over a built graph: graphs are immutable once planned, and building the folded
+// network directly plans (and sizes memory for) exactly what it runs.
+// Takes the values by value: pass an rvalue to fold in place (a ResNeXt-101 32x8d holds 88 M).
+nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues unfolded,
+                                              double epsilon = nn::BatchNormDesc{}.epsilon);
 
 // A classifier ready to train: images [N, C, H, W], i32 labels [N], logits and the mean
 // softmax cross-entropy loss (set as the graph's loss; logits kept readable).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,6 +94,11 @@ struct Parameter {
   Tensor copy;       // bf16/fp16: the 16-bit copy the op reads, `value` rounded; else undefined
 };
 
+// Parameter values by name (Parameter::name, "layer1.0.conv1.weight"), each in logical row-major
+// order: how values move between graphs (a folded inference graph's from its unfolded twin's,
+// models::fold_batchnorm_parameters) or in from a test.
+using ParameterValues = std::map<std::string, std::vector<double>>;
+
 // Data parallelism's hook into backward (nn/data_parallel.h): told as each parameter's gradient
 // becomes final, in backward order, so that its all-reduce can start while backward goes on; and
 // asked to finish (the step's stream waits for every reduction) before the fp16 unscale and the
@@ -133,6 +139,14 @@ class Graph {
   Tensor tensor(Value v) const;  // bound views; valid only while the value is alive in the step
   Tensor grad(Value v) const;    // undefined where the value has no gradient
   std::vector<Parameter>& parameters();
+  // The values bind() initialises the parameters to (from options().seed and each name), computed
+  // on the host; needs no bind, so a graph that is only planned can supply them.
+  ParameterValues initial_parameter_values() const;
+  // After bind: every parameter's value (the f32 master beside a 16-bit copy), and the write that
+  // replaces them all (refreshing the 16-bit copies, as bind does). The names must be exactly the
+  // graph's and each size its parameter's; Error names the first that is not. Not while capturing.
+  ParameterValues parameter_values() const;
+  void set_parameter_values(const ParameterValues& values);
   void set_input(Value v, const std::vector<double>& values);  // logical row-major order
   std::vector<double> read(Value v) const;
   std::vector<double> read(const Tensor& t) const;

@@ -200,6 +200,50 @@ void Graph::set_input(Value v, const std::vector<double>& values) {
   s_->k().upload(t, host.data());
 }
 
+ParameterValues Graph::initial_parameter_values() const {
+  const State& s = *s_;
+  ParameterValues out;
+  for (std::size_t i = 0; i < s.n(); ++i)
+    for (const ParamSpec& spec : s.specs[i]) {
+      const std::string name = s.nodes[i].op->name() + "." + spec.name;
+      out[name] = initial_values(spec, s.options.seed, name);
+    }
+  return out;
+}
+
+ParameterValues Graph::parameter_values() const {
+  s_->k();
+  ParameterValues out;
+  for (const Parameter& p : s_->params) out[p.name] = read(p.value);
+  return out;
+}
+
+void Graph::set_parameter_values(const ParameterValues& values) {
+  Kernels& k = s_->k();
+  for (const Parameter& p : s_->params) {
+    const auto it = values.find(p.name);
+    if (it == values.end()) throw Error("set_parameter_values: no value for parameter '" + p.name + "'");
+    if (static_cast<std::int64_t>(it->second.size()) != p.value.numel())
+      throw Error("set_parameter_values: parameter '" + p.name + "' has " + std::to_string(p.value.numel()) +
+                  " elements, got " + std::to_string(it->second.size()));
+  }
+  if (values.size() != s_->params.size())
+    for (const auto& [name, v] : values) {
+      bool known = false;
+      for (const Parameter& p : s_->params) known = known || p.name == name;
+      if (!known) throw Error("set_parameter_values: the graph has no parameter '" + name + "'");
+    }
+  for (const Parameter& p : s_->params) {
+    std::vector<unsigned char> host(static_cast<std::size_t>(p.value.size_bytes()));
+    Tensor staging = p.value;
+    staging.data = host.data();
+    staging.device = DeviceKind::host;
+    write_host(staging, values.at(p.name));
+    k.upload(p.value, host.data());
+    if (p.copy.defined()) k.cast(p.value, p.copy);
+  }
+}
+
 std::vector<double> Graph::read(Value v) const { return read(tensor(v)); }
 
 std::vector<double> Graph::read(const Tensor& t) const {

@@ -185,6 +185,12 @@ class Kernels {
   virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) = 0;
   virtual void add_forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
   virtual void copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate) = 0;  // dx (+)= dy
+  // The fused inference epilogue of a convolution with its batch norm folded in (docs/ENGINE.md):
+  // y = act(x + bias[c] (+ residual)), act = ReLU when `relu`, else identity. x, residual (may be
+  // undefined) and y: [N, C, H, W] of one shape, layout and dtype; bias: [C], of the batch-norm
+  // parameters' type (f32 beside 16-bit data). No backward: the op exists in inference graphs only.
+  virtual void bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y,
+                                       bool relu) = 0;
 
   virtual void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) = 0;
   // Routes dy to the first maximum of each window (row-major scan), as PyTorch does.

@@ -84,6 +84,29 @@ class Add final : public Op {
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
 };
 
+// Inference only: the epilogue of a convolution whose batch norm was folded into its weights
+// (models::fold_batchnorm_parameters): y = act(x + bias[c] (+ residual)), act = ReLU or identity,
+// in one kernel where the unfolded graph runs a batch norm, a ReLU and (block ends) an add.
+// Inputs x [N, C, H, W] and optionally a residual of the same shape; parameter "bias" [C], of the
+// batch-norm parameters' type (f32 beside 16-bit data) and role bias. A training graph is refused
+// at bind: the folded parameters are not the trained ones, so there is nothing to differentiate.
+class BiasActivation final : public Op {
+ public:
+  BiasActivation(std::string name, bool relu) : Op(std::move(name)), relu_(relu) {}
+  std::string_view kind() const override { return "bias_act"; }
+  std::vector<ParamSpec> parameters() const override;
+  std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;  // throws Error
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+  bool relu() const { return relu_; }
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  bool relu_;
+};
+
 class MaxPool2d final : public Op {
  public:
   MaxPool2d(std::string name, const Pool2dDesc& d) : Op(std::move(name)), d_(d) {}
@@ -230,6 +253,8 @@ Value conv2d(GraphBuilder& b, const std::string& name, Value x, const Conv2dAttr
 Value batchnorm2d(GraphBuilder& b, const std::string& name, Value x, const BatchNormDesc& d = {});
 Value relu(GraphBuilder& b, const std::string& name, Value x);
 Value add(GraphBuilder& b, const std::string& name, Value x, Value y);
+// residual may be undefined (id -1): then y = act(x + bias).
+Value bias_activation(GraphBuilder& b, const std::string& name, Value x, Value residual, bool relu);
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d);
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x);
 Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias = true);

@@ -130,6 +130,55 @@ std::int64_t BatchNorm2d::bytes(Pass p) const {
   return 2 * n * e + (training_ ? 8 : 4) * c * ec;
 }
 
+// ---- bias_act
+
+std::vector<Tensor> BiasActivation::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1 || in.size() == 2, "takes x and an optional residual, got " + std::to_string(in.size()) +
+                                                " inputs");
+  require(in[0].shape.rank() == 4, "input must be [N, C, H, W], got " + in[0].shape.to_string());
+  require_float(in[0]);
+  if (in.size() == 2) {
+    require(in[1].shape == in[0].shape,
+            "residual shape " + in[1].shape.to_string() + " differs from the input's " + in[0].shape.to_string());
+    require(in[1].dtype == in[0].dtype, "residual dtype differs from the input's");
+  }
+  return {Tensor::describe(in[0].dtype, in[0].shape)};
+}
+
+std::vector<ParamSpec> BiasActivation::parameters() const {
+  // Zeros, as the batch norm's shift it replaces; a folded graph gets its values from
+  // models::fold_batchnorm_parameters, not from this initialisation.
+  const Shape c{in_.empty() ? 0 : in_[0].shape[1]};
+  const DType t = in_.empty() ? DType::f32 : wide_dtype(in_[0].dtype);
+  return {{"bias", c, ParamRole::bias, {ParamInit::Dist::zeros, 0}, t}};
+}
+
+std::int64_t BiasActivation::prepare(Kernels& k, const OpTensors& d) {
+  if (training_) fail("is inference only (a folded batch norm); build the graph with training = false");
+  return Op::prepare(k, d);
+}
+
+void BiasActivation::forward(Kernels& k, const OpTensors& t) {
+  k.bias_activation_forward(t.in[0], t.params[0], t.in.size() > 1 ? t.in[1] : Tensor{}, t.out[0], relu_);
+}
+
+void BiasActivation::backward(Kernels&, const OpTensors&) {
+  fail("has no backward: it exists only in inference graphs");
+}
+
+std::int64_t BiasActivation::flops(Pass p) const {
+  if (p == Pass::backward) return 0;
+  // Per element: the bias add, the residual add, the ReLU's compare.
+  return (1 + (in_.size() > 1 ? 1 : 0) + (relu_ ? 1 : 0)) * in_[0].numel();
+}
+
+std::int64_t BiasActivation::bytes(Pass p) const {
+  if (p == Pass::backward) return 0;
+  const std::int64_t n = in_[0].numel(), c = in_[0].shape[1];
+  const auto tensors = static_cast<std::int64_t>(in_.size()) + 1;  // x (+ residual), y
+  return tensors * n * element_bytes() + c * bytes_of(wide_dtype(in_[0].dtype));
+}
+
 // ---- linear
 
 std::vector<Tensor> Linear::do_infer(const std::vector<Tensor>& in) {

@@ -163,6 +163,10 @@ Value relu(GraphBuilder& b, const std::string& name, Value x) { return b.add1(st
 Value add(GraphBuilder& b, const std::string& name, Value x, Value y) {
   return b.add1(std::make_unique<Add>(name), {x, y});
 }
+Value bias_activation(GraphBuilder& b, const std::string& name, Value x, Value residual, bool relu) {
+  auto op = std::make_unique<BiasActivation>(name, relu);
+  return residual.id < 0 ? b.add1(std::move(op), {x}) : b.add1(std::move(op), {x, residual});
+}
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d) {
   return b.add1(std::make_unique<MaxPool2d>(name, d), {x});
 }

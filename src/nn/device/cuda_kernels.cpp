@@ -291,6 +291,22 @@ void CudaKernels::copy_gradient(const Tensor& dy, const Tensor& dx, bool accumul
   cuda_pointwise::copy_gradient(stream_, dy.dtype, dy.data, dx.data, dy.numel(), accumulate);
 }
 
+void CudaKernels::bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y,
+                                          bool relu) {
+  require_flat("bias_activation_forward", x, y);
+  if (residual.defined()) require_flat("bias_activation_forward", x, residual);
+  // The bias is stored as batch-norm parameters are: f32 beside f32/f16/bf16 data (f64 beside f64).
+  const DType bias_t = x.dtype == DType::f64 ? DType::f64 : DType::f32;
+  if (x.shape.rank() != 4 || bias.dtype != bias_t || bias.shape.rank() != 1 || bias.shape[0] != x.shape[1] ||
+      !bias.is_contiguous())
+    throw Unsupported("cuda bias_activation_forward: needs x [N, C, H, W] and a contiguous " +
+                      std::string(to_string(bias_t)) + " bias [C], got x " + x.to_string() + ", bias " +
+                      bias.to_string());
+  cuda_pointwise::bias_activation_forward(stream_, x.dtype, x.layout, x.data, bias.data,
+                                          residual.defined() ? residual.data : nullptr, y.data, x.shape[0],
+                                          x.shape[1], x.shape[2] * x.shape[3], relu);
+}
+
 namespace {
 
 void require_pool_operands(const char* kernel, const Tensor& x4, const Tensor& y2) {

@@ -362,6 +362,50 @@ struct AvgpoolBackwardOp : OpBase {
   }
 };
 
+// y = act(x + bias[c] (+ residual)): a folded batch norm's shift, the block's residual add and
+// ReLU in one pass. The bias is the math type (f32; f64 for f64 data), as batch-norm parameters
+// are stored. Element i's channel is found with divisions once per chunk, then stepped (as in
+// AvgpoolBackwardOp): nhwc steps c every element, nchw steps hw and moves to the next channel.
+template <typename T>
+struct BiasActivationOp : OpBase {
+  static constexpr int kVec = vec_of<T>();
+  const T* x;
+  const Math<T>* bias;
+  const T* residual;  // null: none
+  T* y;
+  int64_t C, HW;
+  bool nhwc, relu;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    int64_t c, hw = 0;
+    if (nhwc) {
+      c = i % C;
+    } else {
+      const int64_t q = i / HW;  // n * C + c
+      c = q % C;
+      hw = i - q * HW;
+    }
+    const auto a = load<W>(x, i);
+    Chunk<T, W> r;
+    if (residual != nullptr) r = load<W>(residual, i);
+    Chunk<T, W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      Math<T> v = to_math(a.v[j]) + bias[c];
+      if (residual != nullptr) v += to_math(r.v[j]);
+      if (relu) v = v > Math<T>(0) ? v : Math<T>(0);  // NaN -> 0, as the reference
+      o.v[j] = from_math<T>(v);
+      if (nhwc) {
+        if (++c == C) c = 0;
+      } else if (++hw == HW) {
+        hw = 0;
+        if (++c == C) c = 0;
+      }
+    }
+    store<W>(y, i, o);
+  }
+};
+
 // PyTorch's SGD; the step flag is read once per thread.
 template <typename T>
 struct SgdOp : OpBase {
@@ -878,6 +922,25 @@ void copy_gradient(cudaStream_t stream, DType t, const void* dy, void* dx, int64
     op.dx = static_cast<T*>(dx);
     op.accumulate = accumulate;
     launch_elementwise(stream, op, n, all_aligned16(dy, dx), "copy_gradient");
+  });
+}
+
+void bias_activation_forward(cudaStream_t stream, DType t, Layout layout, const void* x, const void* bias,
+                             const void* residual, void* y, int64_t N, int64_t C, int64_t HW, bool relu) {
+  dispatch_float(t, "bias_activation_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (N <= 0 || C <= 0 || HW <= 0) return;
+    BiasActivationOp<T> op;
+    op.x = static_cast<const T*>(x);
+    op.bias = static_cast<const Math<T>*>(bias);
+    op.residual = static_cast<const T*>(residual);
+    op.y = static_cast<T*>(y);
+    op.C = C;
+    op.HW = HW;
+    op.nhwc = layout == Layout::nhwc;
+    op.relu = relu;
+    const bool aligned = all_aligned16(x, y) && (residual == nullptr || aligned16(residual));
+    launch_elementwise(stream, op, N * C * HW, aligned, "bias_activation_forward");
   });
 }
 

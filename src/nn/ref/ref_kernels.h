@@ -172,6 +172,8 @@ class RefKernels : public Kernels {
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) override;
   void add_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate) override;
+  void bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y,
+                               bool relu) override;
 
   void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) override;
   void maxpool_backward(const Pool2dDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx,

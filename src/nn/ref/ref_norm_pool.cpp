@@ -110,6 +110,35 @@ void RefKernels::batchnorm_backward(const BatchNormDesc& d, const Tensor& xt, co
   });
 }
 
+// ---- the fused inference epilogue (a folded batch norm's shift, the residual add, ReLU)
+
+void RefKernels::bias_activation_forward(const Tensor& xt, const Tensor& bias, const Tensor& residual,
+                                         const Tensor& yt, bool relu) {
+  if (deferred([=, this] { bias_activation_forward(xt, bias, residual, yt, relu); })) return;
+  const auto same = [&](const Tensor& t) { return t.shape == xt.shape && t.dtype == xt.dtype; };
+  if (xt.shape.rank() != 4 || !same(yt) || (residual.defined() && !same(residual)) || bias.shape.rank() != 1 ||
+      bias.shape[0] != xt.shape[1])
+    throw Unsupported("ref bias_activation_forward: needs x, y (and residual) of one [N, C, H, W] shape and dtype and "
+                      "bias [C], got x " + xt.to_string() + ", y " + yt.to_string() + ", bias " + bias.to_string() +
+                      (residual.defined() ? ", residual " + residual.to_string() : ""));
+  dispatch(xt.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> x(xt);
+    const View4<T> y(yt);
+    const bool has_residual = residual.defined();
+    const View4<const T> r(has_residual ? residual : xt);  // x's view stands in, never read
+#pragma omp parallel for schedule(static) if (worth_threads(xt.numel()))
+    for (std::int64_t c = 0; c < x.c; ++c) {
+      const double b = get1(bias, c);
+      each_in_channel(x, [&](auto n, auto h, auto w) {
+        double v = static_cast<double>(x.at(n, c, h, w)) + b;
+        if (has_residual) v += static_cast<double>(r.at(n, c, h, w));
+        y.at(n, c, h, w) = static_cast<T>(relu ? (v > 0 ? v : 0.0) : v);
+      });
+    }
+  });
+}
+
 namespace {
 
 // The flat input index (h * W + w) of the first maximum in output (oh, ow)'s window; -1 if the

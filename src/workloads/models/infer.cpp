@@ -2,7 +2,8 @@
 // a zoo model on a fixed synthetic batch, replayed as one captured graph where the axis asks. Each
 // sample of the timing is one forward, so the record's percentiles are per-batch latencies.
 // Checked first: two replays give identical finite outputs, and a classifier's logits of image 0
-// match the float64 reference; the compression autoencoder reports the PSNR of its reconstruction.
+// match the float64 reference (of the unfolded network, also with fold=on: the folded one must compute
+// the same function); the compression autoencoder reports the PSNR of its reconstruction.
 // docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
 
@@ -34,12 +35,16 @@ class Infer final : public Workload {
     axes.insert(
         axes.end(),
         {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
-         {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"}});
+         {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"},
+         // Off by default until the fused CUDA kernel has been checked on a GPU (docs/ENGINE.md).
+         {"fold", AxisKind::text, one("off"), {"off", "on"},
+          "fold each batch norm into its convolution (weights scaled, then one bias + residual + ReLU kernel)"}});
     return axes;
   }
 
   void run(State& state) override {
-    const ModelSpec spec = model_spec(state, /*training=*/false);
+    ModelSpec spec = model_spec(state, /*training=*/false);
+    spec.fold_batchnorm = state.get_text("fold") == "on";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     if (spec.batch < 1 || spec.image_px < 1)
       throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");
@@ -60,6 +65,9 @@ class Infer final : public Workload {
                                      {"no_reuse_bytes", g.memory_plan().total_bytes}});
 
     g.bind(*kernels);
+    // The folded network computes what the unfolded one does from the same seed, so the logits
+    // check against the (unfolded) float64 reference below holds for both.
+    if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
     g.set_input(m.images, model_batch(m, 0, spec.batch, spec.image_px).images);
     const auto forward = [&] { g.forward(false); };
     forward();  // lazy initialisation outside the capture

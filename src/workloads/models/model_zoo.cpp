@@ -78,6 +78,9 @@ ab::models::CompressionConfig compression_config(const std::string& name) {
 
 ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
   ZooModel m;
+  if (s.fold_batchnorm && (s.training || is_compression_model(s.model)))
+    throw UsageError("folding batch norms applies to inference of the ResNet classifiers, not " +
+                     std::string(s.training ? "training" : "'" + s.model + "' (no batch norm)"));
   if (is_compression_model(s.model)) {
     const ab::models::CompressionConfig c = compression_config(s.model);
     const ab::models::CompressionModel ae = ab::models::build_compression_ae(b, c, s.batch, s.image_px);
@@ -89,7 +92,8 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
     m.mse = ae.mse;
     return m;
   }
-  const ab::models::ResNetConfig c = model_config(s.model);
+  ab::models::ResNetConfig c = model_config(s.model);
+  c.fold_batchnorm = s.fold_batchnorm;
   m.in_channels = c.in_channels;
   m.classes = c.num_classes;
   if (s.training) {
@@ -104,6 +108,18 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
     b.mark_output(m.output);
   }
   return m;
+}
+
+nn::ParameterValues folded_parameter_values(const ModelSpec& s) {
+  // Parameters do not depend on the batch: plan the unfolded network at batch 1 (no bind, no
+  // memory) for its initial values.
+  ModelSpec unfolded = s;
+  unfolded.fold_batchnorm = false;
+  unfolded.batch = 1;
+  nn::GraphBuilder b(graph_options(unfolded));
+  build_zoo_model(b, unfolded);
+  const nn::Graph g(std::move(b));
+  return ab::models::fold_batchnorm_parameters(g.initial_parameter_values());
 }
 
 SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, std::int64_t batch, std::int64_t image_px) {

@@ -71,6 +71,9 @@ struct ModelSpec {
   Precision precision = Precision::fp32;
   Layout layout = Layout::nchw;
   bool training = true;
+  // Inference of a classifier only: batch norms folded into the convolutions
+  // (ResNetConfig::fold_batchnorm); the graph then takes folded_parameter_values(spec) after bind.
+  bool fold_batchnorm = false;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
 
@@ -83,8 +86,13 @@ struct ZooModel {
   std::int64_t in_channels = 3, classes = 0;  // classes: 0 for the autoencoder
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
 };
-// Builds the model of `s` into b (whose options come from graph_options(s)).
+// Builds the model of `s` into b (whose options come from graph_options(s)). UsageError for
+// fold_batchnorm on a training graph or the autoencoder (which has no batch norm).
 ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s);
+// The values a folded classifier's graph (s.fold_batchnorm) must hold to compute what the unfolded
+// one computes from its initial parameters (same seed): those, folded on the host
+// (models::fold_batchnorm_parameters). For Graph::set_parameter_values after bind.
+nn::ParameterValues folded_parameter_values(const ModelSpec& s);
 // The model's batch of synthetic data from sample `first` on: synthetic_batch's images for a
 // classifier; for the autoencoder the same images scaled from [-1.5, 1.5] into [-0.5, 0.5] (a
 // range of 1, which its PSNR assumes; models/compression.h says why centred) and no labels.
