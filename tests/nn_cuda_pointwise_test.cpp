@@ -1,7 +1,8 @@
 // The engine's own CUDA kernels (nn/device/cuda_pointwise) against the reference kernels in f64 on
 // the same (dtype-rounded) random inputs, or against a plain host computation: every float dtype,
 // both accumulate modes, sizes off the vector width, both avgpool layouts, stable softmax, device-
-// side skip flags, rounding cases, loss scaling, run-to-run bit equality and CUDA graph capture.
+// side skip flags, rounding cases, loss scaling, run-to-run bit equality and CUDA graph capture;
+// the fused bias_act epilogue (both layouts, residual and ReLU on and off, unaligned operands).
 // Skips where no GPU answers.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -255,6 +256,58 @@ TEST(CudaPointwise, UnalignedAndInPlaceElementwise) {
     const auto relu = da.download();
     for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(relu[i], std::max(a[i], 0.0)) << i;
   }
+}
+
+// ---- the fused inference epilogue: y = act(x + bias[c] (+ residual))
+
+TEST(CudaPointwise, BiasActivationMatchesReferenceInBothLayouts) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  struct Case {
+    int64_t n, c, h, w;
+  };
+  // Channel counts off and on the vector widths; one large enough for the grid-stride loop.
+  const std::vector<Case> cases = {{3, 37, 7, 7}, {2, 64, 3, 5}, {2, 5, 1, 1}, {2, 256, 56, 56}};
+  for (DType t : kFloatTypes)
+    for (Layout layout : {Layout::nchw, Layout::nhwc})
+      for (const Case& k : cases)
+        for (bool residual : {false, true})
+          for (bool relu : {false, true}) {
+            const Shape xs{k.n, k.c, k.h, k.w};
+            SCOPED_TRACE(name(t) + " " + std::string(to_string(layout)) + " " + xs.to_string() +
+                         (residual ? " residual" : "") + (relu ? " relu" : ""));
+            const int64_t nx = xs.numel();
+            const DType bias_t = t == DType::f64 ? DType::f64 : DType::f32;  // as batch-norm parameters
+            auto x = rng.uniform_in(t, nx, -2, 2), r = rng.uniform_in(t, nx), b = rng.uniform_in(bias_t, k.c);
+            DeviceArray dxv(t, x), dr(t, r), db(bias_t, b), dy(t, rng.uniform_in(t, nx, 5, 6));
+            pw::bias_activation_forward(nullptr, t, layout, dxv.get(), db.get(), residual ? dr.get() : nullptr,
+                                        dy.get(), k.n, k.c, k.h * k.w, relu);
+            std::vector<double> want(static_cast<std::size_t>(nx));
+            ref().bias_activation_forward(host(x, xs, layout), host(b, Shape{k.c}),
+                                          residual ? host(r, xs, layout) : Tensor{}, host(want, xs, layout), relu);
+            // Absolute slack for cancellation: the device sums in f32 before rounding once.
+            expect_near(dy.download(), want, rel_tol(t), t == DType::f64 ? 1e-14 : abs_tol(t, 1e-6), "y");
+          }
+  // Unaligned operands (one element in): the scalar path, NHWC with an odd channel count.
+  for (DType t : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(name(t) + " unaligned");
+    const Shape xs{2, 7, 3, 5};
+    const int64_t nx = xs.numel(), es = int64_t(size_bytes(t));
+    auto x = rng.uniform_in(t, nx + 1, -2, 2), r = rng.uniform_in(t, nx + 1), b = rng.uniform_in(DType::f32, 7);
+    DeviceArray dxv(t, x), dr(t, r), db(DType::f32, b), dy(t, nx + 1);
+    pw::bias_activation_forward(nullptr, t, Layout::nhwc, dxv.as<char>() + es, db.get(), dr.as<char>() + es,
+                                dy.as<char>() + es, 2, 7, 15, true);
+    const auto got = dy.download();
+    for (int64_t i = 0; i < nx; ++i) {
+      const auto k = static_cast<std::size_t>(i + 1);
+      const double want = std::max(x[k] + b[static_cast<std::size_t>(i % 7)] + r[k], 0.0);
+      ASSERT_NEAR(got[k], want, rel_tol(t) * std::fabs(want) + 1e-6) << i;
+    }
+  }
+  EXPECT_THROW(pw::bias_activation_forward(nullptr, DType::i32, Layout::nchw, nullptr, nullptr, nullptr, nullptr, 1,
+                                           1, 1, false),
+               Unsupported);
 }
 
 // ---- global average pooling
