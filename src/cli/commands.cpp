@@ -162,6 +162,13 @@ int list(bool json) {
   return 0;
 }
 
+// A failed point is a failure (1); a point refused for its values (a bad axis value the plan could
+// not see, e.g. out of range) a usage error (2), after every other point has run and been kept.
+static int exit_code(const workloads::RunTotals& totals) {
+  if (totals.by_status.count("error")) return 1;
+  return totals.by_status.count("invalid") ? 2 : 0;
+}
+
 int run(const RunOptions& o) {
   // Under mpirun or srun every process runs this same command: they join MPI here, each drives its
   // own GPU, every point runs on all of them in lock step, and rank 0 alone writes the results.
@@ -303,7 +310,7 @@ int run(const RunOptions& o) {
     return 1;
   }
   sampler.stop();
-  if (!leader) return totals.interrupted ? 130 : totals.by_status.count("error") ? 1 : 0;
+  if (!leader) return totals.interrupted ? 130 : exit_code(totals);
   if (o.telemetry_trace) {
     std::ofstream trace(store->run_dir() / "telemetry.json");
     trace << sampler.trace().dump() << '\n';
@@ -321,7 +328,7 @@ int run(const RunOptions& o) {
     std::cerr << "accelbench run: interrupted; every point measured before it was kept\n";
     return 130;
   }
-  return totals.by_status.count("error") ? 1 : 0;
+  return exit_code(totals);
 }
 
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file) {
