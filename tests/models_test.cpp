@@ -320,11 +320,11 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
       const nn::Value fi = fb.input("images", Shape{2, 3, 8, 8});
       const nn::Value fl = resnet(fb, fi, c);
       fb.mark_output(fl);
+      auto k = nn::make_ref_kernels();  // outlives the graphs, whose memory it holds
       nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
       // Removed: the stem's ReLU and per block three ReLUs and the add; each batch norm became a bias_act.
       EXPECT_EQ(unfolded.op_count() - folded.op_count(), 1u + 2u * 4u);
 
-      auto k = nn::make_ref_kernels();
       unfolded.bind(*k);
       folded.bind(*k);
       nn::ParameterValues values = unfolded.parameter_values();
@@ -372,8 +372,8 @@ TEST(FoldBatchnorm, FullSizeResnextLosesItsReluAndAddKernels) {
   tiny.fold_batchnorm = true;
   nn::GraphBuilder tb(t);
   build_classifier(tb, tiny, 2, 8);
-  nn::Graph tg(std::move(tb));
   auto k = nn::make_ref_kernels();
+  nn::Graph tg(std::move(tb));
   const std::string msg = test::error_message<nn::LayerError>([&] { tg.bind(*k); });
   EXPECT_NE(msg.find("(bias_act): is inference only"), std::string::npos) << msg;
 }
@@ -384,9 +384,9 @@ TEST(FoldBatchnorm, ParameterValuesRoundTripAndRefuseWrongNamesOrSizes) {
   o.training = false;
   nn::GraphBuilder b(o);
   resnet(b, b.input("images", Shape{1, 3, 8, 8}), tiny_resnet(3, 5));
+  auto k = nn::make_ref_kernels();
   nn::Graph g(std::move(b));
   const nn::ParameterValues initial = g.initial_parameter_values();  // before bind
-  auto k = nn::make_ref_kernels();
   g.bind(*k);
   EXPECT_EQ(g.parameter_values(), initial);  // exactly what bind wrote (f64)
   nn::ParameterValues missing = initial;
