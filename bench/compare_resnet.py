@@ -32,6 +32,7 @@ from compare_common import GpuEnergy, accelbench, samples_per_joule, time_batche
 
 TRAIN_PRECISIONS = ("bf16", "tf32")
 MODEL = "resnet50"
+TORCH_COMPILE = False  # --torch-compile: PyTorch trains the torch.compile'd model (issue 5's peer)
 ENERGY_WINDOW_S = 5.0  # the energy counter steps every ~100 ms on an H200: a 2% step at most
 INFER_PRECISIONS = ("fp16", "bf16")
 
@@ -146,6 +147,8 @@ def torch_train_step_s(precision, batch, image_px):
     model, _ = build_model(MODEL)
     model = model.cuda().to(memory_format=torch.channels_last).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=True)
+    if TORCH_COMPILE:
+        model = torch.compile(model)  # compiled during the warm-up steps below
     x = torch.randn(batch, 3, image_px, image_px, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device="cuda")
 
@@ -189,7 +192,7 @@ def torch_infer_latency_s(precision, batch, image_px, energy=None):
 
 
 def main():
-    global TRAIN_PRECISIONS, INFER_PRECISIONS, MODEL
+    global TRAIN_PRECISIONS, INFER_PRECISIONS, MODEL, TORCH_COMPILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--accelbench", required=True)
     ap.add_argument("--out", required=True)
@@ -203,6 +206,8 @@ def main():
     ap.add_argument("--energy-batches", default="",
                     help="inference batches whose samples/J are compared too (PyTorch: NVML energy counter over "
                          f"{ENERGY_WINDOW_S:.0f} s of the latency loop; accelbench: its record, timed for as long)")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="PyTorch trains torch.compile(model) (default mode; compiled in the warm-up), not eager")
     ap.add_argument("--torch-once", action="store_true",
                     help="measure PyTorch before accelbench only, not again after (about half the PyTorch time)")
     args = ap.parse_args()
@@ -211,6 +216,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     px, tb = args.image_size, args.train_batch
     MODEL = args.model
+    TORCH_COMPILE = args.torch_compile
     infer_batches = ([int(b) for b in args.infer_batches.split(",") if b] if args.infer_batches else
                      [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch])
     energy_batches = [int(b) for b in args.energy_batches.split(",") if b]
@@ -219,7 +225,8 @@ def main():
     energy = GpuEnergy(0) if energy_batches else None
     _, net = build_model(MODEL)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "cudnn": torch.backends.cudnn.version(), "torch_model": net, "image_size": px}
+              "cudnn": torch.backends.cudnn.version(), "torch_model": net, "image_size": px,
+              "torch_training": "torch.compile" if TORCH_COMPILE else "eager"}
     torch.backends.cudnn.benchmark = True
 
     print(f"{MODEL} at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}); "
@@ -229,7 +236,8 @@ def main():
         train, infer = {}, {}
         for p in TRAIN_PRECISIONS:
             train[p] = t = torch_train_step_s(p, tb, px)
-            print(f"PyTorch    train {MODEL} {p} b{tb} ({when}): {tb / t:.0f} img/s, {t * 1e3:.2f} ms/step", flush=True)
+            how = "torch.compile" if TORCH_COMPILE else "eager"
+            print(f"PyTorch    train {MODEL} {p} b{tb} {how} ({when}): {tb / t:.0f} img/s, {t * 1e3:.2f} ms/step", flush=True)
         for p in INFER_PRECISIONS:
             for b in infer_batches:
                 infer[(p, b)] = t = torch_infer_latency_s(p, b, px, energy if b in energy_batches else None)
