@@ -206,6 +206,8 @@ def main():
     ap.add_argument("--energy-batches", default="",
                     help="inference batches whose samples/J are compared too (PyTorch: NVML energy counter over "
                          f"{ENERGY_WINDOW_S:.0f} s of the latency loop; accelbench: its record, timed for as long)")
+    ap.add_argument("--infer-axes", default="",
+                    help="extra accelbench infer axes of one value each, space-separated, e.g. 'fold=on'")
     ap.add_argument("--torch-compile", action="store_true",
                     help="PyTorch trains torch.compile(model) (default mode; compiled in the warm-up), not eager")
     ap.add_argument("--torch-once", action="store_true",
@@ -220,6 +222,9 @@ def main():
     infer_batches = ([int(b) for b in args.infer_batches.split(",") if b] if args.infer_batches else
                      [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch])
     energy_batches = [int(b) for b in args.energy_batches.split(",") if b]
+    if any("," in axis or ":" in axis for axis in args.infer_axes.split()):
+        raise SystemExit("--infer-axes takes one value per axis (records are matched by precision and batch)")
+    extra_axes = [a for axis in args.infer_axes.split() for a in ("--axis", axis)]
     if not set(energy_batches) <= set(infer_batches):
         raise SystemExit(f"--energy-batches {energy_batches} must be among the inference batches {infer_batches}")
     energy = GpuEnergy(0) if energy_batches else None
@@ -274,7 +279,7 @@ def main():
         ours_train[rec["params"]["precision"]] = rec
     infer_runs = [["infer", "--axis", f"model={MODEL}", "--axis", f"batch={','.join(map(str, infer_batches))}",
                    "--axis", f"precision={','.join(INFER_PRECISIONS)}", "--axis", "layout=nhwc",
-                   "--axis", f"image_size={px}", "--axis", "graph=on"]] if INFER_PRECISIONS else []
+                   "--axis", f"image_size={px}", "--axis", "graph=on", *extra_axes]] if INFER_PRECISIONS else []
     for rec in (r for run in infer_runs for r in accelbench(args.accelbench, run, ab_dir, on_record=print_ours)):
         if rec["status"] != "ok":
             raise SystemExit(f"accelbench infer point not ok: {rec.get('status')}: {rec.get('reason')}")
@@ -283,7 +288,7 @@ def main():
     ours_energy = {}
     energy_runs = [["infer", "--axis", f"model={MODEL}", "--axis", f"batch={','.join(map(str, energy_batches))}",
                     "--axis", f"precision={','.join(INFER_PRECISIONS)}", "--axis", "layout=nhwc",
-                    "--axis", f"image_size={px}", "--axis", "graph=on",
+                    "--axis", f"image_size={px}", "--axis", "graph=on", *extra_axes,
                     "--min-time", str(ENERGY_WINDOW_S)]] if energy_batches and INFER_PRECISIONS else []
     for rec in (r for run in energy_runs for r in accelbench(args.accelbench, run, ab_dir)):
         tel = rec.get("telemetry", {})
