@@ -553,24 +553,31 @@ TEST(DataParallel, TrainUnderMpirunAveragesGradientsOverTheTrainingRanks) {
   EXPECT_EQ(losses(by.at({2, 0.0001})), losses(by.at({2, 25.0})));
 }
 
-// comm_ctas configures NCCL's communicator: a point outside 0..64 is invalid, and one where
-// averaging goes through the host is skipped (the axis would change nothing there).
-TEST(DataParallel, CommCtasIsCheckedAndSkippedOnHostAveraging) {
+// comm_ctas and comm_priority configure NCCL's communicator and stream: comm_ctas outside 0..64 is
+// invalid, and either knob is skipped where averaging goes through the host (it would change
+// nothing there).
+TEST(DataParallel, CommKnobsAreCheckedAndSkippedOnHostAveraging) {
   SKIP_WITHOUT_MPI();
   test::TempDir tmp;
   const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
                        " run train --device cpu --axis batch=2 --axis image_size=8 --axis trajectory_steps=1 "
-                       "--axis graph=off --axis gpus=2 --axis comm_ctas=-1,8 --min-time 0.01 --out " +
-                       quote(tmp.path().string()));
-  EXPECT_EQ(r.code, 2) << r.output;  // a point refused for its value: a usage error, the sweep kept
+                       "--axis graph=off --axis gpus=2 --axis comm_ctas=-1,0,8 --axis comm_priority=normal,high "
+                       "--min-time 0.01 --max-noise 100 --timeout 1 --out " + quote(tmp.path().string()));
+  EXPECT_EQ(r.code, 2) << r.output;  // points refused for their values: a usage error, the sweep kept
   const auto points = read_points(tmp.path());
-  ASSERT_EQ(points.size(), 2u);
-  std::map<int, nlohmann::json> by;
-  for (const auto& p : points) by[p["params"]["comm_ctas"].get<int>()] = p;
-  EXPECT_EQ(by.at(-1)["status"], "invalid") << by.at(-1).dump();
-  EXPECT_NE(by.at(-1).value("reason", "").find("comm_ctas in 0..64"), std::string::npos) << by.at(-1).dump();
-  EXPECT_EQ(by.at(8)["status"], "skipped") << by.at(8).dump();
-  EXPECT_NE(by.at(8).value("reason", "").find("averages through the host"), std::string::npos) << by.at(8).dump();
+  ASSERT_EQ(points.size(), 6u);
+  std::map<std::pair<int, std::string>, nlohmann::json> by;
+  for (const auto& p : points) by[{p["params"]["comm_ctas"].get<int>(), p["params"]["comm_priority"]}] = p;
+  for (const std::string priority : {"normal", "high"}) {
+    const auto& bad = by.at({-1, priority});
+    EXPECT_EQ(bad["status"], "invalid") << bad.dump();
+    EXPECT_NE(bad.value("reason", "").find("comm_ctas in 0..64"), std::string::npos) << bad.dump();
+    EXPECT_EQ(by.at({8, priority})["status"], "skipped") << by.at({8, priority}).dump();
+  }
+  EXPECT_EQ(by.at({0, "normal"})["status"], "ok") << by.at({0, "normal"}).dump();
+  const auto& high = by.at({0, "high"});
+  EXPECT_EQ(high["status"], "skipped") << high.dump();
+  EXPECT_NE(high.value("reason", "").find("averages through the host"), std::string::npos) << high.dump();
 }
 
 // Strong scaling of a model without batch norm: two ranks on halves of one batch of 8 train exactly

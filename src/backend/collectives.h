@@ -83,8 +83,10 @@ class CollectiveGroup {
   virtual std::map<std::string, std::string> forced_settings() const = 0;
   // Allocates the buffers; throws OutOfMemory when a device is full, UsageError for a bad count.
   virtual std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) = 0;
-  // For a group of one local rank (one GPU per process); throws Unsupported otherwise.
-  virtual std::unique_ptr<StreamAverager> make_averager() = 0;
+  // For a group of one local rank (one GPU per process); throws Unsupported otherwise. With
+  // high_priority the side stream has the device's highest priority (kept in a captured graph), so
+  // the all-reduces' blocks take SMs ahead of the queued compute they overlap instead of after it.
+  virtual std::unique_ptr<StreamAverager> make_averager(bool high_priority) = 0;
 };
 
 // GPUs a collective group can span in this process (0 in the CPU build or without a GPU).

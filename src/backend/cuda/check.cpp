@@ -45,6 +45,14 @@ StreamPtr create_stream(const std::string& what) {
   return StreamPtr(s);
 }
 
+StreamPtr create_highest_priority_stream(const std::string& what) {
+  int least = 0, greatest = 0;
+  AB_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest), what);
+  cudaStream_t s = nullptr;
+  AB_CUDA(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest), what);
+  return StreamPtr(s);
+}
+
 EventPtr create_event(const std::string& what) {
   cudaEvent_t e = nullptr;
   AB_CUDA(cudaEventCreate(&e), what);

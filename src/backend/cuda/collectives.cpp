@@ -133,7 +133,7 @@ class NcclGroup final : public CollectiveGroup {
   std::vector<std::string> device_ids() const override { return ids_; }
   std::map<std::string, std::string> forced_settings() const override { return forced_; }
   std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) override;
-  std::unique_ptr<StreamAverager> make_averager() override;
+  std::unique_ptr<StreamAverager> make_averager(bool high_priority) override;
 
   std::vector<Rank> ranks_;
   int world_, first_rank_;
@@ -501,9 +501,10 @@ namespace {
 // enqueued (and, in a capture, becomes that edge of the graph).
 class NcclAverager final : public StreamAverager {
  public:
-  explicit NcclAverager(const Rank& rank)
+  NcclAverager(const Rank& rank, bool high_priority)
       : rank_(rank),
-        side_(create_stream("gradient averaging stream")),
+        side_(high_priority ? create_highest_priority_stream("gradient averaging stream")
+                            : create_stream("gradient averaging stream")),
         fork_(create_event("gradient averaging fork")),
         join_(create_event("gradient averaging join")) {}
   void average(void* data, std::int64_t count, DType dtype) override {
@@ -530,10 +531,10 @@ class NcclAverager final : public StreamAverager {
 
 }  // namespace
 
-std::unique_ptr<StreamAverager> NcclGroup::make_averager() {
+std::unique_ptr<StreamAverager> NcclGroup::make_averager(bool high_priority) {
   if (ranks_.size() != 1) throw Unsupported("gradient averaging needs one GPU per process (run under mpirun or srun)");
   AB_CUDA(cudaSetDevice(ranks_[0].device), "gradient averaging device");
-  return std::make_unique<NcclAverager>(ranks_[0]);
+  return std::make_unique<NcclAverager>(ranks_[0], high_priority);
 }
 
 std::vector<std::uint8_t> collective_unique_id() {

@@ -456,7 +456,9 @@ std::unique_ptr<Replayable> CudaKernels::capture(const std::function<void()>& bo
                           "(an allocation, a host synchronisation or a copy from pageable memory)");
   }
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  // Node priorities, copied from their streams' during capture (a high-priority gradient
+  // all-reduce), stay in force; otherwise every node would run at the launch stream's.
+  const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   if (inst != cudaSuccess) {
     cudaGraphDestroy(graph);
     AB_CUDA(inst, label_ + " instantiate captured graph");

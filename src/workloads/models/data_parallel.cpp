@@ -55,8 +55,8 @@ class HostGradientAverager final : public nn::GradientAverager {
 }  // namespace
 
 DataParallel::DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes,
-                           const backend::CommOptions& comm_options)
-    : comm_(comm), gpus_(gpus), bucket_bytes_(bucket_bytes) {
+                           const backend::CommOptions& comm_options, bool high_priority)
+    : comm_(comm), gpus_(gpus), bucket_bytes_(bucket_bytes), high_priority_(high_priority) {
   if (backend.info().kind == "cuda") {
     group_ = dist::first_ranks_collective_group(backend, comm, gpus, comm_options);
   } else if (gpus != comm.size()) {
@@ -70,7 +70,7 @@ DataParallel::~DataParallel() = default;
 void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
   if (comm_.rank() >= gpus_) throw Error("data parallelism: rank " + std::to_string(comm_.rank()) + " does not train");
   if (group_)
-    averager_ = std::make_unique<NcclGradientAverager>(group_->make_averager());
+    averager_ = std::make_unique<NcclGradientAverager>(group_->make_averager(high_priority_));
   else
     averager_ = std::make_unique<HostGradientAverager>(comm_, kernels);
   sync_ = std::make_unique<nn::BucketedGradientSync>(graph.parameters(), *averager_, bucket_bytes_);
@@ -81,8 +81,9 @@ std::size_t DataParallel::bucket_count() const { return sync_ ? sync_->buckets()
 std::string DataParallel::describe() const { return group_ ? "nccl" : "host"; }
 
 std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
-                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options) {
-  return std::make_unique<DataParallel>(backend, comm, gpus, bucket_bytes, comm_options);
+                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options,
+                                                 bool high_priority) {
+  return std::make_unique<DataParallel>(backend, comm, gpus, bucket_bytes, comm_options, high_priority);
 }
 
 }  // namespace ab::workloads::zoo

@@ -123,7 +123,7 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
 class DataParallel {
  public:
   DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes,
-               const backend::CommOptions& comm_options = {});
+               const backend::CommOptions& comm_options = {}, bool high_priority = false);
   ~DataParallel();
   // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
   void attach(nn::Graph& graph, nn::Kernels& kernels);
@@ -134,12 +134,14 @@ class DataParallel {
   dist::Comm& comm_;
   int gpus_;
   std::int64_t bucket_bytes_;
+  bool high_priority_;  // the all-reduces' stream at the device's top priority
   std::unique_ptr<backend::CollectiveGroup> group_;  // CUDA; null on idle ranks and host backends
   std::unique_ptr<nn::GradientAverager> averager_;
   std::unique_ptr<nn::BucketedGradientSync> sync_;
 };
 std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
-                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options = {});
+                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options = {},
+                                                 bool high_priority = false);
 
 // --- The loadgen system under test -------------------------------------------------------------
 

@@ -107,7 +107,10 @@ class Train final : public Workload {
          {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
          {"comm_ctas", AxisKind::integer, one("0"), {},
           "data parallelism on GPUs: most SMs an all-reduce may occupy (NCCL maxCTAs; 0 = NCCL's choice), "
-          "leaving the rest to the backward pass it overlaps"}});
+          "leaving the rest to the backward pass it overlaps"},
+         {"comm_priority", AxisKind::text, one("normal"), {"normal", "high"},
+          "data parallelism on GPUs: the all-reduces' stream priority (high: their blocks take SMs ahead of "
+          "queued backward kernels)"}});
     return axes;
   }
 
@@ -117,6 +120,7 @@ class Train final : public Workload {
     const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
     const double bucket_mib = state.get_real("bucket_mib");
     const std::int64_t comm_ctas = state.get_int("comm_ctas");
+    const bool comm_high_priority = state.get_text("comm_priority") == "high";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
@@ -131,9 +135,9 @@ class Train final : public Workload {
     if (strong && asked.batch % gpus != 0)
       state.skip("strong scaling splits batch=" + std::to_string(asked.batch) + " over gpus=" + std::to_string(gpus) +
                  ": not a multiple");
-    if (gpus > 1 && comm_ctas > 0 && state.backend().info().kind != "cuda")
-      state.skip("comm_ctas sets NCCL's communicator; data parallelism on " + state.backend().info().id +
-                 " averages through the host");
+    if (gpus > 1 && (comm_ctas > 0 || comm_high_priority) && state.backend().info().kind != "cuda")
+      state.skip("comm_ctas and comm_priority set NCCL's communicator and stream; data parallelism on " +
+                 state.backend().info().id + " averages through the host");
     if (gpus > 1 && use_graph && state.backend().info().kind != "cuda")
       state.skip("data parallelism on " + state.backend().info().id +
                  " averages through the host, which a captured step cannot hold: use graph=off");
@@ -177,7 +181,7 @@ class Train final : public Workload {
     if (gpus > 1) {  // then world > 1: every rank takes part in creating the communicator
       on_all_ranks(comm, [&] {
         dp = make_data_parallel(state.backend(), comm, static_cast<int>(gpus), bucket_bytes,
-                                backend::CommOptions{.max_ctas = static_cast<int>(comm_ctas)});
+                                backend::CommOptions{.max_ctas = static_cast<int>(comm_ctas)}, comm_high_priority);
       });
       together([&] {
         dp->attach(*g, *kernels);
@@ -188,6 +192,7 @@ class Train final : public Workload {
                                            {"global_batch", global_batch},
                                            {"bucket_bytes", bucket_bytes},
                                            {"comm_max_ctas", comm_ctas},
+                                           {"comm_priority", comm_high_priority ? "high" : "normal"},
                                            {"buckets", dp->bucket_count()},
                                            {"averaging", dp->describe()}});
       });
@@ -289,7 +294,8 @@ class Train final : public Workload {
     const double rate = static_cast<double>(global_batch) / state.result()->summary.median;
     std::string key;
     for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
-      if (axis != "gpus" && axis != "bucket_mib" && axis != "comm_ctas") key += axis + "=" + value + " ";
+      if (axis != "gpus" && axis != "bucket_mib" && axis != "comm_ctas" && axis != "comm_priority")
+        key += axis + "=" + value + " ";
     if (gpus == 1) {
       single_gpu_rate[key] = rate;
       return;
