@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -259,49 +260,8 @@ SmallBlock small_block(nn::GraphBuilder& b, bool fold) {
   return s;
 }
 
-TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  for (DType t : {DType::f64, DType::f32})
-    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
-      SCOPED_TRACE(std::string(to_string(t)) + " " + std::string(to_string(layout)));
-      nn::GraphOptions o;
-      o.dtype = t;
-      o.layout = layout;
-      o.training = false;
-      auto k = nn::make_ref_kernels();
-      nn::GraphBuilder ub(o), fb(o);
-      const SmallBlock us = small_block(ub, false), fs = small_block(fb, true);
-      nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
-      EXPECT_EQ(unfolded.op_count(), 9u);
-      EXPECT_EQ(folded.op_count(), 6u);
-      unfolded.bind(*k);
-      folded.bind(*k);
-      nn::ParameterValues values = unfolded.parameter_values();
-      randomise_batchnorms(values, seed);
-      unfolded.set_parameter_values(values);
-      const nn::ParameterValues f = fold_batchnorm_parameters(values);
-      // The folded weights are the unfolded ones scaled per output channel, by more than rounding.
-      EXPECT_EQ(f.size(), 3u + 3u);  // three convolutions' weights, three biases
-      EXPECT_GT(std::abs(f.at("conv2.weight")[0] / values.at("conv2.weight")[0] - 1.0), 1e-3);
-      folded.set_parameter_values(f);
-
-      const std::vector<double> x = random_values(2 * 3 * 6 * 6, seed);
-      unfolded.set_input(us.x, x);
-      folded.set_input(fs.x, x);
-      unfolded.forward(false);
-      folded.forward(false);
-      const auto want = unfolded.read(us.y), got = folded.read(fs.y);
-      expect_close(got, want, t == DType::f64 ? 1e-12 : 2e-6, "block output");
-      const auto zeros = std::count(want.begin(), want.end(), 0.0);
-      EXPECT_GT(zeros, 0);  // the ReLU clamps some elements and passes others
-      EXPECT_LT(zeros, static_cast<std::ptrdiff_t>(want.size() * 9 / 10));
-    }
-}
-
-TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
-  const std::uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+// Runs `check` with inference options for f64 and f32 storage in both layouts (seeded with `seed`).
+void for_each_inference_options(std::uint64_t seed, const std::function<void(const nn::GraphOptions&)>& check) {
   for (DType t : {DType::f64, DType::f32})
     for (Layout layout : {Layout::nchw, Layout::nhwc}) {
       SCOPED_TRACE(std::string(to_string(t)) + " " + std::string(to_string(layout)));
@@ -310,34 +270,78 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
       o.layout = layout;
       o.training = false;
       o.seed = seed;
-      ResNetConfig c = tiny_resnet(3, 5);
-      nn::GraphBuilder ub(o);
-      const nn::Value ui = ub.input("images", Shape{2, 3, 8, 8});
-      const nn::Value ul = resnet(ub, ui, c);
-      ub.mark_output(ul);
-      c.fold_batchnorm = true;
-      nn::GraphBuilder fb(o);
-      const nn::Value fi = fb.input("images", Shape{2, 3, 8, 8});
-      const nn::Value fl = resnet(fb, fi, c);
-      fb.mark_output(fl);
-      auto k = nn::make_ref_kernels();  // outlives the graphs, whose memory it holds
-      nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
-      // Removed: the stem's ReLU and per block three ReLUs and the add; each batch norm became a bias_act.
-      EXPECT_EQ(unfolded.op_count() - folded.op_count(), 1u + 2u * 4u);
-
-      unfolded.bind(*k);
-      folded.bind(*k);
-      nn::ParameterValues values = unfolded.parameter_values();
-      randomise_batchnorms(values, seed);
-      unfolded.set_parameter_values(values);
-      folded.set_parameter_values(fold_batchnorm_parameters(values));
-      const std::vector<double> images = random_values(2 * 3 * 8 * 8, seed);
-      unfolded.set_input(ui, images);
-      folded.set_input(fi, images);
-      unfolded.forward(false);
-      folded.forward(false);
-      expect_close(folded.read(fl), unfolded.read(ul), t == DType::f64 ? 1e-11 : 1e-5, "logits");
+      check(o);
     }
+}
+
+TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for_each_inference_options(seed, [&](const nn::GraphOptions& o) {
+    const DType t = o.dtype;
+    auto k = nn::make_ref_kernels();
+    nn::GraphBuilder ub(o), fb(o);
+    const SmallBlock us = small_block(ub, false), fs = small_block(fb, true);
+    nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
+    EXPECT_EQ(unfolded.op_count(), 9u);
+    EXPECT_EQ(folded.op_count(), 6u);
+    unfolded.bind(*k);
+    folded.bind(*k);
+    nn::ParameterValues values = unfolded.parameter_values();
+    randomise_batchnorms(values, seed);
+    unfolded.set_parameter_values(values);
+    const nn::ParameterValues f = fold_batchnorm_parameters(values);
+    // The folded weights are the unfolded ones scaled per output channel, by more than rounding.
+    EXPECT_EQ(f.size(), 3u + 3u);  // three convolutions' weights, three biases
+    EXPECT_GT(std::abs(f.at("conv2.weight")[0] / values.at("conv2.weight")[0] - 1.0), 1e-3);
+    folded.set_parameter_values(f);
+
+    const std::vector<double> x = random_values(2 * 3 * 6 * 6, seed);
+    unfolded.set_input(us.x, x);
+    folded.set_input(fs.x, x);
+    unfolded.forward(false);
+    folded.forward(false);
+    const auto want = unfolded.read(us.y), got = folded.read(fs.y);
+    expect_close(got, want, t == DType::f64 ? 1e-12 : 2e-6, "block output");
+    const auto zeros = std::count(want.begin(), want.end(), 0.0);
+    EXPECT_GT(zeros, 0);  // the ReLU clamps some elements and passes others
+    EXPECT_LT(zeros, static_cast<std::ptrdiff_t>(want.size() * 9 / 10));
+  });
+}
+
+TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for_each_inference_options(seed, [&](const nn::GraphOptions& o) {
+    const DType t = o.dtype;
+    ResNetConfig c = tiny_resnet(3, 5);
+    nn::GraphBuilder ub(o);
+    const nn::Value ui = ub.input("images", Shape{2, 3, 8, 8});
+    const nn::Value ul = resnet(ub, ui, c);
+    ub.mark_output(ul);
+    c.fold_batchnorm = true;
+    nn::GraphBuilder fb(o);
+    const nn::Value fi = fb.input("images", Shape{2, 3, 8, 8});
+    const nn::Value fl = resnet(fb, fi, c);
+    fb.mark_output(fl);
+    auto k = nn::make_ref_kernels();  // outlives the graphs, whose memory it holds
+    nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
+    // Removed: the stem's ReLU and per block three ReLUs and the add; each batch norm became a bias_act.
+    EXPECT_EQ(unfolded.op_count() - folded.op_count(), 1u + 2u * 4u);
+
+    unfolded.bind(*k);
+    folded.bind(*k);
+    nn::ParameterValues values = unfolded.parameter_values();
+    randomise_batchnorms(values, seed);
+    unfolded.set_parameter_values(values);
+    folded.set_parameter_values(fold_batchnorm_parameters(values));
+    const std::vector<double> images = random_values(2 * 3 * 8 * 8, seed);
+    unfolded.set_input(ui, images);
+    folded.set_input(fi, images);
+    unfolded.forward(false);
+    folded.forward(false);
+    expect_close(folded.read(fl), unfolded.read(ul), t == DType::f64 ? 1e-11 : 1e-5, "logits");
+  });
 }
 
 TEST(FoldBatchnorm, FullSizeResnextLosesItsReluAndAddKernels) {
