@@ -18,7 +18,8 @@
 # ibverbs-providers librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1
 # libmunge2 libatomic1); it is unpacked into a private prefix and found through OPAL_PREFIX.
 # ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
-# (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi).
+# (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
+# then accelbench's overlap knobs (comm_ctas, comm_priority) at 1 and N GPUs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -107,6 +108,20 @@ if [[ $what == ddp ]]; then
   grep -E "MPI" "$logs/build.log" | head -3
   # Each figure is printed as measured (unbuffered), so a time limit keeps what was measured.
   python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" 2>&1 | tee "$logs/compare_ddp.txt"
+  # The overlap knobs (unmeasured when added): fewer SMs for NCCL, a top-priority all-reduce stream.
+  n=$(nvidia-smi -L | wc -l)
+  mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_ctas=0,16 --axis comm_priority=normal,high \
+    --axis trajectory_steps=3 --out "$logs/knobs" 2>&1 | tee "$logs/ddp-knobs.txt" | grep -E "ok |median|skipped|error"
+  python3 - "$logs/knobs" <<'PY'
+import glob, json, sys
+for f in glob.glob(sys.argv[1] + "/runs/*/points.jsonl"):
+    for line in open(f):
+        r = json.loads(line)
+        p, m = r["params"], r.get("metrics", {})
+        print(f"gpus={p['gpus']} comm_ctas={p['comm_ctas']} comm_priority={p['comm_priority']}: {r['status']} "
+              f"{r.get('rates', {}).get('samples_per_s', 0):.0f} img/s, efficiency {m.get('scaling_efficiency')}")
+PY
 fi
 if [[ $what == bench || $what == all ]]; then
   $ab sysinfo | tee "$logs/sysinfo.txt"
