@@ -120,26 +120,19 @@ double loss_of(Graph& g, const SmallNet& m) {
   return g.read(m.loss)[0];
 }
 
-// Central difference at two step sizes; a pair that disagrees straddles a ReLU or max-pool kink
-// and is skipped (counted), anything else must match the analytic gradient.
-void check_tensor_gradient(Graph& g, const SmallNet& m, const Tensor& value, const std::vector<double>& grad,
-                           const std::string& what, std::uint64_t seed, int* checked, int* skipped) {
+// Central difference at two step sizes on `elements` seeded elements; a pair that disagrees
+// straddles a ReLU, max-pool or |.| kink and is skipped (counted), anything else must match the
+// analytic gradient, which must not be all zero (that would check nothing).
+void check_tensor_gradient(const std::function<double()>& loss, const Tensor& value, const std::vector<double>& grad,
+                           const std::string& what, std::uint64_t seed, int elements, int* checked, int* skipped) {
+  double largest = 0;
+  for (double e : grad) largest = std::max(largest, std::abs(e));
+  EXPECT_GT(largest, 1e-6) << what << ": an all-zero gradient checks nothing";
   auto v = read_host(value);
-  for (std::uint64_t s = 0; s < 6; ++s) {
+  for (std::uint64_t s = 0; s < static_cast<std::uint64_t>(elements); ++s) {
     const std::size_t i = mix64(seed, s) % v.size();
-    const double x0 = v[i];
-    auto diff = [&](double h) {
-      v[i] = x0 + h;
-      write_host(value, v);
-      const double up = loss_of(g, m);
-      v[i] = x0 - h;
-      write_host(value, v);
-      const double down = loss_of(g, m);
-      v[i] = x0;
-      write_host(value, v);
-      return (up - down) / (2 * h);
-    };
-    const double n1 = diff(1e-6), n2 = diff(5e-7);
+    const double n1 = test::central_difference(value, v, i, 1e-6, loss),
+                 n2 = test::central_difference(value, v, i, 5e-7, loss);
     if (std::abs(n1 - n2) > 1e-6 * std::max(1.0, std::abs(n1))) {
       ++*skipped;
       continue;
@@ -162,16 +155,12 @@ TEST(Graph, WholeGraphGradientsMatchFiniteDifferences) {
   // Read now: the arena reuses the input gradient's bytes during the next forward pass.
   const auto grad_x = t.g.read(t.g.grad(t.m.x));
   int checked = 0, skipped = 0;
-  for (auto& p : t.g.parameters()) {
-    if (!p.spec.trainable()) continue;
-    const auto grad = read_host(p.grad);
-    double largest = 0;
-    for (double v : grad) largest = std::max(largest, std::abs(v));
-    EXPECT_GT(largest, 1e-6) << p.name << ": an all-zero gradient checks nothing";
-    check_tensor_gradient(t.g, t.m, p.value, grad, p.name, o.seed + 1, &checked, &skipped);
-  }
+  const auto loss = [&] { return loss_of(t.g, t.m); };
+  for (auto& p : t.g.parameters())
+    if (p.spec.trainable())
+      check_tensor_gradient(loss, p.value, read_host(p.grad), p.name, o.seed + 1, 6, &checked, &skipped);
   // The input's gradient flows back through every branch point.
-  check_tensor_gradient(t.g, t.m, t.g.tensor(t.m.x), grad_x, "x", o.seed + 2, &checked, &skipped);
+  check_tensor_gradient(loss, t.g.tensor(t.m.x), grad_x, "x", o.seed + 2, 6, &checked, &skipped);
   EXPECT_GE(checked, 44);  // 8 tensors x 6 elements, a few kinks skipped
   EXPECT_LE(skipped, 4);
 }
@@ -1003,37 +992,9 @@ TEST(Graph, CompressionLayersGradientsMatchFiniteDifferencesThroughBranchPoints)
   g.backward();
   const auto grad_x = g.read(g.grad(m.x));
   int checked = 0, skipped = 0;
-  const auto check = [&](const Tensor& value, const std::vector<double>& grad, const std::string& what,
-                         std::uint64_t seed) {
-    auto v = read_host(value);
-    double largest = 0;
-    for (double e : grad) largest = std::max(largest, std::abs(e));
-    EXPECT_GT(largest, 1e-6) << what << ": an all-zero gradient checks nothing";
-    for (std::uint64_t s = 0; s < 8; ++s) {
-      const std::size_t i = mix64(seed, s) % v.size();
-      const double x0 = v[i];
-      const auto diff = [&](double h) {
-        v[i] = x0 + h;
-        write_host(value, v);
-        const double up = loss();
-        v[i] = x0 - h;
-        write_host(value, v);
-        const double down = loss();
-        v[i] = x0;
-        write_host(value, v);
-        return (up - down) / (2 * h);
-      };
-      const double n1 = diff(1e-6), n2 = diff(5e-7);
-      if (std::abs(n1 - n2) > 1e-6 * std::max(1.0, std::abs(n1))) {  // a ReLU or |.| kink
-        ++skipped;
-        continue;
-      }
-      ++checked;
-      EXPECT_NEAR(grad[i], n1, 2e-6 * std::max(1.0, std::abs(n1))) << what << " element " << i;
-    }
-  };
-  for (auto& p : g.parameters()) check(p.value, read_host(p.grad), p.name, o.seed + 1);
-  check(g.tensor(m.x), grad_x, "x", o.seed + 2);
+  for (auto& p : g.parameters())
+    check_tensor_gradient(loss, p.value, read_host(p.grad), p.name, o.seed + 1, 8, &checked, &skipped);
+  check_tensor_gradient(loss, g.tensor(m.x), grad_x, "x", o.seed + 2, 8, &checked, &skipped);
   EXPECT_GE(checked, 28);  // 4 tensors x 8 elements, a few kinks skipped
   EXPECT_LE(skipped, 4);
 }

@@ -146,16 +146,8 @@ struct Harness {
     for (int s = 0; s < samples && s < static_cast<int>(n); ++s) {
       const std::size_t i = n <= static_cast<std::size_t>(samples) ? static_cast<std::size_t>(s)
                                                                     : mix64(seed, 7000 + static_cast<std::uint64_t>(s)) % n;
-      const double x0 = values[i], h = 1e-5 * std::max(1.0, std::abs(x0));
-      values[i] = x0 + h;
-      write_host(x, values);
-      const double up = loss();
-      values[i] = x0 - h;
-      write_host(x, values);
-      const double down = loss();
-      values[i] = x0;
-      write_host(x, values);
-      const double numeric = (up - down) / (2 * h);
+      const double numeric = test::central_difference(x, values, i, 1e-5 * std::max(1.0, std::abs(values[i])),
+                                                             [this] { return loss(); });
       EXPECT_NEAR(grad[i], numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "element " << i;
     }
   }

@@ -152,6 +152,22 @@ inline TrainRun train_tiny(nn::Kernels& kernels, const TinyTraining& t) {
   return r;
 }
 
+// (loss(x_i + h) - loss(x_i - h)) / 2h for element i of the host-visible tensor x whose values are
+// `values` (restored before returning): the central difference gradient checks compare with.
+template <class Loss>
+double central_difference(const Tensor& x, std::vector<double>& values, std::size_t i, double h, Loss&& loss) {
+  const double x0 = values[i];
+  values[i] = x0 + h;
+  write_host(x, values);
+  const double up = loss();
+  values[i] = x0 - h;
+  write_host(x, values);
+  const double down = loss();
+  values[i] = x0;
+  write_host(x, values);
+  return (up - down) / (2 * h);
+}
+
 // Mean of the last n values.
 inline double mean_tail(const std::vector<double>& v, std::size_t n) {
   double s = 0;
