@@ -196,24 +196,6 @@ TEST(Determinism, NhwcTrainsBitIdenticallyToNchw) {
 // ---------------------------------------------------------------------------------------------
 // Batch-norm folding (ResNetConfig::fold_batchnorm, fold_batchnorm_parameters, nn::BiasActivation)
 
-// Non-trivial batch-norm values, as after training (the initial ones, gamma 1, beta 0, mean 0 and
-// var 1, would fold into a near no-op): gamma, beta, running mean and variance of every batch norm
-// set to fresh random values, positive variances.
-void randomise_batchnorms(nn::ParameterValues& values, std::uint64_t seed) {
-  std::uint64_t counter = 0;
-  int found = 0;
-  for (auto& [name, v] : values) {
-    if (!name.ends_with(".running_var")) continue;
-    const std::string bn = name.substr(0, name.size() - std::string(".running_var").size());
-    ++found;
-    for (auto& x : v) x = uniform(seed, counter++, 0.3, 2.0);
-    for (auto& x : values.at(bn + ".running_mean")) x = uniform(seed, counter++, -0.5, 0.5);
-    for (auto& x : values.at(bn + ".weight")) x = uniform(seed, counter++, 0.5, 1.5);
-    for (auto& x : values.at(bn + ".bias")) x = uniform(seed, counter++, -0.5, 0.5);
-  }
-  ASSERT_GT(found, 0);
-}
-
 std::vector<double> random_values(std::int64_t n, std::uint64_t seed) {
   std::vector<double> v(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = uniform(seed, 500000 + i, -1.5, 1.5);
@@ -288,7 +270,7 @@ TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
     unfolded.bind(*k);
     folded.bind(*k);
     nn::ParameterValues values = unfolded.parameter_values();
-    randomise_batchnorms(values, seed);
+    test::randomise_batchnorms(values, seed);
     unfolded.set_parameter_values(values);
     const nn::ParameterValues f = fold_batchnorm_parameters(values);
     // The folded weights are the unfolded ones scaled per output channel, by more than rounding.
@@ -332,7 +314,7 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
     unfolded.bind(*k);
     folded.bind(*k);
     nn::ParameterValues values = unfolded.parameter_values();
-    randomise_batchnorms(values, seed);
+    test::randomise_batchnorms(values, seed);
     unfolded.set_parameter_values(values);
     folded.set_parameter_values(fold_batchnorm_parameters(values));
     const std::vector<double> images = random_values(2 * 3 * 8 * 8, seed);

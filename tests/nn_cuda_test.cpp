@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -1084,48 +1085,38 @@ std::string check_folded_tiny_resnet(CheckedKernels& dut, Precision p, Layout la
                                      double logits_tol) {
   auto ref = make_ref_kernels();
   models::ResNetConfig c = models::tiny_resnet(3, 5);
+  // The tiny ResNet on 2 images of 8x8, inference, its logits kept: (graph, images, logits).
+  const auto build = [&](GraphOptions o) {
+    o.layout = layout;
+    o.training = false;
+    GraphBuilder b(o);
+    const Value in = b.input("images", Shape{2, 3, 8, 8});
+    const Value out = models::resnet(b, in, c);
+    b.mark_output(out);
+    return std::make_tuple(std::make_unique<Graph>(std::move(b)), in, out);
+  };
   GraphOptions ro;
   ro.dtype = DType::f64;
-  ro.layout = layout;
-  ro.training = false;
-  GraphBuilder rb(ro);
-  const Value ri = rb.input("images", Shape{2, 3, 8, 8});
-  const Value rl = models::resnet(rb, ri, c);
-  rb.mark_output(rl);
-  Graph reference(std::move(rb));
-  reference.bind(*ref);
-  ParameterValues values = reference.parameter_values();
-  std::uint64_t counter = 0;
-  for (auto& [name, v] : values) {
-    if (!name.ends_with(".running_var")) continue;
-    const std::string bn = name.substr(0, name.size() - std::string(".running_var").size());
-    for (auto& x : v) x = uniform(seed, counter++, 0.3, 2.0);
-    for (auto& x : values.at(bn + ".running_mean")) x = uniform(seed, counter++, -0.5, 0.5);
-    for (auto& x : values.at(bn + ".weight")) x = uniform(seed, counter++, 0.5, 1.5);
-    for (auto& x : values.at(bn + ".bias")) x = uniform(seed, counter++, -0.5, 0.5);
-  }
-  reference.set_parameter_values(values);
+  const auto [reference, ri, rl] = build(ro);
+  reference->bind(*ref);
+  ParameterValues values = reference->parameter_values();
+  test::randomise_batchnorms(values, seed);
+  reference->set_parameter_values(values);
   std::vector<double> images(2 * 3 * 8 * 8);
   for (std::size_t i = 0; i < images.size(); ++i) images[i] = uniform(seed + 1, i, -1.5, 1.5);
-  reference.set_input(ri, images);
-  reference.forward(false);
+  reference->set_input(ri, images);
+  reference->forward(false);
 
   c.fold_batchnorm = true;
   GraphOptions go;
   go.precision = p;
-  go.layout = layout;
-  go.training = false;
-  GraphBuilder gb(go);
-  const Value gi = gb.input("images", Shape{2, 3, 8, 8});
-  const Value gl = models::resnet(gb, gi, c);
-  gb.mark_output(gl);
-  Graph folded(std::move(gb));
-  folded.bind(dut);
-  folded.set_parameter_values(models::fold_batchnorm_parameters(values));
-  folded.set_input(gi, images);
-  folded.forward(false);
+  const auto [folded, gi, gl] = build(go);
+  folded->bind(dut);
+  folded->set_parameter_values(models::fold_batchnorm_parameters(values));
+  folded->set_input(gi, images);
+  folded->forward(false);
   std::string log;
-  close_to(folded.read(gl), reference.read(rl), logits_tol, "logits", &log);
+  close_to(folded->read(gl), reference->read(rl), logits_tol, "logits", &log);
   return log;
 }
 

@@ -168,6 +168,24 @@ double central_difference(const Tensor& x, std::vector<double>& values, std::siz
   return (up - down) / (2 * h);
 }
 
+// Non-trivial batch-norm values, as after training (the initial ones, gamma 1, beta 0, mean 0 and
+// var 1, would fold into a near no-op): gamma, beta, running mean and variance of every batch norm
+// set to fresh random values, positive variances.
+inline void randomise_batchnorms(nn::ParameterValues& values, std::uint64_t seed) {
+  std::uint64_t counter = 0;
+  int found = 0;
+  for (auto& [name, v] : values) {
+    if (!name.ends_with(".running_var")) continue;
+    const std::string bn = name.substr(0, name.size() - std::string(".running_var").size());
+    ++found;
+    for (auto& x : v) x = uniform(seed, counter++, 0.3, 2.0);
+    for (auto& x : values.at(bn + ".running_mean")) x = uniform(seed, counter++, -0.5, 0.5);
+    for (auto& x : values.at(bn + ".weight")) x = uniform(seed, counter++, 0.5, 1.5);
+    for (auto& x : values.at(bn + ".bias")) x = uniform(seed, counter++, -0.5, 0.5);
+  }
+  ASSERT_GT(found, 0);
+}
+
 // Mean of the last n values.
 inline double mean_tail(const std::vector<double>& v, std::size_t n) {
   double s = 0;
