@@ -38,6 +38,26 @@ std::vector<double> initial_values(const ParamSpec& spec, std::uint64_t seed, co
   return v;
 }
 
+// Device tensors to and from values, through a host staging copy in the tensor's own dtype and
+// strides (the kernels move whole tensors as bytes).
+void upload_values(Kernels& k, const Tensor& t, const std::vector<double>& values) {
+  std::vector<unsigned char> host(static_cast<std::size_t>(t.size_bytes()));
+  Tensor staging = t;
+  staging.data = host.data();
+  staging.device = DeviceKind::host;
+  write_host(staging, values);
+  k.upload(t, host.data());
+}
+
+std::vector<double> download_values(Kernels& k, const Tensor& t) {
+  std::vector<unsigned char> host(static_cast<std::size_t>(t.size_bytes()));
+  k.download(t, host.data());
+  Tensor staging = t;
+  staging.data = host.data();
+  staging.device = DeviceKind::host;
+  return read_host(staging);
+}
+
 std::string layer_prefix(const Op& op) { return "layer '" + op.name() + "' (" + std::string(op.kind()) + "): "; }
 
 }  // namespace
@@ -147,13 +167,7 @@ void Graph::bind(Kernels& kernels) {
         t.dparams[j] = s.view_of(s.grad16_buffer[i][j], read_descs[i][j]);
       else
         t.dparams[j] = p.grad.defined() ? p.grad : read_descs[i][j];
-      // Initialise through a host staging copy in the tensor's own dtype and strides.
-      std::vector<unsigned char> host(static_cast<std::size_t>(p.value.size_bytes()));
-      Tensor staging = p.value;
-      staging.data = host.data();
-      staging.device = DeviceKind::host;
-      write_host(staging, initial_values(spec, s.options.seed, p.name));
-      kernels.upload(p.value, host.data());
+      upload_values(kernels, p.value, initial_values(spec, s.options.seed, p.name));
       if (p.copy.defined()) kernels.cast(p.value, p.copy);
       s.param_index[i].push_back(s.params.size());
       s.params.push_back(std::move(p));
@@ -191,15 +205,7 @@ Tensor Graph::grad(Value v) const {
 
 std::vector<Parameter>& Graph::parameters() { return s_->params; }
 
-void Graph::set_input(Value v, const std::vector<double>& values) {
-  const Tensor t = tensor(v);
-  std::vector<unsigned char> host(static_cast<std::size_t>(t.size_bytes()));
-  Tensor staging = t;
-  staging.data = host.data();
-  staging.device = DeviceKind::host;
-  write_host(staging, values);
-  s_->k().upload(t, host.data());
-}
+void Graph::set_input(Value v, const std::vector<double>& values) { upload_values(s_->k(), tensor(v), values); }
 
 ParameterValues Graph::initial_parameter_values() const {
   const State& s = *s_;
@@ -213,7 +219,7 @@ ParameterValues Graph::initial_parameter_values() const {
 }
 
 ParameterValues Graph::parameter_values() const {
-  s_->k();
+  s_->k();  // bound, or Error
   ParameterValues out;
   for (const Parameter& p : s_->params) out[p.name] = read(p.value);
   return out;
@@ -235,12 +241,7 @@ void Graph::set_parameter_values(const ParameterValues& values) {
       if (!known) throw Error("set_parameter_values: the graph has no parameter '" + name + "'");
     }
   for (const Parameter& p : s_->params) {
-    std::vector<unsigned char> host(static_cast<std::size_t>(p.value.size_bytes()));
-    Tensor staging = p.value;
-    staging.data = host.data();
-    staging.device = DeviceKind::host;
-    write_host(staging, values.at(p.name));
-    k.upload(p.value, host.data());
+    upload_values(k, p.value, values.at(p.name));
     if (p.copy.defined()) k.cast(p.value, p.copy);
   }
 }
@@ -249,12 +250,7 @@ std::vector<double> Graph::read(Value v) const { return read(tensor(v)); }
 
 std::vector<double> Graph::read(const Tensor& t) const {
   if (!t.defined()) throw Error("read: tensor " + t.to_string() + " has no storage");
-  std::vector<unsigned char> host(static_cast<std::size_t>(t.size_bytes()));
-  s_->k().download(t, host.data());
-  Tensor staging = t;
-  staging.data = host.data();
-  staging.device = DeviceKind::host;
-  return read_host(staging);
+  return download_values(s_->k(), t);
 }
 
 void Graph::set_profiling(bool on) {
