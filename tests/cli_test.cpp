@@ -176,7 +176,7 @@ TEST(Cli, MalformedSuiteNamesFileAndLine) {
 TEST(Cli, RunWritesRecordsToJsonlAndStore) {
   TempDir dir;
   const Outcome o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--axis", "precision=fp32,bf16",
-                         "--min-time", "0.05", "--out", dir.path().string()});
+                         "--min-time", "0.05", "--max-noise", "50", "--out", dir.path().string()});
   ASSERT_EQ(o.code, 0) << o.output;
   const auto dirs = run_dirs(dir.path());
   ASSERT_EQ(dirs.size(), 1u);
@@ -216,9 +216,9 @@ TEST(Cli, RunWritesRecordsToJsonlAndStore) {
 TEST(Cli, CeilingsFromAnEarlierRunGivePercentOfPeak) {
   TempDir dir;
   ASSERT_EQ(run({"run", "ceilings", "--device", "cpu", "--axis", "target=gemm.fp32", "--axis", "size=128",
-                 "--min-time", "0.05", "--out", dir.path().string(), "-q"}).code, 0);
-  ASSERT_EQ(run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=128", "--min-time", "0.05", "--out",
-                 dir.path().string(), "-q"}).code, 0);
+                 "--min-time", "0.05", "--max-noise", "50", "--out", dir.path().string(), "-q"}).code, 0);
+  ASSERT_EQ(run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=128", "--min-time", "0.05", "--max-noise", "50",
+                 "--out", dir.path().string(), "-q"}).code, 0);
   const std::vector<fs::path> dirs = run_dirs(dir.path());
   ASSERT_EQ(dirs.size(), 2u);
   // Run ids sort by second only; two runs in one second are told apart by their records.
