@@ -1,17 +1,21 @@
-// src/dist: launcher environments (OpenMPI, Slurm, PMI, torchrun) and their errors; nccl-tests'
-// bus-bandwidth factors and counts; agreement between ranks; lock-step measurement; the MPI
-// bootstrap with two processes under mpirun (a probe program and accelbench itself); the topology
-// block; the collectives and p2p workloads (skipped on the CPU with their reasons; on GPUs, every
-// op × dtype × in-place at a small size with zero wrong elements, graph mode, peer copies).
+// src/dist: launcher environments (OpenMPI, Slurm, PMI, torchrun) and their errors, and the example
+// Slurm script (examples/slurm: valid bash, its commands plan); nccl-tests' bus-bandwidth factors
+// and counts; agreement between ranks; lock-step measurement; the MPI bootstrap with two processes
+// under mpirun (a probe program and accelbench itself); the topology block; the collectives and p2p
+// workloads (skipped on the CPU with their reasons; on GPUs, every op × dtype × in-place at a small
+// size with zero wrong elements, graph mode, peer copies).
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/collectives.h"
@@ -22,6 +26,7 @@
 #include "dist/lockstep.h"
 #include "system/topology.h"
 #include "test_support.h"
+#include "workloads/axes.h"
 #include "workloads/runner.h"
 #include "workloads/workload.h"
 
@@ -91,6 +96,21 @@ TEST(Launcher, SlurmBatchScriptIsOneProcess) {
   EXPECT_EQ(li.world_size, 1);
 }
 
+TEST(Launcher, SlurmTwoNodeStepOfEightTasksPerNode) {
+  // Rank 11 of the example's srun step (examples/slurm): 2 nodes x 8 tasks, 4th task of the second.
+  const Env env{{"SLURM_PROCID", "11"},  {"SLURM_STEP_NUM_TASKS", "16"}, {"SLURM_LOCALID", "3"},
+                {"SLURM_NODEID", "1"},   {"SLURM_STEP_TASKS_PER_NODE", "8(x2)"},
+                {"SLURM_NTASKS", "16"},  {"SLURM_TASKS_PER_NODE", "8(x2)"}};
+  const LaunchInfo li = parse_launcher_env(env);
+  EXPECT_EQ(li.launcher, "slurm");
+  EXPECT_EQ(li.rank, 11);
+  EXPECT_EQ(li.world_size, 16);
+  EXPECT_EQ(li.local_rank, 3);
+  EXPECT_EQ(li.local_size, 8);
+  EXPECT_EQ(device_for_rank(li, 8), 3);  // all 8 of the node's GPUs visible: the node's GPU 3
+  EXPECT_EQ(device_for_rank(li, 1), 0);  // one GPU bound per task: that one
+}
+
 TEST(Launcher, Pmi) {
   LaunchInfo li = parse_launcher_env({{"PMI_RANK", "6"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "2"},
                                       {"MPI_LOCALNRANKS", "4"}});
@@ -153,6 +173,73 @@ TEST(Launcher, InconsistentValuesAreErrors) {
 TEST(Launcher, ProcessEnvironmentIsRead) {
   const Env env = process_environment();
   EXPECT_FALSE(env.empty());
+}
+
+// The example sbatch script (examples/slurm/accelbench-multinode.sbatch): bash accepts it, every
+// srun launches with --mpi=pmix (MPI refuses singletons otherwise), it turns NVLink SHARP off, and
+// each accelbench command in it, the commented mpirun variant included, names only options `run`
+// has and axes and values its workload plans on CUDA.
+std::string quote(const std::string& s);  // shell quoting, defined with the mpirun helpers below
+
+TEST(SlurmExample, ScriptIsValidBashAndItsCommandsPlan) {
+  const std::string path = std::string(AB_SOURCE_DIR) + "/examples/slurm/accelbench-multinode.sbatch";
+  ASSERT_EQ(std::system(("bash -n " + quote(path)).c_str()), 0) << path;
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  std::vector<std::string> commands;  // continuation lines joined, leading '#' of the variant dropped
+  std::string line, pending;
+  bool exports_nvls = false;
+  while (std::getline(in, line)) {
+    if (line.find("export NCCL_NVLS_ENABLE=0") == 0) exports_nvls = true;
+    const std::size_t first = line.find_first_not_of("# ");
+    const std::string body = first == std::string::npos ? "" : line.substr(first);
+    if (!pending.empty() || body.find("accelbench run ") != std::string::npos) {
+      const bool continues = !body.empty() && body.back() == '\\';
+      pending += continues ? body.substr(0, body.size() - 1) : body + " ";
+      if (!continues) commands.push_back(std::exchange(pending, ""));
+    }
+    if (line.rfind("srun ", 0) == 0) {
+      EXPECT_NE(line.find(" --mpi=pmix "), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(exports_nvls);
+  ASSERT_EQ(commands.size(), 3u);  // srun collectives, srun train, mpirun collectives
+
+  std::string help;
+  {
+    FILE* pipe = popen((quote(std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench") + " run --help 2>&1").c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    char buf[4096];
+    std::size_t n = 0;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) help.append(buf, n);
+    ASSERT_EQ(pclose(pipe), 0) << help;
+  }
+  const std::map<std::string, std::size_t> points{{"collectives", 31u * 7u * 2u},  // 8 B..8 GiB x ops x in_place
+                                                  {"train", 3u}};                  // gpus=1,8,16
+  std::map<std::string, int> seen;
+  for (const std::string& cmd : commands) {
+    std::vector<std::string> words;
+    for (std::size_t at = cmd.find("accelbench run "); at < cmd.size();) {
+      const std::size_t end = std::min(cmd.find(' ', at), cmd.size());
+      if (end > at) words.push_back(cmd.substr(at, end - at));
+      at = end + 1;
+    }
+    ASSERT_GE(words.size(), 3u) << cmd;
+    const std::string& workload = words[2];
+    std::vector<workloads::AxisOverride> overrides;
+    for (std::size_t i = 3; i < words.size(); ++i) {
+      if (words[i].rfind("--", 0) != 0) continue;
+      EXPECT_NE(help.find("  " + words[i] + " "), std::string::npos) << "`run` has no option " << words[i];
+      if (words[i] == "--axis" && i + 1 < words.size()) overrides.push_back(workloads::parse_axis_argument(words[++i]));
+    }
+    ASSERT_TRUE(points.count(workload) != 0) << cmd;
+    std::vector<workloads::PlanEntry> plan;
+    EXPECT_NO_THROW(plan = workloads::plan_for(workloads::find_workload(workload), "cuda", overrides)) << cmd;
+    EXPECT_EQ(plan.size(), points.at(workload)) << cmd;
+    ++seen[workload];
+  }
+  EXPECT_EQ(seen["collectives"], 2);
+  EXPECT_EQ(seen["train"], 1);
 }
 
 TEST(CollectiveMath, BusFactors) {
