@@ -7,8 +7,9 @@
 #   usage: scripts/device.sh [test|bench|all|multi|engine|resnext|ddp] (default all)
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # bench/compare_resnet.py (ResNet-50 training and inference beside PyTorch, ~3 min).
-# resnext: ResNeXt-101 32x4d fp16 inference beside PyTorch + CUDA graphs at the batch-size study's
-# batches, samples/J at batch 10, and 32x8d at batch 1 (issue 5's targets, ~4 min).
+# resnext: the folded paths' GPU tests, infer fold=off/on/fused side by side, then ResNeXt-101 32x4d
+# fp16 inference beside PyTorch + CUDA graphs at the batch-size study's batches (fold=$FOLD, default
+# fused), samples/J at batch 10, and 32x8d at batch 1 (issue 5's targets, ~6 min).
 # multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
 # GPU collectives/p2p tests), accelbench collectives under mpirun and in one process, p2p, sysinfo's
 # topology, and bench/compare_nccl.py against torch.distributed. Where the image has no mpirun,
@@ -98,11 +99,31 @@ if [[ $what == engine ]]; then
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet" 2>&1 | tee "$logs/compare_resnet.txt"
 fi
 if [[ $what == resnext ]]; then
+  # The folded paths' GPU checks first (bias_act, the fused conv epilogue, the folded tiny ResNet),
+  # with which configurations cuDNN's fused call won.
+  ./build/cuda/tests/nn_cuda_test --gtest_filter='*BiasActivation*:*FoldedTinyResnet*' > "$logs/fold-tests.txt" 2>&1
+  echo "fold GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|configurations fused" "$logs/fold-tests.txt"
+  # fold off / on / fused side by side, accelbench alone (latency and img/s per batch).
+  $ab run infer --axis model=resnext101_32x4d --axis precision=fp16 --axis layout=nhwc --axis batch=1,2,10,12 \
+    --axis fold=off,on,fused --out "$logs/fold" > "$logs/fold.txt" 2>&1; echo "fold sweep: exit $?"
+  python3 - "$logs/fold" <<'PY'
+import glob, json, sys
+for f in glob.glob(sys.argv[1] + "/runs/*/points.jsonl"):
+    for line in open(f):
+        r = json.loads(line)
+        p, lat = r["params"], r.get("metrics", {}).get("latency_s", {})
+        print(f"fold={p['fold']:5} b{p['batch']:<3} {r['status']:7} p50 {1e3 * lat.get('p50', 0):.3f} ms, "
+              f"{r.get('rates', {}).get('samples_per_s', 0):.0f} img/s, ops {r.get('metrics', {}).get('model', {}).get('ops')}"
+              + ("" if r["status"] == "ok" else f" ({r.get('reason', '')[:200]})"))
+PY
+  # Beside PyTorch + CUDA graphs with the fold FOLD picks (default fused; off = the unfolded network).
+  fold=${FOLD:-fused}
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx4" --model resnext101_32x4d --train-precisions "" \
-    --infer-precisions fp16 --infer-batches 1,2,4,8,10,12,16,32,64,128,256 --energy-batches 10 --torch-once 2>&1 |
-    tee "$logs/compare_resnext_32x4d.txt"
+    --infer-precisions fp16 --infer-batches 1,2,4,8,10,12,16,32,64,128,256 --energy-batches 10 --torch-once \
+    --infer-axes "fold=$fold" 2>&1 | tee "$logs/compare_resnext_32x4d.txt"
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx8" --model resnext101_32x8d --train-precisions "" \
-    --infer-precisions fp16 --infer-batches 1 --torch-once 2>&1 | tee "$logs/compare_resnext_32x8d.txt"
+    --infer-precisions fp16 --infer-batches 1 --torch-once --infer-axes "fold=$fold" 2>&1 |
+    tee "$logs/compare_resnext_32x8d.txt"
 fi
 if [[ $what == ddp ]]; then
   grep -E "MPI" "$logs/build.log" | head -3

@@ -28,6 +28,7 @@ std::int64_t matmul_macs(const nn::Graph& g) {
   std::int64_t macs = 0;
   for (std::size_t i = 0; i < g.op_count(); ++i) {
     if (const auto* conv = dynamic_cast<const nn::Conv2d*>(&g.op(i))) macs += conv->macs();
+    if (const auto* conv = dynamic_cast<const nn::ConvBiasActivation*>(&g.op(i))) macs += conv->macs();
     if (const auto* fc = dynamic_cast<const nn::Linear*>(&g.op(i))) macs += fc->macs();
   }
   return macs;
@@ -306,23 +307,40 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
     const nn::Value fi = fb.input("images", Shape{2, 3, 8, 8});
     const nn::Value fl = resnet(fb, fi, c);
     fb.mark_output(fl);
+    c.fuse_conv_epilogue = true;
+    nn::GraphBuilder eb(o);
+    const nn::Value ei = eb.input("images", Shape{2, 3, 8, 8});
+    const nn::Value el = resnet(eb, ei, c);
+    eb.mark_output(el);
     auto k = nn::make_ref_kernels();  // outlives the graphs, whose memory it holds
-    nn::Graph unfolded(std::move(ub)), folded(std::move(fb));
+    nn::Graph unfolded(std::move(ub)), folded(std::move(fb)), fused(std::move(eb));
     // Removed: the stem's ReLU and per block three ReLUs and the add; each batch norm became a bias_act.
     EXPECT_EQ(unfolded.op_count() - folded.op_count(), 1u + 2u * 4u);
+    // Fused: each bias_act went into its convolution (the stem's, and per block three plus the projection).
+    EXPECT_EQ(folded.op_count() - fused.op_count(), 1u + 2u * 4u);
+    EXPECT_EQ(fused.parameter_count(), folded.parameter_count());
 
     unfolded.bind(*k);
     folded.bind(*k);
+    fused.bind(*k);
     nn::ParameterValues values = unfolded.parameter_values();
     test::randomise_batchnorms(values, seed);
     unfolded.set_parameter_values(values);
     folded.set_parameter_values(fold_batchnorm_parameters(values));
+    const nn::ParameterValues on_conv = fold_batchnorm_parameters(values, FoldedBias::on_convolution);
+    EXPECT_EQ(on_conv.count("layer1.0.conv3.bias"), 1u);
+    EXPECT_EQ(on_conv.count("layer1.0.bn3.bias"), 0u);
+    fused.set_parameter_values(on_conv);
     const std::vector<double> images = random_values(2 * 3 * 8 * 8, seed);
     unfolded.set_input(ui, images);
     folded.set_input(fi, images);
+    fused.set_input(ei, images);
     unfolded.forward(false);
     folded.forward(false);
+    fused.forward(false);
     expect_close(folded.read(fl), unfolded.read(ul), t == DType::f64 ? 1e-11 : 1e-5, "logits");
+    // The same kernels in the same order on the reference: the same bits.
+    EXPECT_EQ(fused.read(el), folded.read(fl));
   });
 }
 
@@ -352,6 +370,20 @@ TEST(FoldBatchnorm, FullSizeResnextLosesItsReluAndAddKernels) {
   for (std::size_t i = 0; i < unfolded.op_count(); ++i)
     if (unfolded.op(i).kind() == "batchnorm2d") gammas += unfolded.op(i).outputs()[0].shape[1];
   EXPECT_EQ(folded.parameter_count(), unfolded.parameter_count() - gammas);
+
+  // Fused: each bias_act went into its convolution; the same multiply-adds and parameters, and
+  // one pass over each convolution's output fewer.
+  c.fuse_conv_epilogue = true;
+  nn::GraphBuilder eb(o);
+  resnet(eb, eb.input("images", Shape{2, 3, 224, 224}), c);
+  const nn::Graph fused(std::move(eb));
+  EXPECT_EQ(fused.op_count(), folded.op_count() - bias_acts);
+  EXPECT_EQ(matmul_macs(fused), matmul_macs(folded));
+  EXPECT_EQ(fused.parameter_count(), folded.parameter_count());
+  std::int64_t folded_bytes = 0, fused_bytes = 0;
+  for (const auto& op : folded.report()) folded_bytes += op.forward_bytes;
+  for (const auto& op : fused.report()) fused_bytes += op.forward_bytes;
+  EXPECT_LT(fused_bytes, folded_bytes);
   // Training a folded network is refused when bound.
   nn::GraphOptions t;
   ResNetConfig tiny = tiny_resnet(3, 5);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -418,10 +419,14 @@ TEST_F(CudaKernelsTest, BiasActivationMatchesReferenceInEveryConfiguration) {
       for (DType t : {DType::f32, DType::bf16, DType::f16})
         for (bool residual : {false, true})
           for (bool relu : {false, true}) {
+            // The bias in f32 (a batch-norm parameter) or, every other case, in the data's type (a fused
+            // convolution's, when its epilogue runs here).
+            const DType bias_t = compared % 2 == 0 ? DType::f32 : t;
             SCOPED_TRACE(xs.to_string() + " " + std::string(to_string(layout)) + " " + std::string(to_string(t)) +
-                         (residual ? " residual" : "") + (relu ? " relu" : ""));
+                         (residual ? " residual" : "") + (relu ? " relu" : "") + " bias " +
+                         std::string(to_string(bias_t)));
             Twin x = random(t, xs, layout, -2, 2);
-            Twin bias = random(DType::f32, Shape{xs[1]}, Layout::nchw, -1, 1);  // f32 beside any data type
+            Twin bias = random(bias_t, Shape{xs[1]}, Layout::nchw, -1, 1);
             Twin r = random(t, xs, layout, -1, 1);
             Twin y = random(t, xs, layout);  // old values, all overwritten
             cuda_->bias_activation_forward(x.dev, bias.dev, residual ? r.dev : Tensor{}, y.dev, relu);
@@ -434,13 +439,61 @@ TEST_F(CudaKernelsTest, BiasActivationMatchesReferenceInEveryConfiguration) {
             ++compared;
           }
   EXPECT_EQ(compared, 3 * 2 * 3 * 2 * 2);
-  // Refused with the reason: a bias in the data's 16-bit type, a residual of another layout.
+  // Refused with the reason: a bias in another 16-bit type, a residual of another layout.
   const Shape s{2, 8, 3, 3};
   Twin x = random(DType::bf16, s, Layout::nhwc), y = random(DType::bf16, s, Layout::nhwc);
-  Twin b16 = random(DType::bf16, Shape{8});
-  EXPECT_THROW(cuda_->bias_activation_forward(x.dev, b16.dev, Tensor{}, y.dev, true), Unsupported);
+  Twin f16 = random(DType::f16, Shape{8});
+  EXPECT_THROW(cuda_->bias_activation_forward(x.dev, f16.dev, Tensor{}, y.dev, true), Unsupported);
   Twin b = random(DType::f32, Shape{8}), r = random(DType::bf16, s, Layout::nchw);
   EXPECT_THROW(cuda_->bias_activation_forward(x.dev, b.dev, r.dev, y.dev, true), Unsupported);
+}
+
+// The folded epilogue inside the convolution: cuDNN's fused call where it timed faster, else the
+// plain forward and bias_act, against the reference in the shapes of a ResNeXt block (1x1, grouped
+// 3x3 with stride 2, the 7x7 stem), with and without a residual and ReLU. y starts as NaN: without a
+// residual cuDNN is handed y as its (unread, alpha2 = 0) z, and a read would show.
+TEST_F(CudaKernelsTest, ConvBiasActivationMatchesReferenceFusedOrNot) {
+  const std::vector<ConvCase> cases{
+      {"1x1 nhwc f16", 2, 64, 8, 8, 256, 1, 1, {}, Layout::nhwc, DType::f16},
+      {"grouped 32 stride 2 nhwc bf16", 2, 128, 8, 8, 128, 3, 3, {2, 2, 1, 1, 1, 1, 32}, Layout::nhwc, DType::bf16},
+      {"7x7 stride 2 stem nhwc f16", 1, 3, 32, 32, 64, 7, 7, {2, 2, 3, 3, 1, 1, 1}, Layout::nhwc, DType::f16},
+      {"3x3 nchw f32", 2, 16, 9, 9, 32, 3, 3, {1, 1, 1, 1, 1, 1, 1}, Layout::nchw, DType::f32},
+  };
+  int fused = 0, compared = 0;
+  for (const ConvCase& c : cases)
+    for (bool residual : {false, true})
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(c.name) + (residual ? " residual" : "") + (relu ? " relu" : ""));
+        const Conv2dDesc& d = c.d;
+        const Shape ys{c.n, c.k, out_extent(c.h, c.r, d.stride_h, d.pad_h, d.dilation_h),
+                       out_extent(c.w, c.s, d.stride_w, d.pad_w, d.dilation_w)};
+        Twin x = random(c.dtype, Shape{c.n, c.c, c.h, c.w}, c.layout);
+        Twin w = random(c.dtype, Shape{c.k, c.c / d.groups, c.r, c.s}, c.layout, -0.3, 0.3);
+        Twin bias = random(c.dtype, Shape{c.k}, Layout::nchw, -0.5, 0.5);
+        Twin r = random(c.dtype, ys, c.layout);
+        std::vector<double> nan(sz(ys.numel()), std::numeric_limits<double>::quiet_NaN());
+        Twin y = twin(c.dtype, ys, c.layout, nan);
+        const Tensor res = residual ? r.dev : Tensor{};
+        const std::int64_t ws_bytes = cuda_->conv2d_bias_activation_prepare(d, x.dev, w.dev, bias.dev, res, y.dev, relu);
+        Buffer ws(cuda_->allocator(), ws_bytes);
+        cuda_->conv2d_bias_activation_forward(d, x.dev, w.dev, bias.dev, res, y.dev, relu, {ws.data(), ws_bytes});
+        ref_->conv2d_bias_activation_forward(d, x.ref, w.ref, bias.ref, residual ? r.ref : Tensor{}, y.ref, relu, {});
+        expect_close(y, tolerance(c.dtype), "y");
+        if (relu) {
+          const auto got = read(y.dev);
+          EXPECT_GE(*std::min_element(got.begin(), got.end()), 0.0);
+        }
+        ++compared;
+      }
+  // Which path each configuration took, and the times that decided it (informational: a path is
+  // chosen by timing on this GPU).
+  for (const std::string& line : cuda_conv_choices(*cuda_))
+    if (line.find(": epilogue") != std::string::npos) {
+      fused += line.find(": fused (") != std::string::npos ? 1 : 0;
+      std::printf("%s\n", line.c_str());
+    }
+  EXPECT_EQ(compared, 4 * 2 * 2);
+  std::printf("conv_bias_act: %d of 16 configurations fused\n", fused);
 }
 
 // The project's NHWC kernels (f32 training): a second run gives the same bits (fixed-order
@@ -786,6 +839,19 @@ class CheckedKernels final : public Kernels {
     return dut_.conv2d_prepare(d, x, w, y, passes);
   }
 
+  std::int64_t conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                              const Tensor& bias, const Tensor& residual, const Tensor& y,
+                                              bool relu) override {
+    return dut_.conv2d_bias_activation_prepare(d, x, w, bias, residual, y, relu);
+  }
+  void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override {
+    Call c(*this, "conv2d_bias_activation_forward " + x.to_string() + " -> " + y.to_string(), conv_tol_);
+    const Tensor hx = c.in(x), hw = c.in(w), hb = c.in(bias), hr = c.in(residual), hy = c.out(y);
+    dut_.conv2d_bias_activation_forward(d, x, w, bias, residual, y, relu, ws);
+    ref_->conv2d_bias_activation_forward(d, hx, hw, hb, hr, hy, relu, {});
+    c.check(y, hy, "y");
+  }
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override {
     Call c(*this, "conv2d_forward " + x.to_string() + " -> " + y.to_string(), conv_tol_);
     const Tensor hx = c.in(x), hw = c.in(w), hy = c.out(y);
@@ -1080,9 +1146,10 @@ TEST_F(CudaKernelsTest, Resnet50At64PixelsLogitsAndGradientsMatchReference) {
 // kernel call checked against the reference on dut's operands (the bias_act epilogue with and
 // without a residual among them), and its logits against the unfolded network's in f64 on the
 // reference, from the same non-trivial batch-norm values (random gamma, beta, mean and variance).
+// With `fuse`, each epilogue runs inside its convolution (conv2d_bias_activation_forward).
 // Returns the logits' comparison log (empty when within logits_tol).
 std::string check_folded_tiny_resnet(CheckedKernels& dut, Precision p, Layout layout, std::uint64_t seed,
-                                     double logits_tol) {
+                                     double logits_tol, bool fuse = false) {
   auto ref = make_ref_kernels();
   models::ResNetConfig c = models::tiny_resnet(3, 5);
   // The tiny ResNet on 2 images of 8x8, inference, its logits kept: (graph, images, logits).
@@ -1108,11 +1175,13 @@ std::string check_folded_tiny_resnet(CheckedKernels& dut, Precision p, Layout la
   reference->forward(false);
 
   c.fold_batchnorm = true;
+  c.fuse_conv_epilogue = fuse;
   GraphOptions go;
   go.precision = p;
   const auto [folded, gi, gl] = build(go);
   folded->bind(dut);
-  folded->set_parameter_values(models::fold_batchnorm_parameters(values));
+  folded->set_parameter_values(models::fold_batchnorm_parameters(
+      values, fuse ? models::FoldedBias::on_convolution : models::FoldedBias::on_batchnorm));
   folded->set_input(gi, images);
   folded->forward(false);
   std::string log;
@@ -1145,21 +1214,30 @@ TEST(CudaModelCheck, FoldedTinyResnetIsCheckedCallByCallOnTheReference) {
   CheckedKernels bad(faulty, 1e-5, 1e-5);
   EXPECT_NE(check_folded_tiny_resnet(bad, Precision::fp32, Layout::nhwc, seed, 1e-5), "");
   EXPECT_EQ(bad.failed(), 2) << bad.failures();
+  // Fused: one call per convolution and its epilogue (the stem's, four per block), the pool and fc.
+  CheckedKernels ok_fused(*honest, 1e-5, 1e-5);
+  EXPECT_EQ(check_folded_tiny_resnet(ok_fused, Precision::fp32, Layout::nhwc, seed, 1e-5, true), "");
+  EXPECT_EQ(ok_fused.checked(), 1 + 2 * 4 + 2);
+  EXPECT_EQ(ok_fused.failed(), 0) << ok_fused.failures();
+  CheckedKernels bad_fused(faulty, 1e-5, 1e-5);
+  EXPECT_NE(check_folded_tiny_resnet(bad_fused, Precision::fp32, Layout::nhwc, seed, 1e-5, true), "");
+  EXPECT_EQ(bad_fused.failed(), 2) << bad_fused.failures();
 }
 
 TEST_F(CudaKernelsTest, FoldedTinyResnetInferenceMatchesTheUnfoldedReference) {
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  for (Precision p : {Precision::fp32, Precision::bf16})
-    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
-      SCOPED_TRACE(std::string(to_string(p)) + " " + std::string(to_string(layout)));
-      const bool bf16 = p == Precision::bf16;
-      CheckedKernels checked(*cuda_, tolerance(bf16 ? DType::bf16 : DType::f32), bf16 ? 3e-2 : 1e-3);
-      EXPECT_EQ(check_folded_tiny_resnet(checked, p, layout, seed, bf16 ? 1e-1 : 1e-3), "");
-      EXPECT_EQ(checked.failed(), 0) << checked.failed() << " of " << checked.checked() << " checked outputs differ:\n"
-                                     << checked.failures();
-      EXPECT_EQ(checked.checked(), 2 + 2 * 8 + 2);
-    }
+  for (bool fuse : {false, true})
+    for (Precision p : {Precision::fp32, Precision::bf16})
+      for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+        SCOPED_TRACE(std::string(to_string(p)) + " " + std::string(to_string(layout)) + (fuse ? " fused" : ""));
+        const bool bf16 = p == Precision::bf16;
+        CheckedKernels checked(*cuda_, tolerance(bf16 ? DType::bf16 : DType::f32), bf16 ? 3e-2 : 1e-3);
+        EXPECT_EQ(check_folded_tiny_resnet(checked, p, layout, seed, bf16 ? 1e-1 : 1e-3, fuse), "");
+        EXPECT_EQ(checked.failed(), 0) << checked.failed() << " of " << checked.checked()
+                                       << " checked outputs differ:\n" << checked.failures();
+        EXPECT_EQ(checked.checked(), fuse ? 1 + 2 * 4 + 2 : 2 + 2 * 8 + 2);
+      }
 }
 
 // Reference kernels with one classic mistake each: a backward-data convolution that should add

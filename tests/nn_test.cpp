@@ -486,6 +486,110 @@ TEST(BiasActivation, ShapesParametersCostsAndRefusals) {
   EXPECT_THROW(train.backward(*k, descs), LayerError);
 }
 
+// The fused convolution epilogue on the reference (the Kernels default: conv2d_forward, then
+// bias_act in place) against a convolution and a bias_act into separate buffers, and against the
+// formula: y = act(conv(x) + bias (+ residual)), with a 16-bit-style bias of x's dtype.
+TEST(ConvBiasActivation, MatchesTheConvolutionAndBiasActInEveryConfiguration) {
+  auto k = make_ref_kernels();
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::uint64_t counter = 0;
+  std::vector<Buffer> store;
+  const auto make = [&](DType t, const Shape& s, Layout l, double lo, double hi) {
+    const Tensor d = Tensor::describe(t, s, l);
+    store.emplace_back(k->allocator(), d.size_bytes());
+    const Tensor v = store.back().view(d);
+    std::vector<double> values(static_cast<std::size_t>(s.numel()));
+    for (auto& x : values) x = uniform(seed, counter++, lo, hi);
+    write_host(v, values);
+    return v;
+  };
+  Conv2dAttrs a;
+  a.out_channels = 4;
+  a.kernel_h = a.kernel_w = 3;
+  a.conv.stride_h = a.conv.stride_w = 2;
+  a.conv.pad_h = a.conv.pad_w = 1;
+  a.conv.groups = 2;
+  const Shape xs{2, 6, 5, 5}, ys{2, 4, 3, 3}, ws{4, 3, 3, 3};
+  int cases = 0;
+  for (Layout layout : {Layout::nchw, Layout::nhwc})
+    for (DType t : {DType::f64, DType::f32, DType::bf16})
+      for (bool residual : {false, true})
+        for (bool relu : {false, true}) {
+          SCOPED_TRACE(std::string(to_string(layout)) + " " + std::string(to_string(t)) +
+                       (residual ? " residual" : "") + (relu ? " relu" : ""));
+          const Tensor x = make(t, xs, layout, -1, 1), w = make(t, ws, layout, -0.5, 0.5);
+          const Tensor r = make(t, ys, layout, -1, 1), bias = make(t, Shape{4}, Layout::nchw, -1, 1);
+          const Tensor fused = make(t, ys, layout, 5, 6), conv = make(t, ys, layout, 5, 6);
+          const Tensor composed = make(t, ys, layout, 5, 6);
+          const Tensor none = residual ? r : Tensor{};
+          EXPECT_EQ(k->conv2d_bias_activation_prepare(a.conv, x, w, bias, none, fused, relu), 0);
+          k->conv2d_bias_activation_forward(a.conv, x, w, bias, none, fused, relu, Workspace{});
+          k->conv2d_forward(a.conv, x, w, conv, Workspace{});
+          k->bias_activation_forward(conv, bias, none, composed, relu);
+          const auto got = read_host(fused), want = read_host(composed), cv = read_host(conv);
+          const auto rv = read_host(r), bv = read_host(bias);
+          int positive = 0, negative = 0;
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            EXPECT_EQ(got[i], want[i]) << "element " << i;  // the same kernels, so the same bits
+            double v = cv[i] + bv[(i / 9) % 4] + (residual ? rv[i] : 0.0);  // logical NCHW: c = i / (H*W) % C
+            if (relu) v = std::max(v, 0.0);
+            const double tol = t == DType::f64 ? 1e-14 : t == DType::f32 ? 1e-6 : 2e-2;
+            EXPECT_NEAR(got[i], v, tol * (1 + std::abs(v))) << "element " << i;
+            positive += got[i] > 0;
+            negative += got[i] < 0;
+          }
+          EXPECT_GT(positive, 3);  // not a vacuous all-zero comparison (72 outputs)
+          EXPECT_EQ(negative > 0, !relu);
+          ++cases;
+        }
+  EXPECT_EQ(cases, 24);
+}
+
+TEST(ConvBiasActivation, ShapesParametersCostsAndRefusals) {
+  Conv2dAttrs a;
+  a.out_channels = 8;
+  a.kernel_h = a.kernel_w = 1;
+  ConvBiasActivation op("layer1.0.conv3", a, true);
+  const Shape xs{2, 4, 3, 3}, ys{2, 8, 3, 3};
+  EXPECT_EQ(op.infer({Tensor::describe(DType::bf16, xs), Tensor::describe(DType::bf16, ys)})[0].shape, ys);
+  const auto params = op.parameters();
+  ASSERT_EQ(params.size(), 2u);
+  EXPECT_EQ(params[0].name, "weight");
+  EXPECT_EQ(params[0].shape, (Shape{8, 4, 1, 1}));
+  EXPECT_EQ(params[1].name, "bias");
+  EXPECT_EQ(params[1].shape, Shape{8});
+  EXPECT_EQ(params[1].dtype, DType::bf16);  // the data's type, as cuDNN's fused call takes it
+  EXPECT_EQ(params[1].role, ParamRole::bias);
+  op.set_context(false, {false, false});
+  EXPECT_EQ(op.macs(), ys.numel() * 4);
+  EXPECT_EQ(op.flops(Pass::forward), 2 * ys.numel() * 4 + 3 * ys.numel());  // conv; bias, residual, ReLU
+  EXPECT_EQ(op.bytes(Pass::forward), (xs.numel() + 8 * 4 + ys.numel() + 8 + ys.numel()) * 2);
+  EXPECT_EQ(op.flops(Pass::backward), 0);
+
+  ConvBiasActivation bad("conv2", a, true);
+  const std::string shape = test::error_message<LayerError>(
+      [&] { bad.infer({Tensor::describe(DType::f32, xs), Tensor::describe(DType::f32, xs)}); });
+  EXPECT_NE(shape.find("layer 'conv2' (conv_bias_act): residual shape"), std::string::npos) << shape;
+  a.conv.groups = 3;  // 4 input channels do not split into 3 groups: the convolution's own rule
+  ConvBiasActivation grouped("conv1", a, false);
+  EXPECT_THROW(grouped.infer({Tensor::describe(DType::f32, xs)}), LayerError);
+
+  // Inference only: a training graph is refused when bound, and backward names why.
+  auto k = make_ref_kernels();
+  a.conv.groups = 1;
+  ConvBiasActivation train("conv1", a, true);
+  train.infer({Tensor::describe(DType::f32, xs)});
+  train.set_context(true, {true});
+  OpTensors descs;
+  descs.in = {Tensor::describe(DType::f32, xs)};
+  descs.out = {Tensor::describe(DType::f32, ys)};
+  descs.params = {Tensor::describe(DType::f32, Shape{8, 4, 1, 1}), Tensor::describe(DType::f32, Shape{8})};
+  const std::string refused = test::error_message<LayerError>([&] { train.prepare(*k, descs); });
+  EXPECT_NE(refused.find("inference only"), std::string::npos) << refused;
+  EXPECT_THROW(train.backward(*k, descs), LayerError);
+}
+
 // Distinct values 0.01 apart (a shuffled ramp): a finite-difference step never changes which
 // element of a window is the maximum.
 std::function<double(std::size_t, std::size_t)> distinct_values(std::uint64_t seed, std::size_t n) {

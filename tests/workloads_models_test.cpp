@@ -292,10 +292,11 @@ TEST(Infer, LatencyPercentilesOfOneForwardPerSample) {
 
 // fold=on: batch norms folded into the convolutions (one bias_act op where a batch norm, ReLU and
 // add ran) computes the same logits, checked against the unfolded network's f64 reference, with
-// fewer ops and FLOPs; the record's params say which. Refused for the autoencoder (no batch norm).
+// fewer ops and FLOPs; fold=fused moves each bias_act into its convolution (conv_bias_act). The
+// record's params say which. Refused for the autoencoder (no batch norm).
 TEST(Infer, FoldedBatchNormsGiveTheReferenceLogitsWithFewerOps) {
-  const auto records = run_points("infer", {"fold=off,on", "batch=2", "image_size=12", "layout=nchw,nhwc"});
-  ASSERT_EQ(records.size(), 4u);
+  const auto records = run_points("infer", {"fold=off,on,fused", "batch=2", "image_size=12", "layout=nchw,nhwc"});
+  ASSERT_EQ(records.size(), 6u);
   std::map<std::string, const json*> by;
   for (const auto& r : records) {
     SCOPED_TRACE(r.dump());
@@ -304,18 +305,23 @@ TEST(Infer, FoldedBatchNormsGiveTheReferenceLogitsWithFewerOps) {
     EXPECT_LE(r["check"]["rel_error"].get<double>(), 1e-5);
     by[r["params"]["fold"].get<std::string>() + "/" + r["params"]["layout"].get<std::string>()] = &r;
   }
-  ASSERT_EQ(by.size(), 4u);
+  ASSERT_EQ(by.size(), 6u);
   for (const std::string layout : {"nchw", "nhwc"}) {
-    const json &off = *by.at("off/" + layout), &on = *by.at("on/" + layout);
+    const json &off = *by.at("off/" + layout), &on = *by.at("on/" + layout), &fused = *by.at("fused/" + layout);
     // tiny_resnet: the stem's ReLU and, in each of its two blocks, three ReLUs and the add.
     EXPECT_EQ(off["metrics"]["model"]["ops"].get<int>() - on["metrics"]["model"]["ops"].get<int>(), 9);
+    // Fused: its 9 bias_acts (stem, three per block, two projections) went into their convolutions.
+    EXPECT_EQ(on["metrics"]["model"]["ops"].get<int>() - fused["metrics"]["model"]["ops"].get<int>(), 9);
+    EXPECT_EQ(fused["metrics"]["model"]["parameters"], on["metrics"]["model"]["parameters"]);
     EXPECT_LT(on["metrics"]["gflops_per_sample"]["forward"].get<double>(),
               off["metrics"]["gflops_per_sample"]["forward"].get<double>());
     EXPECT_LT(on["counts"]["bytes"].get<double>(), off["counts"]["bytes"].get<double>());
+    EXPECT_LT(fused["counts"]["bytes"].get<double>(), on["counts"]["bytes"].get<double>());
   }
-  const auto ae = run_points("infer", {"model=tiny_compression_ae", "fold=on", "batch=1", "image_size=16"});
-  ASSERT_EQ(ae.size(), 1u);
-  EXPECT_EQ(ae[0]["status"], "invalid") << ae[0].dump();
+  const auto ae =
+      run_points("infer", {"model=tiny_compression_ae", "fold=on,fused", "batch=1", "image_size=16"});
+  ASSERT_EQ(ae.size(), 2u);
+  for (const auto& r : ae) EXPECT_EQ(r["status"], "invalid") << r.dump();
 }
 
 TEST(Infer, CompressionAutoencodersReportThePsnrOfTheirReconstruction) {

@@ -12,29 +12,37 @@ namespace {
 using nn::GraphBuilder;
 using nn::Value;
 
-Value conv(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_channels, std::int64_t kernel,
-           std::int64_t stride, std::int64_t groups) {
+
+nn::Conv2dAttrs conv_attrs(std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t groups) {
   nn::Conv2dAttrs a;
   a.out_channels = out_channels;
   a.kernel_h = a.kernel_w = kernel;
   a.conv.stride_h = a.conv.stride_w = stride;
   a.conv.pad_h = a.conv.pad_w = kernel / 2;
   a.conv.groups = groups;
-  return nn::conv2d(b, name, x, a);
+  return a;
+}
+
+// A folded convolution and its epilogue act(conv(x) + bias (+ residual)): one conv_bias_act named
+// after the convolution, or a convolution and a bias_act named after the batch norm.
+Value folded_conv(GraphBuilder& b, const ResNetConfig& c, const std::string& conv_name, const std::string& bn_name,
+                  Value x, const nn::Conv2dAttrs& a, Value residual, bool relu) {
+  if (c.fuse_conv_epilogue) return nn::conv_bias_activation(b, conv_name, x, a, residual, relu);
+  return nn::bias_activation(b, bn_name, nn::conv2d(b, conv_name, x, a), residual, relu);
+}
+
+// Convolution, batch norm, ReLU; folded: see folded_conv.
+Value conv_bn_relu(GraphBuilder& b, const ResNetConfig& c, const std::string& conv_name, const std::string& bn_name,
+                   const std::string& relu_name, Value x, std::int64_t out_channels, std::int64_t kernel,
+                   std::int64_t stride, std::int64_t groups) {
+  const nn::Conv2dAttrs a = conv_attrs(out_channels, kernel, stride, groups);
+  if (c.fold_batchnorm) return folded_conv(b, c, conv_name, bn_name, x, a, Value{}, true);
+  return nn::relu(b, relu_name, nn::batchnorm2d(b, bn_name, nn::conv2d(b, conv_name, x, a)));
 }
 
 Value conv_bn(GraphBuilder& b, const std::string& conv_name, const std::string& bn_name, Value x,
               std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t groups) {
-  return nn::batchnorm2d(b, bn_name, conv(b, conv_name, x, out_channels, kernel, stride, groups));
-}
-
-// Convolution, batch norm, ReLU; folded: convolution and one bias_act named after the batch norm.
-Value conv_bn_relu(GraphBuilder& b, const ResNetConfig& c, const std::string& conv_name, const std::string& bn_name,
-                   const std::string& relu_name, Value x, std::int64_t out_channels, std::int64_t kernel,
-                   std::int64_t stride, std::int64_t groups) {
-  const Value y = conv(b, conv_name, x, out_channels, kernel, stride, groups);
-  if (c.fold_batchnorm) return nn::bias_activation(b, bn_name, y, Value{}, true);
-  return nn::relu(b, relu_name, nn::batchnorm2d(b, bn_name, y));
+  return nn::batchnorm2d(b, bn_name, nn::conv2d(b, conv_name, x, conv_attrs(out_channels, kernel, stride, groups)));
 }
 
 // torchvision's Bottleneck: 1x1 reduce, 3x3 (stride, groups), 1x1 expand, each followed by a
@@ -48,12 +56,11 @@ Value bottleneck(GraphBuilder& b, const std::string& p, Value x, std::int64_t in
   Value y = conv_bn_relu(b, c, p + "conv1", p + "bn1", p + "relu1", x, width, 1, 1, 1);
   y = conv_bn_relu(b, c, p + "conv2", p + "bn2", p + "relu2", y, width, 3, stride, c.groups);
   if (c.fold_batchnorm) {
-    y = conv(b, p + "conv3", y, out_channels, 1, 1, 1);
     Value shortcut = x;
     if (project)
-      shortcut = nn::bias_activation(b, p + "downsample.1", conv(b, p + "downsample.0", x, out_channels, 1, stride, 1),
-                                     Value{}, false);
-    return nn::bias_activation(b, p + "bn3", y, shortcut, true);
+      shortcut = folded_conv(b, c, p + "downsample.0", p + "downsample.1", x, conv_attrs(out_channels, 1, stride, 1),
+                             Value{}, false);
+    return folded_conv(b, c, p + "conv3", p + "bn3", y, conv_attrs(out_channels, 1, 1, 1), shortcut, true);
   }
   y = conv_bn(b, p + "conv3", p + "bn3", y, out_channels, 1, 1, 1);
   Value shortcut = x;
@@ -137,7 +144,7 @@ Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
   return nn::linear(b, "fc", nn::global_avgpool(b, "avgpool", x), c.num_classes);
 }
 
-nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues values, double epsilon) {
+nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues values, FoldedBias bias_on, double epsilon) {
   const std::string stat = ".running_var";
   const auto take = [&](const std::string& name) {  // moves the value out and drops the name
     const auto it = values.find(name);
@@ -150,7 +157,7 @@ nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues values, double
   for (const auto& entry : values)
     if (entry.first.ends_with(stat)) batchnorms.push_back(entry.first.substr(0, entry.first.size() - stat.size()));
   for (const std::string& bn : batchnorms) {
-    const std::string weight = conv_before(bn) + ".weight";
+    const std::string conv_name = conv_before(bn), weight = conv_name + ".weight";
     const std::vector<double> var = take(bn + stat), gamma = take(bn + ".weight"), beta = take(bn + ".bias"),
                               mean = take(bn + ".running_mean");
     const auto it = values.find(weight);
@@ -168,7 +175,7 @@ nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues values, double
       for (std::size_t j = 0; j < per_filter; ++j) w[i * per_filter + j] *= scale;
       bias[i] = beta[i] - mean[i] * scale;
     }
-    values[bn + ".bias"] = std::move(bias);
+    values[(bias_on == FoldedBias::on_convolution ? conv_name : bn) + ".bias"] = std::move(bias);
   }
   return values;
 }

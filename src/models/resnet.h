@@ -32,7 +32,15 @@ struct ResNetConfig {
   // names and the bias_act op takes the batch norm's ("layer1.0.bn1", parameter "bias"), so
   // fold_batchnorm_parameters maps the unfolded network's values onto the folded one by name.
   bool fold_batchnorm = false;
+  // With fold_batchnorm: the bias_act goes inside the convolution (one nn::ConvBiasActivation,
+  // Kernels::conv2d_bias_activation_forward), named after the convolution, so the folded shift is
+  // the convolution's "bias" (fold_batchnorm_parameters with FoldedBias::on_convolution).
+  bool fuse_conv_epilogue = false;
 };
+
+// Where the folded shift is stored: as the batch norm's "bias" (a bias_act op of the batch norm's
+// name) or as the convolution's (a conv_bias_act op of the convolution's name).
+enum class FoldedBias { on_batchnorm, on_convolution };
 
 ResNetConfig resnet50();
 ResNetConfig resnet101();
@@ -52,7 +60,8 @@ nn::Value resnet(nn::GraphBuilder& b, nn::Value images, const ResNetConfig& c);
 // unfolded network computes with `unfolded` (its values by name: an unfolded graph's
 // initial_parameter_values(), or trained ones). For each batch norm and the convolution before it,
 //   s[k] = gamma[k] / sqrt(running_var[k] + epsilon),  W'[k] = W[k] * s[k],
-//   bias'[k] = beta[k] - running_mean[k] * s[k]  (stored as the batch norm's "bias"),
+//   bias'[k] = beta[k] - running_mean[k] * s[k]  (stored as the batch norm's or the convolution's
+//   "bias", as `bias_on` says),
 // the batch norm's other parameters are dropped and everything else is copied. Pairs follow
 // torchvision's names (bnK after convK, downsample.1 after downsample.0); Error for a batch norm
 // whose convolution or statistics are missing. Host arithmetic in f64. A mapping of values rather
@@ -60,6 +69,7 @@ nn::Value resnet(nn::GraphBuilder& b, nn::Value images, const ResNetConfig& c);
 // network directly plans (and sizes memory for) exactly what it runs.
 // Takes the values by value: pass an rvalue to fold in place (a ResNeXt-101 32x8d holds 88 M).
 nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues unfolded,
+                                              FoldedBias bias_on = FoldedBias::on_batchnorm,
                                               double epsilon = nn::BatchNormDesc{}.epsilon);
 
 // A classifier ready to train: images [N, C, H, W], i32 labels [N], logits and the mean

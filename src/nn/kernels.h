@@ -187,10 +187,22 @@ class Kernels {
   virtual void copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate) = 0;  // dx (+)= dy
   // The fused inference epilogue of a convolution with its batch norm folded in (docs/ENGINE.md):
   // y = act(x + bias[c] (+ residual)), act = ReLU when `relu`, else identity. x, residual (may be
-  // undefined) and y: [N, C, H, W] of one shape, layout and dtype; bias: [C], of the batch-norm
-  // parameters' type (f32 beside 16-bit data). No backward: the op exists in inference graphs only.
+  // undefined) and y: [N, C, H, W] of one shape, layout and dtype (y may be x: in place); bias:
+  // [C], of the batch-norm parameters' type (f32 beside 16-bit data) or x's. No backward: the op
+  // exists in inference graphs only.
   virtual void bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y,
                                        bool relu) = 0;
+  // The same epilogue inside the convolution (inference only): y = act(conv(x, w) + bias[c]
+  // (+ residual)), bias [C_out] in y's dtype (the type cuDNN's fused call takes; bias_activation_
+  // forward accepts it too). The defaults run conv2d_forward, then bias_activation_forward in
+  // place on y; a backend overrides both to fuse where that is faster. prepare returns the
+  // workspace bytes, as conv2d_prepare does; `residual` and `bias` may be descriptors only.
+  virtual std::int64_t conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                                      const Tensor& bias, const Tensor& residual, const Tensor& y,
+                                                      bool relu);
+  virtual void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                              const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu,
+                                              Workspace ws);
 
   virtual void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) = 0;
   // Routes dy to the first maximum of each window (row-major scan), as PyTorch does.

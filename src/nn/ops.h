@@ -107,6 +107,32 @@ class BiasActivation final : public Op {
   bool relu_;
 };
 
+// Inference only: a convolution with its folded batch norm's epilogue inside it, y = act(conv(x, w)
+// + bias[c] (+ residual)) (Kernels::conv2d_bias_activation_forward), where a folded graph would run
+// conv2d then bias_act. Parameters "weight" (as Conv2d's) and "bias" [C_out], both of x's dtype
+// (cuDNN's fused call takes a 16-bit bias beside 16-bit data). Inputs x and optionally a residual of
+// the output's shape. Training graphs are refused at bind, as bias_act's are.
+class ConvBiasActivation final : public Op {
+ public:
+  ConvBiasActivation(std::string name, const Conv2dAttrs& a, bool relu)
+      : Op(name), conv_(std::move(name), a), relu_(relu) {}
+  std::string_view kind() const override { return "conv_bias_act"; }
+  std::vector<ParamSpec> parameters() const override;
+  std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;  // throws Error
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+  const Conv2dAttrs& attrs() const { return conv_.attrs(); }
+  std::int64_t macs() const { return conv_.macs(); }
+  bool relu() const { return relu_; }
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  Conv2d conv_;  // the convolution's shape rules, parameters and cost
+  bool relu_;
+};
+
 class MaxPool2d final : public Op {
  public:
   MaxPool2d(std::string name, const Pool2dDesc& d) : Op(std::move(name)), d_(d) {}
@@ -255,6 +281,9 @@ Value relu(GraphBuilder& b, const std::string& name, Value x);
 Value add(GraphBuilder& b, const std::string& name, Value x, Value y);
 // residual may be undefined (id -1): then y = act(x + bias).
 Value bias_activation(GraphBuilder& b, const std::string& name, Value x, Value residual, bool relu);
+// residual may be undefined: then y = act(conv(x) + bias).
+Value conv_bias_activation(GraphBuilder& b, const std::string& name, Value x, const Conv2dAttrs& a, Value residual,
+                           bool relu);
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d);
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x);
 Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias = true);

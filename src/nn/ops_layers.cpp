@@ -179,6 +179,58 @@ std::int64_t BiasActivation::bytes(Pass p) const {
   return tensors * n * element_bytes() + c * bytes_of(wide_dtype(in_[0].dtype));
 }
 
+// ---- conv_bias_act
+
+std::vector<Tensor> ConvBiasActivation::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1 || in.size() == 2, "takes x and an optional residual, got " + std::to_string(in.size()) +
+                                                " inputs");
+  std::vector<Tensor> out = conv_.infer({in[0]});
+  if (in.size() == 2) {
+    require(in[1].shape == out[0].shape, "residual shape " + in[1].shape.to_string() +
+                                             " differs from the output's " + out[0].shape.to_string());
+    require(in[1].dtype == in[0].dtype, "residual dtype differs from the input's");
+  }
+  return out;
+}
+
+std::vector<ParamSpec> ConvBiasActivation::parameters() const {
+  std::vector<ParamSpec> p = conv_.parameters();
+  // Zeros, as the batch norm's shift it replaces: values come from models::fold_batchnorm_parameters.
+  p.push_back({"bias", Shape{conv_.attrs().out_channels}, ParamRole::bias, {ParamInit::Dist::zeros, 0},
+               in_.empty() ? DType::f32 : in_[0].dtype});
+  return p;
+}
+
+std::int64_t ConvBiasActivation::prepare(Kernels& k, const OpTensors& d) {
+  if (training_) fail("is inference only (a folded batch norm); build the graph with training = false");
+  Op::prepare(k, d);
+  return k.conv2d_bias_activation_prepare(attrs().conv, d.in[0], d.params[0], d.params[1],
+                                          d.in.size() > 1 ? d.in[1] : Tensor{}, d.out[0], relu_);
+}
+
+void ConvBiasActivation::forward(Kernels& k, const OpTensors& t) {
+  k.conv2d_bias_activation_forward(attrs().conv, t.in[0], t.params[0], t.params[1],
+                                   t.in.size() > 1 ? t.in[1] : Tensor{}, t.out[0], relu_, t.workspace);
+}
+
+void ConvBiasActivation::backward(Kernels&, const OpTensors&) {
+  fail("has no backward: it exists only in inference graphs");
+}
+
+std::int64_t ConvBiasActivation::flops(Pass p) const {
+  if (p == Pass::backward) return 0;
+  // The convolution, then per output element the bias add, the residual add and the ReLU's compare.
+  return conv_.flops(Pass::forward) + (1 + (in_.size() > 1 ? 1 : 0) + (relu_ ? 1 : 0)) * out_[0].numel();
+}
+
+std::int64_t ConvBiasActivation::bytes(Pass p) const {
+  if (p == Pass::backward) return 0;
+  // x, w and y once each, the bias, and the residual where there is one: the epilogue moves no
+  // extra pass over y.
+  const std::int64_t residual = in_.size() > 1 ? in_[1].numel() : 0;
+  return conv_.bytes(Pass::forward) + (conv_.attrs().out_channels + residual) * element_bytes();
+}
+
 // ---- linear
 
 std::vector<Tensor> Linear::do_infer(const std::vector<Tensor>& in) {

@@ -167,6 +167,11 @@ Value bias_activation(GraphBuilder& b, const std::string& name, Value x, Value r
   auto op = std::make_unique<BiasActivation>(name, relu);
   return residual.id < 0 ? b.add1(std::move(op), {x}) : b.add1(std::move(op), {x, residual});
 }
+Value conv_bias_activation(GraphBuilder& b, const std::string& name, Value x, const Conv2dAttrs& a, Value residual,
+                           bool relu) {
+  auto op = std::make_unique<ConvBiasActivation>(name, a, relu);
+  return residual.id < 0 ? b.add1(std::move(op), {x}) : b.add1(std::move(op), {x, residual});
+}
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d) {
   return b.add1(std::make_unique<MaxPool2d>(name, d), {x});
 }

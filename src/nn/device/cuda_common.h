@@ -56,11 +56,15 @@ struct ConvDescDeleter {
 struct PoolDescDeleter {
   void operator()(cudnnPoolingDescriptor_t d) const noexcept { cudnnDestroyPoolingDescriptor(d); }
 };
+struct ActivationDescDeleter {
+  void operator()(cudnnActivationDescriptor_t d) const noexcept { cudnnDestroyActivationDescriptor(d); }
+};
 using CudnnHandlePtr = std::unique_ptr<std::remove_pointer_t<cudnnHandle_t>, CudnnHandleDeleter>;
 using TensorDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnTensorDescriptor_t>, TensorDescDeleter>;
 using FilterDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnFilterDescriptor_t>, FilterDescDeleter>;
 using ConvDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnConvolutionDescriptor_t>, ConvDescDeleter>;
 using PoolDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnPoolingDescriptor_t>, PoolDescDeleter>;
+using ActivationDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnActivationDescriptor_t>, ActivationDescDeleter>;
 
 // cuDNN's storage type for a tensor dtype; throws Unsupported for what cuDNN cannot hold.
 cudnnDataType_t cudnn_dtype(DType t);

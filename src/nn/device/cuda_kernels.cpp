@@ -295,14 +295,15 @@ void CudaKernels::bias_activation_forward(const Tensor& x, const Tensor& bias, c
                                           bool relu) {
   require_flat("bias_activation_forward", x, y);
   if (residual.defined()) require_flat("bias_activation_forward", x, residual);
-  // The bias is stored as batch-norm parameters are: f32 beside f32/f16/bf16 data (f64 beside f64).
+  // The bias is stored as batch-norm parameters are (f32 beside f32/f16/bf16 data, f64 beside
+  // f64) or in x's own type (a fused convolution's bias, when its epilogue runs here).
   const DType bias_t = x.dtype == DType::f64 ? DType::f64 : DType::f32;
-  if (x.shape.rank() != 4 || bias.dtype != bias_t || bias.shape.rank() != 1 || bias.shape[0] != x.shape[1] ||
-      !bias.is_contiguous())
+  if (x.shape.rank() != 4 || (bias.dtype != bias_t && bias.dtype != x.dtype) || bias.shape.rank() != 1 ||
+      bias.shape[0] != x.shape[1] || !bias.is_contiguous())
     throw Unsupported("cuda bias_activation_forward: needs x [N, C, H, W] and a contiguous " +
-                      std::string(to_string(bias_t)) + " bias [C], got x " + x.to_string() + ", bias " +
-                      bias.to_string());
-  cuda_pointwise::bias_activation_forward(stream_, x.dtype, x.layout, x.data, bias.data,
+                      std::string(to_string(bias_t)) + " or " + std::string(to_string(x.dtype)) +
+                      " bias [C], got x " + x.to_string() + ", bias " + bias.to_string());
+  cuda_pointwise::bias_activation_forward(stream_, x.dtype, x.layout, x.data, bias.data, bias.dtype == x.dtype,
                                           residual.defined() ? residual.data : nullptr, y.data, x.shape[0],
                                           x.shape[1], x.shape[2] * x.shape[3], relu);
 }

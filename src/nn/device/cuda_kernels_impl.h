@@ -7,6 +7,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -34,10 +35,23 @@ struct ConvPass {
   std::string refusal;
 };
 
+// The folded epilogue act(conv + bias (+ residual)) of one (ReLU, residual) combination: cuDNN's
+// fused cudnnConvolutionBiasActivationForward where it timed faster than the plain forward
+// followed by the bias_act kernel (fused = true), else those two (cuDNN may run the fused call as
+// separate kernels, or slower ones, for some shapes).
+struct ConvEpilogue {
+  bool searched = false, fused = false;
+  ConvPass pass;             // the fused call's descriptor, algorithm and workspace
+  TensorDescPtr bias;        // [1, C, 1, 1] in y's dtype
+  ActivationDescPtr act;     // ReLU, or identity
+  double unfused_s = 0;      // the plain forward plus bias_act, timed the same way
+};
+
 struct ConvPlan {
   TensorDescPtr x, y;
   FilterDescPtr w;
   ConvPass fwd, bwd_data, bwd_filter;
+  std::array<ConvEpilogue, 4> epilogue;  // index: relu + 2 * residual
   std::string label;
 };
 
@@ -100,6 +114,12 @@ class CudaKernels final : public Kernels {
   void check_tensor(const Tensor& t) override;
   std::int64_t conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
                               ConvPasses passes) override;
+
+  std::int64_t conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                              const Tensor& bias, const Tensor& residual, const Tensor& y,
+                                              bool relu) override;
+  void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override;
 
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override;
   void conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate,
@@ -173,6 +193,15 @@ class CudaKernels final : public Kernels {
   // Searches forward (if not yet) and the passes in `passes` not searched yet.
   void search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
                           ConvPasses passes);
+  // Times the fused epilogue call against the plain forward (searched already) plus bias_act.
+  void search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                            const Tensor& y, bool relu, bool residual);
+  // The epilogue entry of (relu, residual), searched now where no prepare did (outside a capture).
+  ConvEpilogue& conv_epilogue(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                              bool relu, bool residual);
+  // search_scratch_ grown to hold `operand_bytes` plus a workspace of up to `cap_bytes` (reduced,
+  // down to none, where memory is short); returns its base.
+  unsigned char* search_operands(std::int64_t operand_bytes, std::int64_t& cap_bytes, const std::string& label);
   std::int64_t conv_workspace_cap() const;
   // cuda_norm_pool.cpp
   BnPlan& bn_plan(const Tensor& x);

@@ -363,14 +363,14 @@ struct AvgpoolBackwardOp : OpBase {
 };
 
 // y = act(x + bias[c] (+ residual)): a folded batch norm's shift, the block's residual add and
-// ReLU in one pass. The bias is the math type (f32; f64 for f64 data), as batch-norm parameters
-// are stored. Element i's channel is found with divisions once per chunk, then stepped (as in
+// ReLU in one pass. The bias B is the math type (f32; f64 for f64 data), as batch-norm parameters
+// are stored, or the storage type T (the fused convolution's bias, its fallback). Element i's channel is found with divisions once per chunk, then stepped (as in
 // AvgpoolBackwardOp): nhwc steps c every element, nchw steps hw and moves to the next channel.
-template <typename T>
+template <typename T, typename B>
 struct BiasActivationOp : OpBase {
   static constexpr int kVec = vec_of<T>();
   const T* x;
-  const Math<T>* bias;
+  const B* bias;
   const T* residual;  // null: none
   T* y;
   int64_t C, HW;
@@ -391,7 +391,7 @@ struct BiasActivationOp : OpBase {
     Chunk<T, W> o;
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      Math<T> v = to_math(a.v[j]) + bias[c];
+      Math<T> v = to_math(a.v[j]) + static_cast<Math<T>>(to_math(bias[c]));
       if (residual != nullptr) v += to_math(r.v[j]);
       if (relu) v = v > Math<T>(0) ? v : Math<T>(0);  // NaN -> 0, as the reference
       o.v[j] = from_math<T>(v);
@@ -926,21 +926,27 @@ void copy_gradient(cudaStream_t stream, DType t, const void* dy, void* dx, int64
 }
 
 void bias_activation_forward(cudaStream_t stream, DType t, Layout layout, const void* x, const void* bias,
-                             const void* residual, void* y, int64_t N, int64_t C, int64_t HW, bool relu) {
+                             bool bias_is_storage_type, const void* residual, void* y, int64_t N, int64_t C,
+                             int64_t HW, bool relu) {
   dispatch_float(t, "bias_activation_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (N <= 0 || C <= 0 || HW <= 0) return;
-    BiasActivationOp<T> op;
-    op.x = static_cast<const T*>(x);
-    op.bias = static_cast<const Math<T>*>(bias);
-    op.residual = static_cast<const T*>(residual);
-    op.y = static_cast<T*>(y);
-    op.C = C;
-    op.HW = HW;
-    op.nhwc = layout == Layout::nhwc;
-    op.relu = relu;
-    const bool aligned = all_aligned16(x, y) && (residual == nullptr || aligned16(residual));
-    launch_elementwise(stream, op, N * C * HW, aligned, "bias_activation_forward");
+    const auto launch = [&](auto bias_tag) {
+      using B = typename decltype(bias_tag)::type;
+      BiasActivationOp<T, B> op;
+      op.x = static_cast<const T*>(x);
+      op.bias = static_cast<const B*>(bias);
+      op.residual = static_cast<const T*>(residual);
+      op.y = static_cast<T*>(y);
+      op.C = C;
+      op.HW = HW;
+      op.nhwc = layout == Layout::nhwc;
+      op.relu = relu;
+      const bool aligned = all_aligned16(x, y) && (residual == nullptr || aligned16(residual));
+      launch_elementwise(stream, op, N * C * HW, aligned, "bias_activation_forward");
+    };
+    if (bias_is_storage_type) launch(tag);
+    else launch(device_common::Tag<Math<T>>{});
   });
 }
 

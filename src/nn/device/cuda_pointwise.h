@@ -31,10 +31,11 @@ void add_forward(cudaStream_t stream, DType t, const void* a, const void* b, voi
 void copy_gradient(cudaStream_t stream, DType t, const void* dy, void* dx, std::int64_t n, bool accumulate);
 // y = act(x + bias[c] (+ residual)), act = ReLU when `relu`: x, residual (null: none) and y logical
 // [N, C, H, W] contiguous in `layout` (nhwc: C fastest), HW = H * W; bias [C] in the math type (f32
-// for f32/f16/bf16 data, f64 for f64), as batch-norm parameters are stored.
+// for f32/f16/bf16 data, f64 for f64), as batch-norm parameters are stored, or with
+// bias_is_storage_type in t itself (a fused convolution's bias). y may be x (in place).
 void bias_activation_forward(cudaStream_t stream, DType t, Layout layout, const void* x, const void* bias,
-                             const void* residual, void* y, std::int64_t N, std::int64_t C, std::int64_t HW,
-                             bool relu);
+                             bool bias_is_storage_type, const void* residual, void* y, std::int64_t N, std::int64_t C,
+                             std::int64_t HW, bool relu);
 
 // ---- global average pooling
 // x: logical [N, C, H, W] contiguous in `layout` (nhwc: C fastest), HW = H * W; y: [N, C] row-major.

@@ -36,15 +36,17 @@ class Infer final : public Workload {
         axes.end(),
         {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"},
-         // Off by default until the fused CUDA kernel has been checked on a GPU (docs/ENGINE.md).
-         {"fold", AxisKind::text, one("off"), {"off", "on"},
-          "fold each batch norm into its convolution (weights scaled, then one bias + residual + ReLU kernel)"}});
+         // Off by default until the fused CUDA kernels have been checked on a GPU (docs/ENGINE.md).
+         {"fold", AxisKind::text, one("off"), {"off", "on", "fused"},
+          "fold each batch norm into its convolution: on = weights scaled, then one bias + residual + ReLU "
+          "kernel; fused = that epilogue inside the convolution (cuDNN's conv + bias + add + ReLU where faster)"}});
     return axes;
   }
 
   void run(State& state) override {
     ModelSpec spec = model_spec(state, /*training=*/false);
-    spec.fold_batchnorm = state.get_text("fold") == "on";
+    spec.fold_batchnorm = state.get_text("fold") != "off";
+    spec.fuse_conv_epilogue = state.get_text("fold") == "fused";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     if (spec.batch < 1 || spec.image_px < 1)
       throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");

@@ -94,6 +94,7 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
   }
   ab::models::ResNetConfig c = model_config(s.model);
   c.fold_batchnorm = s.fold_batchnorm;
+  c.fuse_conv_epilogue = s.fold_batchnorm && s.fuse_conv_epilogue;
   m.in_channels = c.in_channels;
   m.classes = c.num_classes;
   if (s.training) {
@@ -114,12 +115,14 @@ nn::ParameterValues folded_parameter_values(const ModelSpec& s) {
   // Parameters do not depend on the batch: plan the unfolded network at batch 1 (no bind, no
   // memory) for its initial values.
   ModelSpec unfolded = s;
-  unfolded.fold_batchnorm = false;
+  unfolded.fold_batchnorm = unfolded.fuse_conv_epilogue = false;
   unfolded.batch = 1;
   nn::GraphBuilder b(graph_options(unfolded));
   build_zoo_model(b, unfolded);
   const nn::Graph g(std::move(b));
-  return ab::models::fold_batchnorm_parameters(g.initial_parameter_values());
+  return ab::models::fold_batchnorm_parameters(g.initial_parameter_values(),
+                                               s.fuse_conv_epilogue ? ab::models::FoldedBias::on_convolution
+                                                                    : ab::models::FoldedBias::on_batchnorm);
 }
 
 SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, std::int64_t batch, std::int64_t image_px) {

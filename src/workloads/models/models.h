@@ -74,6 +74,8 @@ struct ModelSpec {
   // Inference of a classifier only: batch norms folded into the convolutions
   // (ResNetConfig::fold_batchnorm); the graph then takes folded_parameter_values(spec) after bind.
   bool fold_batchnorm = false;
+  // With fold_batchnorm: the epilogue inside each convolution (ResNetConfig::fuse_conv_epilogue).
+  bool fuse_conv_epilogue = false;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
 
