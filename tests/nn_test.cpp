@@ -384,6 +384,26 @@ TEST(Add, ForwardAndBackwardOfBothInputs) {
 // ---------------------------------------------------------------------------------------------
 // bias_act: the fused inference epilogue of a folded batch norm
 
+// Tensors of fresh uniform values in [lo, hi) on a backend, alive as long as this object.
+class RandomTensors {
+ public:
+  RandomTensors(Kernels& k, std::uint64_t seed) : k_(k), seed_(seed) {}
+  Tensor operator()(DType t, const Shape& s, Layout l, double lo, double hi) {
+    const Tensor d = Tensor::describe(t, s, l);
+    store_.emplace_back(k_.allocator(), d.size_bytes());
+    const Tensor v = store_.back().view(d);
+    std::vector<double> values(static_cast<std::size_t>(s.numel()));
+    for (auto& x : values) x = uniform(seed_, counter_++, lo, hi);
+    write_host(v, values);
+    return v;
+  }
+
+ private:
+  Kernels& k_;
+  std::uint64_t seed_, counter_ = 0;
+  std::vector<Buffer> store_;
+};
+
 // The fused kernel against the reference ops it replaces, on fresh random inputs: a batch norm in
 // inference with gamma 1, mean 0 and var 1 - eps (so it adds beta = bias), then add, then ReLU;
 // and against the formula itself in logical order. f64 agrees to rounding; f32, where the
@@ -392,17 +412,7 @@ TEST(BiasActivation, MatchesTheComposedReferenceOpsInEveryConfiguration) {
   auto k = make_ref_kernels();
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  std::uint64_t counter = 0;
-  std::vector<Buffer> store;
-  const auto make = [&](DType t, const Shape& s, Layout l, double lo, double hi) {
-    const Tensor d = Tensor::describe(t, s, l);
-    store.emplace_back(k->allocator(), d.size_bytes());
-    const Tensor v = store.back().view(d);
-    std::vector<double> values(static_cast<std::size_t>(s.numel()));
-    for (auto& x : values) x = uniform(seed, counter++, lo, hi);
-    write_host(v, values);
-    return v;
-  };
+  RandomTensors make(*k, seed);
   const Shape xs{2, 5, 3, 4};
   const std::int64_t ch = xs[1];
   int cases = 0;
@@ -493,17 +503,7 @@ TEST(ConvBiasActivation, MatchesTheConvolutionAndBiasActInEveryConfiguration) {
   auto k = make_ref_kernels();
   const std::uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  std::uint64_t counter = 0;
-  std::vector<Buffer> store;
-  const auto make = [&](DType t, const Shape& s, Layout l, double lo, double hi) {
-    const Tensor d = Tensor::describe(t, s, l);
-    store.emplace_back(k->allocator(), d.size_bytes());
-    const Tensor v = store.back().view(d);
-    std::vector<double> values(static_cast<std::size_t>(s.numel()));
-    for (auto& x : values) x = uniform(seed, counter++, lo, hi);
-    write_host(v, values);
-    return v;
-  };
+  RandomTensors make(*k, seed);
   Conv2dAttrs a;
   a.out_channels = 4;
   a.kernel_h = a.kernel_w = 3;
