@@ -344,6 +344,85 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
   });
 }
 
+// fuse_batchnorm_relu: each batch norm with its ReLU (and a block's add) as one bn_act op. On the
+// reference the op runs the same kernels, so a training step gives the same loss, logits and
+// parameter gradients bit for bit, with 9 ops fewer (the stem's ReLU; per block three ReLUs and the
+// add), in both layouts and in bf16.
+TEST(FuseBatchnormRelu, TinyResnetTrainingStepIsTheUnfusedOne) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (Layout layout : {Layout::nchw, Layout::nhwc})
+    for (Precision p : {Precision::fp32, Precision::bf16}) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + std::string(to_string(p)));
+      nn::GraphOptions o;
+      o.layout = layout;
+      o.precision = p;
+      ResNetConfig c = tiny_resnet(3, 5);
+      nn::GraphBuilder ub(o);
+      const Classifier um = build_classifier(ub, c, 4, 8);
+      c.fuse_batchnorm_relu = true;
+      nn::GraphBuilder fb(o);
+      const Classifier fm = build_classifier(fb, c, 4, 8);
+      auto k = nn::make_ref_kernels();
+      nn::Graph unfused(std::move(ub)), fused(std::move(fb));
+      EXPECT_EQ(unfused.op_count() - fused.op_count(), 9u);
+      std::size_t bn_acts = 0;
+      for (std::size_t i = 0; i < fused.op_count(); ++i) bn_acts += fused.op(i).kind() == "bn_act";
+      EXPECT_EQ(bn_acts, 1u + 2u * 3u);  // the projections' batch norms stay plain
+      unfused.bind(*k);
+      fused.bind(*k);
+      nn::ParameterValues values = unfused.parameter_values();
+      test::randomise_batchnorms(values, seed);
+      unfused.set_parameter_values(values);
+      fused.set_parameter_values(values);
+      const std::vector<double> images = random_values(4 * 3 * 8 * 8, seed);
+      const std::vector<double> labels{0, 3, 1, 4};
+      for (nn::Graph* g : {&unfused, &fused}) {
+        g->set_input(g == &fused ? fm.images : um.images, images);
+        g->set_input(g == &fused ? fm.labels : um.labels, labels);
+        g->forward(true);
+        g->backward();
+      }
+      EXPECT_EQ(fused.read(fm.loss), unfused.read(um.loss));
+      EXPECT_EQ(fused.read(fm.logits), unfused.read(um.logits));
+      ASSERT_EQ(fused.parameters().size(), unfused.parameters().size());
+      std::map<std::string, std::vector<double>> want;
+      for (const auto& prm : unfused.parameters())
+        if (prm.grad.defined()) want[prm.name] = unfused.read(prm.grad);
+      std::size_t compared = 0;
+      for (const auto& prm : fused.parameters()) {
+        if (!prm.grad.defined()) continue;
+        EXPECT_EQ(fused.read(prm.grad), want.at(prm.name)) << prm.name;
+        ++compared;
+      }
+      EXPECT_EQ(compared, want.size());
+      // The statistics the step updated, too.
+      EXPECT_EQ(fused.parameter_values().at("layer2.0.bn3.running_var"),
+                unfused.parameter_values().at("layer2.0.bn3.running_var"));
+    }
+}
+
+TEST(FuseBatchnormRelu, Resnet50TrainingGraphLosesItsReluAndAddOps) {
+  // The stem's ReLU and each of the 16 blocks' three ReLUs and add; the same parameters and FLOPs.
+  nn::GraphOptions o;
+  o.precision = Precision::bf16;
+  o.layout = Layout::nhwc;
+  ResNetConfig c = resnet50();
+  nn::GraphBuilder ub(o);
+  build_classifier(ub, c, 2, 224);
+  c.fuse_batchnorm_relu = true;
+  nn::GraphBuilder fb(o);
+  build_classifier(fb, c, 2, 224);
+  const nn::Graph unfused(std::move(ub)), fused(std::move(fb));
+  EXPECT_EQ(unfused.op_count() - fused.op_count(), 1u + 16u * 4u);
+  EXPECT_EQ(fused.parameter_count(), unfused.parameter_count());
+  EXPECT_EQ(fused.forward_flops(), unfused.forward_flops());
+  EXPECT_EQ(fused.backward_flops(), unfused.backward_flops());
+  // Memory: the masks (a bit per element, ~1/16 of a bf16 activation) outweigh the ReLU outputs no
+  // longer kept, by a few percent.
+  EXPECT_LT(fused.memory_plan().peak_bytes, unfused.memory_plan().peak_bytes * 11 / 10);
+}
+
 TEST(FoldBatchnorm, FullSizeResnextLosesItsReluAndAddKernels) {
   // ResNeXt-101 32x4d inference: 344 ops unfolded; folded, the stem's ReLU and each of the 33
   // blocks' three ReLUs and add disappear, leaving convolutions, bias_acts, the pool and fc.

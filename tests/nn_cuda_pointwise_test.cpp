@@ -275,14 +275,18 @@ TEST(CudaPointwise, BiasActivationMatchesReferenceInBothLayouts) {
         for (bool residual : {false, true})
           for (bool relu : {false, true}) {
             const Shape xs{k.n, k.c, k.h, k.w};
+            // The bias as batch-norm parameters are stored (f32; f64 beside f64), or in the data's own
+            // type (a fused convolution's bias) in every other configuration.
+            const bool storage_bias = residual != relu;
             SCOPED_TRACE(name(t) + " " + std::string(to_string(layout)) + " " + xs.to_string() +
-                         (residual ? " residual" : "") + (relu ? " relu" : ""));
+                         (residual ? " residual" : "") + (relu ? " relu" : "") +
+                         (storage_bias ? " storage-type bias" : ""));
             const int64_t nx = xs.numel();
-            const DType bias_t = t == DType::f64 ? DType::f64 : DType::f32;  // as batch-norm parameters
+            const DType bias_t = storage_bias ? t : t == DType::f64 ? DType::f64 : DType::f32;
             auto x = rng.uniform_in(t, nx, -2, 2), r = rng.uniform_in(t, nx), b = rng.uniform_in(bias_t, k.c);
             DeviceArray dxv(t, x), dr(t, r), db(bias_t, b), dy(t, rng.uniform_in(t, nx, 5, 6));
-            pw::bias_activation_forward(nullptr, t, layout, dxv.get(), db.get(), residual ? dr.get() : nullptr,
-                                        dy.get(), k.n, k.c, k.h * k.w, relu);
+            pw::bias_activation_forward(nullptr, t, layout, dxv.get(), db.get(), storage_bias,
+                                        residual ? dr.get() : nullptr, dy.get(), k.n, k.c, k.h * k.w, relu);
             std::vector<double> want(static_cast<std::size_t>(nx));
             ref().bias_activation_forward(host(x, xs, layout), host(b, Shape{k.c}),
                                           residual ? host(r, xs, layout) : Tensor{}, host(want, xs, layout), relu);
@@ -296,7 +300,7 @@ TEST(CudaPointwise, BiasActivationMatchesReferenceInBothLayouts) {
     const int64_t nx = xs.numel(), es = int64_t(size_bytes(t));
     auto x = rng.uniform_in(t, nx + 1, -2, 2), r = rng.uniform_in(t, nx + 1), b = rng.uniform_in(DType::f32, 7);
     DeviceArray dxv(t, x), dr(t, r), db(DType::f32, b), dy(t, nx + 1);
-    pw::bias_activation_forward(nullptr, t, Layout::nhwc, dxv.as<char>() + es, db.get(), dr.as<char>() + es,
+    pw::bias_activation_forward(nullptr, t, Layout::nhwc, dxv.as<char>() + es, db.get(), false, dr.as<char>() + es,
                                 dy.as<char>() + es, 2, 7, 15, true);
     const auto got = dy.download();
     for (int64_t i = 0; i < nx; ++i) {
@@ -305,8 +309,8 @@ TEST(CudaPointwise, BiasActivationMatchesReferenceInBothLayouts) {
       ASSERT_NEAR(got[k], want, rel_tol(t) * std::fabs(want) + 1e-6) << i;
     }
   }
-  EXPECT_THROW(pw::bias_activation_forward(nullptr, DType::i32, Layout::nchw, nullptr, nullptr, nullptr, nullptr, 1,
-                                           1, 1, false),
+  EXPECT_THROW(pw::bias_activation_forward(nullptr, DType::i32, Layout::nchw, nullptr, nullptr, false, nullptr, nullptr,
+                                           1, 1, 1, false),
                Unsupported);
 }
 

@@ -909,6 +909,44 @@ class CheckedKernels final : public Kernels {
     c.check(dgamma, hdg, "dgamma");
     c.check(dbeta, hdb, "dbeta");
   }
+  std::int64_t batchnorm_activation_prepare(const Tensor& x, const Tensor& z, const Tensor& mask) override {
+    return dut_.batchnorm_activation_prepare(x, z, mask);
+  }
+  // The mask is the backend's own (cuDNN's reserve space): passed through, never compared.
+  void batchnorm_activation_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& z,
+                                             const Tensor& gamma, const Tensor& beta, const Tensor& rmean,
+                                             const Tensor& rvar, const Tensor& y, const Tensor& smean,
+                                             const Tensor& sinvstd, const Tensor& mask) override {
+    Call c(*this, "batchnorm_activation_forward_training " + x.to_string() + (z.defined() ? " + residual" : ""), tol_);
+    const Tensor hx = c.in(x), hz = c.in(z), hg = c.in(gamma), hb = c.in(beta), hrm = c.in(rmean), hrv = c.in(rvar);
+    const Tensor hy = c.out(y), hsm = c.out(smean), hsi = c.out(sinvstd);
+    dut_.batchnorm_activation_forward_training(d, x, z, gamma, beta, rmean, rvar, y, smean, sinvstd, mask);
+    ref_->batchnorm_activation_forward_training(d, hx, hz, hg, hb, hrm, hrv, hy, hsm, hsi, Tensor{});
+    c.check(y, hy, "y");
+    c.check(smean, hsm, "saved mean");
+    c.check(sinvstd, hsi, "saved inverse std");
+    c.check(rmean, hrm, "running mean");
+    c.check(rvar, hrv, "running variance");
+  }
+  void batchnorm_activation_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
+                                     const Tensor& gamma, const Tensor& beta, const Tensor& smean,
+                                     const Tensor& sinvstd, const Tensor& mask, bool residual, const Tensor& dx,
+                                     bool dx_accumulate, const Tensor& dz, bool dz_accumulate, const Tensor& dgamma,
+                                     const Tensor& dbeta, Workspace ws) override {
+    Call c(*this, "batchnorm_activation_backward " + x.to_string() + (residual ? " + residual" : ""), tol_);
+    const Tensor hx = c.in(x), hy = c.in(y), hdy = c.in(dy), hg = c.in(gamma), hb = c.in(beta), hsm = c.in(smean);
+    const Tensor hsi = c.in(sinvstd), hdx = c.out(dx, dx_accumulate), hdz = c.out(dz, dz_accumulate);
+    const Tensor hdg = c.out(dgamma), hdb = c.out(dbeta);
+    dut_.batchnorm_activation_backward(d, x, y, dy, gamma, beta, smean, sinvstd, mask, residual, dx, dx_accumulate, dz,
+                                       dz_accumulate, dgamma, dbeta, ws);
+    Buffer hws(ref_->allocator(), hdy.size_bytes());  // the reference's ReLU gradient
+    ref_->batchnorm_activation_backward(d, hx, hy, hdy, hg, hb, hsm, hsi, Tensor{}, residual, hdx, dx_accumulate, hdz,
+                                        dz_accumulate, hdg, hdb, {hws.data(), hdy.size_bytes()});
+    c.check(dx, hdx, dx_accumulate ? "dx (accumulate)" : "dx");
+    c.check(dz, hdz, dz_accumulate ? "dz (accumulate)" : "dz");
+    c.check(dgamma, hdg, "dgamma");
+    c.check(dbeta, hdb, "dbeta");
+  }
   void relu_forward(const Tensor& x, const Tensor& y) override {
     Call c(*this, "relu_forward " + x.to_string(), tol_);
     const Tensor hx = c.in(x), hy = c.out(y);
@@ -1140,6 +1178,82 @@ TEST_F(CudaKernelsTest, Resnet50At64PixelsLogitsAndGradientsMatchReference) {
   EXPECT_LT(stats.conv_searches, 30);
   EXPECT_GT(stats.conv_cache_hits, 20);
   EXPECT_EQ(stats.conv_pass_searches, 3 * stats.conv_searches - 1);
+}
+
+// Batch norm (+ residual) + ReLU as one op in training (fuse=on): one training step of the tiny
+// ResNet (NHWC) on `dut`, every kernel call checked against the reference on dut's operands.
+// Returns the number of checked outputs.
+int check_fused_tiny_resnet_step(CheckedKernels& dut, Precision p, std::uint64_t seed) {
+  GraphOptions o;
+  o.layout = Layout::nhwc;
+  o.precision = p;
+  o.seed = seed;
+  models::ResNetConfig c = models::tiny_resnet(3, 5);
+  c.fuse_batchnorm_relu = true;
+  GraphBuilder b(o);
+  const models::Classifier m = models::build_classifier(b, c, 8, 8);
+  Graph g(std::move(b));
+  g.bind(dut);
+  std::vector<double> images(sz(8 * 3 * 8 * 8)), labels(8);
+  for (std::size_t i = 0; i < images.size(); ++i) images[i] = uniform(seed, i, -1, 1);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<double>(mix64(seed, i) % 5);
+  g.set_input(m.images, images);
+  g.set_input(m.labels, labels);
+  g.forward();
+  g.backward();
+  for (double v : g.read(m.logits)) EXPECT_TRUE(std::isfinite(v));
+  return dut.checked();
+}
+
+// A reference whose fused backward forgets the residual's gradient: what the check must catch.
+class ResidualGradientDroppingKernels final : public ref::RefKernels {
+ public:
+  void batchnorm_activation_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
+                                     const Tensor& gamma, const Tensor& beta, const Tensor& smean,
+                                     const Tensor& sinvstd, const Tensor& mask, bool residual, const Tensor& dx,
+                                     bool dx_accumulate, const Tensor&, bool, const Tensor& dgamma,
+                                     const Tensor& dbeta, Workspace ws) override {
+    RefKernels::batchnorm_activation_backward(d, x, y, dy, gamma, beta, smean, sinvstd, mask, residual, dx,
+                                              dx_accumulate, Tensor{}, false, dgamma, dbeta, ws);
+  }
+};
+
+// The check above on the CPU: the reference passes every call (each bn_act forward and backward
+// among them); one whose fused backward drops dz fails both block-ending backward calls on dz (and
+// the calls downstream of the lost gradient).
+TEST(CudaModelCheck, FusedBatchNormReluStepIsCheckedCallByCallOnTheReference) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto honest = make_ref_kernels();
+  CheckedKernels ok(*honest, 1e-5, 1e-5);
+  EXPECT_GT(check_fused_tiny_resnet_step(ok, Precision::fp32, seed), 40);
+  EXPECT_EQ(ok.failed(), 0) << ok.failures();
+  ResidualGradientDroppingKernels faulty;
+  CheckedKernels bad(faulty, 1e-5, 1e-5);
+  check_fused_tiny_resnet_step(bad, Precision::fp32, seed);
+  EXPECT_GE(bad.failed(), 2) << bad.failures();
+  std::size_t dz_failures = 0;
+  for (std::size_t at = bad.failures().find("+ residual: dz:"); at != std::string::npos;
+       at = bad.failures().find("+ residual: dz:", at + 1))
+    ++dz_failures;
+  EXPECT_EQ(dz_failures, 2u) << bad.failures();
+}
+
+// The same on the GPU, in the NHWC 16-bit precisions where cuDNN's fused kernels may run and in
+// f32 (the separate kernels). Which shapes cuDNN fused is printed (its decision, not the test's).
+TEST_F(CudaKernelsTest, FusedBatchNormReluTrainingStepMatchesTheReferenceCallByCall) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (Precision p : {Precision::bf16, Precision::fp16, Precision::fp32}) {
+    SCOPED_TRACE(std::string(to_string(p)));
+    const bool wide = p == Precision::fp32;
+    const DType t = wide ? DType::f32 : (p == Precision::bf16 ? DType::bf16 : DType::f16);
+    CheckedKernels checked(*cuda_, tolerance(t), wide ? 1e-3 : 3e-2);
+    EXPECT_GT(check_fused_tiny_resnet_step(checked, p, seed), 40);
+    EXPECT_EQ(checked.failed(), 0) << checked.failed() << " of " << checked.checked() << " checked outputs differ:\n"
+                                   << checked.failures();
+  }
+  for (const std::string& line : cuda_bn_fusion_notes(*cuda_)) std::printf("%s\n", line.c_str());
 }
 
 // Batch norms folded into the convolutions (inference): a folded tiny ResNet on `dut`, every

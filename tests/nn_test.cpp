@@ -590,6 +590,148 @@ TEST(ConvBiasActivation, ShapesParametersCostsAndRefusals) {
   EXPECT_THROW(train.backward(*k, descs), LayerError);
 }
 
+// bn_act: batch norm (+ residual) + ReLU as one op. Its forward and backward on the reference
+// (the Kernels defaults) against BatchNorm2d, Add and Relu run one after the other on the same
+// values: the same outputs, statistics and gradients, bit for bit. Each of those ops is checked
+// by finite differences above; a difference check of the fused op would straddle ReLU's kink.
+TEST(BatchNormActivation, TrainingForwardAndBackwardEqualTheSeparateOps) {
+  auto k = make_ref_kernels();
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  RandomTensors make(*k, seed);
+  const Shape xs{2, 3, 4, 3}, cs{3};
+  int cases = 0;
+  for (Layout layout : {Layout::nchw, Layout::nhwc})
+    for (bool residual : {false, true})
+      for (bool dz_accumulate : {false, true}) {
+        if (!residual && dz_accumulate) continue;
+        SCOPED_TRACE(std::string(to_string(layout)) + (residual ? " residual" : "") +
+                     (dz_accumulate ? " dz accumulate" : ""));
+        BatchNormActivation op("bn3");
+        std::vector<Tensor> in{Tensor::describe(DType::f64, xs)};
+        if (residual) in.push_back(in[0]);
+        op.infer(in);
+        op.set_context(true, std::vector<bool>(in.size(), true));
+        const auto specs = op.parameters();
+        ASSERT_EQ(specs.size(), 4u);
+        EXPECT_EQ(specs[3].name, "running_var");
+        OpTensors t;
+        t.in = {make(DType::f64, xs, layout, -1, 1)};
+        t.din = {make(DType::f64, xs, layout, -1, 1)};
+        t.din_accumulate = {false};
+        if (residual) {
+          t.in.push_back(make(DType::f64, xs, layout, -1, 1));
+          t.din.push_back(make(DType::f64, xs, layout, -1, 1));  // kept where accumulated
+          t.din_accumulate.push_back(dz_accumulate);
+        }
+        for (const auto& spec : specs) {
+          t.params.push_back(make(DType::f64, spec.shape, Layout::nchw, 0.5, 1.5));
+          t.dparams.push_back(make(DType::f64, spec.shape, Layout::nchw, 0, 1));
+        }
+        for (const auto& sv : op.saved()) t.saved.push_back(make(sv.dtype, sv.shape, Layout::nchw, 0, 1));
+        t.out = {make(DType::f64, xs, layout, 5, 6)};
+        t.dout = {make(DType::f64, xs, layout, -1, 1)};
+        const std::int64_t ws_bytes = op.prepare(*k, t);
+        EXPECT_EQ(ws_bytes, t.in[0].size_bytes());
+        Buffer ws(k->allocator(), ws_bytes);
+        t.workspace = Workspace{ws.data(), ws_bytes};
+
+        // The separate ops on copies of the same values.
+        const auto copy = [&](const Tensor& v) {
+          const Tensor c = make(v.dtype, v.shape, v.layout, 0, 1);
+          write_host(c, read_host(v));
+          return c;
+        };
+        const Tensor x = copy(t.in[0]), gamma = copy(t.params[0]), beta = copy(t.params[1]);
+        const Tensor rmean = copy(t.params[2]), rvar = copy(t.params[3]), dy = copy(t.dout[0]);
+        const Tensor bn_y = make(DType::f64, xs, layout, 0, 1), y = make(DType::f64, xs, layout, 0, 1);
+        const Tensor mean = make(DType::f64, cs, Layout::nchw, 0, 1), invstd = make(DType::f64, cs, Layout::nchw, 0, 1);
+        const Tensor dsum = make(DType::f64, xs, layout, 0, 1);
+        const Tensor dx = copy(t.din[0]), dgamma = copy(t.dparams[0]), dbeta = copy(t.dparams[1]);
+        const BatchNormDesc d{};
+        k->batchnorm_forward_training(d, x, gamma, beta, rmean, rvar, bn_y, mean, invstd);
+        Tensor sum = bn_y;
+        if (residual) {
+          sum = make(DType::f64, xs, layout, 0, 1);
+          k->add_forward(bn_y, copy(t.in[1]), sum);
+        }
+        k->relu_forward(sum, y);
+        k->relu_backward(y, dy, dsum, false);
+        Tensor dz;
+        if (residual) {
+          dz = copy(t.din[1]);
+          k->copy_gradient(dsum, dz, dz_accumulate);
+        }
+        k->batchnorm_backward(d, x, dsum, gamma, mean, invstd, dx, false, dgamma, dbeta);
+
+        op.forward(*k, t);
+        op.backward(*k, t);
+        EXPECT_EQ(read_host(t.out[0]), read_host(y));
+        EXPECT_EQ(read_host(t.saved[0]), read_host(mean));
+        EXPECT_EQ(read_host(t.saved[1]), read_host(invstd));
+        EXPECT_EQ(read_host(t.params[2]), read_host(rmean));
+        EXPECT_EQ(read_host(t.params[3]), read_host(rvar));
+        EXPECT_EQ(read_host(t.din[0]), read_host(dx));
+        if (residual) {
+          EXPECT_EQ(read_host(t.din[1]), read_host(dz));
+        }
+        EXPECT_EQ(read_host(t.dparams[0]), read_host(dgamma));
+        EXPECT_EQ(read_host(t.dparams[1]), read_host(dbeta));
+        const auto yv = read_host(y), dxv = read_host(dx);
+        EXPECT_GT(std::count(yv.begin(), yv.end(), 0.0), 0);  // the ReLU clamps some outputs...
+        EXPECT_LT(std::count(yv.begin(), yv.end(), 0.0), static_cast<std::ptrdiff_t>(yv.size()));  // ...not all
+        EXPECT_GT(std::count_if(dxv.begin(), dxv.end(), [](double v) { return v != 0.0; }), 0);
+        ++cases;
+      }
+  EXPECT_EQ(cases, 6);
+}
+
+TEST(BatchNormActivation, ShapesCostsInferenceAndRefusals) {
+  BatchNormActivation op("layer1.0.bn3");
+  const Shape xs{2, 4, 3, 3};
+  EXPECT_EQ(op.infer({Tensor::describe(DType::bf16, xs), Tensor::describe(DType::bf16, xs)})[0].shape, xs);
+  const auto params = op.parameters();
+  ASSERT_EQ(params.size(), 4u);
+  EXPECT_EQ(params[0].name, "weight");
+  EXPECT_EQ(params[0].dtype, DType::f32);  // as BatchNorm2d's beside 16-bit data
+  const auto saved = op.saved();
+  ASSERT_EQ(saved.size(), 3u);
+  EXPECT_EQ(saved[2].dtype, DType::i32);
+  EXPECT_EQ(saved[2].numel(), (xs.numel() + 31) / 32 + 1024);  // a bit per element, and room to spare
+  op.set_context(true, {true, true});
+  BatchNorm2d bn("bn");
+  bn.infer({Tensor::describe(DType::bf16, xs)});
+  bn.set_context(true, {true});
+  EXPECT_EQ(op.flops(Pass::forward), bn.flops(Pass::forward) + 2 * xs.numel());  // the add and the ReLU
+  EXPECT_EQ(op.bytes(Pass::forward), bn.bytes(Pass::forward) + xs.numel() * 2);  // reads z too
+  EXPECT_EQ(op.bytes(Pass::backward), bn.bytes(Pass::backward) + 2 * xs.numel() * 2);  // reads y, writes dz
+
+  BatchNormActivation bad("bn2");
+  const std::string shape = test::error_message<LayerError>(
+      [&] { bad.infer({Tensor::describe(DType::f32, xs), Tensor::describe(DType::f32, Shape{2, 4, 3, 2})}); });
+  EXPECT_NE(shape.find("layer 'bn2' (bn_act): residual shape"), std::string::npos) << shape;
+  EXPECT_THROW(bad.infer({Tensor::describe(DType::i32, xs)}), LayerError);
+
+  // Inference: running statistics, then add and ReLU, as BatchNorm2d + Add + Relu compute them.
+  auto k = make_ref_kernels();
+  RandomTensors make(*k, fresh_seed());
+  BatchNormActivation inf("bn1");
+  inf.infer({Tensor::describe(DType::f64, xs), Tensor::describe(DType::f64, xs)});
+  inf.set_context(false, {false, false});
+  OpTensors t;
+  t.training = false;
+  t.in = {make(DType::f64, xs, Layout::nhwc, -1, 1), make(DType::f64, xs, Layout::nhwc, -1, 1)};
+  for (int i = 0; i < 4; ++i) t.params.push_back(make(DType::f64, Shape{4}, Layout::nchw, 0.5, 1.5));
+  t.out = {make(DType::f64, xs, Layout::nhwc, 5, 6)};
+  EXPECT_EQ(inf.prepare(*k, t), 0);  // no backward, no workspace
+  inf.forward(*k, t);
+  const Tensor want = make(DType::f64, xs, Layout::nhwc, 0, 1);
+  k->batchnorm_forward_inference({}, t.in[0], t.params[0], t.params[1], t.params[2], t.params[3], want);
+  k->add_forward(want, t.in[1], want);
+  k->relu_forward(want, want);
+  EXPECT_EQ(read_host(t.out[0]), read_host(want));
+}
+
 // Distinct values 0.01 apart (a shuffled ramp): a finite-difference step never changes which
 // element of a window is the maximum.
 std::function<double(std::size_t, std::size_t)> distinct_values(std::uint64_t seed, std::size_t n) {

@@ -198,6 +198,22 @@ TEST(Train, CapturedAndEagerStepsGiveTheSameTrajectory) {
   EXPECT_NE(trajectory(records[0]).front(), trajectory(records[0]).back()) << "LARS must change the weights";
 }
 
+// fuse=on: batch norm (+ residual) + ReLU as one op trains the same trajectory with 9 ops fewer;
+// the autoencoder (no batch norm) refuses it.
+TEST(Train, FusedBatchNormReluGivesTheSameTrajectoryWithFewerOps) {
+  const auto records =
+      run_points("train", {"batch=8", "image_size=8", "trajectory_steps=6", "fuse=off,on", "layout=nhwc"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) ASSERT_EQ(r["status"], "ok") << r.dump();
+  ASSERT_EQ(records[0]["params"]["fuse"], "off");
+  EXPECT_EQ(trajectory(records[0]), trajectory(records[1]));
+  EXPECT_EQ(records[0]["metrics"]["model"]["ops"].get<int>() - records[1]["metrics"]["model"]["ops"].get<int>(), 9);
+  EXPECT_EQ(records[0]["metrics"]["model"]["parameters"], records[1]["metrics"]["model"]["parameters"]);
+  const auto ae = run_points("train", {"model=tiny_compression_ae", "fuse=on", "batch=2", "image_size=16"});
+  ASSERT_EQ(ae.size(), 1u);
+  EXPECT_EQ(ae[0]["status"], "invalid") << ae[0].dump();
+}
+
 TEST(Train, NonFiniteLossIsDivergedAndTheSweepGoesOn) {
   const auto records = run_points("train", {"batch=8", "image_size=8", "trajectory_steps=8", "lr=1e38,0.01"});
   ASSERT_EQ(records.size(), 2u);

@@ -37,7 +37,9 @@ Value conv_bn_relu(GraphBuilder& b, const ResNetConfig& c, const std::string& co
                    std::int64_t stride, std::int64_t groups) {
   const nn::Conv2dAttrs a = conv_attrs(out_channels, kernel, stride, groups);
   if (c.fold_batchnorm) return folded_conv(b, c, conv_name, bn_name, x, a, Value{}, true);
-  return nn::relu(b, relu_name, nn::batchnorm2d(b, bn_name, nn::conv2d(b, conv_name, x, a)));
+  const Value y = nn::conv2d(b, conv_name, x, a);
+  if (c.fuse_batchnorm_relu) return nn::batchnorm_activation(b, bn_name, y, Value{});
+  return nn::relu(b, relu_name, nn::batchnorm2d(b, bn_name, y));
 }
 
 Value conv_bn(GraphBuilder& b, const std::string& conv_name, const std::string& bn_name, Value x,
@@ -62,9 +64,11 @@ Value bottleneck(GraphBuilder& b, const std::string& p, Value x, std::int64_t in
                              Value{}, false);
     return folded_conv(b, c, p + "conv3", p + "bn3", y, conv_attrs(out_channels, 1, 1, 1), shortcut, true);
   }
-  y = conv_bn(b, p + "conv3", p + "bn3", y, out_channels, 1, 1, 1);
+  y = c.fuse_batchnorm_relu ? nn::conv2d(b, p + "conv3", y, conv_attrs(out_channels, 1, 1, 1))
+                            : conv_bn(b, p + "conv3", p + "bn3", y, out_channels, 1, 1, 1);
   Value shortcut = x;
   if (project) shortcut = conv_bn(b, p + "downsample.0", p + "downsample.1", x, out_channels, 1, stride, 1);
+  if (c.fuse_batchnorm_relu) return nn::batchnorm_activation(b, p + "bn3", y, shortcut);
   return nn::relu(b, p + "relu3", nn::add(b, p + "add", y, shortcut));
 }
 

@@ -36,6 +36,10 @@ struct ResNetConfig {
   // Kernels::conv2d_bias_activation_forward), named after the convolution, so the folded shift is
   // the convolution's "bias" (fold_batchnorm_parameters with FoldedBias::on_convolution).
   bool fuse_conv_epilogue = false;
+  // Unfolded (training too): each batch norm with the ReLU after it, and at a block's end with the
+  // residual add between, as one nn::BatchNormActivation named after the batch norm (same
+  // parameters; the ReLU and add ops disappear). The projection's batch norm stays plain.
+  bool fuse_batchnorm_relu = false;
 };
 
 // Where the folded shift is stored: as the batch norm's "bias" (a bias_act op of the batch norm's

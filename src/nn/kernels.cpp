@@ -22,4 +22,38 @@ void Kernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& 
   bias_activation_forward(y, bias, residual, y, relu);
 }
 
+std::int64_t Kernels::batchnorm_activation_prepare(const Tensor& x, const Tensor& /*z*/, const Tensor& /*mask*/) {
+  return x.size_bytes();  // the ReLU's gradient where it cannot go into dz
+}
+
+void Kernels::batchnorm_activation_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& z,
+                                                    const Tensor& gamma, const Tensor& beta,
+                                                    const Tensor& running_mean, const Tensor& running_var,
+                                                    const Tensor& y, const Tensor& saved_mean,
+                                                    const Tensor& saved_invstd, const Tensor& /*mask*/) {
+  batchnorm_forward_training(d, x, gamma, beta, running_mean, running_var, y, saved_mean, saved_invstd);
+  if (z.defined()) add_forward(y, z, y);
+  relu_forward(y, y);
+}
+
+void Kernels::batchnorm_activation_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& y,
+                                            const Tensor& dy, const Tensor& gamma, const Tensor& /*beta*/,
+                                            const Tensor& saved_mean, const Tensor& saved_invstd,
+                                            const Tensor& /*mask*/, bool /*residual*/, const Tensor& dx,
+                                            bool dx_accumulate, const Tensor& dz, bool dz_accumulate,
+                                            const Tensor& dgamma, const Tensor& dbeta, Workspace ws) {
+  // The ReLU's gradient once: straight into dz where dz is overwritten (it is the residual's whole
+  // gradient), else into the workspace (and added to dz from there).
+  Tensor g = dz;
+  if (!dz.defined() || dz_accumulate) {
+    if (ws.bytes < dy.size_bytes())
+      throw Error("batchnorm_activation_backward: needs a workspace of " + std::to_string(dy.size_bytes()) +
+                  " bytes, got " + std::to_string(ws.bytes) + " (size it from batchnorm_activation_prepare)");
+    g = dy.with_data(ws.data);
+  }
+  relu_backward(y, dy, g, false);
+  if (dz.defined() && dz_accumulate) copy_gradient(g, dz, true);
+  batchnorm_backward(d, x, g, gamma, saved_mean, saved_invstd, dx, dx_accumulate, dgamma, dbeta);
+}
+
 }  // namespace ab::nn

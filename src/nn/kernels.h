@@ -179,6 +179,28 @@ class Kernels {
                                   const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& dx,
                                   bool accumulate, const Tensor& dgamma, const Tensor& dbeta) = 0;
 
+  // Batch norm in training with what follows it in a ResNet: y = ReLU(BN(x) (+ z)), z (the block's
+  // residual) may be undefined. Statistics as batchnorm_forward_training. `mask` is an i32 tensor
+  // of bn_activation_mask_words(x) words the op keeps from forward to backward: room for what a
+  // fused backward needs beyond y (cuDNN's reserve space, the ReLU's bit mask); the defaults do
+  // not use it. prepare returns the workspace bytes backward needs.
+  // Backward: g = dy * (y > 0); dz (+)= g where dz is defined; dx (+)= BN's input gradient of g;
+  // dgamma, dbeta written. `residual`: forward had a z (dz may still be undefined, where z needs no
+  // gradient). The defaults run the separate kernels (batch norm, add, ReLU in place on y;
+  // relu_backward into dz or the workspace, then batchnorm_backward); a backend may fuse.
+  virtual std::int64_t batchnorm_activation_prepare(const Tensor& x, const Tensor& z, const Tensor& mask);
+  virtual void batchnorm_activation_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& z,
+                                                     const Tensor& gamma, const Tensor& beta,
+                                                     const Tensor& running_mean, const Tensor& running_var,
+                                                     const Tensor& y, const Tensor& saved_mean,
+                                                     const Tensor& saved_invstd, const Tensor& mask);
+  virtual void batchnorm_activation_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& y,
+                                             const Tensor& dy, const Tensor& gamma, const Tensor& beta,
+                                             const Tensor& saved_mean, const Tensor& saved_invstd,
+                                             const Tensor& mask, bool residual, const Tensor& dx,
+                                             bool dx_accumulate, const Tensor& dz, bool dz_accumulate,
+                                             const Tensor& dgamma, const Tensor& dbeta, Workspace ws);
+
   // Elementwise ops take operands of one shape and layout. ReLU's backward reads its output
   // (y > 0), so the input need not be kept and an in-place ReLU stays possible.
   virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
@@ -264,6 +286,11 @@ class Kernels {
   // fp32 convolutions and matmuls may use TF32 tensor cores (Precision::tf32); off by default.
   virtual void set_tf32(bool allowed) = 0;
 };
+
+// The i32 words of a batch norm + activation's mask (Kernels::batchnorm_activation_*) for an
+// input of `x_shape`: one bit per element (the ReLU's mask) and 4 KiB to spare for a backend's
+// padding. A backend that needs more runs the unfused kernels.
+inline std::int64_t bn_activation_mask_words(const Shape& x_shape) { return (x_shape.numel() + 31) / 32 + 1024; }
 
 // Throws Error unless [offset, offset + bytes) lies within the contiguous tensor `t`; what
 // upload_bytes and download_bytes check before copying (`what` names the call).

@@ -55,6 +55,32 @@ class BatchNorm2d final : public Op {
   BatchNormDesc d_;
 };
 
+// Batch norm, the residual add that ends a ResNet block (optional) and the ReLU as one op (kind
+// "bn_act"): y = ReLU(BN(x) (+ z)). Parameters and statistics are BatchNorm2d's, under the same
+// names, so values move between fused and unfused graphs by name. Training runs
+// Kernels::batchnorm_activation_* (cuDNN's fused NHWC kernels where it takes them); inference runs
+// the batch norm with running statistics, then add and ReLU in place. Backward reads x and y (its
+// ReLU mask) and keeps the kernels' mask (saved).
+class BatchNormActivation final : public Op {
+ public:
+  BatchNormActivation(std::string name, const BatchNormDesc& d = {}) : Op(std::move(name)), d_(d) {}
+  std::string_view kind() const override { return "bn_act"; }
+  std::vector<ParamSpec> parameters() const override;  // weight, bias, running_mean, running_var
+  std::vector<Tensor> saved() const override;           // batch mean, 1/sqrt(var + eps), the i32 mask
+  bool backward_reads_input(int i) const override { return i == 0; }
+  bool backward_reads_output(int i) const override { return i == 0; }
+  std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  bool residual() const { return in_.size() > 1; }
+  BatchNormDesc d_;
+};
+
 class Relu final : public Op {
  public:
   using Op::Op;
@@ -278,6 +304,9 @@ class RateDistortionLoss final : public Op {
 Value conv2d(GraphBuilder& b, const std::string& name, Value x, const Conv2dAttrs& a);
 Value batchnorm2d(GraphBuilder& b, const std::string& name, Value x, const BatchNormDesc& d = {});
 Value relu(GraphBuilder& b, const std::string& name, Value x);
+// y = ReLU(BN(x) (+ residual)); residual may be undefined.
+Value batchnorm_activation(GraphBuilder& b, const std::string& name, Value x, Value residual,
+                           const BatchNormDesc& d = {});
 Value add(GraphBuilder& b, const std::string& name, Value x, Value y);
 // residual may be undefined (id -1): then y = act(x + bias).
 Value bias_activation(GraphBuilder& b, const std::string& name, Value x, Value residual, bool relu);

@@ -130,6 +130,74 @@ std::int64_t BatchNorm2d::bytes(Pass p) const {
   return 2 * n * e + (training_ ? 8 : 4) * c * ec;
 }
 
+// ---- bn_act
+
+std::vector<Tensor> BatchNormActivation::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1 || in.size() == 2, "takes x and an optional residual, got " + std::to_string(in.size()) +
+                                                " inputs");
+  require(in[0].shape.rank() == 4, "input must be [N, C, H, W], got " + in[0].shape.to_string());
+  require_float(in[0]);
+  require(d_.epsilon > 0, "epsilon must be > 0");
+  if (in.size() == 2) {
+    require(in[1].shape == in[0].shape,
+            "residual shape " + in[1].shape.to_string() + " differs from the input's " + in[0].shape.to_string());
+    require(in[1].dtype == in[0].dtype, "residual dtype differs from the input's");
+  }
+  return {Tensor::describe(in[0].dtype, in[0].shape)};
+}
+
+std::vector<ParamSpec> BatchNormActivation::parameters() const {
+  BatchNorm2d bn(name(), d_);  // the same parameters, so values move by name
+  if (!in_.empty()) bn.infer({in_[0]});
+  return bn.parameters();
+}
+
+std::vector<Tensor> BatchNormActivation::saved() const {
+  const Tensor c = Tensor::describe(wide_dtype(in_[0].dtype), Shape{in_[0].shape[1]});
+  return {c, c, Tensor::describe(DType::i32, Shape{bn_activation_mask_words(in_[0].shape)})};
+}
+
+std::int64_t BatchNormActivation::prepare(Kernels& k, const OpTensors& d) {
+  Op::prepare(k, d);
+  return training_ ? k.batchnorm_activation_prepare(d.in[0], residual() ? d.in[1] : Tensor{}, d.saved[2]) : 0;
+}
+
+void BatchNormActivation::forward(Kernels& k, const OpTensors& t) {
+  const auto& p = t.params;
+  const Tensor z = residual() ? t.in[1] : Tensor{};
+  if (t.training) {
+    k.batchnorm_activation_forward_training(d_, t.in[0], z, p[0], p[1], p[2], p[3], t.out[0], t.saved[0],
+                                            t.saved[1], t.saved[2]);
+    return;
+  }
+  k.batchnorm_forward_inference(d_, t.in[0], p[0], p[1], p[2], p[3], t.out[0]);
+  if (z.defined()) k.add_forward(t.out[0], z, t.out[0]);
+  k.relu_forward(t.out[0], t.out[0]);
+}
+
+void BatchNormActivation::backward(Kernels& k, const OpTensors& t) {
+  const bool z = residual();
+  k.batchnorm_activation_backward(d_, t.in[0], t.out[0], t.dout[0], t.params[0], t.params[1], t.saved[0],
+                                  t.saved[1], t.saved[2], z, t.din[0], t.din_accumulate[0], z ? t.din[1] : Tensor{},
+                                  z && t.din_accumulate[1], t.dparams[0], t.dparams[1], t.workspace);
+}
+
+std::int64_t BatchNormActivation::flops(Pass p) const {
+  // Batch norm's (BatchNorm2d::flops), plus per element the residual add and the ReLU's compare.
+  const std::int64_t n = in_[0].numel(), extra = (residual() ? 1 : 0) + 1;
+  if (p == Pass::backward) return (9 + 1) * n;
+  return ((training_ ? 6 : 2) + extra) * n;
+}
+
+std::int64_t BatchNormActivation::bytes(Pass p) const {
+  const std::int64_t n = in_[0].numel(), c = in_[0].shape[1];
+  const std::int64_t e = element_bytes(), ec = bytes_of(wide_dtype(in_[0].dtype));
+  const std::int64_t z = residual() ? n : 0;
+  // Backward reads x, y and dy and writes dx (and dz); forward reads x (and z) and writes y.
+  if (p == Pass::backward) return (3 * n + (input_needs_grad(0) ? n : 0) + z) * e + 5 * c * ec;
+  return (2 * n + z) * e + (training_ ? 8 : 4) * c * ec;
+}
+
 // ---- bias_act
 
 std::vector<Tensor> BiasActivation::do_infer(const std::vector<Tensor>& in) {

@@ -160,6 +160,10 @@ Value batchnorm2d(GraphBuilder& b, const std::string& name, Value x, const Batch
   return b.add1(std::make_unique<BatchNorm2d>(name, d), {x});
 }
 Value relu(GraphBuilder& b, const std::string& name, Value x) { return b.add1(std::make_unique<Relu>(name), {x}); }
+Value batchnorm_activation(GraphBuilder& b, const std::string& name, Value x, Value residual, const BatchNormDesc& d) {
+  auto op = std::make_unique<BatchNormActivation>(name, d);
+  return residual.id < 0 ? b.add1(std::move(op), {x}) : b.add1(std::move(op), {x, residual});
+}
 Value add(GraphBuilder& b, const std::string& name, Value x, Value y) {
   return b.add1(std::make_unique<Add>(name), {x, y});
 }

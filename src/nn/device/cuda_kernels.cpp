@@ -475,16 +475,22 @@ std::unique_ptr<Kernels> make_cuda_kernels(backend::Backend& backend) {
   return std::make_unique<cuda::CudaKernels>(backend);
 }
 
-const CudaKernelStats& cuda_kernel_stats(const Kernels& k) {
+namespace {
+
+const cuda::CudaKernels& as_cuda(const Kernels& k, const char* caller) {
   const auto* c = dynamic_cast<const cuda::CudaKernels*>(&k);
-  if (c == nullptr) throw Error("cuda_kernel_stats: kernels '" + std::string(k.name()) + "' are not the CUDA kernels");
-  return c->stats();
+  if (c == nullptr) throw Error(std::string(caller) + ": kernels '" + std::string(k.name()) + "' are not the CUDA kernels");
+  return *c;
 }
 
-std::vector<std::string> cuda_conv_choices(const Kernels& k) {
-  const auto* c = dynamic_cast<const cuda::CudaKernels*>(&k);
-  if (c == nullptr) throw Error("cuda_conv_choices: kernels '" + std::string(k.name()) + "' are not the CUDA kernels");
-  return c->conv_choices();
+}  // namespace
+
+const CudaKernelStats& cuda_kernel_stats(const Kernels& k) { return as_cuda(k, "cuda_kernel_stats").stats(); }
+
+std::vector<std::string> cuda_conv_choices(const Kernels& k) { return as_cuda(k, "cuda_conv_choices").conv_choices(); }
+
+std::vector<std::string> cuda_bn_fusion_notes(const Kernels& k) {
+  return as_cuda(k, "cuda_bn_fusion_notes").bn_fusion_notes();
 }
 
 }  // namespace ab::nn

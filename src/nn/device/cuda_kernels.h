@@ -46,4 +46,9 @@ const CudaKernelStats& cuda_kernel_stats(const Kernels& k);
 // why a layer is slow. Throws Error when `k` is not the CUDA kernels.
 std::vector<std::string> cuda_conv_choices(const Kernels& k);
 
+// Per batch-norm shape met in training with its ReLU (bn_act ops), whether cuDNN's fused NHWC
+// kernels run it and why not where they do not, one sorted line each. Throws Error when `k` is
+// not the CUDA kernels.
+std::vector<std::string> cuda_bn_fusion_notes(const Kernels& k);
+
 }  // namespace ab::nn

@@ -55,12 +55,23 @@ struct ConvPlan {
   std::string label;
 };
 
+// cuDNN's fused batch norm + (add +) ReLU for NHWC 16-bit training (the *Ex API with bnOps
+// BN_ACTIVATION or BN_ADD_ACTIVATION, persistent mode): usable where cuDNN sized it and its reserve
+// space fits the op's mask (nn::bn_activation_mask_words); `note` says which, or why not.
+struct BnFusion {
+  bool queried = false, usable = false;
+  std::int64_t fwd_workspace_bytes = 0, bwd_workspace_bytes = 0, reserve_bytes = 0;
+  std::string note;
+};
+
 struct BnPlan {
   TensorDescPtr x;      // x, y, dy and dx share one shape and strides
   TensorDescPtr param;  // [1, C, 1, 1] in float (double for f64 activations)
   cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;  // of the *Ex path; the plain API runs spatial
   bool use_ex = false;  // the *Ex API with a workspace from bn_workspace_
   std::int64_t fwd_workspace_bytes = 0, bwd_workspace_bytes = 0;
+  ActivationDescPtr relu;           // for the fused variants
+  std::array<BnFusion, 2> fusion;   // index: with a residual
   std::string label;
 };
 
@@ -136,6 +147,19 @@ class CudaKernels final : public Kernels {
                           const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& dx, bool accumulate,
                           const Tensor& dgamma, const Tensor& dbeta) override;
 
+  std::int64_t batchnorm_activation_prepare(const Tensor& x, const Tensor& z, const Tensor& mask) override;
+  void batchnorm_activation_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& z,
+                                             const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                                             const Tensor& running_var, const Tensor& y, const Tensor& saved_mean,
+                                             const Tensor& saved_invstd, const Tensor& mask) override;
+  void batchnorm_activation_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
+                                     const Tensor& gamma, const Tensor& beta, const Tensor& saved_mean,
+                                     const Tensor& saved_invstd, const Tensor& mask, bool residual, const Tensor& dx,
+                                     bool dx_accumulate, const Tensor& dz, bool dz_accumulate, const Tensor& dgamma,
+                                     const Tensor& dbeta, Workspace ws) override;
+  // What the fused batch norm + ReLU path decided per shape (for tests and reports).
+  std::vector<std::string> bn_fusion_notes() const;
+
   void relu_forward(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) override;
   void add_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
@@ -208,6 +232,9 @@ class CudaKernels final : public Kernels {
   std::int64_t bn_ex_workspace_bytes(const Tensor& x);
   std::int64_t bn_scratch_bytes(const Tensor& x) const;  // the project's batch-norm kernels' scratch
   void* bn_scratch(const Tensor& x, const char* kernel);
+  // The fused batch norm + ReLU entry for x (with a residual or not), queried once; null where x
+  // is not NHWC 16-bit or cuDNN cannot run it with a reserve space of mask_bytes.
+  BnFusion* bn_fusion(const Tensor& x, bool residual, std::int64_t mask_bytes);
   PoolPlan& pool_plan(const Pool2dDesc& d, const Tensor& x, const Tensor& y);
   // cuda_linear.cpp
   LtPlan& lt_plan(const GemmShape& g);

@@ -232,6 +232,145 @@ void CudaKernels::batchnorm_backward(const BatchNormDesc& d, const Tensor& x, co
            p.label + ", backward");
 }
 
+// ---- batch norm + (residual add +) ReLU, fused by cuDNN where it can
+
+BnFusion* CudaKernels::bn_fusion(const Tensor& x, bool residual, std::int64_t mask_bytes) {
+  if (x.shape.rank() != 4 || (x.dtype != DType::f16 && x.dtype != DType::bf16) || !is_nhwc(x)) return nullptr;
+  BnPlan& p = bn_plan(x);
+  BnFusion& f = p.fusion[residual ? 1 : 0];
+  if (!f.queried) {
+    f.queried = true;
+    const cudnnHandle_t h = cudnn_.get();
+    if (!p.relu) {
+      cudnnActivationDescriptor_t ad = nullptr;
+      AB_CUDNN(cudnnCreateActivationDescriptor(&ad), p.label);
+      p.relu.reset(ad);
+      AB_CUDNN(cudnnSetActivationDescriptor(ad, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), p.label);
+    }
+    const cudnnBatchNormOps_t ops = residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    const cudnnTensorDescriptor_t xd = p.x.get(), zd = residual ? xd : nullptr;
+    std::size_t fwd = 0, bwd = 0, reserve = 0;
+    const cudnnStatus_t sf = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+        h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, xd, zd, xd, p.param.get(), p.relu.get(), &fwd);
+    const cudnnStatus_t sb = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+        h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, xd, xd, xd, zd, xd, p.param.get(), p.relu.get(), &bwd);
+    const cudnnStatus_t sr = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+        h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, p.relu.get(), xd, &reserve);
+    f.fwd_workspace_bytes = static_cast<std::int64_t>(fwd);
+    f.bwd_workspace_bytes = static_cast<std::int64_t>(bwd);
+    f.reserve_bytes = static_cast<std::int64_t>(reserve);
+    const std::string what = p.label + (residual ? ", + residual + ReLU" : ", + ReLU");
+    if (sf != CUDNN_STATUS_SUCCESS || sb != CUDNN_STATUS_SUCCESS || sr != CUDNN_STATUS_SUCCESS) {
+      f.note = what + ": unfused (cuDNN refuses the fused kernels: " + cudnnGetErrorString(sf) + " / " +
+               cudnnGetErrorString(sb) + " / " + cudnnGetErrorString(sr) + ")";
+    } else if (f.reserve_bytes > mask_bytes) {
+      f.note = what + ": unfused (cuDNN's reserve space " + std::to_string(f.reserve_bytes) + " B exceeds the mask's " +
+               std::to_string(mask_bytes) + " B)";
+    } else {
+      f.usable = true;
+      f.note = what + ": fused (workspace " + std::to_string(std::max(fwd, bwd)) + " B, reserve " +
+               std::to_string(reserve) + " B)";
+    }
+  }
+  return f.usable ? &f : nullptr;
+}
+
+std::vector<std::string> CudaKernels::bn_fusion_notes() const {
+  std::vector<std::string> lines;
+  for (const auto& [key, plan] : bn_plans_)
+    for (const BnFusion& f : plan->fusion)
+      if (f.queried) lines.push_back(f.note);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+std::int64_t CudaKernels::batchnorm_activation_prepare(const Tensor& x, const Tensor& z, const Tensor& mask) {
+  const std::int64_t unfused_bytes = Kernels::batchnorm_activation_prepare(x, z, mask);
+  if (const BnFusion* f = bn_fusion(x, z.shape.rank() != 0, mask.size_bytes())) {
+    // Sized here, at bind: a capture may not allocate.
+    const std::int64_t need = std::max(f->fwd_workspace_bytes, f->bwd_workspace_bytes);
+    if (need > bn_workspace_.bytes()) bn_workspace_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm workspace");
+  }
+  return unfused_bytes;
+}
+
+void CudaKernels::batchnorm_activation_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& z,
+                                                        const Tensor& gamma, const Tensor& beta,
+                                                        const Tensor& running_mean, const Tensor& running_var,
+                                                        const Tensor& y, const Tensor& saved_mean,
+                                                        const Tensor& saved_invstd, const Tensor& mask) {
+  const char* k = "batchnorm_activation_forward_training";
+  BnFusion* f = bn_fusion(x, z.defined(), mask.size_bytes());
+  if (f != nullptr && f->fwd_workspace_bytes > bn_workspace_.bytes()) {
+    // Not prepared (a direct call): unfused from now on, so that no backward reads a mask this
+    // forward did not write.
+    f->usable = false;
+    f->note += "; called without batchnorm_activation_prepare, unfused";
+    f = nullptr;
+  }
+  if (f != nullptr) {
+    require_like(k, x, y, "y");
+    if (z.defined()) require_like(k, x, z, "z");
+    for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
+                                  Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"},
+                                  Named{&saved_invstd, "saved_invstd"}})
+      require_channel_vector(k, x, *t, what);
+    const BnPlan& p = bn_plan(x);
+    const float one = 1.0f, zero = 0.0f;
+    const cudnnStatus_t st = cudnnBatchNormalizationForwardTrainingEx(
+        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+        z.defined() ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &zero, p.x.get(),
+        x.data, z.defined() ? p.x.get() : nullptr, z.defined() ? z.data : nullptr, p.x.get(), y.data, p.param.get(),
+        gamma.data, beta.data, d.momentum, running_mean.data, running_var.data, bn_epsilon(d), saved_mean.data,
+        saved_invstd.data, p.relu.get(), bn_workspace_.get(), static_cast<std::size_t>(f->fwd_workspace_bytes),
+        mask.data, static_cast<std::size_t>(f->reserve_bytes));
+    if (st == CUDNN_STATUS_SUCCESS) return;
+    if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationForwardTrainingEx (fused)", p.label);
+    // Refused before launching anything: the separate kernels from now on, backward too.
+    f->usable = false;
+    f->note += "; refused at its first call (NOT_SUPPORTED), unfused";
+  }
+  Kernels::batchnorm_activation_forward_training(d, x, z, gamma, beta, running_mean, running_var, y, saved_mean,
+                                                 saved_invstd, mask);
+}
+
+void CudaKernels::batchnorm_activation_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& y,
+                                                const Tensor& dy, const Tensor& gamma, const Tensor& beta,
+                                                const Tensor& saved_mean, const Tensor& saved_invstd,
+                                                const Tensor& mask, bool residual, const Tensor& dx,
+                                                bool dx_accumulate, const Tensor& dz, bool dz_accumulate,
+                                                const Tensor& dgamma, const Tensor& dbeta, Workspace ws) {
+  // cuDNN's fused backward overwrites dx, dz (with a residual), dgamma and dbeta: anything else (an
+  // accumulating gradient, a residual without one) runs the separate kernels, which read y only.
+  BnFusion* f = bn_fusion(x, residual, mask.size_bytes());
+  const bool fits = dx.defined() && !dx_accumulate && dgamma.defined() && dbeta.defined() &&
+                    (!residual || (dz.defined() && !dz_accumulate));
+  if (f != nullptr && fits && f->bwd_workspace_bytes <= bn_workspace_.bytes()) {
+    const char* k = "batchnorm_activation_backward";
+    for (const auto& [t, what] : {Named{&y, "y"}, Named{&dy, "dy"}, Named{&dx, "dx"}}) require_like(k, x, *t, what);
+    if (residual) require_like(k, x, dz, "dz");
+    for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&saved_mean, "saved_mean"},
+                                  Named{&saved_invstd, "saved_invstd"}, Named{&dgamma, "dgamma"},
+                                  Named{&dbeta, "dbeta"}})
+      require_channel_vector(k, x, *t, what);
+    const BnPlan& p = bn_plan(x);
+    const float one = 1.0f, zero = 0.0f;
+    const cudnnStatus_t st = cudnnBatchNormalizationBackwardEx(
+        cudnn_.get(), CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+        residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &zero, &one, &zero,
+        p.x.get(), x.data, p.x.get(), y.data, p.x.get(), dy.data, residual ? p.x.get() : nullptr,
+        residual ? dz.data : nullptr, p.x.get(), dx.data, p.param.get(), gamma.data, beta.data, dgamma.data,
+        dbeta.data, bn_epsilon(d), saved_mean.data, saved_invstd.data, p.relu.get(), bn_workspace_.get(),
+        static_cast<std::size_t>(f->bwd_workspace_bytes), mask.data, static_cast<std::size_t>(f->reserve_bytes));
+    if (st == CUDNN_STATUS_SUCCESS) return;
+    if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationBackwardEx (fused)", p.label);
+    f->usable = false;
+    f->note += "; backward refused at its first call (NOT_SUPPORTED), unfused";
+  }
+  Kernels::batchnorm_activation_backward(d, x, y, dy, gamma, beta, saved_mean, saved_invstd, mask, residual, dx,
+                                         dx_accumulate, dz, dz_accumulate, dgamma, dbeta, ws);
+}
+
 // ---- max pooling
 
 PoolPlan& CudaKernels::pool_plan(const Pool2dDesc& d, const Tensor& x, const Tensor& y) {

@@ -81,6 +81,9 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (s.fold_batchnorm && (s.training || is_compression_model(s.model)))
     throw UsageError("folding batch norms applies to inference of the ResNet classifiers, not " +
                      std::string(s.training ? "training" : "'" + s.model + "' (no batch norm)"));
+  if (s.fuse_batchnorm_relu && is_compression_model(s.model))
+    throw UsageError("fusing batch norm and ReLU applies to the ResNet classifiers, not '" + s.model +
+                     "' (no batch norm)");
   if (is_compression_model(s.model)) {
     const ab::models::CompressionConfig c = compression_config(s.model);
     const ab::models::CompressionModel ae = ab::models::build_compression_ae(b, c, s.batch, s.image_px);
@@ -95,6 +98,7 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
   ab::models::ResNetConfig c = model_config(s.model);
   c.fold_batchnorm = s.fold_batchnorm;
   c.fuse_conv_epilogue = s.fold_batchnorm && s.fuse_conv_epilogue;
+  c.fuse_batchnorm_relu = !s.fold_batchnorm && s.fuse_batchnorm_relu;
   m.in_channels = c.in_channels;
   m.classes = c.num_classes;
   if (s.training) {

@@ -76,6 +76,8 @@ struct ModelSpec {
   bool fold_batchnorm = false;
   // With fold_batchnorm: the epilogue inside each convolution (ResNetConfig::fuse_conv_epilogue).
   bool fuse_conv_epilogue = false;
+  // Unfolded ResNets: batch norm (+ residual) + ReLU as one op (ResNetConfig::fuse_batchnorm_relu).
+  bool fuse_batchnorm_relu = false;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
 
