@@ -208,6 +208,8 @@ def main():
                          f"{ENERGY_WINDOW_S:.0f} s of the latency loop; accelbench: its record, timed for as long)")
     ap.add_argument("--infer-axes", default="",
                     help="extra accelbench infer axes of one value each, space-separated, e.g. 'fold=on'")
+    ap.add_argument("--train-axes", default="",
+                    help="extra accelbench train axes of one value each, space-separated, e.g. 'fuse=on'")
     ap.add_argument("--torch-compile", action="store_true",
                     help="PyTorch trains torch.compile(model) (default mode; compiled in the warm-up), not eager")
     ap.add_argument("--torch-once", action="store_true",
@@ -222,16 +224,20 @@ def main():
     infer_batches = ([int(b) for b in args.infer_batches.split(",") if b] if args.infer_batches else
                      [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= args.max_infer_batch])
     energy_batches = [int(b) for b in args.energy_batches.split(",") if b]
-    if any("," in axis or ":" in axis for axis in args.infer_axes.split()):
-        raise SystemExit("--infer-axes takes one value per axis (records are matched by precision and batch)")
-    extra_axes = [a for axis in args.infer_axes.split() for a in ("--axis", axis)]
+    def one_value_axes(option, text):
+        if any("," in axis or ":" in axis for axis in text.split()):
+            raise SystemExit(f"{option} takes one value per axis (records are matched by precision and batch)")
+        return [a for axis in text.split() for a in ("--axis", axis)]
+    extra_axes = one_value_axes("--infer-axes", args.infer_axes)
+    train_axes = one_value_axes("--train-axes", args.train_axes)
     if not set(energy_batches) <= set(infer_batches):
         raise SystemExit(f"--energy-batches {energy_batches} must be among the inference batches {infer_batches}")
     energy = GpuEnergy(0) if energy_batches else None
     _, net = build_model(MODEL)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "torch_model": net, "image_size": px,
-              "torch_training": "torch.compile" if TORCH_COMPILE else "eager"}
+              "torch_training": "torch.compile" if TORCH_COMPILE else "eager",
+              "accelbench_train_axes": args.train_axes, "accelbench_infer_axes": args.infer_axes}
     torch.backends.cudnn.benchmark = True
 
     print(f"{MODEL} at {px}x{px}, NHWC, on {report['device']}; PyTorch {report['torch']} ({net}); "
@@ -272,7 +278,7 @@ def main():
     ours_train, ours_infer = {}, {}
     train_runs = [["train", "--axis", f"model={MODEL}", "--axis", f"batch={tb}",
                    "--axis", f"precision={','.join(TRAIN_PRECISIONS)}", "--axis", "layout=nhwc",
-                   "--axis", f"image_size={px}", "--axis", "graph=on"]] if TRAIN_PRECISIONS else []
+                   "--axis", f"image_size={px}", "--axis", "graph=on", *train_axes]] if TRAIN_PRECISIONS else []
     for rec in (r for run in train_runs for r in accelbench(args.accelbench, run, ab_dir, on_record=print_ours)):
         if rec["status"] != "ok":
             raise SystemExit(f"accelbench train point not ok: {rec.get('status')}: {rec.get('reason')}")

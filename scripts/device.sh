@@ -4,9 +4,11 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|multi|engine|resnext|ddp] (default all)
+#   usage: scripts/device.sh [test|bench|all|multi|engine|train|resnext|ddp][,more modes] (default all)
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
-# bench/compare_resnet.py (ResNet-50 training and inference beside PyTorch, ~3 min).
+# ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
+# train: ResNet-50 bf16 training beside PyTorch torch.compile (compare_resnet.py, fuse=$FUSE,
+# default on; ~4 min).
 # resnext: the folded paths' GPU tests, infer fold=off/on/fused side by side, then ResNeXt-101 32x4d
 # fp16 inference beside PyTorch + CUDA graphs at the batch-size study's batches (fold=$FOLD, default
 # fused), samples/J at batch 10, and 32x8d at batch 1 (issue 5's targets, ~6 min).
@@ -24,6 +26,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
+# Several modes in one call, comma-separated (e.g. engine,train): one build, one machine start.
+want() { [[ ",$what," == *",$1,"* ]]; }
 out=${OUT:-$PWD/device-out}
 logs=$(mktemp -d)/logs
 mkdir -p "$out" "$logs"
@@ -39,7 +43,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if [[ $what == multi || $what == ddp ]] && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want ddp; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -54,7 +58,7 @@ if [[ $what == multi || $what == ddp ]] && ! command -v mpirun >/dev/null 2>&1; 
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-[[ $what == multi || $what == ddp ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want ddp; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -65,11 +69,11 @@ fi
 echo "build ok"
 ab=./build/cuda/src/cli/accelbench
 
-if [[ $what == test || $what == all ]]; then
+if want test || want all; then
   ctest --preset cuda -j 8 > "$logs/ctest.log" 2>&1
   grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Timeout" "$logs/ctest.log" | head -20
 fi
-if [[ $what == multi ]]; then
+if want multi; then
   grep -E "MPI" "$logs/build.log" | head -3
   # The rank-1 heap corruption (bench/RESULTS.md, issue 8) showed within seconds at a 2 ms period.
   for i in 1 2 3; do
@@ -91,14 +95,34 @@ if [[ $what == multi ]]; then
     --out "$logs/mpi" > "$logs/collectives-mpi.txt" 2>&1; echo "collectives under mpirun: exit $?"
   tail -n 8 "$logs/collectives-mpi.txt"
 fi
-if [[ $what == engine ]]; then
+if want engine; then
   ctest --preset cuda -j 6 -R 'nn_cuda|workloads_models|nn_test|models_test' --output-on-failure \
     > "$logs/ctest-engine.log" 2>&1
   grep -E "tests passed|tests failed|\(Failed\)|SEGFAULT|Timeout" "$logs/ctest-engine.log" | head -20
-  # No tail: each figure is printed as measured, and a tail would hold them all back until the end.
-  python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet" 2>&1 | tee "$logs/compare_resnet.txt"
+  # Which batch-norm shapes cuDNN's fused BN + ReLU kernels took (train fuse=on).
+  ./build/cuda/tests/nn_cuda_test --gtest_filter='*FusedBatchNormRelu*' 2>&1 | grep -E "fused|unfused|OK \]|FAILED"
+  # ResNet-50 training with fuse off and on, accelbench alone (one step per sample, 3-step trajectory).
+  $ab run train --axis model=resnet50 --axis batch=256 --axis precision=bf16,fp16 --axis layout=nhwc \
+    --axis fuse=off,on --axis trajectory_steps=3 --out "$logs/fuse" > "$logs/fuse.txt" 2>&1; echo "fuse sweep: exit $?"
+  python3 - "$logs/fuse" <<'PY'
+import glob, json, sys
+for f in glob.glob(sys.argv[1] + "/runs/*/points.jsonl"):
+    for line in open(f):
+        r = json.loads(line)
+        p, t = r["params"], r.get("time", {})
+        print(f"train resnet50 {p['precision']} fuse={p['fuse']}: {r['status']} "
+              f"{r.get('rates', {}).get('samples_per_s', 0):.0f} img/s, {1e3 * t.get('median_s', 0):.2f} ms/step, "
+              f"ops {r.get('metrics', {}).get('model', {}).get('ops')}" + ("" if r["status"] == "ok" else f" ({r.get('reason', '')[:200]})"))
+PY
 fi
-if [[ $what == resnext ]]; then
+if want train; then
+  # ResNet-50 bf16 training beside torch.compile (issue 5's training target), fuse=$FUSE (default
+  # on). No tail: each figure is printed as measured, and a tail would hold them back until the end.
+  python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet-compile" --train-precisions bf16 \
+    --infer-precisions "" --torch-compile --torch-once --train-axes "fuse=${FUSE:-on}" 2>&1 |
+    tee "$logs/compare_resnet_compile.txt"
+fi
+if want resnext; then
   # The folded paths' GPU checks first (bias_act, the fused conv epilogue, the folded tiny ResNet),
   # with which configurations cuDNN's fused call won.
   ./build/cuda/tests/nn_cuda_test --gtest_filter='*BiasActivation*:*FoldedTinyResnet*' > "$logs/fold-tests.txt" 2>&1
@@ -125,7 +149,7 @@ PY
     --infer-precisions fp16 --infer-batches 1 --torch-once --infer-axes "fold=$fold" 2>&1 |
     tee "$logs/compare_resnext_32x8d.txt"
 fi
-if [[ $what == ddp ]]; then
+if want ddp; then
   grep -E "MPI" "$logs/build.log" | head -3
   # Each figure is printed as measured (unbuffered), so a time limit keeps what was measured.
   python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" 2>&1 | tee "$logs/compare_ddp.txt"
@@ -144,7 +168,7 @@ for f in glob.glob(sys.argv[1] + "/runs/*/points.jsonl"):
               f"{r.get('rates', {}).get('samples_per_s', 0):.0f} img/s, efficiency {m.get('scaling_efficiency')}")
 PY
 fi
-if [[ $what == bench || $what == all ]]; then
+if want bench || want all; then
   $ab sysinfo | tee "$logs/sysinfo.txt"
   ./build/cuda/src/backend/cuda/ab_timing_check 2>&1 | tee "$logs/timing-check.txt"
   python3 bench/compare_torch.py --accelbench $ab --out "$logs" 2>&1 | tee "$logs/compare.txt" | tail -n 12
