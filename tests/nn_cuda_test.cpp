@@ -494,6 +494,9 @@ TEST_F(CudaKernelsTest, ConvBiasActivationMatchesReferenceFusedOrNot) {
     }
   EXPECT_EQ(compared, 4 * 2 * 2);
   std::printf("conv_bias_act: %d of 16 configurations fused\n", fused);
+  const Kernels::FusionCounts counts = cuda_->fusion_counts();  // what records report
+  EXPECT_EQ(counts.fused, fused);
+  EXPECT_EQ(counts.fused + counts.unfused, 16);
 }
 
 // The project's NHWC kernels (f32 training): a second run gives the same bits (fixed-order

@@ -209,6 +209,8 @@ TEST(Train, FusedBatchNormReluGivesTheSameTrajectoryWithFewerOps) {
   EXPECT_EQ(trajectory(records[0]), trajectory(records[1]));
   EXPECT_EQ(records[0]["metrics"]["model"]["ops"].get<int>() - records[1]["metrics"]["model"]["ops"].get<int>(), 9);
   EXPECT_EQ(records[0]["metrics"]["model"]["parameters"], records[1]["metrics"]["model"]["parameters"]);
+  EXPECT_FALSE(records[0]["metrics"].contains("fusion"));
+  EXPECT_EQ(records[1]["metrics"]["fusion"]["fused_shapes"], 0);  // the reference fuses nothing
   const auto ae = run_points("train", {"model=tiny_compression_ae", "fuse=on", "batch=2", "image_size=16"});
   ASSERT_EQ(ae.size(), 1u);
   EXPECT_EQ(ae[0]["status"], "invalid") << ae[0].dump();
@@ -333,6 +335,9 @@ TEST(Infer, FoldedBatchNormsGiveTheReferenceLogitsWithFewerOps) {
               off["metrics"]["gflops_per_sample"]["forward"].get<double>());
     EXPECT_LT(on["counts"]["bytes"].get<double>(), off["counts"]["bytes"].get<double>());
     EXPECT_LT(fused["counts"]["bytes"].get<double>(), on["counts"]["bytes"].get<double>());
+    // Whether the device fused: the reference composes every call, so no shape counts as fused.
+    EXPECT_EQ(fused["metrics"]["fusion"], (json{{"fused_shapes", 0}, {"unfused_shapes", 0}}));
+    EXPECT_FALSE(on["metrics"].contains("fusion"));
   }
   const auto ae =
       run_points("infer", {"model=tiny_compression_ae", "fold=on,fused", "batch=1", "image_size=16"});

@@ -285,6 +285,15 @@ class Kernels {
   virtual void set_deterministic(bool on) = 0;
   // fp32 convolutions and matmuls may use TF32 tensor cores (Precision::tf32); off by default.
   virtual void set_tf32(bool allowed) = 0;
+
+  // How many distinct shapes of the fused calls above (conv2d_bias_activation_*,
+  // batchnorm_activation_*) run a backend's own fused kernels and how many run the separate
+  // ones, as decided so far: records say whether a fused graph really fused on this device.
+  // The reference (and every default) fuses nothing and counts nothing.
+  struct FusionCounts {
+    int fused = 0, unfused = 0;
+  };
+  virtual FusionCounts fusion_counts() const { return {}; }
 };
 
 // The i32 words of a batch norm + activation's mask (Kernels::batchnorm_activation_*) for an

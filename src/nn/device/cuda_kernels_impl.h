@@ -159,6 +159,7 @@ class CudaKernels final : public Kernels {
                                      const Tensor& dbeta, Workspace ws) override;
   // What the fused batch norm + ReLU path decided per shape (for tests and reports).
   std::vector<std::string> bn_fusion_notes() const;
+  FusionCounts fusion_counts() const override;
 
   void relu_forward(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) override;

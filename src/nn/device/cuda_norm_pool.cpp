@@ -284,6 +284,18 @@ std::vector<std::string> CudaKernels::bn_fusion_notes() const {
   return lines;
 }
 
+Kernels::FusionCounts CudaKernels::fusion_counts() const {
+  FusionCounts c;
+  const auto count = [&](bool decided, bool fused) {
+    if (decided) ++(fused ? c.fused : c.unfused);
+  };
+  for (const auto& [key, plan] : bn_plans_)
+    for (const BnFusion& f : plan->fusion) count(f.queried, f.usable);
+  for (const auto& [key, plan] : conv_plans_)
+    for (const ConvEpilogue& e : plan->epilogue) count(e.searched, e.fused);
+  return c;
+}
+
 std::int64_t CudaKernels::batchnorm_activation_prepare(const Tensor& x, const Tensor& z, const Tensor& mask) {
   const std::int64_t unfused_bytes = Kernels::batchnorm_activation_prepare(x, z, mask);
   if (const BnFusion* f = bn_fusion(x, z.shape.rank() != 0, mask.size_bytes())) {

@@ -85,6 +85,7 @@ class Infer final : public Workload {
       state.add_metric("psnr_db", q["psnr_db"]);
     }
     state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
+    add_fusion_metric(state, spec, *kernels);
 
     measure::Settings settings = state.settings();
     settings.target_sample_s = 0;  // one forward per sample: the samples are latencies

@@ -166,6 +166,12 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
           {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
 }
 
+void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k) {
+  if (!(s.fold_batchnorm && s.fuse_conv_epilogue) && !s.fuse_batchnorm_relu) return;
+  const nn::Kernels::FusionCounts c = k.fusion_counts();
+  state.add_metric("fusion", {{"fused_shapes", c.fused}, {"unfused_shapes", c.unfused}});
+}
+
 ModelSpec model_spec(const State& state, bool training) {
   ModelSpec spec;
   spec.model = state.get_text("model");

@@ -105,6 +105,9 @@ SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, std::int64_t 
 nlohmann::json reconstruction_quality(double mse);
 // The point's values of the axes model_axes() declares.
 ModelSpec model_spec(const State& state, bool training);
+// Records metrics.fusion = {fused_shapes, unfused_shapes} (Kernels::fusion_counts) where the spec
+// asks for a fused graph (fold=fused, fuse=on): whether it really fused on this device.
+void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k);
 
 // The network's logits for image 0 of the synthetic data in float64 on the reference kernels
 // (inference mode, the same parameter seed), cached per (model, size, layout): the oracle the

@@ -240,6 +240,7 @@ class Train final : public Workload {
       if (m.compression) mse = g->read(m.mse)[0];
       if (scaled) state.add_metric("loss_scale_after_trajectory", g->loss_scale());
       state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
+      add_fusion_metric(state, spec, *kernels);  // after steps ran: a refusal at a first call counts
     });
     // The global batch's figures: each training rank's loss (and distortion) is a mean over its
     // share of the batch, so their mean is what one GPU reports for the whole batch, and a scaling
