@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|multi|engine|train|resnext|ddp][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|multi|ddp|engine|train|resnext][,more modes] (default all)
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
 # train: ResNet-50 bf16 training beside PyTorch torch.compile (compare_resnet.py, fuse=$FUSE,
@@ -12,6 +12,8 @@
 # resnext: the folded paths' GPU tests, infer fold=off/on/fused side by side, then ResNeXt-101 32x4d
 # fp16 inference beside PyTorch + CUDA graphs at the batch-size study's batches (fold=$FOLD, default
 # fused), samples/J at batch 10, and 32x8d at batch 1 (issue 5's targets, ~6 min).
+# heap (nvidia-h200-x2): the rank-1 heap-corruption check (3 mpirun runs with 2 ms GPU telemetry)
+# and dist_test's DataParallel tests (the 2-GPU trajectory checks), ~2 min; `heap,ddp` is one call.
 # multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
 # GPU collectives/p2p tests), accelbench collectives under mpirun and in one process, p2p, sysinfo's
 # topology, and bench/compare_nccl.py against torch.distributed. Where the image has no mpirun,
@@ -43,7 +45,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want ddp; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -58,7 +60,7 @@ if { want multi || want ddp; } && ! command -v mpirun >/dev/null 2>&1; then
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want ddp; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -73,14 +75,21 @@ if want test || want all; then
   ctest --preset cuda -j 8 > "$logs/ctest.log" 2>&1
   grep -E "tests passed|tests failed|\(Failed\)|\(Skipped\)|Timeout" "$logs/ctest.log" | head -20
 fi
-if want multi; then
+if want multi || want heap; then
   grep -E "MPI" "$logs/build.log" | head -3
-  # The rank-1 heap corruption (bench/RESULTS.md, issue 8) showed within seconds at a 2 ms period.
+  # The rank-1 heap corruption (bench/RESULTS.md, issue 8) showed within seconds at a 2 ms period;
+  # since add8da5 only rank 0 samples its GPU, so these must all exit 0.
   for i in 1 2 3; do
     mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run stream --axis op=copy --min-time 0.05 \
       --telemetry-period 2 --out "$logs/heap" > "$logs/heap-$i.txt" 2>&1
     echo "mpirun stream, 2 ms telemetry, try $i: exit $?"
   done
+  if ! want multi; then  # multi runs all of dist_test below
+    ./build/cuda/tests/dist_test --gtest_filter='DataParallel*' > "$logs/dist_test_dp.log" 2>&1
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$logs/dist_test_dp.log"
+  fi
+fi
+if want multi; then
   ./build/cuda/tests/dist_test > "$logs/dist_test.log" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$logs/dist_test.log"
   $ab sysinfo | tee "$logs/sysinfo.txt"
