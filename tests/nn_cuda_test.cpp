@@ -499,6 +499,62 @@ TEST_F(CudaKernelsTest, ConvBiasActivationMatchesReferenceFusedOrNot) {
   EXPECT_EQ(counts.fused + counts.unfused, 16);
 }
 
+// Batch norm (+ residual) + ReLU in training, kernel by kernel: forward and backward on the GPU
+// (cuDNN's fused NHWC 16-bit kernels, the project's fused forward, or the separate kernels, as the
+// shape decides) against the reference from the same values, in both layouts and every float type,
+// with and without a residual, with dz overwritten and accumulated. The reference's backward reads
+// the GPU's y, so both mask the same elements.
+TEST_F(CudaKernelsTest, BatchNormActivationMatchesReferenceInEveryConfiguration) {
+  const Shape xs{4, 32, 5, 6}, cs{32};
+  int compared = 0;
+  for (Layout layout : {Layout::nhwc, Layout::nchw})
+    for (DType t : {DType::bf16, DType::f16, DType::f32})
+      for (bool residual : {false, true})
+        for (bool dz_accumulate : {false, true}) {
+          if (!residual && dz_accumulate) continue;
+          SCOPED_TRACE(std::string(to_string(layout)) + " " + std::string(to_string(t)) +
+                       (residual ? " residual" : "") + (dz_accumulate ? " dz accumulate" : ""));
+          const BatchNormDesc d{};
+          Twin x = random(t, xs, layout, -2, 2), z = random(t, xs, layout), y = random(t, xs, layout);
+          Twin gamma = random(DType::f32, cs, Layout::nchw, 0.5, 1.5), beta = random(DType::f32, cs);
+          Twin rm = random(DType::f32, cs), rv = random(DType::f32, cs, Layout::nchw, 0.5, 1.5);
+          Twin sm = random(DType::f32, cs), si = random(DType::f32, cs);
+          Buffer mask(cuda_->allocator(), bn_activation_mask_words(xs) * 4);
+          const Tensor mask_t = mask.view(Tensor::describe(DType::i32, Shape{bn_activation_mask_words(xs)},
+                                                           Layout::nchw, DeviceKind::cuda));
+          const Tensor zd = residual ? z.dev : Tensor{};
+          const std::int64_t ws_bytes = cuda_->batchnorm_activation_prepare(x.dev, zd, mask_t);
+          Buffer ws(cuda_->allocator(), ws_bytes), hws(ref_->allocator(), x.ref.size_bytes());
+          cuda_->batchnorm_activation_forward_training(d, x.dev, zd, gamma.dev, beta.dev, rm.dev, rv.dev, y.dev, sm.dev,
+                                                       si.dev, mask_t);
+          ref_->batchnorm_activation_forward_training(d, x.ref, residual ? z.ref : Tensor{}, gamma.ref, beta.ref, rm.ref,
+                                                      rv.ref, y.ref, sm.ref, si.ref, Tensor{});
+          expect_close(y, tolerance(t), "y");
+          expect_close(sm, 1e-5, "saved mean");
+          expect_close(si, 1e-4, "saved inverse std");
+          expect_close(rv, 1e-4, "running variance");
+          const auto yv = read(y.dev);
+          EXPECT_GE(*std::min_element(yv.begin(), yv.end()), 0.0);
+
+          Twin ygpu = twin(t, xs, layout, yv);  // the GPU's y on both sides
+          Twin dy = random(t, xs, layout), dx = random(t, xs, layout), dz = random(t, xs, layout);
+          Twin dgamma = random(DType::f32, cs), dbeta = random(DType::f32, cs);
+          cuda_->batchnorm_activation_backward(d, x.dev, y.dev, dy.dev, gamma.dev, beta.dev, sm.dev, si.dev, mask_t,
+                                               residual, dx.dev, false, residual ? dz.dev : Tensor{}, dz_accumulate,
+                                               dgamma.dev, dbeta.dev, {ws.data(), ws_bytes});
+          ref_->batchnorm_activation_backward(d, x.ref, ygpu.ref, dy.ref, gamma.ref, beta.ref, sm.ref, si.ref, Tensor{},
+                                              residual, dx.ref, false, residual ? dz.ref : Tensor{}, dz_accumulate,
+                                              dgamma.ref, dbeta.ref, {hws.data(), x.ref.size_bytes()});
+          expect_close(dx, 3 * tolerance(t), "dx");
+          if (residual) expect_close(dz, tolerance(t), dz_accumulate ? "dz (accumulate)" : "dz");
+          expect_close(dgamma, 3 * tolerance(t), "dgamma");
+          expect_close(dbeta, tolerance(t), "dbeta");
+          ++compared;
+        }
+  EXPECT_EQ(compared, 2 * 3 * 3);
+  for (const std::string& line : cuda_bn_fusion_notes(*cuda_)) std::printf("%s\n", line.c_str());
+}
+
 // The project's NHWC kernels (f32 training): a second run gives the same bits (fixed-order
 // reductions, no atomics), and without dx only the parameter gradients are written.
 TEST_F(CudaKernelsTest, NhwcBatchNormIsBitIdenticalRunToRunAndMayOmitDx) {

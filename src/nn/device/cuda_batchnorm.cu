@@ -257,12 +257,15 @@ __global__ void __launch_bounds__(kFinalX * kFinalY)
 }
 
 // y = (x - mean) * scale + beta; scale = gamma * invstd, with invstd given (training: the saved
-// one) or, when invstd is null, 1 / sqrt(var + epsilon) (inference). Rows are grid-strided.
+// one) or, when invstd is null, 1 / sqrt(var + epsilon) (inference). Then, for a fused batch norm
+// + ReLU, z added where not null and ReLU applied where `relu`, before the one rounding. Rows are
+// grid-strided.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    forward_apply_kernel(const T* x, T* y, int64_t rows, int64_t C, const float* __restrict__ mean,
-                         const float* __restrict__ invstd, const float* __restrict__ var, double epsilon,
-                         const float* __restrict__ gamma, const float* __restrict__ beta) {
+    forward_apply_kernel(const T* x, const T* z, T* y, bool relu, int64_t rows, int64_t C,
+                         const float* __restrict__ mean, const float* __restrict__ invstd,
+                         const float* __restrict__ var, double epsilon, const float* __restrict__ gamma,
+                         const float* __restrict__ beta) {
   using A = ApplyMath<T>;
   const int64_t c0 = (int64_t{blockIdx.y} * blockDim.x + threadIdx.x) * V;
   if (c0 >= C) return;
@@ -277,16 +280,24 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t stride = int64_t{gridDim.x} * blockDim.y;
   for (int64_t r = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; r < rows; r += kRowsPerBatch * stride) {
-    Chunk<T, V> a[kRowsPerBatch];
+    Chunk<T, V> a[kRowsPerBatch], zz[kRowsPerBatch];
 #pragma unroll
     for (int u = 0; u < kRowsPerBatch; ++u)
-      if (r + u * stride < rows) a[u] = load<V>(x, (r + u * stride) * C + c0);
+      if (r + u * stride < rows) {
+        a[u] = load<V>(x, (r + u * stride) * C + c0);
+        if (z != nullptr) zz[u] = load<V>(z, (r + u * stride) * C + c0);
+      }
 #pragma unroll
     for (int u = 0; u < kRowsPerBatch; ++u) {
       if (r + u * stride >= rows) continue;
       Chunk<T, V> o;
 #pragma unroll
-      for (int j = 0; j < V; ++j) o.v[j] = narrow<T>((static_cast<A>(widen(a[u].v[j])) - m[j]) * s[j] + b[j]);
+      for (int j = 0; j < V; ++j) {
+        A v = (static_cast<A>(widen(a[u].v[j])) - m[j]) * s[j] + b[j];
+        if (z != nullptr) v += static_cast<A>(widen(zz[u].v[j]));
+        if (relu) v = v > A(0) ? v : A(0);  // NaN -> 0, as the reference's ReLU
+        o.v[j] = narrow<T>(v);
+      }
       store<V>(y, (r + u * stride) * C + c0, o);
     }
   }
@@ -423,12 +434,12 @@ std::int64_t scratch_bytes(std::int64_t rows, std::int64_t channels) {
 void forward_training(cudaStream_t stream, DType t, const void* x, void* y, std::int64_t rows, std::int64_t channels,
                       const float* gamma, const float* beta, float* running_mean, float* running_var,
                       float* saved_mean, float* saved_invstd, double epsilon, double momentum, void* scratch,
-                      std::int64_t scratch_size) {
+                      std::int64_t scratch_size, const void* z, bool relu) {
   if (rows <= 0 || channels <= 0) return;
   require_scratch("forward_training", rows, channels, scratch_size);
   dispatch(t, "forward_training", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const Tile tile = tile_for<T>(channels, {x, y});
+    const Tile tile = tile_for<T>(channels, {x, y, z});
     const int64_t row_blocks = stats_row_blocks(rows, channels);
     const int64_t rows_per_block = ceil_div(rows, row_blocks);
     auto* partials = static_cast<double*>(scratch);
@@ -443,8 +454,8 @@ void forward_training(cudaStream_t stream, DType t, const void* x, void* y, std:
                                              running_mean, running_var, saved_mean, saved_invstd, epsilon, momentum);
       check_launch("forward finalize");
       forward_apply_kernel<T, V><<<dim3(apply_row_blocks(tile, rows), tile.channel_blocks), tile.block, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<T*>(y), rows, channels, saved_mean, saved_invstd, nullptr, 0.0,
-          gamma, beta);
+          static_cast<const T*>(x), static_cast<const T*>(z), static_cast<T*>(y), relu, rows, channels, saved_mean,
+          saved_invstd, nullptr, 0.0, gamma, beta);
       check_launch("forward apply");
     });
   });
@@ -460,8 +471,8 @@ void forward_inference(cudaStream_t stream, DType t, const void* x, void* y, std
     with_vec<T>(tile.vec, [&](auto v) {
       constexpr int V = decltype(v)::value;
       forward_apply_kernel<T, V><<<dim3(apply_row_blocks(tile, rows), tile.channel_blocks), tile.block, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<T*>(y), rows, channels, running_mean, nullptr, running_var, epsilon,
-          gamma, beta);
+          static_cast<const T*>(x), nullptr, static_cast<T*>(y), false, rows, channels, running_mean, nullptr,
+          running_var, epsilon, gamma, beta);
       check_launch("inference");
     });
   });

@@ -29,11 +29,13 @@ namespace ab::nn::cuda_batchnorm {
 std::int64_t scratch_bytes(std::int64_t rows, std::int64_t channels);
 
 // y = (x - mean) * gamma * invstd + beta with the batch's statistics; writes saved_mean,
-// saved_invstd = 1 / sqrt(var + epsilon) and updates the running statistics. y may be x.
+// saved_invstd = 1 / sqrt(var + epsilon) and updates the running statistics. y may be x. For a
+// batch norm fused with what follows it in a ResNet: z (same layout as x; null: none) is added and,
+// with `relu`, ReLU applied, in the same pass, rounding once.
 void forward_training(cudaStream_t stream, DType t, const void* x, void* y, std::int64_t rows, std::int64_t channels,
                       const float* gamma, const float* beta, float* running_mean, float* running_var,
                       float* saved_mean, float* saved_invstd, double epsilon, double momentum, void* scratch,
-                      std::int64_t scratch_bytes);
+                      std::int64_t scratch_bytes, const void* z = nullptr, bool relu = false);
 
 // y = (x - running_mean) * gamma / sqrt(running_var + epsilon) + beta. One elementwise pass.
 void forward_inference(cudaStream_t stream, DType t, const void* x, void* y, std::int64_t rows,

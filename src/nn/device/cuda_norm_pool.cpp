@@ -262,10 +262,11 @@ BnFusion* CudaKernels::bn_fusion(const Tensor& x, bool residual, std::int64_t ma
     const std::string what = p.label + (residual ? ", + residual + ReLU" : ", + ReLU");
     if (sf != CUDNN_STATUS_SUCCESS || sb != CUDNN_STATUS_SUCCESS || sr != CUDNN_STATUS_SUCCESS) {
       f.note = what + ": unfused (cuDNN refuses the fused kernels: " + cudnnGetErrorString(sf) + " / " +
-               cudnnGetErrorString(sb) + " / " + cudnnGetErrorString(sr) + ")";
+               cudnnGetErrorString(sb) + " / " + cudnnGetErrorString(sr) + "; forward: the project's batch norm " +
+               "with add + ReLU, backward: separate kernels)";
     } else if (f.reserve_bytes > mask_bytes) {
       f.note = what + ": unfused (cuDNN's reserve space " + std::to_string(f.reserve_bytes) + " B exceeds the mask's " +
-               std::to_string(mask_bytes) + " B)";
+               std::to_string(mask_bytes) + " B; forward: the project's batch norm with add + ReLU)";
     } else {
       f.usable = true;
       f.note = what + ": fused (workspace " + std::to_string(std::max(fwd, bwd)) + " B, reserve " +
@@ -296,12 +297,27 @@ Kernels::FusionCounts CudaKernels::fusion_counts() const {
   return c;
 }
 
+namespace {
+
+// Where cuDNN's fused kernels do not run, an NHWC batch norm + ReLU forward still runs as one op:
+// the project's batch norm with the residual add and ReLU in its normalising pass
+// (cuda_batchnorm::forward_training with z and relu). Its backward is the separate kernels'.
+bool own_fused_forward(const Tensor& x) {
+  return rows_by_channel(x) && (x.dtype == DType::f32 || x.dtype == DType::f16 || x.dtype == DType::bf16);
+}
+
+}  // namespace
+
 std::int64_t CudaKernels::batchnorm_activation_prepare(const Tensor& x, const Tensor& z, const Tensor& mask) {
   const std::int64_t unfused_bytes = Kernels::batchnorm_activation_prepare(x, z, mask);
+  // Sized here, at bind: a capture may not allocate.
   if (const BnFusion* f = bn_fusion(x, z.shape.rank() != 0, mask.size_bytes())) {
-    // Sized here, at bind: a capture may not allocate.
     const std::int64_t need = std::max(f->fwd_workspace_bytes, f->bwd_workspace_bytes);
     if (need > bn_workspace_.bytes()) bn_workspace_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm workspace");
+  }
+  if (own_fused_forward(x)) {  // also the fallback where cuDNN refuses its fused call at the first one
+    const std::int64_t need = cuda_batchnorm::scratch_bytes(bn_rows(x), x.shape[1]);
+    if (need > bn_scratch_.bytes()) bn_scratch_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm scratch");
   }
   return unfused_bytes;
 }
@@ -341,6 +357,20 @@ void CudaKernels::batchnorm_activation_forward_training(const BatchNormDesc& d, 
     // Refused before launching anything: the separate kernels from now on, backward too.
     f->usable = false;
     f->note += "; refused at its first call (NOT_SUPPORTED), unfused";
+  }
+  const std::int64_t scratch = own_fused_forward(x) ? cuda_batchnorm::scratch_bytes(bn_rows(x), x.shape[1]) : 0;
+  if (own_fused_forward(x) && scratch <= bn_scratch_.bytes()) {
+    require_like(k, x, y, "y");
+    if (z.defined()) require_like(k, x, z, "z");
+    for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
+                                  Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"},
+                                  Named{&saved_invstd, "saved_invstd"}})
+      require_channel_vector(k, x, *t, what);
+    cuda_batchnorm::forward_training(stream_, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma), f32(beta),
+                                     f32_out(running_mean), f32_out(running_var), f32_out(saved_mean),
+                                     f32_out(saved_invstd), d.epsilon, d.momentum, bn_scratch_.get(),
+                                     bn_scratch_.bytes(), z.defined() ? z.data : nullptr, true);
+    return;
   }
   Kernels::batchnorm_activation_forward_training(d, x, z, gamma, beta, running_mean, running_var, y, saved_mean,
                                                  saved_invstd, mask);
