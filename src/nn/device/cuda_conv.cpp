@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/device/cuda_conv_search.h"
 #include "nn/device/cuda_kernels_impl.h"
 #include "nn/device/cuda_pointwise.h"
 
@@ -34,12 +35,6 @@ std::string conv_label(const Conv2dDesc& d, const Tensor& x, const Tensor& w, co
          std::to_string(d.stride_h) + "x" + std::to_string(d.stride_w) + ", pad " + std::to_string(d.pad_h) + "x" +
          std::to_string(d.pad_w) + ", dilation " + std::to_string(d.dilation_h) + "x" + std::to_string(d.dilation_w) +
          ", groups " + std::to_string(d.groups);
-}
-
-int narrow(std::int64_t v, const std::string& what) {
-  if (v < 0 || v > std::numeric_limits<int>::max())
-    throw Unsupported(what + ": value " + std::to_string(v) + " out of range");
-  return static_cast<int>(v);
 }
 
 // A usable algorithm from cudnnFind*Ex, in Find's order (fastest first by its single timing).
@@ -71,53 +66,53 @@ std::vector<Candidate> usable(const std::vector<Perf>& found, int returned, std:
   return out;
 }
 
-// GPU time of one launch sequence, free of host overhead: a spin kernel holds the stream while the
-// host queues the runs between two events, so they execute back to back. If queueing took longer
-// than half the spin (a slow host call), the spin doubles and the sample is taken again.
-class GpuSampler {
- public:
-  GpuSampler(cudaStream_t stream, const std::string& what)
-      : stream_(stream), start_(backend::cuda::create_event(what)), stop_(backend::cuda::create_event(what)) {}
-
-  // Seconds per call of `run`, timed over `calls` back-to-back calls; `run` returns false if the
-  // call failed (nothing was queued).
-  double sample(const std::function<bool()>& run, int calls, const std::string& what) {
-    double seconds = 0;
-    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
-      AB_CUDA(cudaStreamSynchronize(stream_), what);
-      cuda_pointwise::spin(stream_, spin_ns_);
-      const auto host_start = std::chrono::steady_clock::now();
-      AB_CUDA(cudaEventRecord(start_.get(), stream_), what);
-      for (int i = 0; i < calls; ++i)
-        if (!run()) throw Error(what + ": a timed run failed after its warm-up succeeded");
-      AB_CUDA(cudaEventRecord(stop_.get(), stream_), what);
-      const auto host_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now() - host_start)
-                               .count();
-      AB_CUDA(cudaEventSynchronize(stop_.get()), what);
-      float ms = 0;
-      AB_CUDA(cudaEventElapsedTime(&ms, start_.get(), stop_.get()), what);
-      seconds = static_cast<double>(ms) * 1e-3 / calls;
-      if (2 * host_ns < spin_ns_) break;
-      spin_ns_ = std::min<std::int64_t>(std::max<std::int64_t>(2 * spin_ns_, 4 * host_ns), kMaxSpinNs);
-    }
-    return seconds;
-  }
-
- private:
-  static constexpr int kMaxAttempts = 4;
-  static constexpr std::int64_t kMaxSpinNs = 100'000'000;
-  cudaStream_t stream_;
-  backend::cuda::EventPtr start_, stop_;
-  std::int64_t spin_ns_ = 200'000;
-};
-
 // Samples per candidate and the GPU time a sample should span (event resolution is ~0.5 us).
 constexpr int kSamples = 5, kLongSamples = 3;
 constexpr double kLongRunS = 1e-3, kSampleSpanS = 50e-6;
 constexpr int kMaxCallsPerSample = 16;
 // A candidate whose first sample is this much slower than the best median so far is dropped.
 constexpr double kAbortFactor = 1.5;
+
+const char* math_name(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH: return "default";
+    case CUDNN_TENSOR_OP_MATH: return "tensor-op";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "tensor-op-conv";
+    case CUDNN_FMA_MATH: return "fma";
+    default: return "?";
+  }
+}
+
+}  // namespace
+
+int narrow(std::int64_t v, const std::string& what) {
+  if (v < 0 || v > std::numeric_limits<int>::max())
+    throw Unsupported(what + ": value " + std::to_string(v) + " out of range");
+  return static_cast<int>(v);
+}
+
+double GpuSampler::sample(const std::function<bool()>& run, int calls, const std::string& what) {
+  double seconds = 0;
+  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+    AB_CUDA(cudaStreamSynchronize(stream_), what);
+    cuda_pointwise::spin(stream_, spin_ns_);
+    const auto host_start = std::chrono::steady_clock::now();
+    AB_CUDA(cudaEventRecord(start_.get(), stream_), what);
+    for (int i = 0; i < calls; ++i)
+      if (!run()) throw Error(what + ": a timed run failed after its warm-up succeeded");
+    AB_CUDA(cudaEventRecord(stop_.get(), stream_), what);
+    const auto host_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - host_start)
+                             .count();
+    AB_CUDA(cudaEventSynchronize(stop_.get()), what);
+    float ms = 0;
+    AB_CUDA(cudaEventElapsedTime(&ms, start_.get(), stop_.get()), what);
+    seconds = static_cast<double>(ms) * 1e-3 / calls;
+    if (2 * host_ns < spin_ns_) break;
+    spin_ns_ = std::min<std::int64_t>(std::max<std::int64_t>(2 * spin_ns_, 4 * host_ns), kMaxSpinNs);
+  }
+  return seconds;
+}
 
 // The median GPU time of `run` (one call already warmed it), or its first sample where that was
 // already kAbortFactor slower than `best_s`, the fastest so far.
@@ -158,17 +153,18 @@ ConvDescPtr make_conv_desc(const Conv2dDesc& d, cudnnMathType_t math, const std:
   return owned;
 }
 
-const char* math_name(cudnnMathType_t m) {
-  switch (m) {
-    case CUDNN_DEFAULT_MATH: return "default";
-    case CUDNN_TENSOR_OP_MATH: return "tensor-op";
-    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "tensor-op-conv";
-    case CUDNN_FMA_MATH: return "fma";
-    default: return "?";
-  }
+const ConvPass& usable_pass(const ConvPass& pass, const ConvPlan& plan, const Workspace& ws, const char* what) {
+  if (!pass.searched)
+    throw Error(plan.label + ": the " + what + " pass was not prepared; conv2d_prepare was asked only for the " +
+                "passes the layer runs (no backward in an inference graph, no backward-data where the input " +
+                "needs no gradient)");
+  if (pass.algo < 0) throw Unsupported(pass.refusal);
+  if (pass.workspace_bytes > ws.bytes)
+    throw Error(plan.label + ": the " + what + " algorithm needs a workspace of " +
+                std::to_string(pass.workspace_bytes) + " bytes, got " + std::to_string(ws.bytes) +
+                " (size it from conv2d_prepare)");
+  return pass;
 }
-
-}  // namespace
 
 unsigned char* CudaKernels::search_operands(std::int64_t operand_bytes, std::int64_t& cap_bytes,
                                             const std::string& label) {
@@ -448,26 +444,10 @@ std::int64_t CudaKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, c
   return bytes;
 }
 
-namespace {
-
-const ConvPass& usable(const ConvPass& pass, const ConvPlan& plan, const Workspace& ws, const char* what) {
-  if (!pass.searched)
-    throw Error(plan.label + ": the " + what + " pass was not prepared; conv2d_prepare was asked only for the " +
-                "passes the layer runs (no backward in an inference graph, no backward-data where the input " +
-                "needs no gradient)");
-  if (pass.algo < 0) throw Unsupported(pass.refusal);
-  if (pass.workspace_bytes > ws.bytes)
-    throw Error(plan.label + ": the " + what + " algorithm needs a workspace of " +
-                std::to_string(pass.workspace_bytes) + " bytes, got " + std::to_string(ws.bytes) +
-                " (size it from conv2d_prepare)");
-  return pass;
-}
-
-}  // namespace
 
 void CudaKernels::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) {
   const ConvPlan& p = conv_plan(d, x, w, y);
-  const ConvPass& pass = usable(p.fwd, p, ws, "forward");
+  const ConvPass& pass = usable_pass(p.fwd, p, ws, "forward");
   const float one = 1.0f, zero = 0.0f;
   AB_CUDNN(cudnnConvolutionForward(cudnn_.get(), &one, p.x.get(), x.data, p.w.get(), w.data, pass.conv.get(),
                                    static_cast<cudnnConvolutionFwdAlgo_t>(pass.algo), ws.data,
@@ -478,7 +458,7 @@ void CudaKernels::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Ten
 void CudaKernels::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx,
                                        bool accumulate, Workspace ws) {
   const ConvPlan& p = conv_plan(d, dx, w, dy);
-  const ConvPass& pass = usable(p.bwd_data, p, ws, "backward-data");
+  const ConvPass& pass = usable_pass(p.bwd_data, p, ws, "backward-data");
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   AB_CUDNN(cudnnConvolutionBackwardData(cudnn_.get(), &one, p.w.get(), w.data, p.y.get(), dy.data, pass.conv.get(),
                                         static_cast<cudnnConvolutionBwdDataAlgo_t>(pass.algo), ws.data,
@@ -489,166 +469,12 @@ void CudaKernels::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, co
 void CudaKernels::conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
                                          Workspace ws) {
   const ConvPlan& p = conv_plan(d, x, dw, dy);
-  const ConvPass& pass = usable(p.bwd_filter, p, ws, "backward-filter");
+  const ConvPass& pass = usable_pass(p.bwd_filter, p, ws, "backward-filter");
   const float one = 1.0f, zero = 0.0f;
   AB_CUDNN(cudnnConvolutionBackwardFilter(cudnn_.get(), &one, p.x.get(), x.data, p.y.get(), dy.data, pass.conv.get(),
                                           static_cast<cudnnConvolutionBwdFilterAlgo_t>(pass.algo), ws.data,
                                           static_cast<std::size_t>(pass.workspace_bytes), &zero, p.w.get(), dw.data),
            p.label + ", backward filter");
-}
-
-// ---- the folded epilogue inside the convolution (cudnnConvolutionBiasActivationForward)
-
-ConvEpilogue& CudaKernels::conv_epilogue(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                         const Tensor& y, bool relu, bool residual) {
-  ConvEpilogue& e = plan.epilogue[(relu ? 1 : 0) + (residual ? 2 : 0)];
-  if (e.searched) return e;
-  if (capturing())
-    throw Error(plan.label + ": the fused epilogue was not prepared; call conv2d_bias_activation_prepare (bind the "
-                "graph) before capturing");
-  search_conv_epilogue(plan, e, d, x, w, y, relu, residual);
-  return e;
-}
-
-void CudaKernels::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Conv2dDesc& d, const Tensor& x,
-                                       const Tensor& w, const Tensor& y, bool relu, bool residual) {
-  e.searched = true;
-  e.pass.searched = true;
-  if (plan.fwd.algo < 0) return;  // no plain forward either: the composition refuses, naming why
-  const std::string label =
-      plan.label + ", epilogue bias" + (residual ? " + residual" : "") + (relu ? " + ReLU" : "");
-  const std::int64_t channels = y.shape[1];
-  cudnnTensorDescriptor_t bd = nullptr;
-  AB_CUDNN(cudnnCreateTensorDescriptor(&bd), label);
-  e.bias.reset(bd);
-  AB_CUDNN(cudnnSetTensor4dDescriptor(bd, CUDNN_TENSOR_NCHW, cudnn_dtype(y.dtype), 1, narrow(channels, label), 1, 1),
-           label);
-  cudnnActivationDescriptor_t ad = nullptr;
-  AB_CUDNN(cudnnCreateActivationDescriptor(&ad), label);
-  e.act.reset(ad);
-  AB_CUDNN(cudnnSetActivationDescriptor(ad, relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
-                                        CUDNN_NOT_PROPAGATE_NAN, 0.0),
-           label);
-
-  // Operands x, w, y, the residual and the bias, random in [-1, 1), then the largest workspace allowed.
-  const std::int64_t xb = align_up(x.size_bytes()), wb = align_up(w.size_bytes()), yb = align_up(y.size_bytes());
-  const std::int64_t bb = align_up(channels * static_cast<std::int64_t>(size_bytes(y.dtype)));
-  std::int64_t cap = conv_workspace_cap();
-  unsigned char* base = search_operands(xb + wb + 2 * yb + bb, cap, label);
-  void* sx = base;
-  void* sw = base + xb;
-  void* sy = base + xb + wb;
-  void* sz = base + xb + wb + yb;
-  void* sb = base + xb + wb + 2 * yb;
-  void* sws = cap > 0 ? base + xb + wb + 2 * yb + bb : nullptr;
-  cuda_pointwise::fill_uniform(stream_, x.dtype, sx, x.numel(), 41, -1.0, 1.0);
-  cuda_pointwise::fill_uniform(stream_, w.dtype, sw, w.numel(), 42, -1.0, 1.0);
-  cuda_pointwise::fill_uniform(stream_, y.dtype, sy, y.numel(), 43, -1.0, 1.0);
-  cuda_pointwise::fill_uniform(stream_, y.dtype, sz, y.numel(), 44, -1.0, 1.0);
-  cuda_pointwise::fill_uniform(stream_, y.dtype, sb, channels, 45, -1.0, 1.0);
-  GpuSampler sampler(stream_, label + ", timing");
-  const std::string what = label + ", timing";
-  const float one = 1.0f, zero = 0.0f, alpha2 = residual ? 1.0f : 0.0f;
-
-  // What the call runs unfused: the plain forward's chosen algorithm, then bias_act in place.
-  const ConvPass& f = plan.fwd;
-  const auto unfused = [&] {
-    if (cudnnConvolutionForward(cudnn_.get(), &one, plan.x.get(), sx, plan.w.get(), sw, f.conv.get(),
-                                static_cast<cudnnConvolutionFwdAlgo_t>(f.algo), sws,
-                                static_cast<std::size_t>(f.workspace_bytes), &zero, plan.y.get(),
-                                sy) != CUDNN_STATUS_SUCCESS)
-      return false;
-    cuda_pointwise::bias_activation_forward(stream_, y.dtype, y.layout, sy, sb, true, residual ? sz : nullptr, sy,
-                                            y.shape[0], channels, y.shape[2] * y.shape[3], relu);
-    return true;
-  };
-  if (!unfused()) throw Error(label + ": the plain forward failed after its algorithm search succeeded");
-  e.unfused_s = time_candidate(sampler, unfused, std::numeric_limits<double>::infinity(), what);
-
-  // Every forward algorithm cuDNN accepts for the fused call (an identity activation only with
-  // IMPLICIT_PRECOMP_GEMM, cuDNN's rule), in the forward's math type.
-  double best_s = std::numeric_limits<double>::infinity();
-  std::string log;
-  for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; ++a) {
-    const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(a);
-    if (!relu && algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) continue;
-    ConvDescPtr conv = make_conv_desc(d, search_math(x.dtype, tf32_), label);
-    std::size_t ws = 0;
-    if (cudnnGetConvolutionForwardWorkspaceSize(cudnn_.get(), plan.x.get(), plan.w.get(), conv.get(), plan.y.get(),
-                                                algo, &ws) != CUDNN_STATUS_SUCCESS ||
-        static_cast<std::int64_t>(ws) > cap) {
-      cudaGetLastError();
-      continue;
-    }
-    // Without a residual, alpha2 = 0 and cuDNN does not read z: y stands in for it.
-    const auto launch = [&] {
-      return cudnnConvolutionBiasActivationForward(cudnn_.get(), &one, plan.x.get(), sx, plan.w.get(), sw, conv.get(),
-                                                   algo, sws, ws, &alpha2, plan.y.get(), residual ? sz : sy,
-                                                   e.bias.get(), sb, e.act.get(), plan.y.get(), sy);
-    };
-    log += " " + std::to_string(a) + ":";
-    if (const cudnnStatus_t st = launch(); st != CUDNN_STATUS_SUCCESS) {
-      cudaGetLastError();  // a refused launch leaves no work, only its status
-      log += std::string("refused (") + cudnnGetErrorString(st) + ")";
-      continue;
-    }
-    const double t = time_candidate(sampler, [&] { return launch() == CUDNN_STATUS_SUCCESS; }, best_s, what);
-    log += format_us(t) + "us";
-    if (t < best_s) {
-      best_s = t;
-      e.pass.conv = std::move(conv);
-      e.pass.algo = a;
-      e.pass.workspace_bytes = static_cast<std::int64_t>(ws);
-      e.pass.time_s = t;
-    }
-  }
-  AB_CUDA(cudaStreamSynchronize(stream_), label);
-  e.fused = e.pass.algo >= 0 && best_s < e.unfused_s;
-  e.pass.choice = std::string("epilogue") + (residual ? " + residual" : "") + (relu ? " + ReLU" : "") + ": " +
-                  (e.fused ? "fused" : "unfused") + " (conv + bias_act " + format_us(e.unfused_s) + " us, fused " +
-                  (e.pass.algo >= 0 ? "algo " + std::to_string(e.pass.algo) + " " + format_us(best_s) + " us" : "refused") +
-                  "); timed" + log;
-  if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
-    std::fprintf(stderr, "%s: %s\n", plan.label.c_str(), e.pass.choice.c_str());
-}
-
-std::int64_t CudaKernels::conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                                         const Tensor& bias, const Tensor& residual, const Tensor& y,
-                                                         bool relu) {
-  // The plain forward first: the fallback, and the time the fused call must beat.
-  const std::int64_t plain_bytes = Kernels::conv2d_bias_activation_prepare(d, x, w, bias, residual, y, relu);
-  if (bias.dtype != y.dtype) return plain_bytes;  // cuDNN's fused call takes the bias in y's type only
-  ConvPlan& p = prepared_conv_plan(d, x, w, y, ConvPasses{false, false});
-  const ConvEpilogue& e = conv_epilogue(p, d, x, w, y, relu, residual.shape.rank() != 0);
-  return e.fused ? std::max(plain_bytes, e.pass.workspace_bytes) : plain_bytes;
-}
-
-void CudaKernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                                 const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu,
-                                                 Workspace ws) {
-  const bool has_residual = residual.defined();
-  if (bias.dtype == y.dtype) {
-    ConvPlan& p = conv_plan(d, x, w, y);
-    const ConvEpilogue& e = conv_epilogue(p, d, x, w, y, relu, has_residual);
-    if (e.fused) {
-      if (has_residual && (!(residual.shape == y.shape) || !(residual.strides == y.strides) ||
-                           residual.dtype != y.dtype))
-        throw Unsupported(p.label + ": the residual " + residual.to_string() + " must match y " + y.to_string());
-      if (bias.numel() != y.shape[1] || !bias.is_contiguous())
-        throw Unsupported(p.label + ": the bias must be a contiguous [" + std::to_string(y.shape[1]) + "], got " +
-                          bias.to_string());
-      const ConvPass& pass = usable(e.pass, p, ws, "fused forward");
-      const float one = 1.0f, alpha2 = has_residual ? 1.0f : 0.0f;
-      AB_CUDNN(cudnnConvolutionBiasActivationForward(
-                   cudnn_.get(), &one, p.x.get(), x.data, p.w.get(), w.data, pass.conv.get(),
-                   static_cast<cudnnConvolutionFwdAlgo_t>(pass.algo), ws.data,
-                   static_cast<std::size_t>(pass.workspace_bytes), &alpha2, p.y.get(),
-                   has_residual ? residual.data : y.data, e.bias.get(), bias.data, e.act.get(), p.y.get(), y.data),
-               p.label + ", fused epilogue");
-      return;
-    }
-  }
-  Kernels::conv2d_bias_activation_forward(d, x, w, bias, residual, y, relu, ws);
 }
 
 }  // namespace ab::nn::cuda
