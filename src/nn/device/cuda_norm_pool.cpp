@@ -336,13 +336,17 @@ void CudaKernels::batchnorm_activation_forward_training(const BatchNormDesc& d, 
     f->note += "; called without batchnorm_activation_prepare, unfused";
     f = nullptr;
   }
-  if (f != nullptr) {
+  const bool own = own_fused_forward(x) &&
+                   cuda_batchnorm::scratch_bytes(bn_rows(x), x.shape[1]) <= bn_scratch_.bytes();  // sized at bind
+  if (f != nullptr || own) {
     require_like(k, x, y, "y");
     if (z.defined()) require_like(k, x, z, "z");
     for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
                                   Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"},
                                   Named{&saved_invstd, "saved_invstd"}})
       require_channel_vector(k, x, *t, what);
+  }
+  if (f != nullptr) {
     const BnPlan& p = bn_plan(x);
     const float one = 1.0f, zero = 0.0f;
     const cudnnStatus_t st = cudnnBatchNormalizationForwardTrainingEx(
@@ -354,18 +358,12 @@ void CudaKernels::batchnorm_activation_forward_training(const BatchNormDesc& d, 
         mask.data, static_cast<std::size_t>(f->reserve_bytes));
     if (st == CUDNN_STATUS_SUCCESS) return;
     if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationForwardTrainingEx (fused)", p.label);
-    // Refused before launching anything: the separate kernels from now on, backward too.
+    // Refused before launching anything: from now on the path below forward and the separate
+    // kernels backward (which read y, not the mask).
     f->usable = false;
     f->note += "; refused at its first call (NOT_SUPPORTED), unfused";
   }
-  const std::int64_t scratch = own_fused_forward(x) ? cuda_batchnorm::scratch_bytes(bn_rows(x), x.shape[1]) : 0;
-  if (own_fused_forward(x) && scratch <= bn_scratch_.bytes()) {
-    require_like(k, x, y, "y");
-    if (z.defined()) require_like(k, x, z, "z");
-    for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
-                                  Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"},
-                                  Named{&saved_invstd, "saved_invstd"}})
-      require_channel_vector(k, x, *t, what);
+  if (own) {
     cuda_batchnorm::forward_training(stream_, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma), f32(beta),
                                      f32_out(running_mean), f32_out(running_var), f32_out(saved_mean),
                                      f32_out(saved_invstd), d.epsilon, d.momentum, bn_scratch_.get(),
