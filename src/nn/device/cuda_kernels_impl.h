@@ -60,6 +60,7 @@ struct ConvPlan {
 // space fits the op's mask (nn::bn_activation_mask_words); `note` says which, or why not.
 struct BnFusion {
   bool queried = false, usable = false;
+  bool timed = false;  // a trial forward + backward ran at bind and decided `usable` by time
   std::int64_t fwd_workspace_bytes = 0, bwd_workspace_bytes = 0, reserve_bytes = 0;
   std::string note;
 };
@@ -236,6 +237,10 @@ class CudaKernels final : public Kernels {
   // The fused batch norm + ReLU entry for x (with a residual or not), queried once; null where x
   // is not NHWC 16-bit or cuDNN cannot run it with a reserve space of mask_bytes.
   BnFusion* bn_fusion(const Tensor& x, bool residual, std::int64_t mask_bytes);
+  // At bind: runs cuDNN's fused forward + backward once on random operands (a refusal or error
+  // makes it unusable) and times it against the project's fused forward + the separate backward;
+  // the faster stays (f.usable).
+  void time_bn_fusion(BnFusion& f, const Tensor& x, bool residual, std::int64_t mask_bytes);
   PoolPlan& pool_plan(const Pool2dDesc& d, const Tensor& x, const Tensor& y);
   // cuda_linear.cpp
   LtPlan& lt_plan(const GemmShape& g);

@@ -8,10 +8,13 @@
 // spatial mode. Parameters and statistics are f32 (cuDNN's rule for f32/f16/bf16 data). Max
 // pooling uses cuDNN's deterministic max mode.
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "nn/device/cuda_batchnorm.h"
+#include "nn/device/cuda_conv_search.h"
 #include "nn/device/cuda_kernels_impl.h"
+#include "nn/device/cuda_pointwise.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -310,16 +313,78 @@ bool own_fused_forward(const Tensor& x) {
 
 std::int64_t CudaKernels::batchnorm_activation_prepare(const Tensor& x, const Tensor& z, const Tensor& mask) {
   const std::int64_t unfused_bytes = Kernels::batchnorm_activation_prepare(x, z, mask);
+  const bool residual = z.shape.rank() != 0;
   // Sized here, at bind: a capture may not allocate.
-  if (const BnFusion* f = bn_fusion(x, z.shape.rank() != 0, mask.size_bytes())) {
-    const std::int64_t need = std::max(f->fwd_workspace_bytes, f->bwd_workspace_bytes);
-    if (need > bn_workspace_.bytes()) bn_workspace_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm workspace");
-  }
-  if (own_fused_forward(x)) {  // also the fallback where cuDNN refuses its fused call at the first one
+  if (own_fused_forward(x)) {  // also the fallback where cuDNN's fused call is refused or slower
     const std::int64_t need = cuda_batchnorm::scratch_bytes(bn_rows(x), x.shape[1]);
     if (need > bn_scratch_.bytes()) bn_scratch_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm scratch");
   }
+  if (BnFusion* f = bn_fusion(x, residual, mask.size_bytes())) {
+    const std::int64_t need = std::max(f->fwd_workspace_bytes, f->bwd_workspace_bytes);
+    if (need > bn_workspace_.bytes()) bn_workspace_ = backend::cuda::DeviceBuffer(need, label_ + " batch-norm workspace");
+    if (!f->timed) time_bn_fusion(*f, x, residual, mask.size_bytes());
+  }
   return unfused_bytes;
+}
+
+void CudaKernels::time_bn_fusion(BnFusion& f, const Tensor& x, bool residual, std::int64_t mask_bytes) {
+  f.timed = true;
+  BnPlan& p = bn_plan(x);
+  const std::string what = p.label + ", fused batch norm + ReLU trial";
+  // Operands: x, z, y, dy, dx, dz and the unfused backward's workspace (x-sized each), the mask,
+  // and eight f32 channel vectors (gamma, beta, running and saved statistics, dgamma, dbeta).
+  const std::int64_t xb = align_up(x.size_bytes()), mb = align_up(mask_bytes), C = x.shape[1];
+  const std::int64_t cb = align_up(C * 4);
+  std::int64_t no_workspace = 0;
+  unsigned char* base = nullptr;
+  try {
+    base = search_operands(7 * xb + mb + 8 * cb, no_workspace, what);
+  } catch (const OutOfMemory&) {
+    f.usable = false;
+    f.note += "; no memory for a trial, unfused";
+    return;
+  }
+  const auto at = [&](int i) { return x.with_data(base + i * xb); };
+  const Tensor tx = at(0), tz = at(1), ty = at(2), tdy = at(3), tdx = at(4), tdz = at(5);
+  const Workspace ws{base + 6 * xb, xb};
+  const Tensor mask = Tensor::describe(DType::i32, Shape{mask_bytes / 4}, Layout::nchw, DeviceKind::cuda)
+                          .with_data(base + 7 * xb);
+  std::vector<Tensor> v;
+  for (int i = 0; i < 8; ++i)
+    v.push_back(Tensor::describe(DType::f32, Shape{C}, Layout::nchw, DeviceKind::cuda).with_data(base + 7 * xb + mb + i * cb));
+  for (int i = 0; i < 4; ++i)
+    cuda_pointwise::fill_uniform(stream_, x.dtype, base + i * xb, x.numel(), 61 + static_cast<std::uint64_t>(i), -1.0, 1.0);
+  cuda_pointwise::fill(stream_, DType::f32, v[0].data, C, 1.0);  // gamma
+  cuda_pointwise::fill(stream_, DType::f32, v[1].data, C, 0.0);  // beta
+  cuda_pointwise::fill(stream_, DType::f32, v[2].data, C, 0.0);  // running mean
+  cuda_pointwise::fill(stream_, DType::f32, v[3].data, C, 1.0);  // running variance
+  const BatchNormDesc d{};
+  const Tensor z = residual ? tz : Tensor{}, dz = residual ? tdz : Tensor{};
+  const auto forward_backward = [&] {
+    batchnorm_activation_forward_training(d, tx, z, v[0], v[1], v[2], v[3], ty, v[4], v[5], mask);
+    batchnorm_activation_backward(d, tx, ty, tdy, v[0], v[1], v[4], v[5], mask, residual, tdx, false, dz, false, v[6],
+                                  v[7], ws);
+    return true;
+  };
+  GpuSampler sampler(stream_, what);
+  double fused_s = 0, unfused_s = 0;
+  try {
+    forward_backward();  // with f.usable: cuDNN's fused kernels (a refusal switches f off)
+    AB_CUDA(cudaStreamSynchronize(stream_), what);
+    if (f.usable) fused_s = time_candidate(sampler, forward_backward, std::numeric_limits<double>::infinity(), what);
+  } catch (const Error& e) {  // an error where the query had agreed: this shape runs unfused
+    cudaGetLastError();
+    f.usable = false;
+    f.note += std::string("; trial failed (") + e.what() + ")";
+  }
+  if (!f.usable) return;
+  f.usable = false;  // the unfused path for the comparison
+  forward_backward();
+  unfused_s = time_candidate(sampler, forward_backward, std::numeric_limits<double>::infinity(), what);
+  AB_CUDA(cudaStreamSynchronize(stream_), what);
+  f.usable = fused_s < unfused_s;
+  f.note += std::string(f.usable ? "" : "; slower than the project's forward + separate backward, unfused") +
+            " (forward + backward: fused " + format_us(fused_s) + " us, unfused " + format_us(unfused_s) + " us)";
 }
 
 void CudaKernels::batchnorm_activation_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& z,
