@@ -373,6 +373,7 @@ void CudaKernels::time_bn_fusion(BnFusion& f, const Tensor& x, bool residual, st
     AB_CUDA(cudaStreamSynchronize(stream_), what);
     if (f.usable) fused_s = time_candidate(sampler, forward_backward, std::numeric_limits<double>::infinity(), what);
   } catch (const Error& e) {  // an error where the query had agreed: this shape runs unfused
+    cudaStreamSynchronize(stream_);  // queued work on the scratch ends before it may be freed
     cudaGetLastError();
     f.usable = false;
     f.note += std::string("; trial failed (") + e.what() + ")";
