@@ -113,16 +113,8 @@ if want engine; then
   # ResNet-50 training with fuse off and on, accelbench alone (one step per sample, 3-step trajectory).
   $ab run train --axis model=resnet50 --axis batch=256 --axis precision=bf16,fp16 --axis layout=nhwc \
     --axis fuse=off,on --axis trajectory_steps=3 --out "$logs/fuse" > "$logs/fuse.txt" 2>&1; echo "fuse sweep: exit $?"
-  python3 - "$logs/fuse" <<'PY'
-import glob, json, sys
-for f in glob.glob(sys.argv[1] + "/runs/*/points.jsonl"):
-    for line in open(f):
-        r = json.loads(line)
-        p, t = r["params"], r.get("time", {})
-        print(f"train resnet50 {p['precision']} fuse={p['fuse']}: {r['status']} "
-              f"{r.get('rates', {}).get('samples_per_s', 0):.0f} img/s, {1e3 * t.get('median_s', 0):.2f} ms/step, "
-              f"ops {r.get('metrics', {}).get('model', {}).get('ops')}" + ("" if r["status"] == "ok" else f" ({r.get('reason', '')[:200]})"))
-PY
+  python3 bench/summarize_points.py "$logs/fuse" params.precision params.fuse rates.samples_per_s time.median_s \
+    metrics.model.ops metrics.fusion.fused_shapes metrics.fusion.unfused_shapes
 fi
 if want train; then
   # ResNet-50 bf16 training beside torch.compile (issue 5's training target), fuse=$FUSE (default
@@ -139,16 +131,8 @@ if want resnext; then
   # fold off / on / fused side by side, accelbench alone (latency and img/s per batch).
   $ab run infer --axis model=resnext101_32x4d --axis precision=fp16 --axis layout=nhwc --axis batch=1,2,10,12 \
     --axis fold=off,on,fused --out "$logs/fold" > "$logs/fold.txt" 2>&1; echo "fold sweep: exit $?"
-  python3 - "$logs/fold" <<'PY'
-import glob, json, sys
-for f in glob.glob(sys.argv[1] + "/runs/*/points.jsonl"):
-    for line in open(f):
-        r = json.loads(line)
-        p, lat = r["params"], r.get("metrics", {}).get("latency_s", {})
-        print(f"fold={p['fold']:5} b{p['batch']:<3} {r['status']:7} p50 {1e3 * lat.get('p50', 0):.3f} ms, "
-              f"{r.get('rates', {}).get('samples_per_s', 0):.0f} img/s, ops {r.get('metrics', {}).get('model', {}).get('ops')}"
-              + ("" if r["status"] == "ok" else f" ({r.get('reason', '')[:200]})"))
-PY
+  python3 bench/summarize_points.py "$logs/fold" params.fold params.batch metrics.latency_s.p50 rates.samples_per_s \
+    metrics.model.ops metrics.fusion.fused_shapes metrics.fusion.unfused_shapes
   # Beside PyTorch + CUDA graphs with the fold FOLD picks (default fused; off = the unfolded network).
   fold=${FOLD:-fused}
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx4" --model resnext101_32x4d --train-precisions "" \
@@ -167,15 +151,8 @@ if want ddp; then
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_ctas=0,16 --axis comm_priority=normal,high \
     --axis trajectory_steps=3 --out "$logs/knobs" 2>&1 | tee "$logs/ddp-knobs.txt" | grep -E "ok |median|skipped|error"
-  python3 - "$logs/knobs" <<'PY'
-import glob, json, sys
-for f in glob.glob(sys.argv[1] + "/runs/*/points.jsonl"):
-    for line in open(f):
-        r = json.loads(line)
-        p, m = r["params"], r.get("metrics", {})
-        print(f"gpus={p['gpus']} comm_ctas={p['comm_ctas']} comm_priority={p['comm_priority']}: {r['status']} "
-              f"{r.get('rates', {}).get('samples_per_s', 0):.0f} img/s, efficiency {m.get('scaling_efficiency')}")
-PY
+  python3 bench/summarize_points.py "$logs/knobs" params.gpus params.comm_ctas params.comm_priority \
+    rates.samples_per_s metrics.scaling_efficiency
 fi
 if want bench || want all; then
   $ab sysinfo | tee "$logs/sysinfo.txt"

@@ -12,7 +12,6 @@ namespace {
 using nn::GraphBuilder;
 using nn::Value;
 
-
 nn::Conv2dAttrs conv_attrs(std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t groups) {
   nn::Conv2dAttrs a;
   a.out_channels = out_channels;

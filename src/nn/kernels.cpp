@@ -7,13 +7,9 @@
 namespace ab::nn {
 
 std::int64_t Kernels::conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                                     const Tensor& bias, const Tensor& residual, const Tensor& y,
-                                                     bool /*relu*/) {
-  check_tensor(bias);
-  // An absent residual is an empty descriptor (rank 0).
-  if (residual.shape.rank() != 0 && (residual.dtype != y.dtype || !(residual.shape == y.shape)))
-    throw Unsupported("conv2d_bias_activation: residual " + residual.to_string() + " must match y " + y.to_string());
-  return conv2d_prepare(d, x, w, y, ConvPasses{false, false});
+                                                     const Tensor& /*bias*/, const Tensor& /*residual*/,
+                                                     const Tensor& y, bool /*relu*/) {
+  return conv2d_prepare(d, x, w, y, ConvPasses{false, false});  // inference: the forward pass only
 }
 
 void Kernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,

@@ -36,6 +36,15 @@ void Op::require_conv_geometry(const Tensor& x, std::int64_t out_channels, std::
                                             " not divisible by groups " + std::to_string(c.groups));
 }
 
+void Op::require_optional_residual(const std::vector<Tensor>& in, const Shape& out_shape) const {
+  require(in.size() == 1 || in.size() == 2, "takes x and an optional residual, got " + std::to_string(in.size()) +
+                                                " inputs");
+  if (in.size() < 2) return;
+  require(in[1].shape == out_shape,
+          "residual shape " + in[1].shape.to_string() + " differs from the output's " + out_shape.to_string());
+  require(in[1].dtype == in[0].dtype, "residual dtype differs from the input's");
+}
+
 std::int64_t Op::element_bytes() const {
   return in_.empty() ? 0 : static_cast<std::int64_t>(size_bytes(in_[0].dtype));
 }

@@ -127,6 +127,9 @@ class Op {
   void require_float(const Tensor& t) const;
   void require_conv_geometry(const Tensor& x, std::int64_t out_channels, std::int64_t kernel_h,
                              std::int64_t kernel_w, const Conv2dDesc& c) const;
+  // Inputs x and an optional residual (bias_act, conv_bias_act, bn_act): one or two inputs, the
+  // residual of the output's shape and x's dtype.
+  void require_optional_residual(const std::vector<Tensor>& in, const Shape& out_shape) const;
   std::int64_t element_bytes() const;  // of the first input's dtype
   static std::int64_t bytes_of(DType t) { return static_cast<std::int64_t>(size_bytes(t)); }
 

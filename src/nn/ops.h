@@ -63,7 +63,7 @@ class BatchNorm2d final : public Op {
 // ReLU mask) and keeps the kernels' mask (saved).
 class BatchNormActivation final : public Op {
  public:
-  BatchNormActivation(std::string name, const BatchNormDesc& d = {}) : Op(std::move(name)), d_(d) {}
+  BatchNormActivation(std::string name, const BatchNormDesc& d = {}) : Op(name), bn_(std::move(name), d), d_(d) {}
   std::string_view kind() const override { return "bn_act"; }
   std::vector<ParamSpec> parameters() const override;  // weight, bias, running_mean, running_var
   std::vector<Tensor> saved() const override;           // batch mean, 1/sqrt(var + eps), the i32 mask
@@ -78,6 +78,7 @@ class BatchNormActivation final : public Op {
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   bool residual() const { return in_.size() > 1; }
+  BatchNorm2d bn_;  // batch norm's shape rules, parameters (same names) and saved statistics
   BatchNormDesc d_;
 };
 

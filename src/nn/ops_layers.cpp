@@ -133,28 +133,18 @@ std::int64_t BatchNorm2d::bytes(Pass p) const {
 // ---- bn_act
 
 std::vector<Tensor> BatchNormActivation::do_infer(const std::vector<Tensor>& in) {
-  require(in.size() == 1 || in.size() == 2, "takes x and an optional residual, got " + std::to_string(in.size()) +
-                                                " inputs");
-  require(in[0].shape.rank() == 4, "input must be [N, C, H, W], got " + in[0].shape.to_string());
-  require_float(in[0]);
-  require(d_.epsilon > 0, "epsilon must be > 0");
-  if (in.size() == 2) {
-    require(in[1].shape == in[0].shape,
-            "residual shape " + in[1].shape.to_string() + " differs from the input's " + in[0].shape.to_string());
-    require(in[1].dtype == in[0].dtype, "residual dtype differs from the input's");
-  }
-  return {Tensor::describe(in[0].dtype, in[0].shape)};
+  require(!in.empty(), "takes x and an optional residual, got no inputs");
+  std::vector<Tensor> out = bn_.infer({in[0]});  // batch norm's rules on x
+  require_optional_residual(in, out[0].shape);
+  return out;
 }
 
-std::vector<ParamSpec> BatchNormActivation::parameters() const {
-  BatchNorm2d bn(name(), d_);  // the same parameters, so values move by name
-  if (!in_.empty()) bn.infer({in_[0]});
-  return bn.parameters();
-}
+std::vector<ParamSpec> BatchNormActivation::parameters() const { return bn_.parameters(); }
 
 std::vector<Tensor> BatchNormActivation::saved() const {
-  const Tensor c = Tensor::describe(wide_dtype(in_[0].dtype), Shape{in_[0].shape[1]});
-  return {c, c, Tensor::describe(DType::i32, Shape{bn_activation_mask_words(in_[0].shape)})};
+  std::vector<Tensor> s = bn_.saved();  // the batch mean and 1 / sqrt(var + eps), then the mask
+  s.push_back(Tensor::describe(DType::i32, Shape{bn_activation_mask_words(in_[0].shape)}));
+  return s;
 }
 
 std::int64_t BatchNormActivation::prepare(Kernels& k, const OpTensors& d) {
@@ -201,15 +191,10 @@ std::int64_t BatchNormActivation::bytes(Pass p) const {
 // ---- bias_act
 
 std::vector<Tensor> BiasActivation::do_infer(const std::vector<Tensor>& in) {
-  require(in.size() == 1 || in.size() == 2, "takes x and an optional residual, got " + std::to_string(in.size()) +
-                                                " inputs");
+  require(!in.empty(), "takes x and an optional residual, got no inputs");
   require(in[0].shape.rank() == 4, "input must be [N, C, H, W], got " + in[0].shape.to_string());
   require_float(in[0]);
-  if (in.size() == 2) {
-    require(in[1].shape == in[0].shape,
-            "residual shape " + in[1].shape.to_string() + " differs from the input's " + in[0].shape.to_string());
-    require(in[1].dtype == in[0].dtype, "residual dtype differs from the input's");
-  }
+  require_optional_residual(in, in[0].shape);
   return {Tensor::describe(in[0].dtype, in[0].shape)};
 }
 
@@ -250,14 +235,9 @@ std::int64_t BiasActivation::bytes(Pass p) const {
 // ---- conv_bias_act
 
 std::vector<Tensor> ConvBiasActivation::do_infer(const std::vector<Tensor>& in) {
-  require(in.size() == 1 || in.size() == 2, "takes x and an optional residual, got " + std::to_string(in.size()) +
-                                                " inputs");
-  std::vector<Tensor> out = conv_.infer({in[0]});
-  if (in.size() == 2) {
-    require(in[1].shape == out[0].shape, "residual shape " + in[1].shape.to_string() +
-                                             " differs from the output's " + out[0].shape.to_string());
-    require(in[1].dtype == in[0].dtype, "residual dtype differs from the input's");
-  }
+  require(!in.empty(), "takes x and an optional residual, got no inputs");
+  std::vector<Tensor> out = conv_.infer({in[0]});  // the convolution's rules on x
+  require_optional_residual(in, out[0].shape);
   return out;
 }
 

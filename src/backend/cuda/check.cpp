@@ -39,17 +39,11 @@ void throw_cublas(cublasStatus_t status, const char* call, const std::string& wh
   throw Error(message(call_name(call), what, error));
 }
 
-StreamPtr create_stream(const std::string& what) {
+StreamPtr create_stream(const std::string& what, bool highest_priority) {
+  int least = 0, greatest = 0;  // default priority 0 is the least
+  if (highest_priority) AB_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest), what);
   cudaStream_t s = nullptr;
-  AB_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), what);
-  return StreamPtr(s);
-}
-
-StreamPtr create_highest_priority_stream(const std::string& what) {
-  int least = 0, greatest = 0;
-  AB_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest), what);
-  cudaStream_t s = nullptr;
-  AB_CUDA(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest), what);
+  AB_CUDA(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, highest_priority ? greatest : 0), what);
   return StreamPtr(s);
 }
 

@@ -48,8 +48,8 @@ using StreamPtr = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDel
 using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
 using LtHandlePtr = std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, LtHandleDeleter>;
 
-StreamPtr create_stream(const std::string& what);  // non-blocking: no implicit sync with stream 0
-StreamPtr create_highest_priority_stream(const std::string& what);  // the same, at the device's top priority
+// Non-blocking (no implicit sync with stream 0); with highest_priority at the device's top priority.
+StreamPtr create_stream(const std::string& what, bool highest_priority = false);
 EventPtr create_event(const std::string& what);
 LtHandlePtr create_lt_handle(const std::string& what);
 

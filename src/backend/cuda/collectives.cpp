@@ -503,8 +503,7 @@ class NcclAverager final : public StreamAverager {
  public:
   NcclAverager(const Rank& rank, bool high_priority)
       : rank_(rank),
-        side_(high_priority ? create_highest_priority_stream("gradient averaging stream")
-                            : create_stream("gradient averaging stream")),
+        side_(create_stream("gradient averaging stream", high_priority)),
         fork_(create_event("gradient averaging fork")),
         join_(create_event("gradient averaging join")) {}
   void average(void* data, std::int64_t count, DType dtype) override {
