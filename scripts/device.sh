@@ -122,6 +122,13 @@ if want train; then
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet-compile" --train-precisions bf16 \
     --infer-precisions "" --torch-compile --torch-once --train-axes "fuse=${FUSE:-on}" 2>&1 |
     tee "$logs/compare_resnet_compile.txt"
+  # fuse on TF32 (the project's fused forward, no cuDNN fused kernels) in both layouts: the default
+  # (auto = on) must not be slower where cuDNN does not fuse.
+  $ab run train --axis model=resnet50 --axis batch=256 --axis precision=tf32 --axis layout=nhwc,nchw \
+    --axis fuse=off,on --axis trajectory_steps=3 --out "$logs/fuse-tf32" > "$logs/fuse-tf32.txt" 2>&1
+  echo "tf32 fuse sweep: exit $?"
+  python3 bench/summarize_points.py "$logs/fuse-tf32" params.layout params.fuse rates.samples_per_s time.median_s \
+    metrics.fusion.fused_shapes
 fi
 if want resnext; then
   # The folded paths' GPU checks first (bias_act, the fused conv epilogue, the folded tiny ResNet),
@@ -136,7 +143,7 @@ if want resnext; then
   # Beside PyTorch + CUDA graphs with the fold FOLD picks (default fused; off = the unfolded network).
   fold=${FOLD:-fused}
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx4" --model resnext101_32x4d --train-precisions "" \
-    --infer-precisions fp16 --infer-batches 1,2,4,8,10,12,16,32,64,128,256 --energy-batches 10 --torch-once \
+    --infer-precisions fp16 --infer-batches 1,2,10,12,64,256 --energy-batches 10 --torch-once \
     --infer-axes "fold=$fold" 2>&1 | tee "$logs/compare_resnext_32x4d.txt"
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx8" --model resnext101_32x8d --train-precisions "" \
     --infer-precisions fp16 --infer-batches 1 --torch-once --infer-axes "fold=$fold" 2>&1 |

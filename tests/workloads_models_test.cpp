@@ -199,11 +199,14 @@ TEST(Train, CapturedAndEagerStepsGiveTheSameTrajectory) {
 }
 
 // fuse=on: batch norm (+ residual) + ReLU as one op trains the same trajectory with 9 ops fewer;
-// the autoencoder (no batch norm) refuses it.
+// the default (auto) is on for a ResNet and off for the autoencoder (no batch norm), which refuses on.
 TEST(Train, FusedBatchNormReluGivesTheSameTrajectoryWithFewerOps) {
   const auto records =
-      run_points("train", {"batch=8", "image_size=8", "trajectory_steps=6", "fuse=off,on", "layout=nhwc"});
-  ASSERT_EQ(records.size(), 2u);
+      run_points("train", {"batch=8", "image_size=8", "trajectory_steps=6", "fuse=off,on,auto", "layout=nhwc"});
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[2]["params"]["fuse"], "auto");
+  EXPECT_EQ(records[2]["metrics"]["model"]["ops"], records[1]["metrics"]["model"]["ops"]);
+  EXPECT_EQ(trajectory(records[2]), trajectory(records[1]));
   for (const auto& r : records) ASSERT_EQ(r["status"], "ok") << r.dump();
   ASSERT_EQ(records[0]["params"]["fuse"], "off");
   EXPECT_EQ(trajectory(records[0]), trajectory(records[1]));
@@ -214,6 +217,10 @@ TEST(Train, FusedBatchNormReluGivesTheSameTrajectoryWithFewerOps) {
   const auto ae = run_points("train", {"model=tiny_compression_ae", "fuse=on", "batch=2", "image_size=16"});
   ASSERT_EQ(ae.size(), 1u);
   EXPECT_EQ(ae[0]["status"], "invalid") << ae[0].dump();
+  const auto ae_auto = run_points("train", {"model=tiny_compression_ae", "batch=2", "image_size=16", "trajectory_steps=2"});
+  ASSERT_EQ(ae_auto.size(), 1u);
+  EXPECT_EQ(ae_auto[0]["status"], "ok") << ae_auto[0].dump();
+  EXPECT_FALSE(ae_auto[0]["metrics"].contains("fusion"));
 }
 
 TEST(Train, NonFiniteLossIsDivergedAndTheSweepGoesOn) {

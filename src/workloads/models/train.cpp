@@ -98,10 +98,11 @@ class Train final : public Workload {
          {"lr", AxisKind::real, one("0"), {},
           "learning rate; 0 = sgd 0.1 x batch/256 (autoencoders: 10), lars 0.8 x batch/256"},
          {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
-         // Off by default until the fused CUDA path has been checked on a GPU (docs/ENGINE.md).
-         {"fuse", AxisKind::text, one("off"), {"off", "on"},
+         // auto: on for the ResNets (checked on an H200 and faster there, bench/RESULTS.md), off for
+         // models without batch norm, which refuse an explicit on.
+         {"fuse", AxisKind::text, one("auto"), {"auto", "off", "on"},
           "ResNets: each batch norm, the residual add and the ReLU after it as one op (cuDNN's fused NHWC "
-          "16-bit kernels where it takes them)"},
+          "16-bit kernels where it takes them); auto = on for models with batch norm"},
          {"trajectory_steps", AxisKind::integer, one("30"), {}, "steps whose loss is read before timing"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"},
          {"gpus", AxisKind::integer, one("1"), {},
@@ -146,7 +147,8 @@ class Train final : public Workload {
       state.skip("data parallelism on " + state.backend().info().id +
                  " averages through the host, which a captured step cannot hold: use graph=off");
     ModelSpec spec = asked;  // spec.batch: this rank's share
-    spec.fuse_batchnorm_relu = state.get_text("fuse") == "on";
+    const std::string fuse = state.get_text("fuse");
+    spec.fuse_batchnorm_relu = fuse == "on" || (fuse == "auto" && !is_compression_model(spec.model));
     if (strong) spec.batch = asked.batch / gpus;
     const std::int64_t global_batch = spec.batch * gpus;
     const bool active = rank < gpus;
