@@ -50,7 +50,7 @@ def world_sizes(n):
 def torch_worker(rank, world, cfg, queue):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from compare_resnet import resnet50  # torchvision's, else the same network from torch.nn
+    from compare_resnet import build_model  # torchvision's, else the same network from torch.nn
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
@@ -59,7 +59,7 @@ def torch_worker(rank, world, cfg, queue):
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     torch.manual_seed(0)  # DDP broadcasts rank 0's weights at construction anyway
-    model, net = resnet50()
+    model, net = build_model("resnet50")
     model = model.cuda().to(memory_format=torch.channels_last).train()
     ddp = DDP(model, device_ids=[rank], gradient_as_bucket_view=True)  # bucket_cap_mb: the default 25
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=True)

@@ -4,7 +4,8 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|heap|multi|ddp|engine|train|resnext][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|engine|train|resnext][,more modes] (default all)
+# asan (nvidia-h200-x2): the cuda-sanitize build's DataParallel tests under mpirun (a heap-corruption hunt).
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
 # train: ResNet-50 bf16 training beside PyTorch torch.compile (compare_resnet.py, fuse=$FUSE,
@@ -45,7 +46,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -60,7 +61,7 @@ if { want multi || want heap || want ddp; } && ! command -v mpirun >/dev/null 2>
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -149,16 +150,28 @@ if want resnext; then
     --infer-precisions fp16 --infer-batches 1 --torch-once --infer-axes "fold=$fold" 2>&1 |
     tee "$logs/compare_resnext_32x8d.txt"
 fi
+if want asan; then
+  # The cuda-sanitize build (ASan + UBSan) under mpirun: the DataParallel tests and the 2 ms telemetry
+  # run, to name the first bad heap write (bench/RESULTS.md, issue 8). CUDA needs the shadow gap open.
+  { cmake --preset cuda-sanitize "${extra[@]}" && cmake --build --preset cuda-sanitize -j 24 --target accelbench dist_test; } \
+    > "$logs/build-asan.log" 2>&1 || { tail -n 30 "$logs/build-asan.log"; echo "ASAN BUILD FAILED"; }
+  export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0:halt_on_error=1
+  ./build/cuda-sanitize/tests/dist_test --gtest_filter='DataParallel*' > "$logs/dist_test_asan.log" 2>&1
+  echo "dist_test DataParallel under ASan: exit $?"
+  grep -E "^\[  (PASSED|FAILED) |ERROR: AddressSanitizer|runtime error" "$logs/dist_test_asan.log" | head -20
+  grep -m1 -A40 "ERROR: AddressSanitizer" "$logs/dist_test_asan.log" | grep -E "^ +#|ERROR|WRITE|READ|located|allocated|freed|thread" | head -60
+  unset ASAN_OPTIONS
+fi
 if want ddp; then
   grep -E "MPI" "$logs/build.log" | head -3
   # Each figure is printed as measured (unbuffered), so a time limit keeps what was measured.
   python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" 2>&1 | tee "$logs/compare_ddp.txt"
   # The overlap knobs (unmeasured when added): fewer SMs for NCCL, a top-priority all-reduce stream.
   n=$(nvidia-smi -L | wc -l)
-  mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
+  [[ ${KNOBS:-1} == 1 ]] && mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_ctas=0,16 --axis comm_priority=normal,high \
     --axis trajectory_steps=3 --out "$logs/knobs" 2>&1 | tee "$logs/ddp-knobs.txt" | grep -E "ok |median|skipped|error"
-  python3 bench/summarize_points.py "$logs/knobs" params.gpus params.comm_ctas params.comm_priority \
+  [[ ${KNOBS:-1} == 1 ]] && python3 bench/summarize_points.py "$logs/knobs" params.gpus params.comm_ctas params.comm_priority \
     rates.samples_per_s metrics.scaling_efficiency
 fi
 if want bench || want all; then
