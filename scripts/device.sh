@@ -78,12 +78,20 @@ if want test || want all; then
 fi
 if want multi || want heap; then
   grep -E "MPI" "$logs/build.log" | head -3
-  # The rank-1 heap corruption (bench/RESULTS.md, issue 8) showed within seconds at a 2 ms period;
-  # since add8da5 only rank 0 samples its GPU, so these must all exit 0.
-  for i in 1 2 3; do
-    mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run stream --axis op=copy --min-time 0.05 \
-      --telemetry-period 2 --out "$logs/heap" > "$logs/heap-$i.txt" 2>&1
-    echo "mpirun stream, 2 ms telemetry, try $i: exit $?"
+  # The heap corruption under mpirun (bench/RESULTS.md, issue 8) follows the rank whose NVML sampler
+  # runs. Three runs each of a 2-GPU tiny-ResNet training: as is; with hwloc's GPU plugins off (does
+  # OpenMPI's hwloc, which loads NVML and CUDA itself, collide with ours?); without GPU telemetry.
+  for variant in plain hwloc-gpu-off no-gpu-telemetry; do
+    for i in 1 2 3; do
+      flags=()
+      [[ $variant == no-gpu-telemetry ]] && flags=(--no-gpu-telemetry)
+      ( [[ $variant == hwloc-gpu-off ]] && export HWLOC_COMPONENTS=-nvml,-cuda,-opencl,-rsmi,-levelzero
+        mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE ${HWLOC_COMPONENTS:+-x HWLOC_COMPONENTS} \
+          $ab run train --axis model=tiny_resnet --axis batch=8 --axis image_size=16 --axis gpus=2 \
+          --axis graph=off,on --axis trajectory_steps=4 --min-time 0.05 --max-noise 100 "${flags[@]}" \
+          --out "$logs/heap" > "$logs/heap-$variant-$i.txt" 2>&1 )
+      echo "mpirun train gpus=2, $variant, try $i: exit $? $(grep -m1 -oE 'free\(\)[^\n]*|corrupt[^\n]*|Segmentation fault' "$logs/heap-$variant-$i.txt")"
+    done
   done
   if ! want multi; then  # multi runs all of dist_test below
     ./build/cuda/tests/dist_test --gtest_filter='DataParallel*' > "$logs/dist_test_dp.log" 2>&1

@@ -318,10 +318,12 @@ TEST(Infer, LatencyPercentilesOfOneForwardPerSample) {
 // fold=on: batch norms folded into the convolutions (one bias_act op where a batch norm, ReLU and
 // add ran) computes the same logits, checked against the unfolded network's f64 reference, with
 // fewer ops and FLOPs; fold=fused moves each bias_act into its convolution (conv_bias_act). The
-// record's params say which. Refused for the autoencoder (no batch norm).
+// record's params say which; the default, auto, is fused. Refused for the autoencoder (no batch norm),
+// whose auto is off (CompressionAutoencodersReportThePsnrOfTheirReconstruction runs it).
 TEST(Infer, FoldedBatchNormsGiveTheReferenceLogitsWithFewerOps) {
-  const auto records = run_points("infer", {"fold=off,on,fused", "batch=2", "image_size=12", "layout=nchw,nhwc"});
-  ASSERT_EQ(records.size(), 6u);
+  const auto records =
+      run_points("infer", {"fold=off,on,fused,auto", "batch=2", "image_size=12", "layout=nchw,nhwc"});
+  ASSERT_EQ(records.size(), 8u);
   std::map<std::string, const json*> by;
   for (const auto& r : records) {
     SCOPED_TRACE(r.dump());
@@ -330,9 +332,10 @@ TEST(Infer, FoldedBatchNormsGiveTheReferenceLogitsWithFewerOps) {
     EXPECT_LE(r["check"]["rel_error"].get<double>(), 1e-5);
     by[r["params"]["fold"].get<std::string>() + "/" + r["params"]["layout"].get<std::string>()] = &r;
   }
-  ASSERT_EQ(by.size(), 6u);
+  ASSERT_EQ(by.size(), 8u);
   for (const std::string layout : {"nchw", "nhwc"}) {
     const json &off = *by.at("off/" + layout), &on = *by.at("on/" + layout), &fused = *by.at("fused/" + layout);
+    EXPECT_EQ(by.at("auto/" + layout)->at("metrics").at("model"), fused["metrics"]["model"]);
     // tiny_resnet: the stem's ReLU and, in each of its two blocks, three ReLUs and the add.
     EXPECT_EQ(off["metrics"]["model"]["ops"].get<int>() - on["metrics"]["model"]["ops"].get<int>(), 9);
     // Fused: its 9 bias_acts (stem, three per block, two projections) went into their convolutions.

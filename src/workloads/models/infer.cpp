@@ -36,17 +36,21 @@ class Infer final : public Workload {
         axes.end(),
         {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"},
-         // Off by default until the fused CUDA kernels have been checked on a GPU (docs/ENGINE.md).
-         {"fold", AxisKind::text, one("off"), {"off", "on", "fused"},
+         // auto: fused for the ResNets (checked on an H200 and fastest there, bench/RESULTS.md), off
+         // for models without batch norm, which refuse an explicit on or fused.
+         {"fold", AxisKind::text, one("auto"), {"auto", "off", "on", "fused"},
           "fold each batch norm into its convolution: on = weights scaled, then one bias + residual + ReLU "
-          "kernel; fused = that epilogue inside the convolution (cuDNN's conv + bias + add + ReLU where faster)"}});
+          "kernel; fused = that epilogue inside the convolution (cuDNN's conv + bias + add + ReLU where "
+          "faster); auto = fused for models with batch norm"}});
     return axes;
   }
 
   void run(State& state) override {
     ModelSpec spec = model_spec(state, /*training=*/false);
-    spec.fold_batchnorm = state.get_text("fold") != "off";
-    spec.fuse_conv_epilogue = state.get_text("fold") == "fused";
+    std::string fold = state.get_text("fold");
+    if (fold == "auto") fold = is_compression_model(spec.model) ? "off" : "fused";
+    spec.fold_batchnorm = fold != "off";
+    spec.fuse_conv_epilogue = fold == "fused";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     if (spec.batch < 1 || spec.image_px < 1)
       throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");
