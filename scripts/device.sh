@@ -79,18 +79,21 @@ fi
 if want multi || want heap; then
   grep -E "MPI" "$logs/build.log" | head -3
   # The heap corruption under mpirun (bench/RESULTS.md, issue 8) follows the rank whose NVML sampler
-  # runs. Three runs each of a 2-GPU tiny-ResNet training: as is; with hwloc's GPU plugins off (does
-  # OpenMPI's hwloc, which loads NVML and CUDA itself, collide with ours?); without GPU telemetry.
-  for variant in plain hwloc-gpu-off no-gpu-telemetry; do
+  # runs; dist_test's 2-GPU training (gpus=1,2: rank 1 idles at gpus=1) shows it at MPI_Finalize.
+  # Three runs each of that command: as is; with hwloc's GPU plugins off (OpenMPI's hwloc loads NVML
+  # and CUDA itself); with NVML never shut down (AB_NVML_KEEP_INIT); without GPU telemetry.
+  for variant in plain hwloc-gpu-off nvml-keep-init no-gpu-telemetry; do
     for i in 1 2 3; do
       flags=()
       [[ $variant == no-gpu-telemetry ]] && flags=(--no-gpu-telemetry)
       ( [[ $variant == hwloc-gpu-off ]] && export HWLOC_COMPONENTS=-nvml,-cuda,-opencl,-rsmi,-levelzero
+        [[ $variant == nvml-keep-init ]] && export AB_NVML_KEEP_INIT=1
         mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE ${HWLOC_COMPONENTS:+-x HWLOC_COMPONENTS} \
-          $ab run train --axis model=tiny_resnet --axis batch=8 --axis image_size=16 --axis gpus=2 \
-          --axis graph=off,on --axis trajectory_steps=4 --min-time 0.05 --max-noise 100 "${flags[@]}" \
+          ${AB_NVML_KEEP_INIT:+-x AB_NVML_KEEP_INIT} $ab run train --axis model=tiny_resnet --axis precision=fp32 \
+          --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 --axis gpus=1,2 --axis graph=off,on \
+          --axis bucket_mib=0.0001 --min-time 0.05 --max-noise 100 --timeout 20 "${flags[@]}" \
           --out "$logs/heap" > "$logs/heap-$variant-$i.txt" 2>&1 )
-      echo "mpirun train gpus=2, $variant, try $i: exit $? $(grep -m1 -oE 'free\(\)[^\n]*|corrupt[^\n]*|Segmentation fault' "$logs/heap-$variant-$i.txt")"
+      echo "mpirun train gpus=1,2, $variant, try $i: exit $? $(grep -m1 -oE 'free\(\)[^\n]*|munmap[^\n]*|corrupt[^\n]*|Segmentation fault' "$logs/heap-$variant-$i.txt")"
     done
   done
   if ! want multi; then  # multi runs all of dist_test below
