@@ -82,13 +82,17 @@ if want multi || want heap; then
   # runs; dist_test's 2-GPU training (gpus=1,2: rank 1 idles at gpus=1) shows it at MPI_Finalize.
   # Three runs each of that command: as is; with hwloc's GPU plugins off (OpenMPI's hwloc loads NVML
   # and CUDA itself); with NVML never shut down (AB_NVML_KEEP_INIT); without GPU telemetry.
-  for variant in plain hwloc-gpu-off nvml-keep-init no-gpu-telemetry; do
+  # dist_test's own mpirun (which crashed where these did not) leaves out --bind-to none: each rank
+  # on one core. The bind-core variants launch like it.
+  for variant in ${HEAP_VARIANTS:-plain hwloc-gpu-off nvml-keep-init no-gpu-telemetry}; do
     for i in 1 2 3; do
       flags=()
-      [[ $variant == no-gpu-telemetry ]] && flags=(--no-gpu-telemetry)
+      bind="--bind-to none"
+      [[ $variant == *no-gpu-telemetry ]] && flags=(--no-gpu-telemetry)
+      [[ $variant == bind-core* ]] && bind=""
       ( [[ $variant == hwloc-gpu-off ]] && export HWLOC_COMPONENTS=-nvml,-cuda,-opencl,-rsmi,-levelzero
-        [[ $variant == nvml-keep-init ]] && export AB_NVML_KEEP_INIT=1
-        mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE ${HWLOC_COMPONENTS:+-x HWLOC_COMPONENTS} \
+        [[ $variant == *nvml-keep-init ]] && export AB_NVML_KEEP_INIT=1
+        mpirun -np 2 --allow-run-as-root $bind -x NCCL_NVLS_ENABLE ${HWLOC_COMPONENTS:+-x HWLOC_COMPONENTS} \
           ${AB_NVML_KEEP_INIT:+-x AB_NVML_KEEP_INIT} $ab run train --axis model=tiny_resnet --axis precision=fp32 \
           --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 --axis gpus=1,2 --axis graph=off,on \
           --axis bucket_mib=0.0001 --min-time 0.05 --max-noise 100 --timeout 20 "${flags[@]}" \
@@ -96,7 +100,7 @@ if want multi || want heap; then
       echo "mpirun train gpus=1,2, $variant, try $i: exit $? $(grep -m1 -oE 'free\(\)[^\n]*|munmap[^\n]*|corrupt[^\n]*|Segmentation fault' "$logs/heap-$variant-$i.txt")"
     done
   done
-  if ! want multi; then  # multi runs all of dist_test below
+  if ! want multi && [[ -z ${HEAP_VARIANTS:-} ]]; then  # multi runs all of dist_test below
     ./build/cuda/tests/dist_test --gtest_filter='DataParallel*' > "$logs/dist_test_dp.log" 2>&1
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$logs/dist_test_dp.log"
   fi
