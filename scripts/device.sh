@@ -14,7 +14,7 @@
 # fp16 inference beside PyTorch + CUDA graphs at the batch-size study's batches (fold=$FOLD, default
 # fused), samples/J at batch 10, and 32x8d at batch 1 (issue 5's targets, ~6 min).
 # heap (nvidia-h200-x2): the rank-1 heap-corruption check (3 mpirun runs with 2 ms GPU telemetry)
-# and dist_test's DataParallel tests (the 2-GPU trajectory checks), ~2 min; `heap,ddp` is one call.
+# and dist_test's DataParallel tests (the 2-GPU trajectory checks), ~3 min; `heap,ddp` is one call.
 # multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
 # GPU collectives/p2p tests), accelbench collectives under mpirun and in one process, p2p, sysinfo's
 # topology, and bench/compare_nccl.py against torch.distributed. Where the image has no mpirun,
@@ -78,26 +78,21 @@ if want test || want all; then
 fi
 if want multi || want heap; then
   grep -E "MPI" "$logs/build.log" | head -3
-  # The heap corruption under mpirun (bench/RESULTS.md, issue 8) follows the rank whose NVML sampler
-  # runs; dist_test's 2-GPU training (gpus=1,2: rank 1 idles at gpus=1) shows it at MPI_Finalize.
-  # Three runs each of that command: as is; with hwloc's GPU plugins off (OpenMPI's hwloc loads NVML
-  # and CUDA itself); with NVML never shut down (AB_NVML_KEEP_INIT); without GPU telemetry.
-  # dist_test's own mpirun (which crashed where these did not) leaves out --bind-to none: each rank
-  # on one core. The bind-core variants launch like it.
-  for variant in ${HEAP_VARIANTS:-plain hwloc-gpu-off nvml-keep-init no-gpu-telemetry}; do
+  # The heap corruption under mpirun (bench/RESULTS.md, issue 8): dist_test's 2-GPU training command
+  # (gpus=1,2), three runs each launched as dist_test launches it (OpenMPI's default binding: a core
+  # per rank; since the fix rank 0 then reads no GPU counters), with --bind-to none (counters on), and
+  # bound without GPU telemetry. All must exit 0. HEAP_VARIANTS picks others.
+  for variant in ${HEAP_VARIANTS:-bind-core unbound bind-core-no-gpu-telemetry}; do
     for i in 1 2 3; do
       flags=()
       bind="--bind-to none"
       [[ $variant == *no-gpu-telemetry ]] && flags=(--no-gpu-telemetry)
       [[ $variant == bind-core* ]] && bind=""
-      ( [[ $variant == hwloc-gpu-off ]] && export HWLOC_COMPONENTS=-nvml,-cuda,-opencl,-rsmi,-levelzero
-        [[ $variant == *nvml-keep-init ]] && export AB_NVML_KEEP_INIT=1
-        mpirun -np 2 --allow-run-as-root $bind -x NCCL_NVLS_ENABLE ${HWLOC_COMPONENTS:+-x HWLOC_COMPONENTS} \
-          ${AB_NVML_KEEP_INIT:+-x AB_NVML_KEEP_INIT} $ab run train --axis model=tiny_resnet --axis precision=fp32 \
-          --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 --axis gpus=1,2 --axis graph=off,on \
-          --axis bucket_mib=0.0001 --min-time 0.05 --max-noise 100 --timeout 20 "${flags[@]}" \
-          --out "$logs/heap" > "$logs/heap-$variant-$i.txt" 2>&1 )
-      echo "mpirun train gpus=1,2, $variant, try $i: exit $? $(grep -m1 -oE 'free\(\)[^\n]*|munmap[^\n]*|corrupt[^\n]*|Segmentation fault' "$logs/heap-$variant-$i.txt")"
+      mpirun -np 2 --allow-run-as-root $bind -x NCCL_NVLS_ENABLE $ab run train --axis model=tiny_resnet \
+        --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 --axis gpus=1,2 \
+        --axis graph=off,on --axis bucket_mib=0.0001 --min-time 0.05 --max-noise 100 --timeout 20 "${flags[@]}" \
+        --out "$logs/heap" > "$logs/heap-$variant-$i.txt" 2>&1
+      echo "mpirun train gpus=1,2, $variant, try $i: exit $? $(grep -m1 -oE 'free\(\)[^\n]*|munmap[^\n]*|corrupt[^\n]*|Segmentation fault|GPU counters off' "$logs/heap-$variant-$i.txt")"
     done
   done
   if ! want multi && [[ -z ${HEAP_VARIANTS:-} ]]; then  # multi runs all of dist_test below

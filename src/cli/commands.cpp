@@ -1,5 +1,7 @@
 #include "cli/commands.h"
 
+#include <sched.h>
+
 #include <csignal>
 #include <fstream>
 #include <iomanip>
@@ -20,6 +22,13 @@
 
 namespace ab::cli {
 namespace {
+
+// CPUs this process may run on (its affinity mask); 0 if unknown.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
 
 std::atomic<bool> g_cancel{false};
 
@@ -241,6 +250,17 @@ int run(const RunOptions& o) {
     ranks.push_back({{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host}, {"device", r.device},
                      {"pci_bus_id", r.pci_bus_id}});
   context["dist"] = {{"launcher", session->launch().launcher}, {"processes", world.size()}, {"ranks", ranks}};
+  // GPU counters: only rank 0's records are kept, so only rank 0 reads them. Not on a rank confined to
+  // one CPU in a multi-process run (OpenMPI binds 2 ranks to a core each by default): there NVML's
+  // sampling beside the workload corrupted the heap on the H200s (3 of 3 runs; none with
+  // --bind-to none, none without GPU sampling; bench/RESULTS.md, issue 8). Cause not found.
+  const bool sample_gpu = be->info().kind == "cuda" && !o.no_gpu_telemetry;
+  const bool one_cpu_rank = sample_gpu && world.size() > 1 && usable_cpus() == 1;
+  const std::string one_cpu_note =
+      "GPU counters off: this rank may use only one CPU (mpirun's default --bind-to core for 2 ranks), where NVML "
+      "sampling beside the workload corrupted the heap (bench/RESULTS.md); launch with --bind-to none or "
+      "--bind-to socket for power and energy";
+  if (one_cpu_rank) context["telemetry_note"] = one_cpu_note;
   if (leader) {
     try {
       store = std::make_unique<results::ResultStore>(o.out_dir, results::RunInfo{run_id, started_at, o.command_line, context});
@@ -254,12 +274,10 @@ int run(const RunOptions& o) {
   }
 
   // Telemetry: NVML for the GPU under test (absent driver -> noted, never fatal), /proc for the host.
-  // Only rank 0's records are kept, so the other ranks read no GPU counters: their readings were
-  // never used, and under mpirun on the H200s a non-zero rank sampling NVML corrupted its heap
-  // (bench/RESULTS.md, issue 8: 3 of 3 runs at a 2 ms period; none without its NVML sampling).
   std::string nvml_note;
   std::vector<std::string> bus_ids;
-  if (be->info().kind == "cuda" && !o.no_gpu_telemetry && leader) bus_ids.push_back(be->info().pci_bus_id);
+  if (sample_gpu && !one_cpu_rank && leader) bus_ids.push_back(be->info().pci_bus_id);
+  if (one_cpu_rank && leader && !quiet) std::cerr << "telemetry: " << one_cpu_note << '\n';
   auto gpus = bus_ids.empty() ? std::vector<std::unique_ptr<telemetry::GpuSource>>{}
                               : telemetry::open_nvml_devices(bus_ids, &nvml_note);
   telemetry::Sampler sampler(std::move(gpus), std::make_unique<telemetry::HostSource>(),

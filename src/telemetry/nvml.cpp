@@ -1,7 +1,6 @@
 // NVML through dlopen: every function resolved with dlsym, so a missing function, or one that
 // answers NOT_SUPPORTED, leaves its field out instead of failing the run.
 #include <dlfcn.h>
-#include <cstdlib>
 
 #include <cstring>
 #include <string>
@@ -232,8 +231,7 @@ class NvmlGpuSource final : public GpuSource {
 NvmlLibrary::NvmlLibrary() : api_(std::make_unique<Api>()) {}
 
 NvmlLibrary::~NvmlLibrary() {
-  // AB_NVML_KEEP_INIT=1 (diagnosis of the heap corruption under mpirun, bench/RESULTS.md): no shutdown.
-  if (initialised_ && api_->shutdown && std::getenv("AB_NVML_KEEP_INIT") == nullptr) api_->shutdown();
+  if (initialised_ && api_->shutdown) api_->shutdown();
   // The library stays mapped: NVML registers exit-time handlers, and unmapping it under them crashes.
 }
 
