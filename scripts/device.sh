@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|engine|train|resnext][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|engine|train|resnext|fp8][,more modes] (default all)
 # asan (nvidia-h200-x2): the cuda-sanitize build's DataParallel tests under mpirun (a heap-corruption hunt).
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
@@ -159,6 +159,12 @@ if want resnext; then
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx8" --model resnext101_32x8d --train-precisions "" \
     --infer-precisions fp16 --infer-batches 1 --torch-once --infer-axes "fold=$fold" 2>&1 |
     tee "$logs/compare_resnext_32x8d.txt"
+fi
+if want fp8; then
+  # The fp8 (e4m3) groundwork (issue 5): the quantization kernels against the host bit for bit, and
+  # cuDNN's fp8 convolution graph per shape, with the engine it chose or why it refused.
+  ./build/cuda/tests/nn_cuda_fp8_test > "$logs/fp8-tests.txt" 2>&1
+  echo "fp8 GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|engine|refused|aligned shapes" "$logs/fp8-tests.txt"
 fi
 if want asan; then
   # The cuda-sanitize build (ASan + UBSan) under mpirun: the DataParallel tests and the 2 ms telemetry

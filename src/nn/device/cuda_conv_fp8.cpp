@@ -1,0 +1,432 @@
+// The fp8 (e4m3) convolution of cuda_conv_fp8.h on cuDNN's backend (graph) API, built from the raw
+// descriptors of cudnn.h (no cudnn_frontend). Every descriptor has one RAII owner; every cuDNN
+// call is checked where it is made, and a failure names the call, the descriptor and attribute it
+// was for, the shape, cuDNN's status (cudnnGetErrorString) and cuDNN's own last message.
+// Tensors are described in cuDNN's logical NCHW order with NHWC strides (KRSC for the filter).
+#include "nn/device/cuda_conv_fp8.h"
+
+#include <cudnn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ab::nn::cuda {
+namespace {
+
+std::string last_cudnn_message() {
+  char buf[1024] = {};
+  cudnnGetLastErrorString(buf, sizeof buf);
+  return buf[0] != '\0' ? std::string("; cuDNN: ") + buf : std::string();
+}
+
+std::string status_text(cudnnStatus_t status) {
+  return std::string(cudnnGetErrorString(status)) + " (" + std::to_string(static_cast<int>(status)) + ")";
+}
+
+// "<call> failed (<what>): <status>; cuDNN: <its last message>": Unsupported for cuDNN's
+// not-supported family, OutOfMemory for its allocation failures, Error otherwise.
+[[noreturn]] void fail(cudnnStatus_t status, const std::string& call, const std::string& what) {
+  const std::string msg = call + " failed (" + what + "): " + status_text(status) + last_cudnn_message();
+  if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) throw Unsupported(msg);
+  if (status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+      status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+    throw OutOfMemory(msg);
+  throw Error(msg);
+}
+
+struct HandleDeleter {
+  void operator()(cudnnHandle_t h) const noexcept { cudnnDestroy(h); }
+};
+using HandlePtr = std::unique_ptr<std::remove_pointer_t<cudnnHandle_t>, HandleDeleter>;
+
+// One backend descriptor, destroyed with its owner; `name` ("tensor x", "operation graph") and the
+// plan's label go into every failure message.
+class Desc {
+ public:
+  Desc(cudnnBackendDescriptorType_t type, std::string name, const std::string& label)
+      : name_(std::move(name)), label_(&label) {
+    cudnnBackendDescriptor_t d = nullptr;
+    if (const cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d); st != CUDNN_STATUS_SUCCESS)
+      fail(st, "cudnnBackendCreateDescriptor", name_ + " of " + label);
+    d_.reset(d);
+  }
+  cudnnBackendDescriptor_t get() const { return d_.get(); }
+  const std::string& name() const { return name_; }
+
+  // `attr_name` is the attribute's enum name, for the message.
+  void set(cudnnBackendAttributeName_t attr, const char* attr_name, cudnnBackendAttributeType_t type,
+           std::int64_t count, const void* values) {
+    if (const cudnnStatus_t st = cudnnBackendSetAttribute(d_.get(), attr, type, count, values);
+        st != CUDNN_STATUS_SUCCESS)
+      fail(st, std::string("cudnnBackendSetAttribute(") + attr_name + ")", name_ + " of " + *label_);
+  }
+  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(d_.get()); }
+  void finalize() {
+    if (const cudnnStatus_t st = try_finalize(); st != CUDNN_STATUS_SUCCESS)
+      fail(st, "cudnnBackendFinalize", name_ + " of " + *label_);
+  }
+
+ private:
+  struct Deleter {
+    void operator()(void* d) const noexcept { cudnnBackendDestroyDescriptor(d); }
+  };
+  std::unique_ptr<void, Deleter> d_;
+  std::string name_;
+  const std::string* label_;
+};
+
+#define AB_SET(desc, attr, type, count, values) (desc).set(attr, #attr, type, count, values)
+
+// Tensor ids in the variant pack; the virtual intermediates only name graph edges.
+enum : std::int64_t { kIdX = 1, kIdW, kIdDescale, kIdBias, kIdY, kIdConv = 101, kIdScaled, kIdBiased };
+// Every buffer the plan reads or writes is 16-byte aligned (cudaMalloc gives 256), the descale 4.
+constexpr std::int64_t kAlignment = 16, kScalarAlignment = 4;
+
+std::string dims_text(const std::vector<std::int64_t>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return "[" + s + "]";
+}
+
+Desc make_tensor(const char* name, std::int64_t id, cudnnDataType_t type, const std::vector<std::int64_t>& dims,
+                 const std::vector<std::int64_t>& strides, bool is_virtual, std::int64_t alignment,
+                 const std::string& label) {
+  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR,
+         std::string("tensor ") + name + " (id " + std::to_string(id) + ", dims " + dims_text(dims) + ", strides " +
+             dims_text(strides) + ")",
+         label);
+  const auto rank = static_cast<std::int64_t>(dims.size());
+  AB_SET(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  AB_SET(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims.data());
+  AB_SET(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides.data());
+  AB_SET(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id);
+  AB_SET(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  AB_SET(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+  t.finalize();
+  return t;
+}
+
+// NHWC strides of logical [N, C, H, W] (a filter [K, C, R, S] gets KRSC the same way).
+std::vector<std::int64_t> nhwc_strides(std::int64_t c, std::int64_t h, std::int64_t w) {
+  return {h * w * c, 1, w * c, c};
+}
+
+const char* heur_name(cudnnBackendHeurMode_t mode) {
+  switch (mode) {
+    case CUDNN_HEUR_MODE_A: return "A";
+    case CUDNN_HEUR_MODE_FALLBACK: return "FALLBACK";
+    case CUDNN_HEUR_MODE_B: return "B";
+    case CUDNN_HEUR_MODE_INSTANT: return "INSTANT";
+    default: return "?";
+  }
+}
+
+std::int64_t extent(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad, std::int64_t dilation) {
+  if (stride < 1) return 0;
+  return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+}
+
+}  // namespace
+
+std::int64_t Fp8ConvShape::p() const { return extent(h, r, conv.stride_h, conv.pad_h, conv.dilation_h); }
+std::int64_t Fp8ConvShape::q() const { return extent(w, s, conv.stride_w, conv.pad_w, conv.dilation_w); }
+
+std::string Fp8ConvShape::to_string() const {
+  const auto i = [](std::int64_t v) { return std::to_string(v); };
+  return "fp8 conv x e4m3[N " + i(n) + ", H " + i(h) + ", W " + i(w) + ", C " + i(c) + "] nhwc, w e4m3[K " + i(k) +
+         ", R " + i(r) + ", S " + i(s) + ", C " + i(c) + "], stride " + i(conv.stride_h) + "x" + i(conv.stride_w) +
+         ", pad " + i(conv.pad_h) + "x" + i(conv.pad_w) + ", dilation " + i(conv.dilation_h) + "x" +
+         i(conv.dilation_w) + ", groups " + i(conv.groups) + (bias ? ", + bias f32[K]" : "") +
+         (relu ? ", + ReLU" : "") + " -> y " + std::string(ab::to_string(out)) + "[N " + i(n) + ", P " + i(p()) +
+         ", Q " + i(q()) + ", K " + i(k) + "] nhwc";
+}
+
+std::string fp8_conv_refusal(const Fp8ConvShape& s) {
+  const std::string label = s.to_string() + ": ";
+  if (s.c % kFp8ChannelMultiple != 0 || s.k % kFp8ChannelMultiple != 0)
+    return label + "cuDNN's fp8 (e4m3) convolutions need C and K multiples of " +
+           std::to_string(kFp8ChannelMultiple) + " (16-byte e4m3 channel vectors); C = " + std::to_string(s.c) +
+           ", K = " + std::to_string(s.k) + " (the caller runs this layer in f16)";
+  if (s.conv.groups != 1)
+    return label + "the fp8 convolution runs groups = 1 only, got " + std::to_string(s.conv.groups);
+  if (s.out != DType::f16 && s.out != DType::bf16)
+    return label + "the fp8 convolution writes f16 or bf16, not " + std::string(ab::to_string(s.out));
+  if (s.n < 1 || s.h < 1 || s.w < 1 || s.c < 1 || s.k < 1 || s.r < 1 || s.s < 1)
+    return label + "every extent must be at least 1";
+  if (s.conv.stride_h < 1 || s.conv.stride_w < 1 || s.conv.dilation_h < 1 || s.conv.dilation_w < 1 ||
+      s.conv.pad_h < 0 || s.conv.pad_w < 0)
+    return label + "strides and dilations must be at least 1, padding at least 0";
+  if (s.p() < 1 || s.q() < 1) return label + "the output is empty";
+  return {};
+}
+
+struct Fp8ConvPlan::Impl {
+  Fp8ConvShape shape;
+  std::string label;
+  HandlePtr handle;
+  std::deque<Desc> keep;  // tensors, convolution, pointwise and operations (a deque: references stay valid)
+  std::unique_ptr<Desc> graph, plan;  // the operation graph and the chosen execution plan
+  std::vector<std::unique_ptr<Desc>> configs;  // heuristics results (the chosen one among them)
+  std::int64_t workspace_bytes = 0;
+  std::string engine, plan_json;
+
+  void build(void* stream);
+  // A config's engine ("engine 12"), or "engine ?" where cuDNN does not say.
+  std::string engine_of(const Desc& config) const;
+  bool try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals);
+};
+
+std::string Fp8ConvPlan::Impl::engine_of(const Desc& config) const {
+  Desc engine_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine of " + config.name(), label);
+  cudnnBackendDescriptor_t e = engine_desc.get();
+  std::int64_t got = 0, index = -1;
+  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
+                               &e) != CUDNN_STATUS_SUCCESS ||
+      cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index) !=
+          CUDNN_STATUS_SUCCESS)
+    return "engine ?";
+  return "engine " + std::to_string(index);
+}
+
+// The engine configurations heuristics `mode` ranks, tried in order until an execution plan
+// finalizes; false (each refusal appended to `refusals`) where none does.
+bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals) {
+  const std::string mode_name = std::string("heuristics mode ") + heur_name(mode);
+  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics (mode " + std::string(heur_name(mode)) + ")",
+            label);
+  cudnnBackendDescriptor_t g = graph->get();
+  AB_SET(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g);
+  AB_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (const cudnnStatus_t st = heur.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+    refusals += "; " + mode_name + ": cudnnBackendFinalize(engine heuristics) " + status_text(st) +
+                last_cudnn_message();
+    return false;
+  }
+  std::int64_t count = 0;
+  if (const cudnnStatus_t st =
+          cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                   nullptr);
+      st != CUDNN_STATUS_SUCCESS)
+    fail(st, "cudnnBackendGetAttribute(CUDNN_ATTR_ENGINEHEUR_RESULTS, count)", mode_name + " of " + label);
+  if (count <= 0) {
+    refusals += "; " + mode_name + ": no engine configuration";
+    return false;
+  }
+  std::vector<std::unique_ptr<Desc>> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (std::int64_t i = 0; i < count; ++i) {
+    cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+                                          mode_name + " config " + std::to_string(i + 1) + " of " +
+                                              std::to_string(count),
+                                          label));
+    raw.push_back(cfgs.back()->get());
+  }
+  std::int64_t returned = 0;
+  if (const cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
+      st != CUDNN_STATUS_SUCCESS)
+    fail(st, "cudnnBackendGetAttribute(CUDNN_ATTR_ENGINEHEUR_RESULTS)", mode_name + " of " + label);
+
+  std::string tried;
+  cudnnHandle_t h = handle.get();
+  for (std::int64_t i = 0; i < returned; ++i) {
+    const Desc& cfg = *cfgs[static_cast<std::size_t>(i)];
+    const std::string engine_name = engine_of(cfg);
+    auto candidate = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
+                                            "execution plan (" + cfg.name() + ", " + engine_name + ")", label);
+    cudnnBackendDescriptor_t c = cfg.get();
+    AB_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    AB_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    if (const cudnnStatus_t st = candidate->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+      tried += "; " + cfg.name() + " " + engine_name + ": cudnnBackendFinalize(execution plan) " + status_text(st) +
+               last_cudnn_message();
+      continue;
+    }
+    std::int64_t got = 0;
+    if (const cudnnStatus_t st = cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                          CUDNN_TYPE_INT64, 1, &got, &workspace_bytes);
+        st != CUDNN_STATUS_SUCCESS)
+      fail(st, "cudnnBackendGetAttribute(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)", candidate->name() + " of " + label);
+    std::int64_t json_chars = 0;
+    if (cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0,
+                                 &json_chars, nullptr) == CUDNN_STATUS_SUCCESS &&
+        json_chars > 0) {
+      std::string json(static_cast<std::size_t>(json_chars), '\0');
+      if (cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                   json_chars, &json_chars, json.data()) == CUDNN_STATUS_SUCCESS)
+        plan_json = json.c_str();  // drops the terminator
+    }
+    engine = engine_name + " (" + cfg.name() + "), workspace " + std::to_string(workspace_bytes) + " B" +
+             (refusals.empty() && tried.empty() ? std::string() : "; refused before it" + refusals + tried);
+    plan = std::move(candidate);
+    configs = std::move(cfgs);
+    return true;
+  }
+  refusals += tried;
+  return false;
+}
+
+void Fp8ConvPlan::Impl::build(void* stream) {
+  const Fp8ConvShape& s = shape;
+  cudnnHandle_t h = nullptr;
+  if (const cudnnStatus_t st = cudnnCreate(&h); st != CUDNN_STATUS_SUCCESS) fail(st, "cudnnCreate", label);
+  handle.reset(h);
+  if (const cudnnStatus_t st = cudnnSetStream(h, static_cast<cudaStream_t>(stream)); st != CUDNN_STATUS_SUCCESS)
+    fail(st, "cudnnSetStream", label);
+
+  const cudnnDataType_t fp8 = CUDNN_DATA_FP8_E4M3, f32 = CUDNN_DATA_FLOAT,
+                        out = s.out == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  const std::int64_t P = s.p(), Q = s.q();
+  const std::vector<std::int64_t> y_dims{s.n, s.k, P, Q}, y_strides = nhwc_strides(s.k, P, Q);
+  const std::vector<std::int64_t> one{1, 1, 1, 1};
+  const Desc& x = keep.emplace_back(
+      make_tensor("x", kIdX, fp8, {s.n, s.c, s.h, s.w}, nhwc_strides(s.c, s.h, s.w), false, kAlignment, label));
+  const Desc& w = keep.emplace_back(
+      make_tensor("w", kIdW, fp8, {s.k, s.c, s.r, s.s}, nhwc_strides(s.c, s.r, s.s), false, kAlignment, label));
+  const Desc& descale =
+      keep.emplace_back(make_tensor("descale", kIdDescale, f32, one, one, false, kScalarAlignment, label));
+  const Desc& conv_out =
+      keep.emplace_back(make_tensor("conv output (virtual)", kIdConv, f32, y_dims, y_strides, true, kAlignment, label));
+
+  // The convolution: cross-correlation in f32, alpha 1, beta 0.
+  Desc& conv = keep.emplace_back(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "convolution", label);
+  const std::int64_t spatial = 2;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const std::int64_t dilation[2] = {s.conv.dilation_h, s.conv.dilation_w},
+                     stride[2] = {s.conv.stride_h, s.conv.stride_w}, pad[2] = {s.conv.pad_h, s.conv.pad_w};
+  AB_SET(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+  AB_SET(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  AB_SET(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+  AB_SET(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation);
+  AB_SET(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride);
+  AB_SET(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  AB_SET(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  conv.finalize();
+
+  std::vector<cudnnBackendDescriptor_t> ops;
+  Desc& conv_op = keep.emplace_back(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                                    "convolution forward operation", label);
+  const float alpha = 1.0f, beta = 0.0f;
+  cudnnBackendDescriptor_t xd = x.get(), wd = w.get(), cd = conv.get(), yd = conv_out.get();
+  AB_SET(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd);
+  AB_SET(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &wd);
+  AB_SET(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd);
+  AB_SET(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cd);
+  AB_SET(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+  AB_SET(conv_op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  conv_op.finalize();
+  ops.push_back(conv_op.get());
+
+  // Pointwise y_op = mode(in, b) (b null: unary) in f32 math, appended to the graph.
+  const auto pointwise = [&](const char* name, cudnnPointwiseMode_t pw_mode, const Desc& in, const Desc* b,
+                             const Desc& result) {
+    Desc& pw = keep.emplace_back(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, std::string(name) + " pointwise", label);
+    AB_SET(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &pw_mode);
+    AB_SET(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f32);
+    pw.finalize();
+    Desc& op = keep.emplace_back(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, std::string(name) + " operation", label);
+    cudnnBackendDescriptor_t pd = pw.get(), id = in.get(), od = result.get();
+    AB_SET(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pd);
+    AB_SET(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &id);
+    if (b != nullptr) {
+      cudnnBackendDescriptor_t bd = b->get();
+      AB_SET(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bd);
+    }
+    AB_SET(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &od);
+    op.finalize();
+    ops.push_back(op.get());
+  };
+  // Each stage writes y where it is the last, else a virtual f32 tensor.
+  const auto stage_out = [&](const char* name, std::int64_t id, bool is_last) -> const Desc& {
+    return keep.emplace_back(is_last ? make_tensor("y", kIdY, out, y_dims, y_strides, false, kAlignment, label)
+                                  : make_tensor(name, id, f32, y_dims, y_strides, true, kAlignment, label));
+  };
+  const Desc& scaled = stage_out("descaled (virtual)", kIdScaled, !s.bias && !s.relu);
+  pointwise("descale MUL", CUDNN_POINTWISE_MUL, conv_out, &descale, scaled);
+  const Desc* last = &scaled;
+  if (s.bias) {
+    const Desc& bias = keep.emplace_back(make_tensor("bias", kIdBias, f32, {1, s.k, 1, 1}, {s.k, 1, s.k, s.k}, false,
+                                                     kAlignment, label));
+    const Desc& biased = stage_out("biased (virtual)", kIdBiased, !s.relu);
+    pointwise("bias ADD", CUDNN_POINTWISE_ADD, *last, &bias, biased);
+    last = &biased;
+  }
+  if (s.relu) {
+    const Desc& y = stage_out("y", kIdY, true);
+    pointwise("RELU_FWD", CUDNN_POINTWISE_RELU_FWD, *last, nullptr, y);
+  }
+
+  graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph", label);
+  AB_SET(*graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+  AB_SET(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<std::int64_t>(ops.size()),
+         ops.data());
+  if (const cudnnStatus_t st = graph->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+    if (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED)
+      throw Unsupported(label + ": cuDNN refuses the graph: cudnnBackendFinalize(operation graph) " + status_text(st) +
+                        last_cudnn_message() + " (cuDNN " + std::to_string(cudnnGetVersion()) + ")");
+    fail(st, "cudnnBackendFinalize", "operation graph of " + label);
+  }
+
+  std::string refusals;
+  if (try_heuristics(CUDNN_HEUR_MODE_A, refusals) || try_heuristics(CUDNN_HEUR_MODE_FALLBACK, refusals)) {
+    if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
+      std::fprintf(stderr, "%s: %s\n", label.c_str(), engine.c_str());
+    return;
+  }
+  throw Unsupported(label + ": no cuDNN engine accepts the graph (cuDNN " + std::to_string(cudnnGetVersion()) + ")" +
+                    refusals);
+}
+
+Fp8ConvPlan::Fp8ConvPlan(const Fp8ConvShape& shape, void* stream) : impl_(std::make_unique<Impl>()) {
+  if (std::string why = fp8_conv_refusal(shape); !why.empty()) throw Unsupported(why);
+  impl_->shape = shape;
+  impl_->label = shape.to_string();
+  impl_->build(stream);
+}
+
+Fp8ConvPlan::~Fp8ConvPlan() = default;
+Fp8ConvPlan::Fp8ConvPlan(Fp8ConvPlan&&) noexcept = default;
+Fp8ConvPlan& Fp8ConvPlan::operator=(Fp8ConvPlan&&) noexcept = default;
+
+const Fp8ConvShape& Fp8ConvPlan::shape() const { return impl_->shape; }
+std::int64_t Fp8ConvPlan::workspace_bytes() const { return impl_->workspace_bytes; }
+const std::string& Fp8ConvPlan::engine() const { return impl_->engine; }
+const std::string& Fp8ConvPlan::plan_json() const { return impl_->plan_json; }
+
+void Fp8ConvPlan::execute(const void* x, const void* w, const float* descale, const float* bias, void* y,
+                          Workspace ws) const {
+  const Impl& p = *impl_;
+  if (x == nullptr || w == nullptr || descale == nullptr || y == nullptr)
+    throw Error(p.label + ": execute needs x, w, descale and y");
+  if ((bias != nullptr) != p.shape.bias)
+    throw Error(p.label + (p.shape.bias ? ": the plan adds a bias; pass one" : ": the plan has no bias; pass null"));
+  if (ws.bytes < p.workspace_bytes || (p.workspace_bytes > 0 && ws.data == nullptr))
+    throw Error(p.label + ": the plan needs a workspace of " + std::to_string(p.workspace_bytes) + " bytes, got " +
+                std::to_string(ws.bytes));
+  std::vector<std::int64_t> ids{kIdX, kIdW, kIdDescale, kIdY};
+  std::vector<void*> ptrs{const_cast<void*>(x), const_cast<void*>(w), const_cast<float*>(descale), y};
+  if (bias != nullptr) {
+    ids.push_back(kIdBias);
+    ptrs.push_back(const_cast<float*>(bias));
+  }
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack", p.label);
+  void* workspace = ws.data;
+  AB_SET(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(ids.size()), ids.data());
+  AB_SET(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(ptrs.size()),
+         ptrs.data());
+  AB_SET(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  pack.finalize();
+  if (const cudnnStatus_t st = cudnnBackendExecute(p.handle.get(), p.plan->get(), pack.get());
+      st != CUDNN_STATUS_SUCCESS)
+    fail(st, "cudnnBackendExecute", p.label + " with " + p.engine);
+}
+
+}  // namespace ab::nn::cuda

@@ -1,0 +1,112 @@
+// The fp8 (e4m3) quantization kernels of cuda_conv_fp8.h: a tensor's amax, its e4m3 image with the
+// per-tensor scale 448 / amax computed on the device, and the product of two descales.
+//
+// Rounding must match the host's float_to_e4m3_bits (core/dtype.cpp), which the tests and the
+// reference use: it maps NaN to 0x7f, clamps |v| to 448 (e4m3fn has no infinity: saturate), rounds
+// |v| < 2^-6 to the nearest multiple of 2^-9 (subnormals; ties to even, 8 * 2^-9 landing on the
+// smallest normal's encoding) and otherwise rounds the mantissa to 3 bits, ties to even, carrying
+// into the exponent. __nv_cvt_float_to_fp8 with __NV_SATFINITE and __NV_E4M3 is, on sm_89 and
+// later, one cvt.rn.satfinite.e4m3x2.f32: round to nearest even, finite overflow (anything from
+// 464 = 448 + half an ulp up, infinity included) saturating to +-448, the same for every finite or
+// infinite input. cuda_fp8.h's host emulation of this conversion agrees with float_to_e4m3_bits on
+// all 2^32 float bit patterns, NaNs included (checked once, off-tree, on the dev machine); that the
+// instruction agrees too is what nn_cuda_fp8_test checks on the GPU. Only a NaN's sign might
+// differ there (0xff against the host's 0x7f); a NaN input also makes amax NaN, so the scale falls
+// back to 1 (below).
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "nn/device/cuda_conv_fp8.h"
+#include "nn/device/cuda_device_common.cuh"
+
+namespace ab::nn::cuda {
+namespace {
+
+using device_common::dispatch_storage;
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kMaxBlocks = 1024;
+constexpr float kE4m3Max = 448.0f;
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+int blocks_for(std::int64_t n) {
+  return static_cast<int>(std::clamp<std::int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+// max |x| as the bits of a non-negative float: those order like the values (NaN above infinity),
+// so an integer max is exact and order-free, and one atomicMax per block joins the blocks.
+template <typename T>
+__global__ void amax_kernel(const T* __restrict__ x, std::int64_t n, unsigned int* __restrict__ out) {
+  unsigned int m = 0;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+    m = max(m, __float_as_uint(to_f32(x[i])) & 0x7fffffffu);
+  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, offset));
+  __shared__ unsigned int warp_max[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+    atomicMax(out, m);
+  }
+}
+
+// The scale 448 / amax is usable where it is a finite positive number; where it is not (amax 0,
+// subnormally small, infinite or NaN) the tensor is stored unscaled (scale and descale 1) rather
+// than as NaNs or zeros.
+__device__ __forceinline__ bool usable_scale(float s) { return s > 0.0f && s <= 3.402823466e38f; }
+
+template <typename T>
+__global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const float* __restrict__ amax,
+                                std::uint8_t* __restrict__ q, float* __restrict__ descale) {
+  const float a = *amax;
+  const float s = __fdiv_rn(kE4m3Max, a);
+  const bool usable = usable_scale(s);
+  const float scale = usable ? s : 1.0f;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // amax / 448 in one rounding (not 1 / scale, which would round twice).
+  if (first == 0) *descale = usable ? __fdiv_rn(a, kE4m3Max) : 1.0f;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = first; i < n; i += step)
+    q[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(x[i]), scale), __NV_SATFINITE, __NV_E4M3);
+}
+
+__global__ void multiply_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out) {
+  *out = __fmul_rn(*a, *b);
+}
+
+}  // namespace
+
+void fp8_amax(void* stream, DType t, const void* x, std::int64_t n, float* amax) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  AB_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), s), "fp8 amax: clearing the result");
+  if (n <= 0) return;
+  dispatch_storage<false>(t, "fp8", "amax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    amax_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const T*>(x), n,
+                                                       reinterpret_cast<unsigned int*>(amax));
+  });
+  device_common::check_launch("fp8", "amax");
+}
+
+void fp8_quantize_e4m3(void* stream, DType t, const void* x, std::int64_t n, const float* amax, std::uint8_t* q,
+                       float* descale) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch_storage<false>(t, "fp8", "quantize_e4m3", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    quantize_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const T*>(x), n, amax, q, descale);
+  });
+  device_common::check_launch("fp8", "quantize_e4m3");
+}
+
+void fp8_multiply_scalars(void* stream, const float* a, const float* b, float* out) {
+  multiply_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(a, b, out);
+  device_common::check_launch("fp8", "multiply_scalars");
+}
+
+}  // namespace ab::nn::cuda
