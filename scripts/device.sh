@@ -154,7 +154,7 @@ if want resnext; then
   # Beside PyTorch + CUDA graphs with the fold FOLD picks (default fused; off = the unfolded network).
   fold=${FOLD:-fused}
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx4" --model resnext101_32x4d --train-precisions "" \
-    --infer-precisions fp16 --infer-batches 1,2,10,12,64,256 --energy-batches 10 --torch-once \
+    --infer-precisions fp16 --infer-batches 1,2,4,8,10,12,16,32,64,128,256 --energy-batches 10 --torch-once \
     --infer-axes "fold=$fold" 2>&1 | tee "$logs/compare_resnext_32x4d.txt"
   python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/rx8" --model resnext101_32x8d --train-precisions "" \
     --infer-precisions fp16 --infer-batches 1 --torch-once --infer-axes "fold=$fold" 2>&1 |
