@@ -713,8 +713,15 @@ std::map<std::pair<int, std::string>, nlohmann::json> two_gpu_train_points(const
   if (r.code != 0) return by;
   for (const auto& p : read_points(tmp.path())) {
     EXPECT_EQ(p["status"], "ok") << p.dump();
+    // mpirun here binds each rank to a core (no --bind-to none): rank 0 then reads no GPU counters
+    // and the context says why (NVML sampling on one CPU corrupted the heap); otherwise rank 0's GPU
+    // is in the record's telemetry.
+    const bool one_cpu = p["context"].contains("telemetry_note");
+    EXPECT_EQ(p["telemetry"].contains("gpus"), !one_cpu) << p["context"].value("telemetry_note", "no note");
     by[{p["params"]["gpus"].get<int>(), p["params"]["graph"].get<std::string>()}] = p;
   }
+  if (!by.empty())
+    std::printf("two-GPU run: %s\n", by.begin()->second["context"].value("telemetry_note", "GPU counters on").c_str());
   return by;
 }
 
