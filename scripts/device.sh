@@ -13,8 +13,8 @@
 # resnext: the folded paths' GPU tests, infer fold=off/on/fused side by side, then ResNeXt-101 32x4d
 # fp16 inference beside PyTorch + CUDA graphs at the batch-size study's batches (fold=$FOLD, default
 # fused), samples/J at batch 10, and 32x8d at batch 1 (issue 5's targets, ~6 min).
-# heap (nvidia-h200-x2): the rank-1 heap-corruption check (3 mpirun runs with 2 ms GPU telemetry)
-# and dist_test's DataParallel tests (the 2-GPU trajectory checks), ~3 min; `heap,ddp` is one call.
+# heap (nvidia-h200-x2): the heap-corruption check (2-GPU training under mpirun, bound to a core per
+# rank and unbound, 3 runs each) and dist_test's DataParallel tests, ~3 min; `heap,ddp` is one call.
 # multi (the nvidia-h200-x2 machine): the multi-GPU checks only — dist_test (MPI bootstrap and the
 # GPU collectives/p2p tests), accelbench collectives under mpirun and in one process, p2p, sysinfo's
 # topology, and bench/compare_nccl.py against torch.distributed. Where the image has no mpirun,
@@ -92,7 +92,7 @@ if want multi || want heap; then
         --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 --axis gpus=1,2 \
         --axis graph=off,on --axis bucket_mib=0.0001 --min-time 0.05 --max-noise 100 --timeout 20 "${flags[@]}" \
         --out "$logs/heap" > "$logs/heap-$variant-$i.txt" 2>&1
-      echo "mpirun train gpus=1,2, $variant, try $i: exit $? $(grep -m1 -oE 'free\(\)[^\n]*|munmap[^\n]*|corrupt[^\n]*|Segmentation fault|GPU counters off' "$logs/heap-$variant-$i.txt")"
+      echo "mpirun train gpus=1,2, $variant, try $i: exit $? $(grep -m1 -E 'free\(\)|munmap|corrupt|Segmentation fault|GPU counters off' "$logs/heap-$variant-$i.txt" | cut -c1-90)"
     done
   done
   if ! want multi && [[ -z ${HEAP_VARIANTS:-} ]]; then  # multi runs all of dist_test below

@@ -5,6 +5,7 @@
 // the dequantized bytes, printing the engine cuDNN chose per shape. The alignment refusal runs
 // anywhere (it happens before any cuDNN call); the rest skips where no GPU answers, or where the
 // GPU is older than Hopper.
+#include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,7 +49,31 @@ Fp8ConvShape make_shape(std::int64_t n, std::int64_t hw, std::int64_t c, std::in
 }
 
 // ---------------------------------------------------------------------------------------------
-// without a GPU: what is refused before any cuDNN call
+// without a GPU: the conversion the quantize kernel uses, and what is refused before any cuDNN call
+
+// cuda_fp8.h's conversion (its host path, the rounding the kernel's cvt instruction documents)
+// against the host's float_to_e4m3_bits, which the reference and the tests use: every sign,
+// exponent and top 7 mantissa bits (the top 16 bits of the float, so every rounding tie of the
+// 3-bit mantissa) with low halves 0, 1, 0x7fff, 0x8000 and 0xffff; NaNs only by being NaN.
+TEST(Fp8Conversion, CudaHeaderRoundsLikeTheHost) {
+  int compared = 0;
+  for (std::uint32_t high = 0; high <= 0xffffu; ++high)
+    for (std::uint32_t low : {0x0u, 0x1u, 0x7fffu, 0x8000u, 0xffffu}) {
+      const std::uint32_t bits = high << 16 | low;
+      float v;
+      std::memcpy(&v, &bits, sizeof v);
+      const auto cuda = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+      const std::uint8_t host = float_to_e4m3_bits(v);
+      if (std::isnan(v)) {
+        ASSERT_EQ(cuda & 0x7f, 0x7f) << "NaN 0x" << std::hex << bits;
+        ASSERT_EQ(host & 0x7f, 0x7f) << "NaN 0x" << std::hex << bits;
+      } else {
+        ASSERT_EQ(cuda, host) << "float bits 0x" << std::hex << bits << " (" << v << ")";
+      }
+      ++compared;
+    }
+  EXPECT_EQ(compared, 5 * 65536);
+}
 
 TEST(Fp8ConvRefusal, StemChannelsAreRefusedBeforeAnyCudnnCall) {
   // The ResNet stem: 7x7 stride 2 over C = 3. A null stream: reaching cuDNN would fail otherwise.

@@ -19,6 +19,14 @@ namespace ab::nn::cuda {
 
 using backend::cuda::check_cuda;
 
+// cuDNN 9 reports "not supported" as a family (CUDNN_STATUS_NOT_SUPPORTED and its sub-codes).
+inline bool cudnn_not_supported(cudnnStatus_t status) {
+  return CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED;
+}
+// cuDNN's status name and code, then the last message cuDNN left for this thread, if any.
+std::string cudnn_status_text(cudnnStatus_t status);
+// "<call> failed (<what>): <status text>": Unsupported for cuDNN 9's not-supported family (its
+// sub-codes included), OutOfMemory for its allocation failures, Error otherwise.
 [[noreturn]] void throw_cudnn(cudnnStatus_t status, const char* call, const std::string& what);
 inline void check_cudnn(cudnnStatus_t status, const char* call, const std::string& what) {
   if (status != CUDNN_STATUS_SUCCESS) throw_cudnn(status, call, what);

@@ -12,40 +12,14 @@
 #include <deque>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "nn/device/cuda_common.h"
 
 namespace ab::nn::cuda {
 namespace {
-
-std::string last_cudnn_message() {
-  char buf[1024] = {};
-  cudnnGetLastErrorString(buf, sizeof buf);
-  return buf[0] != '\0' ? std::string("; cuDNN: ") + buf : std::string();
-}
-
-std::string status_text(cudnnStatus_t status) {
-  return std::string(cudnnGetErrorString(status)) + " (" + std::to_string(static_cast<int>(status)) + ")";
-}
-
-// "<call> failed (<what>): <status>; cuDNN: <its last message>": Unsupported for cuDNN's
-// not-supported family, OutOfMemory for its allocation failures, Error otherwise.
-[[noreturn]] void fail(cudnnStatus_t status, const std::string& call, const std::string& what) {
-  const std::string msg = call + " failed (" + what + "): " + status_text(status) + last_cudnn_message();
-  if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) throw Unsupported(msg);
-  if (status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
-      status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
-    throw OutOfMemory(msg);
-  throw Error(msg);
-}
-
-struct HandleDeleter {
-  void operator()(cudnnHandle_t h) const noexcept { cudnnDestroy(h); }
-};
-using HandlePtr = std::unique_ptr<std::remove_pointer_t<cudnnHandle_t>, HandleDeleter>;
 
 // One backend descriptor, destroyed with its owner; `name` ("tensor x", "operation graph") and the
 // plan's label go into every failure message.
@@ -55,7 +29,7 @@ class Desc {
       : name_(std::move(name)), label_(&label) {
     cudnnBackendDescriptor_t d = nullptr;
     if (const cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d); st != CUDNN_STATUS_SUCCESS)
-      fail(st, "cudnnBackendCreateDescriptor", name_ + " of " + label);
+      throw_cudnn(st, "cudnnBackendCreateDescriptor", name_ + " of " + label);
     d_.reset(d);
   }
   cudnnBackendDescriptor_t get() const { return d_.get(); }
@@ -66,12 +40,12 @@ class Desc {
            std::int64_t count, const void* values) {
     if (const cudnnStatus_t st = cudnnBackendSetAttribute(d_.get(), attr, type, count, values);
         st != CUDNN_STATUS_SUCCESS)
-      fail(st, std::string("cudnnBackendSetAttribute(") + attr_name + ")", name_ + " of " + *label_);
+      throw_cudnn(st, "cudnnBackendSetAttribute", std::string(attr_name) + " on " + name_ + " of " + *label_);
   }
   cudnnStatus_t try_finalize() { return cudnnBackendFinalize(d_.get()); }
   void finalize() {
     if (const cudnnStatus_t st = try_finalize(); st != CUDNN_STATUS_SUCCESS)
-      fail(st, "cudnnBackendFinalize", name_ + " of " + *label_);
+      throw_cudnn(st, "cudnnBackendFinalize", name_ + " of " + *label_);
   }
 
  private:
@@ -171,7 +145,7 @@ std::string fp8_conv_refusal(const Fp8ConvShape& s) {
 struct Fp8ConvPlan::Impl {
   Fp8ConvShape shape;
   std::string label;
-  HandlePtr handle;
+  CudnnHandlePtr handle;
   std::deque<Desc> keep;  // tensors, convolution, pointwise and operations (a deque: references stay valid)
   std::unique_ptr<Desc> graph, plan;  // the operation graph and the chosen execution plan
   std::vector<std::unique_ptr<Desc>> configs;  // heuristics results (the chosen one among them)
@@ -206,8 +180,7 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
   AB_SET(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g);
   AB_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
   if (const cudnnStatus_t st = heur.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
-    refusals += "; " + mode_name + ": cudnnBackendFinalize(engine heuristics) " + status_text(st) +
-                last_cudnn_message();
+    refusals += "; " + mode_name + ": cudnnBackendFinalize(engine heuristics) " + cudnn_status_text(st);
     return false;
   }
   std::int64_t count = 0;
@@ -215,7 +188,7 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
           cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
                                    nullptr);
       st != CUDNN_STATUS_SUCCESS)
-    fail(st, "cudnnBackendGetAttribute(CUDNN_ATTR_ENGINEHEUR_RESULTS, count)", mode_name + " of " + label);
+    throw_cudnn(st, "cudnnBackendGetAttribute", "CUDNN_ATTR_ENGINEHEUR_RESULTS count of " + mode_name + " of " + label);
   if (count <= 0) {
     refusals += "; " + mode_name + ": no engine configuration";
     return false;
@@ -233,7 +206,7 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
   if (const cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
       st != CUDNN_STATUS_SUCCESS)
-    fail(st, "cudnnBackendGetAttribute(CUDNN_ATTR_ENGINEHEUR_RESULTS)", mode_name + " of " + label);
+    throw_cudnn(st, "cudnnBackendGetAttribute", "CUDNN_ATTR_ENGINEHEUR_RESULTS of " + mode_name + " of " + label);
 
   std::string tried;
   cudnnHandle_t h = handle.get();
@@ -246,15 +219,15 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
     AB_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
     AB_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
     if (const cudnnStatus_t st = candidate->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
-      tried += "; " + cfg.name() + " " + engine_name + ": cudnnBackendFinalize(execution plan) " + status_text(st) +
-               last_cudnn_message();
+      tried += "; " + cfg.name() + " " + engine_name + ": cudnnBackendFinalize(execution plan) " + cudnn_status_text(st);
       continue;
     }
     std::int64_t got = 0;
     if (const cudnnStatus_t st = cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                           CUDNN_TYPE_INT64, 1, &got, &workspace_bytes);
         st != CUDNN_STATUS_SUCCESS)
-      fail(st, "cudnnBackendGetAttribute(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)", candidate->name() + " of " + label);
+      throw_cudnn(st, "cudnnBackendGetAttribute",
+                  "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of " + candidate->name() + " of " + label);
     std::int64_t json_chars = 0;
     if (cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0,
                                  &json_chars, nullptr) == CUDNN_STATUS_SUCCESS &&
@@ -277,10 +250,9 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
 void Fp8ConvPlan::Impl::build(void* stream) {
   const Fp8ConvShape& s = shape;
   cudnnHandle_t h = nullptr;
-  if (const cudnnStatus_t st = cudnnCreate(&h); st != CUDNN_STATUS_SUCCESS) fail(st, "cudnnCreate", label);
+  AB_CUDNN(cudnnCreate(&h), label);
   handle.reset(h);
-  if (const cudnnStatus_t st = cudnnSetStream(h, static_cast<cudaStream_t>(stream)); st != CUDNN_STATUS_SUCCESS)
-    fail(st, "cudnnSetStream", label);
+  AB_CUDNN(cudnnSetStream(h, static_cast<cudaStream_t>(stream)), label);
 
   const cudnnDataType_t fp8 = CUDNN_DATA_FP8_E4M3, f32 = CUDNN_DATA_FLOAT,
                         out = s.out == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
@@ -369,10 +341,10 @@ void Fp8ConvPlan::Impl::build(void* stream) {
   AB_SET(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<std::int64_t>(ops.size()),
          ops.data());
   if (const cudnnStatus_t st = graph->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
-    if (CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED)
-      throw Unsupported(label + ": cuDNN refuses the graph: cudnnBackendFinalize(operation graph) " + status_text(st) +
-                        last_cudnn_message() + " (cuDNN " + std::to_string(cudnnGetVersion()) + ")");
-    fail(st, "cudnnBackendFinalize", "operation graph of " + label);
+    if (cudnn_not_supported(st))
+      throw Unsupported(label + ": cuDNN refuses the graph: cudnnBackendFinalize(operation graph) " + cudnn_status_text(st) +
+                        " (cuDNN " + std::to_string(cudnnGetVersion()) + ")");
+    throw_cudnn(st, "cudnnBackendFinalize", "operation graph of " + label);
   }
 
   std::string refusals;
@@ -426,7 +398,7 @@ void Fp8ConvPlan::execute(const void* x, const void* w, const float* descale, co
   pack.finalize();
   if (const cudnnStatus_t st = cudnnBackendExecute(p.handle.get(), p.plan->get(), pack.get());
       st != CUDNN_STATUS_SUCCESS)
-    fail(st, "cudnnBackendExecute", p.label + " with " + p.engine);
+    throw_cudnn(st, "cudnnBackendExecute", p.label + " with " + p.engine);
 }
 
 }  // namespace ab::nn::cuda

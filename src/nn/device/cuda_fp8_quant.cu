@@ -8,35 +8,32 @@
 // into the exponent. __nv_cvt_float_to_fp8 with __NV_SATFINITE and __NV_E4M3 is, on sm_89 and
 // later, one cvt.rn.satfinite.e4m3x2.f32: round to nearest even, finite overflow (anything from
 // 464 = 448 + half an ulp up, infinity included) saturating to +-448, the same for every finite or
-// infinite input. cuda_fp8.h's host emulation of this conversion agrees with float_to_e4m3_bits on
-// all 2^32 float bit patterns, NaNs included (checked once, off-tree, on the dev machine); that the
-// instruction agrees too is what nn_cuda_fp8_test checks on the GPU. Only a NaN's sign might
+// infinite input. cuda_fp8.h's host emulation of this conversion agrees with float_to_e4m3_bits
+// (nn_cuda_fp8_test Fp8Conversion.CudaHeaderRoundsLikeTheHost, every rounding tie included); that
+// the instruction agrees too is what its GPU tests check. Only a NaN's sign might
 // differ there (0xff against the host's 0x7f); a NaN input also makes amax NaN, so the scale falls
 // back to 1 (below).
 #include <cuda_fp8.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "nn/device/cuda_conv_fp8.h"
-#include "nn/device/cuda_device_common.cuh"
+#include "nn/device/cuda_pointwise_engine.cuh"
 
 namespace ab::nn::cuda {
 namespace {
 
+// The elementwise kernels' launch shape and storage -> float conversion.
+using cuda_pointwise::grid_for;
+using cuda_pointwise::kThreads;
+using cuda_pointwise::kWarps;
+using cuda_pointwise::to_math;
 using device_common::dispatch_storage;
 
-constexpr int kThreads = 256;
 constexpr std::int64_t kMaxBlocks = 1024;
 constexpr float kE4m3Max = 448.0f;
 
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-int blocks_for(std::int64_t n) {
-  return static_cast<int>(std::clamp<std::int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks));
-}
+int blocks_for(std::int64_t n) { return grid_for(n, kMaxBlocks); }
 
 // max |x| as the bits of a non-negative float: those order like the values (NaN above infinity),
 // so an integer max is exact and order-free, and one atomicMax per block joins the blocks.
@@ -45,13 +42,13 @@ __global__ void amax_kernel(const T* __restrict__ x, std::int64_t n, unsigned in
   unsigned int m = 0;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
-    m = max(m, __float_as_uint(to_f32(x[i])) & 0x7fffffffu);
+    m = max(m, __float_as_uint(to_math(x[i])) & 0x7fffffffu);
   for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, offset));
-  __shared__ unsigned int warp_max[kThreads / 32];
+  __shared__ unsigned int warp_max[kWarps];
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+    for (int w = 1; w < kWarps; ++w) m = max(m, warp_max[w]);
     atomicMax(out, m);
   }
 }
@@ -73,7 +70,7 @@ __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const f
   if (first == 0) *descale = usable ? __fdiv_rn(a, kE4m3Max) : 1.0f;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = first; i < n; i += step)
-    q[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(x[i]), scale), __NV_SATFINITE, __NV_E4M3);
+    q[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_math(x[i]), scale), __NV_SATFINITE, __NV_E4M3);
 }
 
 __global__ void multiply_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out) {

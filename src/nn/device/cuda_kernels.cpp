@@ -13,15 +13,23 @@ namespace ab::nn::cuda {
 
 // ---- shared helpers (cuda_common.h)
 
+std::string cudnn_status_text(cudnnStatus_t status) {
+  char last[1024] = {};
+  cudnnGetLastErrorString(last, sizeof last);
+  return std::string(cudnnGetErrorString(status)) + " (" + std::to_string(static_cast<int>(status)) + ")" +
+         (last[0] != '\0' ? std::string("; cuDNN: ") + last : std::string());
+}
+
 void throw_cudnn(cudnnStatus_t status, const char* call, const std::string& what) {
   std::string name(call);
   name = name.substr(0, name.find('('));
-  const std::string msg = name + " failed (" + what + "): " + cudnnGetErrorString(status);
-  if (status == CUDNN_STATUS_ALLOC_FAILED) {
+  const std::string msg = name + " failed (" + what + "): " + cudnn_status_text(status);
+  if (status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+      status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
     cudaGetLastError();
     throw OutOfMemory(msg);
   }
-  if (status == CUDNN_STATUS_NOT_SUPPORTED) throw Unsupported(msg);
+  if (cudnn_not_supported(status)) throw Unsupported(msg);
   throw Error(msg);
 }
 

@@ -156,7 +156,7 @@ void CudaKernels::batchnorm_forward_training(const BatchNormDesc& d, const Tenso
         saved_mean.data, saved_invstd.data, nullptr, bn_workspace_.get(),
         static_cast<std::size_t>(p.fwd_workspace_bytes), nullptr, 0);
     if (st == CUDNN_STATUS_SUCCESS) return;
-    if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationForwardTrainingEx", p.label);
+    if (!cudnn_not_supported(st)) check_cudnn(st, "cudnnBatchNormalizationForwardTrainingEx", p.label);
     p.use_ex = false;  // refused before launching anything: the plain API below, from now on
   }
   AB_CUDNN(cudnnBatchNormalizationForwardTraining(cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, p.x.get(),
@@ -225,7 +225,7 @@ void CudaKernels::batchnorm_backward(const BatchNormDesc& d, const Tensor& x, co
         dgamma.data, dbeta.data, bn_epsilon(d), saved_mean.data, saved_invstd.data, nullptr, bn_workspace_.get(),
         static_cast<std::size_t>(p.bwd_workspace_bytes), nullptr, 0);
     if (st == CUDNN_STATUS_SUCCESS) return;
-    if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationBackwardEx", p.label);
+    if (!cudnn_not_supported(st)) check_cudnn(st, "cudnnBatchNormalizationBackwardEx", p.label);
     p.use_ex = false;
   }
   AB_CUDNN(cudnnBatchNormalizationBackward(cudnn_.get(), CUDNN_BATCHNORM_SPATIAL, &one, &data_beta, &one, &zero,
@@ -423,7 +423,7 @@ void CudaKernels::batchnorm_activation_forward_training(const BatchNormDesc& d, 
         saved_invstd.data, p.relu.get(), bn_workspace_.get(), static_cast<std::size_t>(f->fwd_workspace_bytes),
         mask.data, static_cast<std::size_t>(f->reserve_bytes));
     if (st == CUDNN_STATUS_SUCCESS) return;
-    if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationForwardTrainingEx (fused)", p.label);
+    if (!cudnn_not_supported(st)) check_cudnn(st, "cudnnBatchNormalizationForwardTrainingEx (fused)", p.label);
     // Refused before launching anything: from now on the path below forward and the separate
     // kernels backward (which read y, not the mask).
     f->usable = false;
@@ -469,7 +469,7 @@ void CudaKernels::batchnorm_activation_backward(const BatchNormDesc& d, const Te
         dbeta.data, bn_epsilon(d), saved_mean.data, saved_invstd.data, p.relu.get(), bn_workspace_.get(),
         static_cast<std::size_t>(f->bwd_workspace_bytes), mask.data, static_cast<std::size_t>(f->reserve_bytes));
     if (st == CUDNN_STATUS_SUCCESS) return;
-    if (st != CUDNN_STATUS_NOT_SUPPORTED) check_cudnn(st, "cudnnBatchNormalizationBackwardEx (fused)", p.label);
+    if (!cudnn_not_supported(st)) check_cudnn(st, "cudnnBatchNormalizationBackwardEx (fused)", p.label);
     f->usable = false;
     f->note += "; backward refused at its first call (NOT_SUPPORTED), unfused";
   }
