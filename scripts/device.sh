@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|engine|train|resnext|fp8][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|engine|train|resnext|fp8][,more modes] (default all)
 # asan (nvidia-h200-x2): the cuda-sanitize build's DataParallel tests under mpirun (a heap-corruption hunt).
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
@@ -26,6 +26,7 @@
 # ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
 # then accelbench's overlap knobs (comm_ctas, comm_priority) at 1 and N GPUs.
+# overlap (x2): 2-GPU training with fuse off/on and overlapped vs one post-backward bucket (~3 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -46,7 +47,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp || want overlap || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -61,7 +62,7 @@ if { want multi || want heap || want ddp || want asan; } && ! command -v mpirun 
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp || want overlap || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -189,6 +190,17 @@ if want ddp; then
     --axis trajectory_steps=3 --out "$logs/knobs" 2>&1 | tee "$logs/ddp-knobs.txt" | grep -E "ok |median|skipped|error"
   [[ ${KNOBS:-1} == 1 ]] && python3 bench/summarize_points.py "$logs/knobs" params.gpus params.comm_ctas params.comm_priority \
     rates.samples_per_s metrics.scaling_efficiency
+fi
+if want overlap; then
+  # Issue 8's scaling gap: does the all-reduce slow the backward where cuDNN's persistent (all-SM)
+  # batch-norm kernels run (fuse=on) and not where they do not (fuse=off)? bucket_mib=1024 is one
+  # bucket started after backward: no overlap at all, the all-reduce wholly exposed.
+  n=$(nvidia-smi -L | wc -l)
+  mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis fuse=off,on --axis bucket_mib=25,1024 \
+    --axis trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "skipped|error"
+  python3 bench/summarize_points.py "$logs/overlap" params.gpus params.fuse params.bucket_mib rates.samples_per_s \
+    time.median_s metrics.scaling_efficiency
 fi
 if want bench || want all; then
   $ab sysinfo | tee "$logs/sysinfo.txt"
