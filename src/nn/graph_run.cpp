@@ -185,6 +185,7 @@ void Graph::bind(Kernels& kernels) {
     set_loss_scale(s.options.initial_loss_scale);
   }
   if (s.profiling) s.timer = kernels.make_timer();
+  kernels.parameters_changed();  // initialised above
 }
 
 Kernels& Graph::kernels() const { return s_->k(); }
@@ -244,6 +245,7 @@ void Graph::set_parameter_values(const ParameterValues& values) {
     upload_values(k, p.value, values.at(p.name));
     if (p.copy.defined()) k.cast(p.value, p.copy);
   }
+  k.parameters_changed();
 }
 
 std::vector<double> Graph::read(Value v) const { return read(tensor(v)); }

@@ -18,6 +18,16 @@ void Kernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& 
   bias_activation_forward(y, bias, residual, y, relu);
 }
 
+std::int64_t Kernels::conv2d_fp8_prepare(const Conv2dDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                        const Tensor&, bool) {
+  throw Unsupported("the " + std::string(name()) + " kernels have no fp8 convolution");
+}
+
+void Kernels::conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Tensor& residual, const Tensor& y, bool relu, Workspace) {
+  conv2d_fp8_prepare(d, x, w, bias, residual, y, relu);  // throws
+}
+
 std::int64_t Kernels::batchnorm_activation_prepare(const Tensor& x, const Tensor& /*z*/, const Tensor& /*mask*/) {
   return x.size_bytes();  // the ReLU's gradient where it cannot go into dz
 }

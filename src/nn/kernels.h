@@ -225,6 +225,27 @@ class Kernels {
   virtual void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
                                               const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu,
                                               Workspace ws);
+  // The same epilogue around an fp8 (e4m3) convolution (inference only; GraphOptions precision fp8):
+  //   y = act(conv(qx, qw) * (dx * dw) + bias[c] (+ residual)),
+  // qx = e4m3(x * sx) with sx = 448 / max|x| of this call's x (per tensor; sx = 1 where 448 / max|x|
+  // is not a finite positive number), dx = max|x| / 448 (1 with the fallback), both in f32; qw and
+  // dw the same from w; e4m3 rounds to nearest even and saturates at +-448 (float_to_e4m3_bits).
+  // The convolution accumulates the exact products qx * qw in f32 (only the summation order may
+  // differ between backends); the descale, bias (bias's dtype widened to f32), residual and ReLU
+  // apply in f32 and y is rounded once. x, w, bias, residual, y as conv2d_bias_activation (16-bit
+  // x and y); groups must be 1. Backends quantize w once per parameter state: after
+  // parameters_changed() the next forward quantizes again (Graph calls it after bind and
+  // set_parameter_values, an inference graph's parameter writes; a caller writing parameter
+  // memory directly must call it). prepare returns the
+  // workspace bytes, as conv2d_prepare does; both throw Unsupported (with the reason) where this
+  // backend cannot run the configuration in fp8, and the caller then runs it in 16 bits. The
+  // defaults throw Unsupported.
+  virtual std::int64_t conv2d_fp8_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                          const Tensor& residual, const Tensor& y, bool relu);
+  virtual void conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                  const Tensor& residual, const Tensor& y, bool relu, Workspace ws);
+  // Parameter memory was written: derived copies (fp8 weights) are stale. The default has none.
+  virtual void parameters_changed() {}
 
   virtual void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) = 0;
   // Routes dy to the first maximum of each window (row-major scan), as PyTorch does.
