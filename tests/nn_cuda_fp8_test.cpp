@@ -371,5 +371,135 @@ TEST_F(Fp8Test, ConvolutionMatchesDequantizedReference) {
   EXPECT_GT(ran, 0) << "cuDNN refused every aligned fp8 shape (see the 'cuDNN refused' lines): a real finding";
 }
 
+// ---- Kernels::conv2d_fp8_forward: the CUDA engine against the reference kernels
+
+// One 16-bit NHWC tensor on the GPU and the same bytes on the host for the reference kernels.
+struct Pair {
+  Buffer dev_buf, ref_buf;
+  Tensor dev, ref;
+};
+
+class Fp8KernelsTest : public Fp8Test {
+ protected:
+  void SetUp() override {
+    Fp8Test::SetUp();
+    if (IsSkipped()) return;
+    ref_ = make_ref_kernels();
+  }
+  Pair pair(DType t, const Shape& shape, Layout layout, double lo, double hi) {
+    Pair p;
+    const Tensor d = Tensor::describe(t, shape, layout, DeviceKind::cuda), h = Tensor::describe(t, shape, layout);
+    p.dev_buf = Buffer(cuda_->allocator(), d.size_bytes());
+    p.ref_buf = Buffer(ref_->allocator(), h.size_bytes());
+    p.dev = p.dev_buf.view(d);
+    p.ref = p.ref_buf.view(h);
+    fill(p, lo, hi);
+    return p;
+  }
+  // Fresh random values into both sides.
+  void fill(Pair& p, double lo, double hi) {
+    write_host(p.ref, random(sz(p.ref.numel()), lo, hi));
+    cuda_->upload(p.dev, p.ref.data);
+  }
+  std::vector<double> read_dev(const Tensor& t) {
+    std::vector<unsigned char> host(sz(t.size_bytes()));
+    cuda_->download(t, host.data());
+    Tensor staging = t;
+    staging.data = host.data();
+    staging.device = DeviceKind::host;
+    return read_host(staging);
+  }
+  // max |gpu - ref| <= tol * max |ref|; both are one rounding of nearly the same f32 value.
+  void expect_close(const Pair& y, const std::string& what) {
+    const std::vector<double> got = read_dev(y.dev), want = read_host(y.ref);
+    double scale = 0, worst = 0;
+    std::size_t at = 0;
+    for (double v : want) scale = std::max(scale, std::fabs(v));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (!(std::fabs(got[i] - want[i]) <= worst)) {
+        worst = std::isnan(got[i]) ? INFINITY : std::fabs(got[i] - want[i]);
+        at = i;
+      }
+    const double tol = y.dev.dtype == DType::bf16 ? 1.6e-2 : 2e-3;
+    EXPECT_GT(scale, 0) << what << ": an all-zero reference checks nothing";
+    EXPECT_LE(worst, tol * scale) << what << ": worst element " << at << " gpu " << got[at] << " ref " << want[at]
+                                  << " (max |ref| " << scale << ", seed " << seed_ << ")";
+  }
+  std::unique_ptr<Kernels> ref_;
+};
+
+TEST_F(Fp8KernelsTest, ConvFp8MatchesTheReferenceKernelsDirectCapturedAndAfterNewWeights) {
+  struct Case {
+    const char* name;
+    std::int64_t n, c, hw, k, rs;
+    Conv2dDesc d;
+    DType t;
+  };
+  const std::vector<Case> cases{
+      {"1x1 f16", 2, 64, 8, 256, 1, {}, DType::f16},
+      {"3x3 pad 1 bf16", 2, 32, 9, 64, 3, {1, 1, 1, 1, 1, 1, 1}, DType::bf16},
+      {"3x3 stride 2 f16", 4, 64, 12, 32, 3, {2, 2, 1, 1, 1, 1, 1}, DType::f16},
+  };
+  int compared = 0;
+  for (const Case& c : cases)
+    for (bool residual : {false, true})
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(c.name) + (residual ? " residual" : "") + (relu ? " relu" : ""));
+        const Conv2dDesc& d = c.d;
+        const std::int64_t p = (c.hw + 2 * d.pad_h - (c.rs - 1) - 1) / d.stride_h + 1;
+        Pair x = pair(c.t, Shape{c.n, c.c, c.hw, c.hw}, Layout::nhwc, -2, 2);
+        Pair w = pair(c.t, Shape{c.k, c.c, c.rs, c.rs}, Layout::nhwc, -0.3, 0.3);
+        Pair bias = pair(c.t, Shape{c.k}, Layout::nchw, -0.5, 0.5);
+        Pair r = pair(c.t, Shape{c.n, c.k, p, p}, Layout::nhwc, -1, 1);
+        Pair y = pair(c.t, Shape{c.n, c.k, p, p}, Layout::nhwc, -1, 1);
+        const Tensor rd = residual ? r.dev : Tensor{}, rr = residual ? r.ref : Tensor{};
+        const std::int64_t ws_bytes = cuda_->conv2d_fp8_prepare(d, x.dev, w.dev, bias.dev, rd, y.dev, relu);
+        Buffer ws = device(ws_bytes);
+        const Workspace cws{ws.data(), ws_bytes};
+        const auto forward = [&] { cuda_->conv2d_fp8_forward(d, x.dev, w.dev, bias.dev, rd, y.dev, relu, cws); };
+        const auto reference = [&] {
+          const std::int64_t rb = ref_->conv2d_fp8_prepare(d, x.ref, w.ref, bias.ref, rr, y.ref, relu);
+          Buffer rws(ref_->allocator(), std::max<std::int64_t>(rb, 16));
+          ref_->conv2d_fp8_forward(d, x.ref, w.ref, bias.ref, rr, y.ref, relu, {rws.data(), rb});
+        };
+        forward();
+        reference();
+        expect_close(y, "direct call");
+        // Captured after one direct call: each replay quantizes its own x with its own scale.
+        const std::unique_ptr<Replayable> step = cuda_->capture(forward);
+        fill(x, -8, 8);
+        step->replay();
+        reference();
+        expect_close(y, "replay with a new x (4x the range)");
+        // New weights: stale until parameters_changed(), then quantized again by the next call.
+        fill(w, -0.1, 0.1);
+        cuda_->parameters_changed();
+        forward();
+        reference();
+        expect_close(y, "direct call after new weights");
+        if (relu) {
+          const std::vector<double> got = read_dev(y.dev);
+          EXPECT_GE(*std::min_element(got.begin(), got.end()), 0.0);
+        }
+        ++compared;
+      }
+  for (const std::string& line : cuda_fp8_notes(*cuda_)) std::printf("fp8 layer: %s\n", line.c_str());
+  EXPECT_EQ(compared, 3 * 2 * 2);
+  // Refused configurations: grouped and NCHW, as Unsupported (the op then runs 16 bits).
+  Pair x = pair(DType::f16, Shape{1, 64, 8, 8}, Layout::nhwc, -1, 1);
+  Pair wg = pair(DType::f16, Shape{64, 2, 3, 3}, Layout::nhwc, -1, 1);
+  Pair b = pair(DType::f16, Shape{64}, Layout::nchw, -1, 1);
+  Pair y = pair(DType::f16, Shape{1, 64, 8, 8}, Layout::nhwc, -1, 1);
+  const std::string grouped = test::error_message<Unsupported>(
+      [&] { cuda_->conv2d_fp8_prepare({1, 1, 1, 1, 1, 1, 32}, x.dev, wg.dev, b.dev, Tensor{}, y.dev, true); });
+  EXPECT_NE(grouped.find("groups"), std::string::npos) << grouped;
+  Pair xn = pair(DType::f16, Shape{1, 64, 8, 8}, Layout::nchw, -1, 1);
+  Pair wn = pair(DType::f16, Shape{64, 64, 1, 1}, Layout::nchw, -1, 1);
+  Pair yn = pair(DType::f16, Shape{1, 64, 8, 8}, Layout::nchw, -1, 1);
+  const std::string nchw = test::error_message<Unsupported>(
+      [&] { cuda_->conv2d_fp8_prepare({}, xn.dev, wn.dev, b.dev, Tensor{}, yn.dev, true); });
+  EXPECT_NE(nchw.find("NHWC"), std::string::npos) << nchw;
+}
+
 }  // namespace
 }  // namespace ab::nn::cuda

@@ -60,7 +60,8 @@ class Desc {
 #define AB_SET(desc, attr, type, count, values) (desc).set(attr, #attr, type, count, values)
 
 // Tensor ids in the variant pack; the virtual intermediates only name graph edges.
-enum : std::int64_t { kIdX = 1, kIdW, kIdDescale, kIdBias, kIdY, kIdConv = 101, kIdScaled, kIdBiased };
+enum : std::int64_t { kIdX = 1, kIdW, kIdDescale, kIdBias, kIdY, kIdResidual, kIdConv = 101, kIdScaled, kIdBiased,
+                      kIdSummed };
 // Every buffer the plan reads or writes is 16-byte aligned (cudaMalloc gives 256), the descale 4.
 constexpr std::int64_t kAlignment = 16, kScalarAlignment = 4;
 
@@ -119,7 +120,7 @@ std::string Fp8ConvShape::to_string() const {
          ", R " + i(r) + ", S " + i(s) + ", C " + i(c) + "], stride " + i(conv.stride_h) + "x" + i(conv.stride_w) +
          ", pad " + i(conv.pad_h) + "x" + i(conv.pad_w) + ", dilation " + i(conv.dilation_h) + "x" +
          i(conv.dilation_w) + ", groups " + i(conv.groups) + (bias ? ", + bias f32[K]" : "") +
-         (relu ? ", + ReLU" : "") + " -> y " + std::string(ab::to_string(out)) + "[N " + i(n) + ", P " + i(p()) +
+         (residual ? ", + residual" : "") + (relu ? ", + ReLU" : "") + " -> y " + std::string(ab::to_string(out)) + "[N " + i(n) + ", P " + i(p()) +
          ", Q " + i(q()) + ", K " + i(k) + "] nhwc";
 }
 
@@ -321,15 +322,22 @@ void Fp8ConvPlan::Impl::build(void* stream) {
     return keep.emplace_back(is_last ? make_tensor("y", kIdY, out, y_dims, y_strides, false, kAlignment, label)
                                   : make_tensor(name, id, f32, y_dims, y_strides, true, kAlignment, label));
   };
-  const Desc& scaled = stage_out("descaled (virtual)", kIdScaled, !s.bias && !s.relu);
+  const Desc& scaled = stage_out("descaled (virtual)", kIdScaled, !s.bias && !s.residual && !s.relu);
   pointwise("descale MUL", CUDNN_POINTWISE_MUL, conv_out, &descale, scaled);
   const Desc* last = &scaled;
   if (s.bias) {
     const Desc& bias = keep.emplace_back(make_tensor("bias", kIdBias, f32, {1, s.k, 1, 1}, {s.k, 1, s.k, s.k}, false,
                                                      kAlignment, label));
-    const Desc& biased = stage_out("biased (virtual)", kIdBiased, !s.relu);
+    const Desc& biased = stage_out("biased (virtual)", kIdBiased, !s.residual && !s.relu);
     pointwise("bias ADD", CUDNN_POINTWISE_ADD, *last, &bias, biased);
     last = &biased;
+  }
+  if (s.residual) {
+    const Desc& residual =
+        keep.emplace_back(make_tensor("residual", kIdResidual, out, y_dims, y_strides, false, kAlignment, label));
+    const Desc& summed = stage_out("summed (virtual)", kIdSummed, !s.relu);
+    pointwise("residual ADD", CUDNN_POINTWISE_ADD, *last, &residual, summed);
+    last = &summed;
   }
   if (s.relu) {
     const Desc& y = stage_out("y", kIdY, true);
@@ -374,12 +382,14 @@ const std::string& Fp8ConvPlan::engine() const { return impl_->engine; }
 const std::string& Fp8ConvPlan::plan_json() const { return impl_->plan_json; }
 
 void Fp8ConvPlan::execute(const void* x, const void* w, const float* descale, const float* bias, void* y,
-                          Workspace ws) const {
+                          Workspace ws, const void* residual) const {
   const Impl& p = *impl_;
   if (x == nullptr || w == nullptr || descale == nullptr || y == nullptr)
     throw Error(p.label + ": execute needs x, w, descale and y");
   if ((bias != nullptr) != p.shape.bias)
     throw Error(p.label + (p.shape.bias ? ": the plan adds a bias; pass one" : ": the plan has no bias; pass null"));
+  if ((residual != nullptr) != p.shape.residual)
+    throw Error(p.label + (p.shape.residual ? ": the plan adds a residual; pass one" : ": the plan has no residual; pass null"));
   if (ws.bytes < p.workspace_bytes || (p.workspace_bytes > 0 && ws.data == nullptr))
     throw Error(p.label + ": the plan needs a workspace of " + std::to_string(p.workspace_bytes) + " bytes, got " +
                 std::to_string(ws.bytes));
@@ -388,6 +398,10 @@ void Fp8ConvPlan::execute(const void* x, const void* w, const float* descale, co
   if (bias != nullptr) {
     ids.push_back(kIdBias);
     ptrs.push_back(const_cast<float*>(bias));
+  }
+  if (residual != nullptr) {
+    ids.push_back(kIdResidual);
+    ptrs.push_back(const_cast<void*>(residual));
   }
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack", p.label);
   void* workspace = ws.data;

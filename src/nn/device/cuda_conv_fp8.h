@@ -1,4 +1,4 @@
-// fp8 (e4m3) convolution groundwork (issue 5), not yet wired into any model or workload:
+// fp8 (e4m3) convolution (issue 5); CudaKernels::conv2d_fp8_* (cuda_conv_fp8_layer.cpp) runs it:
 // - Fp8ConvPlan: one NHWC convolution on cuDNN's backend (graph) API,
 //     y = act(conv(x, w) * descale (+ bias)),
 //   x [N, H, W, C] and w [K, R, S, C] e4m3, accumulated in f32, y [N, P, Q, K] f16 or bf16.
@@ -24,6 +24,7 @@ struct Fp8ConvShape {
   std::int64_t k = 16, r = 1, s = 1;
   Conv2dDesc conv;  // stride, padding, dilation; groups must be 1
   bool bias = false;
+  bool residual = false;  // y = act(... + bias + residual), residual [N, P, Q, K] in `out`'s type
   bool relu = false;
   DType out = DType::f16;  // f16 or bf16
 
@@ -43,7 +44,7 @@ std::string fp8_conv_refusal(const Fp8ConvShape& shape);
 
 // The cuDNN graph CONVOLUTION_FORWARD (f32 compute, the output a virtual f32 tensor) -> POINTWISE
 // MUL by descale (f32 [1] by device pointer) -> optional POINTWISE ADD bias [1, K, 1, 1] ->
-// optional POINTWISE RELU_FWD -> y, with the first execution plan that finalizes among the engine
+// optional POINTWISE ADD residual -> optional POINTWISE RELU_FWD -> y, with the first execution plan that finalizes among the engine
 // configurations of cuDNN's heuristics (mode A, then FALLBACK). Owns its cuDNN handle, bound to
 // `stream` (a cudaStream_t) on the current device.
 class Fp8ConvPlan {
@@ -69,9 +70,11 @@ class Fp8ConvPlan {
 
   // Queues the convolution on the plan's stream. x, w: the e4m3 bytes; descale: f32 [1], the
   // product of x's and w's descales (fp8_multiply_scalars); bias: f32 [K] exactly when the shape
-  // has one; y: f16/bf16; ws: at least workspace_bytes(). Every pointer 16-byte aligned (the
-  // descale 4-byte). Throws Error naming the failed call and status.
-  void execute(const void* x, const void* w, const float* descale, const float* bias, void* y, Workspace ws) const;
+  // has one; y: f16/bf16; ws: at least workspace_bytes(); residual: y's type and shape exactly when
+  // the shape has one. Every pointer 16-byte aligned (the descale 4-byte). Throws Error naming the
+  // failed call and status.
+  void execute(const void* x, const void* w, const float* descale, const float* bias, void* y, Workspace ws,
+               const void* residual = nullptr) const;
 
  private:
   struct Impl;
@@ -89,10 +92,11 @@ void fp8_amax(void* stream, DType t, const void* x, std::int64_t n, float* amax)
 // q[i] = e4m3(x[i] * scale), scale = 448 / amax[0] in f32 (1 where that is not a finite positive
 // number: an all-zero or non-finite tensor), rounded to nearest even and saturated at +-448, bit
 // for bit what the host's float_to_e4m3_bits gives for the f32 product; descale[0] = amax[0] / 448
-// (1 with the fallback scale). `amax` may be this tensor's (fp8_amax) or a calibrated one: values
-// beyond it saturate. `descale` must not alias `amax`.
+// (1 with the fallback scale), times `times`[0] in f32 where `times` is given (a convolution's
+// descale in one step: x's times w's). `amax` may be this tensor's (fp8_amax) or a calibrated one:
+// values beyond it saturate. `descale` must not alias `amax` or `times`.
 void fp8_quantize_e4m3(void* stream, DType t, const void* x, std::int64_t n, const float* amax, std::uint8_t* q,
-                       float* descale);
+                       float* descale, const float* times = nullptr);
 
 // out[0] = a[0] * b[0] in f32: the convolution's descale from x's and w's.
 void fp8_multiply_scalars(void* stream, const float* a, const float* b, float* out);

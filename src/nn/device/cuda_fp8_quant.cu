@@ -60,14 +60,18 @@ __device__ __forceinline__ bool usable_scale(float s) { return s > 0.0f && s <= 
 
 template <typename T>
 __global__ void quantize_kernel(const T* __restrict__ x, std::int64_t n, const float* __restrict__ amax,
-                                std::uint8_t* __restrict__ q, float* __restrict__ descale) {
+                                std::uint8_t* __restrict__ q, float* __restrict__ descale,
+                                const float* __restrict__ times) {
   const float a = *amax;
   const float s = __fdiv_rn(kE4m3Max, a);
   const bool usable = usable_scale(s);
   const float scale = usable ? s : 1.0f;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   // amax / 448 in one rounding (not 1 / scale, which would round twice).
-  if (first == 0) *descale = usable ? __fdiv_rn(a, kE4m3Max) : 1.0f;
+  if (first == 0) {
+    const float own = usable ? __fdiv_rn(a, kE4m3Max) : 1.0f;
+    *descale = times != nullptr ? __fmul_rn(own, *times) : own;
+  }
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = first; i < n; i += step)
     q[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_math(x[i]), scale), __NV_SATFINITE, __NV_E4M3);
@@ -92,11 +96,11 @@ void fp8_amax(void* stream, DType t, const void* x, std::int64_t n, float* amax)
 }
 
 void fp8_quantize_e4m3(void* stream, DType t, const void* x, std::int64_t n, const float* amax, std::uint8_t* q,
-                       float* descale) {
+                       float* descale, const float* times) {
   const auto s = static_cast<cudaStream_t>(stream);
   dispatch_storage<false>(t, "fp8", "quantize_e4m3", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    quantize_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const T*>(x), n, amax, q, descale);
+    quantize_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const T*>(x), n, amax, q, descale, times);
   });
   device_common::check_launch("fp8", "quantize_e4m3");
 }

@@ -51,4 +51,9 @@ std::vector<std::string> cuda_conv_choices(const Kernels& k);
 // not the CUDA kernels.
 std::vector<std::string> cuda_bn_fusion_notes(const Kernels& k);
 
+// Per fp8 convolution configuration met so far (conv2d_fp8_*), one sorted line each: the shape,
+// cuDNN's engine, or why it was refused (the op then ran in 16 bits), and whether the epilogue ran
+// outside cuDNN's graph. Throws Error when `k` is not the CUDA kernels.
+std::vector<std::string> cuda_fp8_notes(const Kernels& k);
+
 }  // namespace ab::nn

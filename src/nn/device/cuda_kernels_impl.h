@@ -11,11 +11,13 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/check.h"
 #include "nn/device/cuda_allocator.h"
 #include "nn/device/cuda_common.h"
+#include "nn/device/cuda_conv_fp8.h"
 #include "nn/device/cuda_kernels.h"
 #include "nn/kernels.h"
 
@@ -76,6 +78,27 @@ struct BnPlan {
   std::string label;
 };
 
+// One fp8 convolution configuration (shape, bias type, residual, ReLU): cuDNN's graph with the whole
+// epilogue, or (separate_epilogue) the convolution and descale alone followed by the bias_act
+// kernel where cuDNN refused the residual inside the graph. A refused configuration keeps its
+// reason (plan null) so that it is not searched again.
+struct Fp8Layer {
+  std::unique_ptr<Fp8ConvPlan> plan;
+  bool separate_epilogue = false;
+  std::string note, refusal;
+};
+
+// A weight tensor's e4m3 image, its descale and its layer's bias widened to f32, made on the first
+// forward after parameters_changed() and kept by the weight's address.
+struct Fp8Weights {
+  backend::cuda::DeviceBuffer q;
+  backend::cuda::DeviceBuffer scalars;  // amax, descale (a line each), then the bias f32 [K]
+  const void* bias_source = nullptr;
+  bool fresh = false;
+  float* descale() const { return reinterpret_cast<float*>(scalars.as<unsigned char>() + kAllocAlignment); }
+  float* bias_f32() const { return reinterpret_cast<float*>(scalars.as<unsigned char>() + 2 * kAllocAlignment); }
+};
+
 struct PoolPlan {
   PoolDescPtr pool;
   TensorDescPtr x, y;
@@ -132,6 +155,13 @@ class CudaKernels final : public Kernels {
                                               bool relu) override;
   void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
                                       const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override;
+
+  std::int64_t conv2d_fp8_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                  const Tensor& residual, const Tensor& y, bool relu) override;
+  void conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                          const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override;
+  void parameters_changed() override;
+  std::vector<std::string> fp8_notes() const;
 
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override;
   void conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate,
@@ -229,6 +259,11 @@ class CudaKernels final : public Kernels {
   // down to none, where memory is short); returns its base.
   unsigned char* search_operands(std::int64_t operand_bytes, std::int64_t& cap_bytes, const std::string& label);
   std::int64_t conv_workspace_cap() const;
+  // cuda_conv_fp8_layer.cpp: the cached fp8 configuration (built now outside a capture; throws
+  // Unsupported, also for a cached refusal) and the weights' e4m3 image, quantized where stale.
+  Fp8Layer& fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& residual, const Tensor& y, bool relu);
+  Fp8Weights& fp8_weights(const Tensor& w, const Tensor& bias, const std::string& label);
   // cuda_norm_pool.cpp
   BnPlan& bn_plan(const Tensor& x);
   std::int64_t bn_ex_workspace_bytes(const Tensor& x);
@@ -276,6 +311,8 @@ class CudaKernels final : public Kernels {
   std::unordered_map<Key, std::unique_ptr<BnPlan>, KeyHash> bn_plans_;
   std::unordered_map<Key, std::unique_ptr<PoolPlan>, KeyHash> pool_plans_;
   std::unordered_map<Key, std::unique_ptr<LtPlan>, KeyHash> lt_plans_;
+  std::unordered_map<Key, std::unique_ptr<Fp8Layer>, KeyHash> fp8_layers_;
+  std::unordered_map<const void*, Fp8Weights> fp8_weights_;
 };
 
 }  // namespace ab::nn::cuda

@@ -1,0 +1,163 @@
+// Kernels::conv2d_fp8_* on the GPU: per call, x's amax and its e4m3 image (the scale computed on the
+// device, so a captured graph replays with each batch's own scale), then cuDNN's fp8 convolution
+// graph with the descale, bias, residual and ReLU inside it (cuda_conv_fp8.h). The weights' e4m3
+// image, descale and the bias widened to f32 are made once per parameter state and kept by the
+// weight's address. Where cuDNN refuses the residual inside its graph, the graph stops after the
+// descale and the bias_act kernel adds bias and residual and applies the ReLU.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/device/cuda_conv_fp8.h"
+#include "nn/device/cuda_kernels_impl.h"
+#include "nn/device/cuda_pointwise.h"
+
+namespace ab::nn::cuda {
+namespace {
+
+// Scalars in the call's workspace: x's amax, then the convolution's descale, each on its own line.
+constexpr std::int64_t kScalarSlot = kAllocAlignment;
+
+std::string fp8_operand_refusal(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
+                                const Tensor& y) {
+  if (x.shape.rank() != 4 || w.shape.rank() != 4 || y.shape.rank() != 4) return "operands must be rank 4";
+  if (x.dtype != y.dtype || w.dtype != x.dtype || (x.dtype != DType::f16 && x.dtype != DType::bf16))
+    return "x, w and y must share one 16-bit type (f16 or bf16), got x " + std::string(to_string(x.dtype)) + ", w " +
+           std::string(to_string(w.dtype)) + ", y " + std::string(to_string(y.dtype));
+  // cuDNN's fp8 graph reads NHWC activations and KRSC filters.
+  for (const Tensor* t : {&x, &w, &y})
+    if (t->layout != Layout::nhwc || !t->is_contiguous())
+      return "the fp8 convolution runs contiguous NHWC tensors only, got " + t->to_string();
+  if (bias.numel() != y.shape[1] || !bias.is_contiguous() ||
+      (bias.dtype != y.dtype && bias.dtype != DType::f32))
+    return "the bias must be a contiguous [" + std::to_string(y.shape[1]) + "] of y's type or f32, got " +
+           bias.to_string();
+  if (residual.shape.rank() != 0 &&
+      (!(residual.shape == y.shape) || !(residual.strides == y.strides) || residual.dtype != y.dtype))
+    return "the residual " + residual.to_string() + " must match y " + y.to_string();
+  return {};
+}
+
+}  // namespace
+
+Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Tensor& residual, const Tensor& y, bool relu) {
+  const bool has_residual = residual.shape.rank() != 0;
+  Key key = conv_key(d, x, w, y);
+  key.add(relu ? 1 : 0);
+  key.add(has_residual ? 1 : 0);
+  key.add(static_cast<std::int64_t>(bias.dtype));
+  if (const auto it = fp8_layers_.find(key); it != fp8_layers_.end()) {
+    if (!it->second->plan) throw Unsupported(it->second->refusal);
+    return *it->second;
+  }
+  const std::string label = "fp8 conv of x " + x.to_string() + ", w " + w.to_string();
+  if (capturing()) throw Error(label + ": not prepared; call conv2d_fp8_prepare (bind the graph) before capturing");
+  auto layer = std::make_unique<Fp8Layer>();
+  Fp8ConvShape s;
+  s.n = x.shape[0];
+  s.c = x.shape[1];
+  s.h = x.shape[2];
+  s.w = x.shape[3];
+  s.k = w.shape[0];
+  s.r = w.shape[2];
+  s.s = w.shape[3];
+  s.conv = d;
+  s.out = y.dtype;
+  s.bias = true;
+  s.residual = has_residual;
+  s.relu = relu;
+  try {
+    if (std::string why = fp8_operand_refusal(x, w, bias, residual, y); !why.empty()) throw Unsupported(label + ": " + why);
+    try {
+      layer->plan = std::make_unique<Fp8ConvPlan>(s, stream_);
+    } catch (const Unsupported& e) {
+      if (!has_residual) throw;
+      // The convolution and descale alone, the epilogue in the bias_act kernel.
+      s.bias = s.residual = s.relu = false;
+      layer->plan = std::make_unique<Fp8ConvPlan>(s, stream_);
+      layer->separate_epilogue = true;
+      layer->note = std::string("epilogue in bias_act: cuDNN refused it in the graph: ") + e.what();
+    }
+  } catch (const Unsupported& e) {
+    layer->plan.reset();
+    layer->refusal = e.what();
+    fp8_layers_.emplace(key, std::move(layer));
+    throw;
+  }
+  return *fp8_layers_.emplace(key, std::move(layer)).first->second;
+}
+
+Fp8Weights& CudaKernels::fp8_weights(const Tensor& w, const Tensor& bias, const std::string& label) {
+  const auto [it, inserted] = fp8_weights_.try_emplace(w.data);
+  Fp8Weights& fw = it->second;
+  if (fw.fresh && fw.bias_source == bias.data) return fw;
+  const std::int64_t k = w.shape[0];
+  if (inserted) {
+    if (capturing()) {
+      fp8_weights_.erase(it);
+      throw Error(label + ": the weights were never quantized; run one forward before capturing");
+    }
+    fw.q = backend::cuda::DeviceBuffer(align_up(w.numel()), label + ", e4m3 weights");
+    fw.scalars = backend::cuda::DeviceBuffer(2 * kScalarSlot + align_up(k * 4), label + ", weight scales and bias");
+  }
+  float* amax = fw.scalars.as<float>();
+  fp8_amax(stream_, w.dtype, w.data, w.numel(), amax);
+  fp8_quantize_e4m3(stream_, w.dtype, w.data, w.numel(), amax, fw.q.as<std::uint8_t>(), fw.descale());
+  cuda_pointwise::cast(stream_, bias.dtype, bias.data, DType::f32, fw.bias_f32(), k);
+  // Quantized inside a capture, the graph quantizes again on every replay: correct, not fresh.
+  fw.fresh = !capturing();
+  fw.bias_source = bias.data;
+  return fw;
+}
+
+std::vector<std::string> CudaKernels::fp8_notes() const {
+  std::vector<std::string> lines;
+  for (const auto& [key, l] : fp8_layers_)
+    lines.push_back(!l->plan ? "refused: " + l->refusal
+                             : l->plan->shape().to_string() + ": " + l->plan->engine() +
+                                   (l->separate_epilogue ? "; " + l->note : std::string()));
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+void CudaKernels::parameters_changed() {
+  for (auto& [address, fw] : fp8_weights_) fw.fresh = false;
+}
+
+std::int64_t CudaKernels::conv2d_fp8_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                             const Tensor& residual, const Tensor& y, bool relu) {
+  const Fp8Layer& l = fp8_layer(d, x, w, bias, residual, y, relu);
+  // The plan's workspace, x's e4m3 image, then two scalars.
+  return align_up(l.plan->workspace_bytes()) + align_up(x.numel()) + 2 * kScalarSlot;
+}
+
+void CudaKernels::conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     const Tensor& residual, const Tensor& y, bool relu, Workspace ws) {
+  const Fp8Layer& l = fp8_layer(d, x, w, bias, residual, y, relu);
+  const std::int64_t plan_bytes = align_up(l.plan->workspace_bytes()), qx_bytes = align_up(x.numel());
+  if (ws.bytes < plan_bytes + qx_bytes + 2 * kScalarSlot || ws.data == nullptr)
+    throw Error(l.plan->shape().to_string() + ": needs a workspace of " +
+                std::to_string(plan_bytes + qx_bytes + 2 * kScalarSlot) + " bytes, got " + std::to_string(ws.bytes) +
+                " (size it from conv2d_fp8_prepare)");
+  auto* base = static_cast<unsigned char*>(ws.data);
+  auto* qx = base + plan_bytes;
+  auto* amax_x = reinterpret_cast<float*>(qx + qx_bytes);
+  auto* descale = reinterpret_cast<float*>(qx + qx_bytes + kScalarSlot);
+  const Fp8Weights& fw = fp8_weights(w, bias, l.plan->shape().to_string());
+  fp8_amax(stream_, x.dtype, x.data, x.numel(), amax_x);
+  fp8_quantize_e4m3(stream_, x.dtype, x.data, x.numel(), amax_x, qx, descale, fw.descale());
+  const Workspace plan_ws{plan_bytes > 0 ? ws.data : nullptr, plan_bytes};
+  const bool has_residual = residual.defined();
+  if (!l.separate_epilogue) {
+    l.plan->execute(qx, fw.q.get(), descale, fw.bias_f32(), y.data, plan_ws, has_residual ? residual.data : nullptr);
+    return;
+  }
+  l.plan->execute(qx, fw.q.get(), descale, nullptr, y.data, plan_ws);
+  cuda_pointwise::bias_activation_forward(stream_, y.dtype, y.layout, y.data, bias.data, bias.dtype == y.dtype,
+                                          has_residual ? residual.data : nullptr, y.data, y.shape[0], y.shape[1],
+                                          y.shape[2] * y.shape[3], relu);
+}
+
+}  // namespace ab::nn::cuda
