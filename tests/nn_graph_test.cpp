@@ -941,6 +941,27 @@ TEST(DataParallel, ABucketIsAveragedWhenItsLastGradientIsReadyAndTheRestAtFinish
   sync.ready(3);
   EXPECT_THROW(sync.ready(3), Error);
   EXPECT_THROW(BucketedGradientSync(params, avg, 0), UsageError);
+
+  // A tail: the first parameters (backward's last gradients) alone in the bucket reduced last.
+  BucketedGradientSync tail1(params, avg, 128, 1);  // p0 holds >= 1 byte: {p3, p2}, {p1}, {p0}
+  ASSERT_EQ(tail1.buckets().size(), 3u);
+  EXPECT_EQ(tail1.buckets()[1].parameters, (std::vector<std::size_t>{1}));
+  EXPECT_EQ(tail1.buckets()[2].parameters, (std::vector<std::size_t>{0}));
+  avg.blocks.clear();
+  tail1.begin();
+  for (std::size_t i : {3, 2, 1}) tail1.ready(i);
+  EXPECT_EQ(avg.blocks.size(), 2u) << "p1's bucket no longer waits for p0";
+  tail1.ready(0);
+  ASSERT_EQ(avg.blocks.size(), 3u);
+  EXPECT_EQ(avg.blocks[2].data, params[0].grad.data);
+  tail1.finish();
+  EXPECT_EQ(avg.blocks.size(), 3u);
+  BucketedGradientSync tail100(params, avg, 128, 100);  // p0 + p1 reach 100 bytes: {p3, p2}, {p1, p0}
+  ASSERT_EQ(tail100.buckets().size(), 2u);
+  EXPECT_EQ(tail100.buckets()[1].parameters, (std::vector<std::size_t>{1, 0}));
+  BucketedGradientSync everything(params, avg, 128, 1 << 20);  // the tail takes all: one bucket
+  ASSERT_EQ(everything.buckets().size(), 1u);
+  EXPECT_THROW(BucketedGradientSync(params, avg, 128, -1), UsageError);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,14 +7,26 @@
 namespace ab::nn {
 
 BucketedGradientSync::BucketedGradientSync(const std::vector<Parameter>& parameters, GradientAverager& averager,
-                                           std::int64_t bucket_bytes)
+                                           std::int64_t bucket_bytes, std::int64_t tail_bytes)
     : averager_(averager), bucket_of_(parameters.size(), -1) {
   if (bucket_bytes < 1) throw UsageError("gradient bucket size must be positive, got " + std::to_string(bucket_bytes));
+  if (tail_bytes < 0) throw UsageError("the tail bucket size must be 0 or positive, got " + std::to_string(tail_bytes));
+  // The tail: parameters 0..tail_end (in forward order) until they hold tail_bytes.
+  std::size_t tail_end = 0;
+  bool has_tail = false;
+  for (std::int64_t held = 0; tail_bytes > 0 && tail_end < parameters.size() && held < tail_bytes; ++tail_end) {
+    if (!parameters[tail_end].grad.defined()) continue;
+    held += parameters[tail_end].grad.size_bytes();
+    has_tail = true;
+  }
   std::int64_t filled = bucket_bytes;
+  bool in_tail = false;
   for (std::size_t i = parameters.size(); i-- > 0;) {
     const Tensor& g = parameters[i].grad;
     if (!g.defined()) continue;
-    if (filled >= bucket_bytes) {
+    const bool tail_starts = has_tail && i < tail_end && !in_tail;
+    in_tail = in_tail || tail_starts;
+    if (tail_starts || (!in_tail && filled >= bucket_bytes)) {
       buckets_.emplace_back();
       filled = 0;
     }

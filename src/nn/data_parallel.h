@@ -28,12 +28,14 @@ constexpr std::int64_t kDefaultBucketBytes = std::int64_t{25} << 20;  // DDP's b
 // parameters in backward order (reverse parameter order) of at least `bucket_bytes` (the last one
 // smaller), each one contiguous block of the graph's gradient store, averaged in place as soon as
 // its last gradient is final; finish() averages any bucket not yet started (a parameter whose op
-// ran no backward) and joins. Throws Error when the gradients are not one contiguous store of one
-// dtype (the graph lays them out so).
+// ran no backward) and joins. With `tail_bytes` > 0 the first parameters (the last gradients
+// backward makes: the stem's) form a bucket of their own of at least `tail_bytes`, so the all-reduce
+// left after backward is that small one rather than the remainder of the 25 MiB walk (0: no tail).
+// Throws Error when the gradients are not one contiguous store of one dtype (the graph lays them out so).
 class BucketedGradientSync final : public GradientSync {
  public:
   BucketedGradientSync(const std::vector<Parameter>& parameters, GradientAverager& averager,
-                       std::int64_t bucket_bytes = kDefaultBucketBytes);
+                       std::int64_t bucket_bytes = kDefaultBucketBytes, std::int64_t tail_bytes = 0);
   void begin() override;
   void ready(std::size_t parameter_index) override;
   void finish() override;
