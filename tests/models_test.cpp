@@ -2,7 +2,8 @@
 // torchvision's published figures (from the ops' own counts, no execution), the memory plan of a
 // full-size training graph, and, on the reference backend, that a tiny ResNet learns a synthetic
 // 4-class task and that two runs give bit-identical losses; batch norms folded into the
-// convolutions compute the same function (a block, tiny ResNet logits) with fewer ops.
+// convolutions compute the same function (a block, tiny ResNet logits) with fewer ops; an fp8
+// graph marks exactly the convolutions e4m3 can run.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -473,6 +474,63 @@ TEST(FoldBatchnorm, FullSizeResnextLosesItsReluAndAddKernels) {
   nn::Graph tg(std::move(tb));
   const std::string msg = test::error_message<nn::LayerError>([&] { tg.bind(*k); });
   EXPECT_NE(msg.find("(bias_act): is inference only"), std::string::npos) << msg;
+}
+
+// Precision fp8: every conv_bias_act whose convolution has groups 1 and input and output channels
+// multiples of 16 is built to run e4m3, and no other op. ResNet-50: all 53 convolutions but the
+// stem (3 input channels; 64..2048 channels elsewhere) = 52. ResNeXt-101 32x4d: 33 blocks of three
+// convolutions, 4 projections and the stem = 104; less the stem and the 33 grouped 3x3s = 70 (its
+// 1x1s are 128..2048 wide). The classifier is a Linear and stays 16-bit.
+TEST(Fp8, ResnetBuilderMarksExactlyTheEligibleConvolutions) {
+  nn::GraphOptions o;
+  o.training = false;
+  o.precision = Precision::fp8;
+  for (const auto& [config, eligible] : {std::pair{resnet50(), 52}, std::pair{resnext101_32x4d(), 70}}) {
+    SCOPED_TRACE(config.name);
+    ResNetConfig c = config;
+    c.fold_batchnorm = c.fuse_conv_epilogue = true;
+    nn::GraphBuilder b(o);
+    resnet(b, b.input("images", Shape{1, 3, 64, 64}), c);
+    const nn::Graph g(std::move(b));
+    int fp8 = 0, convs = 0, grouped = 0;
+    for (std::size_t i = 0; i < g.op_count(); ++i) {
+      const auto* conv = dynamic_cast<const nn::ConvBiasActivation*>(&g.op(i));
+      if (conv == nullptr) continue;
+      ++convs;
+      const std::int64_t cin = conv->inputs()[0].shape[1], cout = conv->attrs().out_channels;
+      const bool want = conv->attrs().conv.groups == 1 && cin % 16 == 0 && cout % 16 == 0;
+      EXPECT_EQ(conv->fp8(), want) << conv->name();
+      EXPECT_FALSE(conv->runs_fp8()) << "not bound: nothing ran yet";
+      fp8 += conv->fp8();
+      grouped += conv->attrs().conv.groups > 1;
+    }
+    EXPECT_EQ(fp8, eligible);
+    EXPECT_EQ(convs, c.groups == 1 ? 53 : 104);
+    EXPECT_EQ(grouped, c.groups == 1 ? 0 : 33);
+    EXPECT_FALSE(dynamic_cast<const nn::ConvBiasActivation&>(find_op(g, "conv1")).fp8());  // the stem
+    EXPECT_EQ(find_op(g, "fc").kind(), "linear");
+    EXPECT_EQ(find_op(g, "fc").inputs()[0].dtype, DType::f16);  // fp8 stores as fp16
+  }
+  // Without an fp8 graph nothing is marked; without fused convolutions an fp8 graph is refused.
+  nn::GraphOptions f16 = o;
+  f16.precision = Precision::fp16;
+  ResNetConfig c = resnet50();
+  c.fold_batchnorm = c.fuse_conv_epilogue = true;
+  nn::GraphBuilder hb(f16);
+  resnet(hb, hb.input("images", Shape{1, 3, 32, 32}), c);
+  const nn::Graph half(std::move(hb));
+  for (std::size_t i = 0; i < half.op_count(); ++i) {
+    if (const auto* conv = dynamic_cast<const nn::ConvBiasActivation*>(&half.op(i))) {
+      EXPECT_FALSE(conv->fp8()) << conv->name();
+    }
+  }
+  for (bool fold : {false, true}) {  // unfolded, then folded with the epilogue outside
+    c.fold_batchnorm = fold;
+    c.fuse_conv_epilogue = false;
+    nn::GraphBuilder ub(o);
+    const std::string msg = test::usage_error([&] { resnet(ub, ub.input("images", Shape{1, 3, 32, 32}), c); });
+    EXPECT_NE(msg.find("precision fp8 runs the folded convolutions"), std::string::npos) << msg;
+  }
 }
 
 TEST(FoldBatchnorm, ParameterValuesRoundTripAndRefuseWrongNamesOrSizes) {

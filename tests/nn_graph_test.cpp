@@ -437,9 +437,19 @@ void expect_copies_are_rounded_masters(Graph& g, DType t) {
 
 TEST(Precision, OptionsAreValidatedWithTheValidValues) {
   GraphOptions o;
-  o.precision = Precision::fp8;
+  o.precision = Precision::int8;
   auto msg = test::usage_error([&] { GraphBuilder b(o); });
-  EXPECT_NE(msg.find("fp32, tf32, bf16 or fp16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fp32, tf32, bf16, fp16 or fp8"), std::string::npos) << msg;
+  // fp8 is an inference policy stored as fp16; a training graph is refused with the reason.
+  o.precision = Precision::fp8;
+  msg = test::usage_error([&] { GraphBuilder b(o); });
+  EXPECT_NE(msg.find("fp8 is inference only"), std::string::npos) << msg;
+  o.training = false;
+  EXPECT_EQ(activation_dtype(o), DType::f16);
+  o.dtype = DType::f64;
+  msg = test::usage_error([&] { GraphBuilder b(o); });
+  EXPECT_NE(msg.find("leave dtype at f32"), std::string::npos) << msg;
+  o = GraphOptions{};
   o.precision = Precision::bf16;
   o.dtype = DType::f64;
   msg = test::usage_error([&] { GraphBuilder b(o); });

@@ -3,13 +3,15 @@
 // random inputs (f64 storage), the accumulate path of every input gradient, layouts, and
 // bit-identical results at any thread count; 16-bit storage (each op's result is the f64 result
 // rounded once), casts, loss scaling, skipped optimizer steps and capture on the reference kernels;
-// the fused bias_act epilogue against the reference ops it replaces.
+// the fused bias_act epilogue against the reference ops it replaces; conv_bias_act's fp8 path and
+// its 16-bit fallback.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -588,6 +590,110 @@ TEST(ConvBiasActivation, ShapesParametersCostsAndRefusals) {
   const std::string refused = test::error_message<LayerError>([&] { train.prepare(*k, descs); });
   EXPECT_NE(refused.find("inference only"), std::string::npos) << refused;
   EXPECT_THROW(train.backward(*k, descs), LayerError);
+}
+
+// Reference kernels whose fp8 convolution takes every configuration or refuses every one, counting
+// which path runs; a taken fp8 call runs the 16-bit kernels (the fp8 arithmetic is not tested here).
+class Fp8SwitchKernels final : public ref::RefKernels {
+ public:
+  explicit Fp8SwitchKernels(bool take) : take_(take) {}
+  std::int64_t conv2d_fp8_prepare(const Conv2dDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, bool) override {
+    ++fp8_prepares;
+    if (!take_) throw Unsupported("refused by the test kernels");
+    return 0;
+  }
+  void conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                          const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override {
+    ++fp8_forwards;
+    RefKernels::conv2d_bias_activation_forward(d, x, w, bias, residual, y, relu, ws);
+  }
+  void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override {
+    ++f16_forwards;
+    RefKernels::conv2d_bias_activation_forward(d, x, w, bias, residual, y, relu, ws);
+  }
+  int fp8_prepares = 0, fp8_forwards = 0, f16_forwards = 0;
+
+ private:
+  bool take_;
+};
+
+// conv_bias_act with its fp8 flag in an fp8 inference graph: prepare asks the kernels for fp8;
+// taken, forward runs the fp8 call and bytes count the quantize passes; refused, the op runs the
+// 16-bit path (the same values as an op built without the flag) and keeps the reason.
+TEST(ConvBiasActivation, Fp8RunsWhereTheKernelsTakeItElseFallsBackWithTheReason) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  GraphOptions o;
+  o.precision = Precision::fp8;
+  o.training = false;
+  Fp8SwitchKernels take(true), refuse(false), plain(true);  // declared before the graphs bound to them
+  auto ref = make_ref_kernels();
+  const auto run = [&](Kernels& k, std::int64_t channels, bool fp8, std::vector<double>* y_out) {
+    Conv2dAttrs a;
+    a.out_channels = 16;
+    a.kernel_h = a.kernel_w = 3;
+    a.conv.pad_h = a.conv.pad_w = 1;
+    GraphBuilder b(o);
+    const Value x = b.input("x", Shape{2, channels, 5, 5}), r = b.input("r", Shape{2, 16, 5, 5});
+    const Value y = conv_bias_activation(b, "conv", x, a, r, true, fp8);
+    b.mark_output(y);
+    auto g = std::make_unique<Graph>(std::move(b));
+    g->bind(k);
+    std::vector<double> xv(static_cast<std::size_t>(2 * channels * 25)), rv(2 * 16 * 25);
+    for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = uniform(seed, i, -1, 1);
+    for (std::size_t i = 0; i < rv.size(); ++i) rv[i] = uniform(seed + 1, i, -1, 1);
+    g->set_input(x, xv);
+    g->set_input(r, rv);
+    g->forward(false);
+    if (y_out != nullptr) *y_out = g->read(y);
+    return g;
+  };
+  const std::int64_t x16 = 2 * 16 * 25, y16 = 2 * 16 * 25, w16 = 16 * 16 * 9, e = 2;  // f16 storage
+  const std::int64_t f16_bytes = (x16 + w16 + y16) * e + (16 + y16) * e;  // conv + bias + residual
+
+  std::vector<double> y_fp8;
+  auto g = run(take, 16, true, &y_fp8);
+  const auto& op = dynamic_cast<const ConvBiasActivation&>(g->op(0));
+  EXPECT_TRUE(op.fp8());
+  EXPECT_TRUE(op.runs_fp8());
+  EXPECT_EQ(op.fp8_fallback_reason(), "");
+  EXPECT_EQ(take.fp8_forwards, 1);
+  EXPECT_EQ(take.f16_forwards, 0);
+  // x read twice (amax, quantize) in f16, its e4m3 copy written and read; w in e4m3; y, bias, residual f16.
+  EXPECT_EQ(op.bytes(Pass::forward), x16 * (2 * e + 2) + w16 + y16 * e + (16 + y16) * e);
+  // Dynamic scales cost traffic: 4 more bytes per x element outweigh the byte saved per weight here.
+  EXPECT_GT(op.bytes(Pass::forward), f16_bytes);
+
+  std::vector<double> y_fallback;
+  g = run(refuse, 16, true, &y_fallback);
+  const auto& fallback = dynamic_cast<const ConvBiasActivation&>(g->op(0));
+  EXPECT_TRUE(fallback.fp8());
+  EXPECT_FALSE(fallback.runs_fp8());
+  EXPECT_NE(fallback.fp8_fallback_reason().find("refused by the test kernels"), std::string::npos)
+      << fallback.fp8_fallback_reason();
+  EXPECT_EQ(refuse.fp8_prepares, 1);
+  EXPECT_EQ(refuse.fp8_forwards, 0);
+  EXPECT_EQ(refuse.f16_forwards, 1);
+  EXPECT_EQ(fallback.bytes(Pass::forward), f16_bytes);
+
+  // Without the flag the op never asks for fp8; its values are the fallback's, bit for bit.
+  std::vector<double> y_f16;
+  g = run(plain, 16, false, &y_f16);
+  EXPECT_EQ(plain.fp8_prepares, 0);
+  EXPECT_EQ(plain.f16_forwards, 1);
+  EXPECT_EQ(y_f16, y_fallback);
+  EXPECT_EQ(y_f16, y_fp8);  // the test kernels' fp8 path runs the 16-bit one
+  int positive = 0;
+  for (double v : y_f16) positive += v > 0;
+  EXPECT_GT(positive, 10);  // not a comparison of zeros (ReLU)
+
+  // The reference kernels refuse 8 input channels (not a multiple of 16) with a reason.
+  g = run(*ref, 8, true, nullptr);
+  const auto& refused = dynamic_cast<const ConvBiasActivation&>(g->op(0));
+  EXPECT_FALSE(refused.runs_fp8());
+  EXPECT_FALSE(refused.fp8_fallback_reason().empty());
 }
 
 // bn_act: batch norm (+ residual) + ReLU as one op. Its forward and backward on the reference

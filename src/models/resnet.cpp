@@ -22,11 +22,21 @@ nn::Conv2dAttrs conv_attrs(std::int64_t out_channels, std::int64_t kernel, std::
   return a;
 }
 
+// Whether an fp8 graph builds this convolution in fp8: groups 1 and input and output channels
+// multiples of 16, the shapes cuDNN's e4m3 convolution takes (docs/ENGINE.md, "fp8"). In a ResNet
+// that leaves out the stem (3 input channels) and ResNeXt's grouped 3x3 convolutions.
+bool fp8_eligible(std::int64_t in_channels, const nn::Conv2dAttrs& a) {
+  return a.conv.groups == 1 && in_channels % 16 == 0 && a.out_channels % 16 == 0;
+}
+
 // A folded convolution and its epilogue act(conv(x) + bias (+ residual)): one conv_bias_act named
 // after the convolution, or a convolution and a bias_act named after the batch norm.
 Value folded_conv(GraphBuilder& b, const ResNetConfig& c, const std::string& conv_name, const std::string& bn_name,
                   Value x, const nn::Conv2dAttrs& a, Value residual, bool relu) {
-  if (c.fuse_conv_epilogue) return nn::conv_bias_activation(b, conv_name, x, a, residual, relu);
+  if (c.fuse_conv_epilogue) {
+    const bool fp8 = b.options().precision == Precision::fp8 && fp8_eligible(b.desc(x).shape[1], a);
+    return nn::conv_bias_activation(b, conv_name, x, a, residual, relu, fp8);
+  }
   return nn::bias_activation(b, bn_name, nn::conv2d(b, conv_name, x, a), residual, relu);
 }
 
@@ -133,6 +143,10 @@ ResNetConfig tiny_resnet(std::int64_t in_channels, std::int64_t num_classes) {
 Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
   if (c.blocks.size() != c.planes.size() || c.blocks.empty())
     throw UsageError(c.name + ": blocks and planes must list the same, non-zero number of stages");
+  // Only conv_bias_act runs e4m3: any other form would run the whole network in f16 under an fp8 label.
+  if (b.options().precision == Precision::fp8 && !(c.fold_batchnorm && c.fuse_conv_epilogue))
+    throw UsageError(c.name + ": precision fp8 runs the folded convolutions with their epilogue inside "
+                     "(fold_batchnorm and fuse_conv_epilogue); without them no layer would run in fp8");
   Value x = conv_bn_relu(b, c, "conv1", "bn1", "relu", images, c.stem_channels, c.stem_kernel, c.stem_stride, 1);
   if (c.stem_maxpool) x = nn::maxpool2d(b, "maxpool", x, nn::Pool2dDesc{3, 3, 2, 2, 1, 1});
   std::int64_t channels = c.stem_channels;

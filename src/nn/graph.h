@@ -33,7 +33,10 @@ struct GraphOptions {
   //        each update; batch-norm parameters and statistics, probabilities and the loss in f32.
   //  fp16  as bf16 in f16, plus dynamic loss scaling (GradScaler's rule, `loss_scale_rule`)
   //        kept on the device: a step with a non-finite gradient changes no parameter.
-  // tf32, bf16 and fp16 set the types themselves: `dtype` must stay f32.
+  //  fp8   inference only (training = false): stored as fp16 (f16 activations and parameters);
+  //        the ops built to run e4m3 (ConvBiasActivation's fp8 flag) quantize their operands
+  //        themselves and fall back to f16 where the backend refuses. No other op changes.
+  // tf32, bf16, fp16 and fp8 set the types themselves: `dtype` must stay f32.
   Precision precision = Precision::fp32;
   bool deterministic = false;  // bit-identical results run to run (Kernels::set_deterministic at bind)
   double initial_loss_scale = 65536.0;  // fp16: PyTorch's GradScaler default, 2^16
@@ -44,8 +47,8 @@ struct GraphOptions {
 };
 
 // The storage type of activations and their gradients under the options' precision policy.
-// Throws UsageError for a precision the graph does not run (fp8, int8) or a dtype the policy
-// overrides.
+// Throws UsageError for a precision the graph does not run (int8; fp8 in a training graph) or a
+// dtype the policy overrides.
 DType activation_dtype(const GraphOptions& o);
 
 class GraphBuilder {

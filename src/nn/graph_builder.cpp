@@ -9,6 +9,12 @@ namespace ab::nn {
 DType activation_dtype(const GraphOptions& o) {
   switch (o.precision) {
     case Precision::fp32: return o.dtype;
+    case Precision::fp8:
+      // e4m3's 3 mantissa bits and the per-call dynamic scales serve a forward pass; gradients
+      // and weight updates would need a scaling scheme of their own (none here).
+      if (o.training)
+        throw UsageError("graph precision fp8 is inference only (training = false); train in fp32, tf32, bf16 or fp16");
+      [[fallthrough]];
     case Precision::tf32:
     case Precision::bf16:
     case Precision::fp16:
@@ -16,9 +22,11 @@ DType activation_dtype(const GraphOptions& o) {
         throw UsageError("graph precision " + std::string(to_string(o.precision)) +
                          " sets the storage types itself; leave dtype at f32 (got " + std::string(to_string(o.dtype)) +
                          ")");
-      return o.precision == Precision::bf16 ? DType::bf16 : o.precision == Precision::fp16 ? DType::f16 : DType::f32;
+      if (o.precision == Precision::bf16) return DType::bf16;
+      return o.precision == Precision::fp16 || o.precision == Precision::fp8 ? DType::f16 : DType::f32;
     default:
-      throw UsageError("graph precision must be fp32, tf32, bf16 or fp16, got " + std::string(to_string(o.precision)));
+      throw UsageError("graph precision must be fp32, tf32, bf16, fp16 or fp8 (inference only), got " +
+                       std::string(to_string(o.precision)));
   }
 }
 

@@ -139,10 +139,13 @@ class BiasActivation final : public Op {
 // conv2d then bias_act. Parameters "weight" (as Conv2d's) and "bias" [C_out], both of x's dtype
 // (cuDNN's fused call takes a 16-bit bias beside 16-bit data). Inputs x and optionally a residual of
 // the output's shape. Training graphs are refused at bind, as bias_act's are.
+// With `fp8` (GraphOptions precision fp8): the convolution runs on e4m3 operands with per-tensor
+// dynamic scales (Kernels::conv2d_fp8_forward); where the backend refuses the configuration at
+// prepare (Unsupported), the op runs the 16-bit path instead and keeps the refusal's reason.
 class ConvBiasActivation final : public Op {
  public:
-  ConvBiasActivation(std::string name, const Conv2dAttrs& a, bool relu)
-      : Op(name), conv_(std::move(name), a), relu_(relu) {}
+  ConvBiasActivation(std::string name, const Conv2dAttrs& a, bool relu, bool fp8 = false)
+      : Op(name), conv_(std::move(name), a), relu_(relu), fp8_(fp8) {}
   std::string_view kind() const override { return "conv_bias_act"; }
   std::vector<ParamSpec> parameters() const override;
   std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
@@ -153,11 +156,17 @@ class ConvBiasActivation final : public Op {
   const Conv2dAttrs& attrs() const { return conv_.attrs(); }
   std::int64_t macs() const { return conv_.macs(); }
   bool relu() const { return relu_; }
+  bool fp8() const { return fp8_; }            // asked to run in fp8
+  bool runs_fp8() const { return runs_fp8_; }  // after prepare: the backend took it
+  // After prepare: why an fp8 op runs in 16 bits (the backend's Unsupported message); else empty.
+  const std::string& fp8_fallback_reason() const { return fp8_fallback_reason_; }
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   Conv2d conv_;  // the convolution's shape rules, parameters and cost
-  bool relu_;
+  bool relu_, fp8_;
+  bool runs_fp8_ = false;
+  std::string fp8_fallback_reason_;
 };
 
 class MaxPool2d final : public Op {
@@ -311,9 +320,9 @@ Value batchnorm_activation(GraphBuilder& b, const std::string& name, Value x, Va
 Value add(GraphBuilder& b, const std::string& name, Value x, Value y);
 // residual may be undefined (id -1): then y = act(x + bias).
 Value bias_activation(GraphBuilder& b, const std::string& name, Value x, Value residual, bool relu);
-// residual may be undefined: then y = act(conv(x) + bias).
+// residual may be undefined: then y = act(conv(x) + bias). fp8: see ConvBiasActivation.
 Value conv_bias_activation(GraphBuilder& b, const std::string& name, Value x, const Conv2dAttrs& a, Value residual,
-                           bool relu);
+                           bool relu, bool fp8 = false);
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d);
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x);
 Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias = true);

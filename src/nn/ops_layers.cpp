@@ -252,13 +252,30 @@ std::vector<ParamSpec> ConvBiasActivation::parameters() const {
 std::int64_t ConvBiasActivation::prepare(Kernels& k, const OpTensors& d) {
   if (training_) fail("is inference only (a folded batch norm); build the graph with training = false");
   Op::prepare(k, d);
-  return k.conv2d_bias_activation_prepare(attrs().conv, d.in[0], d.params[0], d.params[1],
-                                          d.in.size() > 1 ? d.in[1] : Tensor{}, d.out[0], relu_);
+  const Tensor residual = d.in.size() > 1 ? d.in[1] : Tensor{};
+  runs_fp8_ = false;
+  fp8_fallback_reason_.clear();
+  if (fp8_) {
+    // A refusal is an answer, not an error: the layer runs in 16 bits and the record says why.
+    try {
+      const std::int64_t ws = k.conv2d_fp8_prepare(attrs().conv, d.in[0], d.params[0], d.params[1], residual, d.out[0],
+                                                   relu_);
+      runs_fp8_ = true;
+      return ws;
+    } catch (const Unsupported& e) {
+      fp8_fallback_reason_ = e.what();
+    }
+  }
+  return k.conv2d_bias_activation_prepare(attrs().conv, d.in[0], d.params[0], d.params[1], residual, d.out[0], relu_);
 }
 
 void ConvBiasActivation::forward(Kernels& k, const OpTensors& t) {
-  k.conv2d_bias_activation_forward(attrs().conv, t.in[0], t.params[0], t.params[1],
-                                   t.in.size() > 1 ? t.in[1] : Tensor{}, t.out[0], relu_, t.workspace);
+  const Tensor residual = t.in.size() > 1 ? t.in[1] : Tensor{};
+  if (runs_fp8_)
+    k.conv2d_fp8_forward(attrs().conv, t.in[0], t.params[0], t.params[1], residual, t.out[0], relu_, t.workspace);
+  else
+    k.conv2d_bias_activation_forward(attrs().conv, t.in[0], t.params[0], t.params[1], residual, t.out[0], relu_,
+                                     t.workspace);
 }
 
 void ConvBiasActivation::backward(Kernels&, const OpTensors&) {
@@ -276,7 +293,15 @@ std::int64_t ConvBiasActivation::bytes(Pass p) const {
   // x, w and y once each, the bias, and the residual where there is one: the epilogue moves no
   // extra pass over y.
   const std::int64_t residual = in_.size() > 1 ? in_[1].numel() : 0;
-  return conv_.bytes(Pass::forward) + (conv_.attrs().out_channels + residual) * element_bytes();
+  const std::int64_t epilogue = (conv_.attrs().out_channels + residual) * element_bytes();
+  if (!runs_fp8_) return conv_.bytes(Pass::forward) + epilogue;
+  // fp8 with per-call dynamic scales: x (16-bit) read twice, by the amax and by the quantize
+  // pass, its e4m3 copy written once and read once by the convolution; w read as e4m3 (quantized
+  // once per parameter state, not per call); y in 16 bits; the scalar scales are not counted.
+  // Before prepare (or where the backend refused) the 16-bit formula holds.
+  const std::int64_t e4m3 = bytes_of(DType::f8e4m3);
+  const std::int64_t x = in_[0].numel(), y = out_[0].numel(), w = conv_.parameters()[0].shape.numel();
+  return x * (2 * element_bytes() + 2 * e4m3) + w * e4m3 + y * element_bytes() + epilogue;
 }
 
 // ---- linear

@@ -172,8 +172,8 @@ Value bias_activation(GraphBuilder& b, const std::string& name, Value x, Value r
   return residual.id < 0 ? b.add1(std::move(op), {x}) : b.add1(std::move(op), {x, residual});
 }
 Value conv_bias_activation(GraphBuilder& b, const std::string& name, Value x, const Conv2dAttrs& a, Value residual,
-                           bool relu) {
-  auto op = std::make_unique<ConvBiasActivation>(name, a, relu);
+                           bool relu, bool fp8) {
+  auto op = std::make_unique<ConvBiasActivation>(name, a, relu, fp8);
   return residual.id < 0 ? b.add1(std::move(op), {x}) : b.add1(std::move(op), {x, residual});
 }
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d) {
