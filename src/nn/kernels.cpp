@@ -18,6 +18,21 @@ void Kernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& 
   bias_activation_forward(y, bias, residual, y, relu);
 }
 
+std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
+  const std::string label = "fp8 convolution of x " + x.to_string() + ", w " + w.to_string() + ": ";
+  if (d.groups != 1) return label + "groups = 1 only, got " + std::to_string(d.groups);
+  if (x.shape.rank() != 4 || w.shape.rank() != 4) return label + "needs rank-4 x and w";
+  const std::int64_t c = x.shape[1], k = w.shape[0];
+  if (c % kFp8ConvChannelMultiple != 0 || k % kFp8ConvChannelMultiple != 0)
+    return label + "C and K must be multiples of " + std::to_string(kFp8ConvChannelMultiple) +
+           " (cuDNN's 16-byte e4m3 channel vectors), got C = " + std::to_string(c) + ", K = " + std::to_string(k);
+  const auto half = [](DType t) { return t == DType::f16 || t == DType::bf16; };
+  if (!half(x.dtype) || !half(y.dtype))
+    return label + "x and y must be f16 or bf16, got x " + std::string(to_string(x.dtype)) + ", y " +
+           std::string(to_string(y.dtype));
+  return {};
+}
+
 std::int64_t Kernels::conv2d_fp8_prepare(const Conv2dDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                         const Tensor&, bool) {
   throw Unsupported("the " + std::string(name()) + " kernels have no fp8 convolution");

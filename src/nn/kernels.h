@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -325,6 +326,13 @@ inline std::int64_t bn_activation_mask_words(const Shape& x_shape) { return (x_s
 // Throws Error unless [offset, offset + bytes) lies within the contiguous tensor `t`; what
 // upload_bytes and download_bytes check before copying (`what` names the call).
 void check_byte_range(std::string_view what, const Tensor& t, std::int64_t offset, std::int64_t bytes);
+
+// The operands every backend's fp8 convolution refuses: groups other than 1, C or K not a
+// multiple of kFp8ConvChannelMultiple (cuDNN's fp8 convolutions read 16-byte vectors of e4m3
+// channels; the reference refuses the same so that both backends take the same layers), x or y
+// not f16/bf16. Returns why, or empty where the configuration may run (a backend may still refuse).
+inline constexpr std::int64_t kFp8ConvChannelMultiple = 16;
+std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y);
 
 // The reference kernels (nn/ref): host memory, f64/f32/f16/bf16 storage (16-bit values loaded
 // exactly, stored rounded once to nearest even), float64 accumulation, and work split over

@@ -133,6 +133,56 @@ void check_conv_shapes(const Conv2dDesc& d, const Tensor& x, const Tensor& w, co
     throw Error("ref conv2d: inconsistent tensors x " + x.to_string() + ", w " + w.to_string() + ", y " + y.to_string());
 }
 
+// A tensor's e4m3 image under its per-tensor scale (Kernels::conv2d_fp8_prepare's rule), the
+// values held exactly in f64, contiguous in the source's layout; descale = max|t| / 448 in f32.
+struct E4m3Image {
+  std::vector<double> values;
+  Tensor view;
+  float descale = 1.0f;
+};
+
+E4m3Image quantize_e4m3(const Tensor& t) {
+  E4m3Image q;
+  q.values.resize(sz(t.numel()));
+  q.view = Tensor::describe(DType::f64, t.shape, t.layout).with_data(q.values.data());
+  dispatch(t.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const T> in(t);
+    const View4<double> out(q.view);
+    float amax = 0.0f;  // exact: a 16-bit value widens exactly to f32
+    for (std::int64_t i = 0; i < in.n; ++i)
+      for (std::int64_t j = 0; j < in.c; ++j)
+        for (std::int64_t k = 0; k < in.h; ++k)
+          for (std::int64_t l = 0; l < in.w; ++l)
+            amax = std::max(amax, std::fabs(static_cast<float>(static_cast<double>(in.at(i, j, k, l)))));
+    float scale = 448.0f / amax;
+    if (std::isfinite(scale) && scale > 0.0f) {
+      q.descale = amax / 448.0f;
+    } else {
+      scale = 1.0f;  // all zero (or non-finite): the fallback scale, descale 1
+    }
+    for (std::int64_t i = 0; i < in.n; ++i)
+      for (std::int64_t j = 0; j < in.c; ++j)
+        for (std::int64_t k = 0; k < in.h; ++k)
+          for (std::int64_t l = 0; l < in.w; ++l) {
+            const float scaled = static_cast<float>(static_cast<double>(in.at(i, j, k, l))) * scale;  // f32 product
+            out.at(i, j, k, l) = e4m3_bits_to_float(float_to_e4m3_bits(scaled));
+          }
+  });
+  return q;
+}
+
+void check_fp8_operands(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                        const Tensor& residual, const Tensor& y) {
+  if (std::string why = fp8_conv_refusal(d, x, w, y); !why.empty()) throw Unsupported("ref " + why);
+  check_conv_shapes(d, x, w, y);
+  if ((bias.shape.rank() != 0 && (bias.shape.rank() != 1 || bias.shape[0] != y.shape[1])) ||
+      (residual.shape.rank() != 0 && (!(residual.shape == y.shape) || residual.dtype != y.dtype)))
+    throw Unsupported("ref conv2d_fp8: needs bias [K] (or none) and a residual of y's shape and dtype, got bias " +
+                      bias.to_string() + ", y " + y.to_string() +
+                      (residual.shape.rank() != 0 ? ", residual " + residual.to_string() : ""));
+}
+
 }  // namespace
 
 std::int64_t RefKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
@@ -162,6 +212,47 @@ void RefKernels::conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, co
   if (deferred([=, this] { conv2d_backward_filter(d, x, dy, dw, ws); })) return;
   check_conv_shapes(d, x, dw, dy);
   dispatch(x.dtype, [&](auto t) { conv_backward_filter<decltype(t)>(d, x, dy, dw); });
+}
+
+std::int64_t RefKernels::conv2d_fp8_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                            const Tensor& residual, const Tensor& y, bool /*relu*/) {
+  check_tensor(x);
+  check_tensor(w);
+  check_tensor(y);
+  check_fp8_operands(d, x, w, bias, residual, y);
+  return 0;
+}
+
+void RefKernels::conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                    const Tensor& residual, const Tensor& y, bool relu, Workspace ws) {
+  if (deferred([=, this] { conv2d_fp8_forward(d, x, w, bias, residual, y, relu, ws); })) return;
+  check_fp8_operands(d, x, w, bias, residual, y);
+  if ((bias.shape.rank() != 0 && !bias.defined()) || (residual.shape.rank() != 0 && !residual.defined()))
+    throw Error("ref conv2d_fp8_forward: bias or residual is a descriptor without data");
+  const E4m3Image qx = quantize_e4m3(x), qw = quantize_e4m3(w);
+  // Products of e4m3 values are exact in f64, their sums exact or far closer than the device's f32.
+  std::vector<double> acc_values(sz(y.numel()));
+  const Tensor acc_t = Tensor::describe(DType::f64, y.shape, y.layout).with_data(acc_values.data());
+  conv_forward<double>(d, qx.view, qw.view, acc_t);
+  const auto descale = static_cast<double>(qx.descale * qw.descale);  // the f32 product, as on the device
+  dispatch(y.dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const View4<const double> acc(acc_t);
+    const View4<T> out(y);
+    const bool has_residual = residual.defined();
+    const View4<const T> r(has_residual ? residual : y);  // y's view stands in, never read
+#pragma omp parallel for schedule(static) if (worth_threads(y.numel()))
+    for (std::int64_t k = 0; k < out.c; ++k) {
+      const double b = bias.defined() ? load(bias, k * bias.strides[0]) : 0.0;
+      for (std::int64_t n = 0; n < out.n; ++n)
+        for (std::int64_t h = 0; h < out.h; ++h)
+          for (std::int64_t l = 0; l < out.w; ++l) {
+            double v = acc.at(n, k, h, l) * descale + b;
+            if (has_residual) v += static_cast<double>(r.at(n, k, h, l));
+            out.at(n, k, h, l) = static_cast<T>(relu ? (v > 0 ? v : 0.0) : v);
+          }
+    }
+  });
 }
 
 }  // namespace ab::nn::ref

@@ -159,6 +159,15 @@ class RefKernels : public Kernels {
   void conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
                               Workspace) override;
 
+  // fp8: x and w quantized on every call (so parameters_changed() stays the default no-op), the
+  // e4m3 values held exactly in f64 and convolved by conv2d_forward's loops, the epilogue in f64, y
+  // rounded once. Refuses what fp8_conv_refusal names, as the CUDA kernels do (so no f32 x); an
+  // undefined bias (no shape) adds nothing; no workspace.
+  std::int64_t conv2d_fp8_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                  const Tensor& residual, const Tensor& y, bool relu) override;
+  void conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                          const Tensor& residual, const Tensor& y, bool relu, Workspace) override;
+
   void batchnorm_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                                   const Tensor& saved_mean, const Tensor& saved_invstd) override;
