@@ -22,11 +22,15 @@ nn::Conv2dAttrs conv_attrs(std::int64_t out_channels, std::int64_t kernel, std::
   return a;
 }
 
-// Whether an fp8 graph builds this convolution in fp8: groups 1 and input and output channels
-// multiples of 16, the shapes cuDNN's e4m3 convolution takes (docs/ENGINE.md, "fp8"). In a ResNet
-// that leaves out the stem (3 input channels) and ResNeXt's grouped 3x3 convolutions.
-bool fp8_eligible(std::int64_t in_channels, const nn::Conv2dAttrs& a) {
-  return a.conv.groups == 1 && in_channels % 16 == 0 && a.out_channels % 16 == 0;
+// Whether an fp8 graph builds this convolution in fp8: where no backend refuses it by rule
+// (nn::fp8_conv_refusal: groups 1, C and K multiples of 16, 16-bit x and y), which in a ResNet
+// leaves out the stem (3 input channels) and ResNeXt's grouped 3x3 convolutions. The shapes come
+// from a Conv2d of the same attributes, whose rules conv_bias_act's are.
+bool fp8_eligible(const std::string& name, const Tensor& x, const nn::Conv2dAttrs& a) {
+  nn::Conv2d conv(name, a);
+  const Tensor y = conv.infer({x})[0];
+  const nn::ParamSpec w = conv.parameters()[0];
+  return nn::fp8_conv_refusal(a.conv, x, Tensor::describe(w.dtype, w.shape), y).empty();
 }
 
 // A folded convolution and its epilogue act(conv(x) + bias (+ residual)): one conv_bias_act named
@@ -34,7 +38,7 @@ bool fp8_eligible(std::int64_t in_channels, const nn::Conv2dAttrs& a) {
 Value folded_conv(GraphBuilder& b, const ResNetConfig& c, const std::string& conv_name, const std::string& bn_name,
                   Value x, const nn::Conv2dAttrs& a, Value residual, bool relu) {
   if (c.fuse_conv_epilogue) {
-    const bool fp8 = b.options().precision == Precision::fp8 && fp8_eligible(b.desc(x).shape[1], a);
+    const bool fp8 = b.options().precision == Precision::fp8 && fp8_eligible(conv_name, b.desc(x), a);
     return nn::conv_bias_activation(b, conv_name, x, a, residual, relu, fp8);
   }
   return nn::bias_activation(b, bn_name, nn::conv2d(b, conv_name, x, a), residual, relu);

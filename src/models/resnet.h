@@ -36,8 +36,8 @@ struct ResNetConfig {
   // Kernels::conv2d_bias_activation_forward), named after the convolution, so the folded shift is
   // the convolution's "bias" (fold_batchnorm_parameters with FoldedBias::on_convolution).
   // In a graph of precision fp8 (which requires both flags) each of these whose convolution has
-  // groups 1 and input and output channels multiples of 16 is built with fp8 = true; the stem,
-  // grouped convolutions and the classifier stay 16-bit.
+  // groups 1 and input and output channels multiples of 16 (nn::fp8_conv_refusal finds nothing) is
+  // built with fp8 = true; the stem, grouped convolutions and the classifier stay 16-bit.
   bool fuse_conv_epilogue = false;
   // Unfolded (training too): each batch norm with the ReLU after it, and at a block's end with the
   // residual add between, as one nn::BatchNormActivation named after the batch norm (same
