@@ -436,10 +436,12 @@ TEST(ReportStudies, StudySuitesExpand) {
   const auto train = suite_plan("precision-study.yaml", "train", 0);
   const auto infer = suite_plan("precision-study.yaml", "infer", 0);
   EXPECT_EQ(train.size(), 12u);  // 3 models x 4 precisions
-  EXPECT_EQ(infer.size(), 24u);  // 3 models x 4 precisions x 2 batch sizes
+  EXPECT_EQ(infer.size(), 30u);  // 3 models x 5 precisions x 2 batch sizes
   const std::set<std::string> precisions = {"fp32", "tf32", "bf16", "fp16"};
   EXPECT_EQ(values_of(train, "precision"), precisions);
-  EXPECT_EQ(values_of(infer, "precision"), precisions);
+  std::set<std::string> with_fp8 = precisions;  // fp8 is inference only
+  with_fp8.insert("fp8");
+  EXPECT_EQ(values_of(infer, "precision"), with_fp8);
 
   const auto c2 = suite_plan("c2-inference.yaml", "infer", 0);
   ASSERT_EQ(c2.size(), 11u);  // batch 2 to 12

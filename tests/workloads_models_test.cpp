@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "test_support.h"
 #include "workloads/models/models.h"
 #include "workloads/runner.h"
@@ -81,8 +82,12 @@ TEST(ModelZoo, NamesBuildAndBadNamesListTheValidOnes) {
   const std::string msg = test::usage_error([] { zoo::model_config("resnet49"); });
   EXPECT_TRUE(contains(msg, "resnet49") && contains(msg, "resnet50") && contains(msg, "tiny_resnet")) << msg;
   EXPECT_EQ(zoo::parse_model_precision("bf16"), Precision::bf16);
+  // fp8 is an inference policy: training refuses it with the reason and the valid list.
   const std::string p = test::usage_error([] { zoo::parse_model_precision("fp8"); });
-  EXPECT_TRUE(contains(p, "fp8") && contains(p, "fp32, tf32, bf16, fp16")) << p;
+  EXPECT_TRUE(contains(p, "'fp8' is inference only") && contains(p, "fp32, tf32, bf16, fp16")) << p;
+  EXPECT_EQ(zoo::parse_model_precision("fp8", /*training=*/false), Precision::fp8);
+  const std::string i = test::usage_error([] { zoo::parse_model_precision("int8", false); });
+  EXPECT_TRUE(contains(i, "no inference policy") && contains(i, "fp32, tf32, bf16, fp16, fp8")) << i;
 }
 
 TEST(ModelZoo, AxesRefuseUnknownPrecisionAndModelWithTheValidList) {
@@ -92,6 +97,15 @@ TEST(ModelZoo, AxesRefuseUnknownPrecisionAndModelWithTheValidList) {
     const std::string m = test::usage_error([w] { plan_for(find_workload(w), "cuda", {parse_axis_argument("model=vgg16")}); });
     EXPECT_TRUE(contains(m, "vgg16") && contains(m, "resnext101_32x8d")) << m;
   }
+  // fp8: an infer precision (and in its help), refused by train with the training precisions.
+  EXPECT_EQ(plan_for(find_workload("infer"), "cpu", {parse_axis_argument("precision=fp8")}).size(), 2u);  // batch 1, 8
+  for (const auto& a : find_workload("infer").axes("cuda")) {
+    if (a.name == "precision") {
+      EXPECT_TRUE(contains(a.help, "fp8")) << a.help;
+    }
+  }
+  const std::string t = test::usage_error([] { plan_for(find_workload("train"), "cpu", {parse_axis_argument("precision=fp8")}); });
+  EXPECT_TRUE(contains(t, "'fp8'") && contains(t, "fp32, tf32, bf16, fp16") && !contains(t, "fp16, fp8")) << t;
 }
 
 TEST(SyntheticBatch, EachSampleDependsOnlyOnItsIndex) {
@@ -312,7 +326,78 @@ TEST(Infer, LatencyPercentilesOfOneForwardPerSample) {
     EXPECT_LE(r["check"]["rel_error"].get<double>(), 1e-5);
     EXPECT_GT(r["rates"]["samples_per_s"].get<double>(), 0.0);
     EXPECT_GT(r["metrics"]["gflops_per_sample"]["forward"].get<double>(), 0.0);
+    // What the precision costs: the check's error and the class it picks, against float64.
+    EXPECT_EQ(r["metrics"]["accuracy"]["logits_rel_error_vs_f64"], r["check"]["rel_error"]);
+    EXPECT_EQ(r["metrics"]["accuracy"]["top1_agrees_f64"], true);
+    EXPECT_FALSE(r["metrics"].contains("fp8"));
   }
+}
+
+TEST(Infer, LogitsAccuracyIsTheRelativeErrorAndTopOneAgreement) {
+  const json same = zoo::logits_accuracy({1, 3, 2}, {1, 3, 2});
+  EXPECT_EQ(same["logits_rel_error_vs_f64"], 0.0);
+  EXPECT_EQ(same["top1_agrees_f64"], true);
+  const json moved = zoo::logits_accuracy({1, 2, 3}, {1, 3, 2});  // the argmax moves from class 1 to 2
+  EXPECT_NEAR(moved["logits_rel_error_vs_f64"].get<double>(), std::sqrt(2.0 / 14.0), 1e-15);
+  EXPECT_EQ(moved["top1_agrees_f64"], false);
+  EXPECT_THROW(zoo::logits_accuracy({1, 2}, {1, 2, 3}), Error);
+}
+
+// precision=fp8 end to end on the reference kernels: tiny_resnet's one eligible convolution
+// (layer2.0.downsample.0, 16 -> 32 channels; every other one has C or K of 3, 4 or 8) runs e4m3,
+// the logits pass fp8's check against float64 and lose more than fp16's do, and the record says
+// which layers ran fp8 and what it cost.
+TEST(Infer, Fp8TinyResnetPassesItsCheckAndReportsLayersAndAccuracy) {
+  const auto records = run_points("infer", {"precision=fp16,fp8", "batch=2", "image_size=16"});
+  ASSERT_EQ(records.size(), 2u);
+  std::map<std::string, json> by;
+  for (const auto& r : records) by[r["params"]["precision"].get<std::string>()] = r;
+  const json &fp8 = by.at("fp8"), &fp16 = by.at("fp16");
+  SCOPED_TRACE(fp8.dump());
+  ASSERT_EQ(fp8["status"], "ok");
+  ASSERT_EQ(fp16["status"], "ok") << fp16.dump();
+  EXPECT_EQ(fp8["params"]["fold"], "auto");  // fused for a ResNet
+  EXPECT_EQ(fp8["check"]["passed"], true);
+  EXPECT_EQ(fp8["metrics"]["fp8"], (json{{"layers", 1}, {"fallback_layers", 0}, {"fallback_reasons", json::array()}}));
+  EXPECT_FALSE(fp16["metrics"].contains("fp8"));
+  const json& acc = fp8["metrics"]["accuracy"];
+  EXPECT_EQ(acc["logits_rel_error_vs_f64"], fp8["check"]["rel_error"]);
+  EXPECT_EQ(acc["top1_agrees_f64"], true);
+  // One layer in e4m3 (3 mantissa bits) costs several times fp16's whole-network error (about
+  // 9e-3 against 4e-4 measured), yet well inside fp8's tolerance.
+  const double e8 = acc["logits_rel_error_vs_f64"].get<double>();
+  const double e16 = fp16["metrics"]["accuracy"]["logits_rel_error_vs_f64"].get<double>();
+  EXPECT_GT(e8, 5 * e16);
+  EXPECT_LT(e8, fp8["check"]["tolerance"].get<double>() / 5);
+  EXPECT_EQ(fp8["counts"]["flops"], fp16["counts"]["flops"]);
+  EXPECT_NE(fp8["counts"]["bytes"], fp16["counts"]["bytes"]);  // the fp8 layer's quantize passes and e4m3 weights
+}
+
+// fp8 needs the fused epilogue (fold=fused; auto resolves to it): fold=off or on, and the
+// autoencoder (nothing to fold), are invalid points that say why; train has no fp8 (the axis).
+TEST(Infer, Fp8WithoutFusedConvolutionsIsInvalidWithTheReason) {
+  const auto records = run_points("infer", {"precision=fp8", "fold=off,on", "batch=1", "image_size=8"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) {
+    EXPECT_EQ(r["status"], "invalid") << r.dump();
+    const std::string why = r.value("reason", "");
+    EXPECT_TRUE(contains(why, "fp8 needs fold=fused") && contains(why, "fold=" + r["params"]["fold"].get<std::string>()))
+        << why;
+  }
+  const auto ae = run_points("infer", {"model=tiny_compression_ae", "precision=fp8", "batch=1", "image_size=16"});
+  ASSERT_EQ(ae.size(), 1u);
+  EXPECT_EQ(ae[0]["status"], "invalid") << ae[0].dump();
+  EXPECT_TRUE(contains(ae[0].value("reason", ""), "no batch norm to fold")) << ae[0].dump();
+  // The zoo refuses the same graphs for callers that build them directly.
+  zoo::ModelSpec s;
+  s.model = "tiny_resnet";
+  s.image_px = 8;
+  s.training = false;
+  s.precision = Precision::fp8;
+  s.fold_batchnorm = true;
+  nn::GraphBuilder b(zoo::graph_options(s));
+  const std::string msg = test::usage_error([&] { zoo::build_zoo_model(b, s); });
+  EXPECT_TRUE(contains(msg, "precision fp8") && contains(msg, "unfused")) << msg;
 }
 
 // fold=on: batch norms folded into the convolutions (one bias_act op where a batch norm, ReLU and

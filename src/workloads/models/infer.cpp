@@ -4,6 +4,8 @@
 // Checked first: two replays give identical finite outputs, and a classifier's logits of image 0
 // match the float64 reference (of the unfolded network, also with fold=on: the folded one must compute
 // the same function); the compression autoencoder reports the PSNR of its reconstruction.
+// A classifier's record carries what its precision costs (metrics.accuracy: the logits' error and
+// top-1 agreement against float64), and precision=fp8 which convolutions ran e4m3 (metrics.fp8).
 // docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
 
@@ -31,7 +33,11 @@ class Infer final : public Workload {
                       .host_batches = {"1", "8"},
                       .batch_help = "images per forward",
                       .cuda_precision = "fp16",
-                      .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16, fp16 (weights and activations)"});
+                      .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16, fp16 (weights and activations), "
+                                        "fp8 (fp16 storage; each convolution with C and K multiples of 16 and groups "
+                                        "1 in e4m3 with per-tensor dynamic scales where the backend has it, the rest "
+                                        "fp16; needs fold=fused)",
+                      .precisions = infer_precisions()});
     axes.insert(
         axes.end(),
         {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
@@ -49,6 +55,10 @@ class Infer final : public Workload {
     ModelSpec spec = model_spec(state, /*training=*/false);
     std::string fold = state.get_text("fold");
     if (fold == "auto") fold = is_compression_model(spec.model) ? "off" : "fused";
+    if (spec.precision == Precision::fp8 && fold != "fused")
+      throw UsageError("precision fp8 needs fold=fused (or auto, fused for the ResNets): only a convolution with its "
+                       "folded epilogue inside runs e4m3; fold=" + fold + " would run every layer in fp16" +
+                       (is_compression_model(spec.model) ? " ('" + spec.model + "' has no batch norm to fold)" : ""));
     spec.fold_batchnorm = fold != "off";
     spec.fuse_conv_epilogue = fold == "fused";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
@@ -60,9 +70,6 @@ class Infer final : public Workload {
     std::unique_ptr<nn::Kernels> kernels = nn::make_device_kernels(state.backend());
     nn::Graph g(std::move(builder));
     const auto fwd = static_cast<double>(g.forward_flops()), batch = static_cast<double>(spec.batch);
-    double bytes = 0;
-    for (const auto& op : g.report()) bytes += static_cast<double>(op.forward_bytes);
-    state.set_counts({batch, fwd, bytes, "FLOP"});
     state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
     state.add_metric("model", {{"name", spec.model}, {"parameters", g.parameter_count()}, {"ops", g.op_count()}});
     state.add_metric("gflops_per_sample", {{"forward", fwd / batch / 1e9}});
@@ -71,6 +78,11 @@ class Infer final : public Workload {
                                      {"no_reuse_bytes", g.memory_plan().total_bytes}});
 
     g.bind(*kernels);
+    // Counted after bind: an fp8 convolution's bytes depend on whether the backend took it.
+    double bytes = 0;
+    for (const auto& op : g.report()) bytes += static_cast<double>(op.forward_bytes);
+    state.set_counts({batch, fwd, bytes, "FLOP"});
+    add_fp8_metric(state, spec, g);
     // The folded network computes what the unfolded one does from the same seed, so the logits
     // check against the (unfolded) float64 reference below holds for both.
     if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
@@ -129,7 +141,10 @@ class Infer final : public Workload {
     const std::int64_t classes = m.classes;
     const std::vector<double> want = reference_logits(spec);
     const std::vector<double> got(first.begin(), first.begin() + classes);
-    state.check(backend::ref::rel_error(got, want), logits_tolerance(spec.precision),
+    // Recorded before the check, so a point that fails it still says by how much and on which class.
+    const nlohmann::json accuracy = logits_accuracy(got, want);
+    state.add_metric("accuracy", accuracy);
+    state.check(accuracy["logits_rel_error_vs_f64"].get<double>(), logits_tolerance(spec.precision),
                 "logits of image 0 against the float64 reference (" + spec.model + ", " +
                     std::to_string(spec.image_px) + " px, inference); two forwards identical");
   }

@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "backend/ref/ref.h"
 #include "nn/kernels.h"
+#include "nn/ops.h"
 #include "workloads/models/models.h"
 
 namespace ab::workloads::zoo {
@@ -84,6 +86,12 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (s.fuse_batchnorm_relu && is_compression_model(s.model))
     throw UsageError("fusing batch norm and ReLU applies to the ResNet classifiers, not '" + s.model +
                      "' (no batch norm)");
+  // The e4m3 convolutions are the folded ones with their epilogue inside (nn::ConvBiasActivation).
+  if (s.precision == Precision::fp8 && (is_compression_model(s.model) || !s.fold_batchnorm || !s.fuse_conv_epilogue))
+    throw UsageError("precision fp8 runs the folded convolutions of the ResNet classifiers with their epilogue inside "
+                     "(infer fold=fused or auto), not " +
+                     (is_compression_model(s.model) ? "'" + s.model + "' (no batch norm to fold)"
+                                                    : std::string("an unfused graph (no layer would run in fp8)")));
   if (is_compression_model(s.model)) {
     const ab::models::CompressionConfig c = compression_config(s.model);
     const ab::models::CompressionModel ae = ab::models::build_compression_ae(b, c, s.batch, s.image_px);
@@ -121,6 +129,7 @@ nn::ParameterValues folded_parameter_values(const ModelSpec& s) {
   ModelSpec unfolded = s;
   unfolded.fold_batchnorm = unfolded.fuse_conv_epilogue = false;
   unfolded.batch = 1;
+  if (unfolded.precision == Precision::fp8) unfolded.precision = Precision::fp16;  // its storage; fp8 needs the fold
   nn::GraphBuilder b(graph_options(unfolded));
   build_zoo_model(b, unfolded);
   const nn::Graph g(std::move(b));
@@ -147,12 +156,21 @@ const std::vector<std::string>& model_precisions() {
   return v;
 }
 
-Precision parse_model_precision(const std::string& name) {
-  for (const auto& p : model_precisions())
+const std::vector<std::string>& infer_precisions() {
+  static const std::vector<std::string> v{"fp32", "tf32", "bf16", "fp16", "fp8"};
+  return v;
+}
+
+Precision parse_model_precision(const std::string& name, bool training) {
+  const std::vector<std::string>& names = training ? model_precisions() : infer_precisions();
+  for (const auto& p : names)
     if (p == name) return parse_precision(name);
   std::string valid;
-  for (const auto& p : model_precisions()) valid += (valid.empty() ? "" : ", ") + p;
-  throw UsageError("precision '" + name + "' has no training/inference policy; valid: " + valid);
+  for (const auto& p : names) valid += (valid.empty() ? "" : ", ") + p;
+  if (training && name == "fp8")
+    throw UsageError("precision 'fp8' is inference only (the infer workload); valid for training: " + valid);
+  throw UsageError("precision '" + name + "' has no " + (training ? "training" : "inference") + " policy; valid: " +
+                   valid);
 }
 
 std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxesText& text) {
@@ -160,8 +178,8 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
   const auto one = [](const std::string& v) { return std::vector<std::string>{v}; };
   return {{"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
           {"batch", AxisKind::integer, gpu ? text.cuda_batches : text.host_batches, {}, text.batch_help},
-          {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"), model_precisions(),
-           text.precision_help},
+          {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"),
+           text.precisions.empty() ? model_precisions() : text.precisions, text.precision_help},
           {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels"},
           {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
 }
@@ -177,7 +195,7 @@ ModelSpec model_spec(const State& state, bool training) {
   spec.model = state.get_text("model");
   spec.batch = state.get_int("batch");
   spec.image_px = state.get_int("image_size");
-  spec.precision = parse_model_precision(state.get_text("precision"));
+  spec.precision = parse_model_precision(state.get_text("precision"), training);
   spec.layout = parse_layout(state.get_text("layout"));
   spec.training = training;
   return spec;
@@ -262,14 +280,47 @@ std::vector<double> reference_logits(const ModelSpec& s) {
 // Logits of a randomly initialised network through ~50 layers: each layer rounds its output to
 // the storage precision, so the error grows like sqrt(depth) x the unit roundoff; cuDNN's fp32
 // algorithms (Winograd, FFT) add about 1e-5 per convolution.
+// fp8: e4m3 keeps 3 mantissa bits (unit roundoff 2^-4 = 0.0625) and each fp8 convolution rounds
+// both x and w to it. Measured on the reference kernels (batch 1, nchw, seed 1): tiny_resnet (one
+// fp8 layer) 8.8e-3 at 16 px and 9.5e-3 at 32; resnet50 (52 fp8 layers) 0.092 / 0.100 / 0.065 at
+// 16 / 32 / 64 px; resnet101 (103) 0.092 / 0.105 / 0.087; resnext50_32x4d (36) 0.058 / 0.061 /
+// 0.039; resnext101_32x4d (70) 0.058 / 0.063 / 0.043; fp16 on resnet50 at 32 px: 1.2e-3. 0.25 is
+// 4 units of e4m3 roundoff, 2.4x the largest of these. A random network's logits are close
+// together, so top-1 can change even so (resnet50 at 32 px: it did; metrics.accuracy says).
 double logits_tolerance(Precision p) {
   switch (p) {
     case Precision::fp32: return 2e-3;
     case Precision::tf32: return 3e-2;
     case Precision::fp16: return 3e-2;
     case Precision::bf16: return 1e-1;
+    case Precision::fp8: return 2.5e-1;
     default: return 0;
   }
+}
+
+nlohmann::json logits_accuracy(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size() || got.empty())
+    throw Error("logits_accuracy: " + std::to_string(got.size()) + " logits against " + std::to_string(want.size()));
+  const auto top1 = [](const std::vector<double>& v) { return std::max_element(v.begin(), v.end()) - v.begin(); };
+  return {{"logits_rel_error_vs_f64", backend::ref::rel_error(got, want)}, {"top1_agrees_f64", top1(got) == top1(want)}};
+}
+
+void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g) {
+  if (s.precision != Precision::fp8) return;
+  std::int64_t layers = 0, fallback = 0;
+  std::vector<std::string> reasons;
+  for (std::size_t i = 0; i < g.op_count(); ++i) {
+    const auto* conv = dynamic_cast<const nn::ConvBiasActivation*>(&g.op(i));
+    if (conv == nullptr || !conv->fp8()) continue;
+    if (conv->runs_fp8()) {
+      ++layers;
+      continue;
+    }
+    ++fallback;
+    if (std::find(reasons.begin(), reasons.end(), conv->fp8_fallback_reason()) == reasons.end())
+      reasons.push_back(conv->fp8_fallback_reason());
+  }
+  state.add_metric("fp8", {{"layers", layers}, {"fallback_layers", fallback}, {"fallback_reasons", reasons}});
 }
 
 }  // namespace ab::workloads::zoo

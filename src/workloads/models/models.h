@@ -38,9 +38,11 @@ ab::models::ResNetConfig model_config(const std::string& name);
 bool is_compression_model(const std::string& name);
 // The named autoencoder (compression_ae: N = 128, M = 192); UsageError for another name.
 ab::models::CompressionConfig compression_config(const std::string& name);
-const std::vector<std::string>& model_precisions();  // fp32, tf32, bf16, fp16
-// Refuses precisions the engine has no policy for (UsageError listing the valid ones).
-Precision parse_model_precision(const std::string& name);
+const std::vector<std::string>& model_precisions();  // fp32, tf32, bf16, fp16: training and inference
+const std::vector<std::string>& infer_precisions();  // those and fp8 (e4m3 convolutions, inference only)
+// Refuses precisions the engine has no policy for, and fp8 for training (UsageError listing the
+// valid ones).
+Precision parse_model_precision(const std::string& name, bool training = true);
 
 // The axes train and infer share, in their order: model, batch, precision, image_size, layout.
 // Defaults are per device kind (cuda: the full-size network; otherwise tiny_resnet, fp32, 16 px);
@@ -50,6 +52,7 @@ struct ModelAxesText {
   std::string batch_help;
   std::string cuda_precision;  // precision default on cuda (fp32 elsewhere)
   std::string precision_help;
+  std::vector<std::string> precisions;  // the precision axis's choices (model_precisions() where empty)
 };
 std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxesText& text);
 
@@ -91,7 +94,8 @@ struct ZooModel {
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
 };
 // Builds the model of `s` into b (whose options come from graph_options(s)). UsageError for
-// fold_batchnorm on a training graph or the autoencoder (which has no batch norm).
+// fold_batchnorm on a training graph or the autoencoder (which has no batch norm), and for fp8
+// other than on a classifier with fold_batchnorm and fuse_conv_epilogue (the only fp8 layers).
 ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s);
 // The values a folded classifier's graph (s.fold_batchnorm) must hold to compute what the unfolded
 // one computes from its initial parameters (same seed): those, folded on the host
@@ -115,6 +119,13 @@ void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k);
 std::vector<double> reference_logits(const ModelSpec& s);
 // Relative error tolerated between device and float64 logits at each precision (docs/METHODOLOGY.md).
 double logits_tolerance(Precision p);
+// What the point's precision costs, for records: {"logits_rel_error_vs_f64": rel_error(got, want),
+// "top1_agrees_f64": argmax(got) == argmax(want)} (image 0's logits against reference_logits).
+nlohmann::json logits_accuracy(const std::vector<double>& got, const std::vector<double>& want);
+// Records metrics.fp8 = {layers, fallback_layers, fallback_reasons} of a bound fp8 graph: how many
+// convolutions built to run e4m3 (nn::ConvBiasActivation::fp8) do, and the distinct reasons the
+// backend gave for the rest. Nothing for another precision.
+void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g);
 
 // Per-op table of a profiled step: <dir>/ops.json and <dir>/ops.csv (time, FLOPs, bytes, rates and
 // arithmetic intensity per op); returns the per-kind summary for the record's metrics.
@@ -132,6 +143,9 @@ class DataParallel {
   DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes,
                const backend::CommOptions& comm_options = {}, bool high_priority = false);
   ~DataParallel();
+  // The bucket reduced last holds only the first parameters, at least this many bytes (0: none;
+  // nn::BucketedGradientSync). Before attach.
+  void set_tail_bucket_bytes(std::int64_t bytes) { tail_bucket_bytes_ = bytes; }
   // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
   void attach(nn::Graph& graph, nn::Kernels& kernels);
   std::size_t bucket_count() const;
@@ -140,7 +154,7 @@ class DataParallel {
  private:
   dist::Comm& comm_;
   int gpus_;
-  std::int64_t bucket_bytes_;
+  std::int64_t bucket_bytes_, tail_bucket_bytes_ = 0;
   bool high_priority_;  // the all-reduces' stream at the device's top priority
   std::unique_ptr<backend::CollectiveGroup> group_;  // CUDA; null on idle ranks and host backends
   std::unique_ptr<nn::GradientAverager> averager_;

@@ -91,7 +91,8 @@ class Train final : public Workload {
                       .batch_help = "images per step",
                       .cuda_precision = "bf16",
                       .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16 / fp16 (fp32 master weights; "
-                                        "fp16 with dynamic loss scaling)"});
+                                        "fp16 with dynamic loss scaling); fp8 is inference only (infer)",
+                      .precisions = model_precisions()});
     axes.insert(
         axes.end(),
         {{"optimizer", AxisKind::text, one("sgd"), {"sgd", "lars"}, "SGD with momentum, or LARS (MLPerf)"},
