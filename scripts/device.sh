@@ -26,7 +26,7 @@
 # ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
 # then accelbench's overlap knobs (comm_ctas, comm_priority) at 1 and N GPUs.
-# overlap (x2): 2-GPU training with fuse off/on and overlapped vs one post-backward bucket (~3 min).
+# overlap (x2): 2-GPU training with and without a small tail bucket and NCCL held to 8 CTAs (~3 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -162,10 +162,21 @@ if want resnext; then
     tee "$logs/compare_resnext_32x8d.txt"
 fi
 if want fp8; then
-  # The fp8 (e4m3) groundwork (issue 5): the quantization kernels against the host bit for bit, and
-  # cuDNN's fp8 convolution graph per shape, with the engine it chose or why it refused.
+  # fp8 (e4m3) inference (issue 5): the quantization kernels bit for bit, cuDNN's fp8 graph per shape,
+  # Kernels::conv2d_fp8_forward against the reference kernels (direct, captured, after new weights),
+  # the folded 16-bit paths unchanged, then infer fp16 vs fp8 with the logits' error against float64.
   ./build/cuda/tests/nn_cuda_fp8_test > "$logs/fp8-tests.txt" 2>&1
-  echo "fp8 GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|engine|refused|aligned shapes" "$logs/fp8-tests.txt"
+  echo "fp8 GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|refused|aligned shapes|fp8 layer|Failure|error" "$logs/fp8-tests.txt" | cut -c1-300 | head -40
+  ./build/cuda/tests/nn_cuda_test --gtest_filter='*BiasActivation*:*FoldedTinyResnet*' > "$logs/fold-tests.txt" 2>&1
+  echo "fold GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$logs/fold-tests.txt"
+  for model in resnet50 resnext101_32x4d; do
+    $ab run infer --axis model=$model --axis precision=fp16,fp8 --axis batch=${FP8_BATCHES:-1,8,64,256} \
+      --out "$logs/fp8-$model" > "$logs/fp8-$model.txt" 2>&1; echo "infer $model fp16/fp8: exit $?"
+    grep -E "error|skipped|failed" "$logs/fp8-$model.txt" | head -5
+    python3 bench/summarize_points.py "$logs/fp8-$model" params.precision params.batch rates.samples_per_s \
+      metrics.latency_s.p50 metrics.accuracy.logits_rel_error_vs_f64 metrics.accuracy.top1_agrees_f64 metrics.fp8.layers \
+      metrics.fp8.fallback_layers
+  done
 fi
 if want asan; then
   # The cuda-sanitize build (ASan + UBSan) under mpirun: the DataParallel tests and the 2 ms telemetry
@@ -192,15 +203,15 @@ if want ddp; then
     rates.samples_per_s metrics.scaling_efficiency
 fi
 if want overlap; then
-  # Issue 8's scaling gap: does the all-reduce slow the backward where cuDNN's persistent (all-SM)
-  # batch-norm kernels run (fuse=on) and not where they do not (fuse=off)? bucket_mib=1024 is one
-  # bucket started after backward: no overlap at all, the all-reduce wholly exposed.
+  # Issue 8's scaling gap. Measured before (bench/RESULTS.md): fuse off/on and one post-backward
+  # bucket change little. Here: a small tail bucket (the stem's gradients reduced alone, so less is
+  # left after backward) and NCCL held to 8 CTAs, at 1 and N GPUs.
   n=$(nvidia-smi -L | wc -l)
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
-    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis fuse=off,on --axis bucket_mib=25,1024 \
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis tail_bucket_mib=0,1 --axis comm_ctas=0,8 \
     --axis trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "skipped|error"
-  python3 bench/summarize_points.py "$logs/overlap" params.gpus params.fuse params.bucket_mib rates.samples_per_s \
-    time.median_s metrics.scaling_efficiency
+  python3 bench/summarize_points.py "$logs/overlap" params.gpus params.tail_bucket_mib params.comm_ctas \
+    rates.samples_per_s time.median_s metrics.scaling_efficiency metrics.data_parallel.buckets
 fi
 if want bench || want all; then
   $ab sysinfo | tee "$logs/sysinfo.txt"

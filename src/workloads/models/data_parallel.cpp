@@ -73,7 +73,7 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
     averager_ = std::make_unique<NcclGradientAverager>(group_->make_averager(high_priority_));
   else
     averager_ = std::make_unique<HostGradientAverager>(comm_, kernels);
-  sync_ = std::make_unique<nn::BucketedGradientSync>(graph.parameters(), *averager_, bucket_bytes_);
+  sync_ = std::make_unique<nn::BucketedGradientSync>(graph.parameters(), *averager_, bucket_bytes_, tail_bucket_bytes_);
   graph.set_gradient_sync(sync_.get());
 }
 

@@ -111,6 +111,9 @@ class Train final : public Workload {
          {"scaling", AxisKind::text, one("weak"), {"weak", "strong"},
           "weak: batch is per GPU; strong: batch is global, split over the GPUs"},
          {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
+         {"tail_bucket_mib", AxisKind::real, one("0"), {},
+          "data parallelism: the first layers' gradients (backward's last) in a bucket of their own of at least "
+          "this many MiB, so that less is left to all-reduce after backward (0: none; the 25 MiB walk's remainder)"},
          {"comm_ctas", AxisKind::integer, one("0"), {},
           "data parallelism on GPUs: most SMs an all-reduce may occupy (NCCL maxCTAs; 0 = NCCL's choice), "
           "leaving the rest to the backward pass it overlaps"},
@@ -124,14 +127,15 @@ class Train final : public Workload {
     const ModelSpec asked = model_spec(state, /*training=*/true);
     const double lr = state.get_real("lr");
     const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
-    const double bucket_mib = state.get_real("bucket_mib");
+    const double bucket_mib = state.get_real("bucket_mib"), tail_bucket_mib = state.get_real("tail_bucket_mib");
     const std::int64_t comm_ctas = state.get_int("comm_ctas");
     const bool comm_high_priority = state.get_text("comm_priority") == "high";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
-        gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib) || comm_ctas < 0 || comm_ctas > kMaxCommCtas)
-      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, comm_ctas in 0.." +
+        gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib) || !(tail_bucket_mib >= 0) ||
+        !std::isfinite(tail_bucket_mib) || comm_ctas < 0 || comm_ctas > kMaxCommCtas)
+      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, tail_bucket_mib >= 0, comm_ctas in 0.." +
                        std::to_string(kMaxCommCtas) + " and a finite lr >= 0 (got " + state.point().label() + ")");
     dist::Comm& comm = dist::world();
     const int world = comm.size(), rank = comm.rank();
@@ -192,6 +196,7 @@ class Train final : public Workload {
                                 backend::CommOptions{.max_ctas = static_cast<int>(comm_ctas)}, comm_high_priority);
       });
       together([&] {
+        dp->set_tail_bucket_bytes(std::llround(tail_bucket_mib * 1024 * 1024));
         dp->attach(*g, *kernels);
         state.add_metric("data_parallel", {{"gpus", gpus},
                                            {"processes", world},
@@ -199,6 +204,7 @@ class Train final : public Workload {
                                            {"batch_per_gpu", spec.batch},
                                            {"global_batch", global_batch},
                                            {"bucket_bytes", bucket_bytes},
+                                           {"tail_bucket_bytes", std::llround(tail_bucket_mib * 1024 * 1024)},
                                            {"comm_max_ctas", comm_ctas},
                                            {"comm_priority", comm_high_priority ? "high" : "normal"},
                                            {"buckets", dp->bucket_count()},
@@ -303,7 +309,8 @@ class Train final : public Workload {
     const double rate = static_cast<double>(global_batch) / state.result()->summary.median;
     std::string key;
     for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
-      if (axis != "gpus" && axis != "bucket_mib" && axis != "comm_ctas" && axis != "comm_priority")
+      if (axis != "gpus" && axis != "bucket_mib" && axis != "tail_bucket_mib" && axis != "comm_ctas" &&
+          axis != "comm_priority")
         key += axis + "=" + value + " ";
     if (gpus == 1) {
       single_gpu_rate[key] = rate;
