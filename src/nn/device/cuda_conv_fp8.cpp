@@ -5,11 +5,15 @@
 // Tensors are described in cuDNN's logical NCHW order with NHWC strides (KRSC for the filter).
 #include "nn/device/cuda_conv_fp8.h"
 
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -153,10 +157,24 @@ struct Fp8ConvPlan::Impl {
   std::int64_t workspace_bytes = 0;
   std::string engine, plan_json;
 
+  // An execution plan that finalized, with what identifies it.
+  struct Candidate {
+    std::unique_ptr<Desc> plan;
+    std::string name;  // "engine 12 (heuristics mode A config 1 of 3)"
+    std::int64_t workspace_bytes = 0;
+    std::string json;
+  };
+
   void build(void* stream);
   // A config's engine ("engine 12"), or "engine ?" where cuDNN does not say.
   std::string engine_of(const Desc& config) const;
-  bool try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals);
+  // Appends every execution plan of heuristics `mode`'s configurations that finalizes; each refusal
+  // goes to `refusals`.
+  void try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals, std::vector<Candidate>& out);
+  // Each candidate's GPU time per call on scratch operands of the shape (infinity where it fails).
+  std::vector<double> time_candidates(const std::vector<Candidate>& candidates, cudaStream_t stream) const;
+  cudnnStatus_t run(const Desc& chosen, const std::vector<std::int64_t>& ids, const std::vector<void*>& ptrs,
+                    void* workspace) const;
 };
 
 std::string Fp8ConvPlan::Impl::engine_of(const Desc& config) const {
@@ -171,9 +189,8 @@ std::string Fp8ConvPlan::Impl::engine_of(const Desc& config) const {
   return "engine " + std::to_string(index);
 }
 
-// The engine configurations heuristics `mode` ranks, tried in order until an execution plan
-// finalizes; false (each refusal appended to `refusals`) where none does.
-bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals) {
+void Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals,
+                                       std::vector<Candidate>& out) {
   const std::string mode_name = std::string("heuristics mode ") + heur_name(mode);
   Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics (mode " + std::string(heur_name(mode)) + ")",
             label);
@@ -182,7 +199,7 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
   AB_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
   if (const cudnnStatus_t st = heur.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
     refusals += "; " + mode_name + ": cudnnBackendFinalize(engine heuristics) " + cudnn_status_text(st);
-    return false;
+    return;
   }
   std::int64_t count = 0;
   if (const cudnnStatus_t st =
@@ -192,7 +209,7 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
     throw_cudnn(st, "cudnnBackendGetAttribute", "CUDNN_ATTR_ENGINEHEUR_RESULTS count of " + mode_name + " of " + label);
   if (count <= 0) {
     refusals += "; " + mode_name + ": no engine configuration";
-    return false;
+    return;
   }
   std::vector<std::unique_ptr<Desc>> cfgs;
   std::vector<cudnnBackendDescriptor_t> raw;
@@ -223,9 +240,10 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
       tried += "; " + cfg.name() + " " + engine_name + ": cudnnBackendFinalize(execution plan) " + cudnn_status_text(st);
       continue;
     }
+    Candidate found;
     std::int64_t got = 0;
     if (const cudnnStatus_t st = cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                          CUDNN_TYPE_INT64, 1, &got, &workspace_bytes);
+                                                          CUDNN_TYPE_INT64, 1, &got, &found.workspace_bytes);
         st != CUDNN_STATUS_SUCCESS)
       throw_cudnn(st, "cudnnBackendGetAttribute",
                   "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of " + candidate->name() + " of " + label);
@@ -236,16 +254,91 @@ bool Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string&
       std::string json(static_cast<std::size_t>(json_chars), '\0');
       if (cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
                                    json_chars, &json_chars, json.data()) == CUDNN_STATUS_SUCCESS)
-        plan_json = json.c_str();  // drops the terminator
+        found.json = json.c_str();  // drops the terminator
     }
-    engine = engine_name + " (" + cfg.name() + "), workspace " + std::to_string(workspace_bytes) + " B" +
-             (refusals.empty() && tried.empty() ? std::string() : "; refused before it" + refusals + tried);
-    plan = std::move(candidate);
-    configs = std::move(cfgs);
-    return true;
+    found.name = engine_name + " (" + cfg.name() + ")";
+    found.plan = std::move(candidate);
+    out.push_back(std::move(found));
   }
   refusals += tried;
-  return false;
+  for (auto& cfg : cfgs) configs.push_back(std::move(cfg));  // kept alive beside their plans
+}
+
+cudnnStatus_t Fp8ConvPlan::Impl::run(const Desc& chosen, const std::vector<std::int64_t>& ids,
+                                     const std::vector<void*>& ptrs, void* workspace) const {
+  Desc p(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack", label);
+  AB_SET(p, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(ids.size()), ids.data());
+  AB_SET(p, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(ptrs.size()),
+         ptrs.data());
+  AB_SET(p, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  p.finalize();
+  return cudnnBackendExecute(handle.get(), chosen.get(), p.get());
+}
+
+std::vector<double> Fp8ConvPlan::Impl::time_candidates(const std::vector<Candidate>& candidates,
+                                                       cudaStream_t stream) const {
+  const Fp8ConvShape& s = shape;
+  std::int64_t ws_bytes = 0;
+  for (const Candidate& c : candidates) ws_bytes = std::max(ws_bytes, c.workspace_bytes);
+  const std::int64_t x_bytes = s.n * s.h * s.w * s.c, w_bytes = s.k * s.r * s.s * s.c;
+  const std::int64_t y_bytes = s.n * s.p() * s.q() * s.k * 2, bias_bytes = s.k * 4;
+  // One scratch block: x, w, y, residual, bias, descale, workspace (each 256-byte aligned).
+  const auto up = [](std::int64_t b) { return (b + 255) / 256 * 256; };
+  const std::int64_t total = up(x_bytes) + up(w_bytes) + 2 * up(y_bytes) + up(bias_bytes) + 256 + up(ws_bytes);
+  void* block = nullptr;
+  if (cudaMalloc(&block, static_cast<std::size_t>(total)) != cudaSuccess) {
+    cudaGetLastError();
+    return std::vector<double>(candidates.size(), 0.0);  // no room to time: keep heuristics' order
+  }
+  const std::unique_ptr<void, cudaError_t (*)(void*)> owner(block, cudaFree);
+  auto* b = static_cast<unsigned char*>(block);
+  unsigned char* x = b;
+  unsigned char* w = x + up(x_bytes);
+  unsigned char* y = w + up(w_bytes);
+  unsigned char* res = y + up(y_bytes);
+  unsigned char* bias = res + up(y_bytes);
+  unsigned char* descale = bias + up(bias_bytes);
+  unsigned char* ws = descale + 256;
+  // e4m3 0x30 = 0.5 everywhere, descale 1, bias and residual 0: finite, and every engine sees the
+  // same work whatever the values.
+  AB_CUDA(cudaMemsetAsync(x, 0x30, static_cast<std::size_t>(x_bytes), stream), label);
+  AB_CUDA(cudaMemsetAsync(w, 0x30, static_cast<std::size_t>(w_bytes), stream), label);
+  AB_CUDA(cudaMemsetAsync(res, 0, static_cast<std::size_t>(up(y_bytes) + bias_bytes), stream), label);  // and bias
+  const float one = 1.0f;
+  AB_CUDA(cudaMemcpyAsync(descale, &one, sizeof one, cudaMemcpyHostToDevice, stream), label);
+  std::vector<std::int64_t> ids{kIdX, kIdW, kIdDescale, kIdY};
+  std::vector<void*> ptrs{x, w, descale, y};
+  if (s.bias) {
+    ids.push_back(kIdBias);
+    ptrs.push_back(bias);
+  }
+  if (s.residual) {
+    ids.push_back(kIdResidual);
+    ptrs.push_back(res);
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  AB_CUDA(cudaEventCreate(&start), label);
+  AB_CUDA(cudaEventCreate(&stop), label);
+  std::vector<double> seconds;
+  constexpr int kRuns = 5;
+  for (const Candidate& c : candidates) {
+    double best = std::numeric_limits<double>::infinity();
+    if (run(*c.plan, ids, ptrs, ws) == CUDNN_STATUS_SUCCESS) {  // also its first-launch set-up
+      for (int trial = 0; trial < 2; ++trial) {
+        bool ok = cudaEventRecord(start, stream) == cudaSuccess;
+        for (int i = 0; i < kRuns && ok; ++i) ok = run(*c.plan, ids, ptrs, ws) == CUDNN_STATUS_SUCCESS;
+        ok = ok && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess;
+        float ms = 0;
+        if (ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess) best = std::min(best, ms * 1e-3 / kRuns);
+      }
+    }
+    cudaGetLastError();
+    seconds.push_back(best);
+  }
+  AB_CUDA(cudaStreamSynchronize(stream), label);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return seconds;
 }
 
 void Fp8ConvPlan::Impl::build(void* stream) {
@@ -355,14 +448,35 @@ void Fp8ConvPlan::Impl::build(void* stream) {
     throw_cudnn(st, "cudnnBackendFinalize", "operation graph of " + label);
   }
 
+  // Every plan heuristics mode A ranks that finalizes (FALLBACK's where A has none), each timed on
+  // scratch operands; the fastest is kept (with heuristics' first plan, fp8 inference ran at half
+  // fp16's rate on an H200: bench/RESULTS.md).
   std::string refusals;
-  if (try_heuristics(CUDNN_HEUR_MODE_A, refusals) || try_heuristics(CUDNN_HEUR_MODE_FALLBACK, refusals)) {
-    if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
-      std::fprintf(stderr, "%s: %s\n", label.c_str(), engine.c_str());
-    return;
+  std::vector<Candidate> candidates;
+  try_heuristics(CUDNN_HEUR_MODE_A, refusals, candidates);
+  if (candidates.empty()) try_heuristics(CUDNN_HEUR_MODE_FALLBACK, refusals, candidates);
+  if (candidates.empty())
+    throw Unsupported(label + ": no cuDNN engine accepts the graph (cuDNN " + std::to_string(cudnnGetVersion()) +
+                      ")" + refusals);
+  const std::vector<double> seconds = time_candidates(candidates, static_cast<cudaStream_t>(stream));
+  std::size_t best = 0;
+  std::string timed;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    timed += (i ? ", " : "") + candidates[i].name + " " +
+             (std::isfinite(seconds[i]) ? std::to_string(static_cast<long long>(seconds[i] * 1e6 + 0.5)) + " us"
+                                        : std::string("failed"));
+    if (seconds[i] < seconds[best]) best = i;
   }
-  throw Unsupported(label + ": no cuDNN engine accepts the graph (cuDNN " + std::to_string(cudnnGetVersion()) + ")" +
-                    refusals);
+  if (!std::isfinite(seconds[best]))
+    throw Unsupported(label + ": every cuDNN plan that finalized failed to run: " + timed);
+  Candidate& c = candidates[best];
+  plan = std::move(c.plan);
+  workspace_bytes = c.workspace_bytes;
+  plan_json = std::move(c.json);
+  engine = c.name + ", workspace " + std::to_string(workspace_bytes) + " B; timed: " + timed +
+           (refusals.empty() ? std::string() : "; refused" + refusals);
+  if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
+    std::fprintf(stderr, "%s: %s\n", label.c_str(), engine.c_str());
 }
 
 Fp8ConvPlan::Fp8ConvPlan(const Fp8ConvShape& shape, void* stream) : impl_(std::make_unique<Impl>()) {
@@ -403,15 +517,7 @@ void Fp8ConvPlan::execute(const void* x, const void* w, const float* descale, co
     ids.push_back(kIdResidual);
     ptrs.push_back(const_cast<void*>(residual));
   }
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack", p.label);
-  void* workspace = ws.data;
-  AB_SET(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(ids.size()), ids.data());
-  AB_SET(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(ptrs.size()),
-         ptrs.data());
-  AB_SET(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  pack.finalize();
-  if (const cudnnStatus_t st = cudnnBackendExecute(p.handle.get(), p.plan->get(), pack.get());
-      st != CUDNN_STATUS_SUCCESS)
+  if (const cudnnStatus_t st = p.run(*p.plan, ids, ptrs, ws.data); st != CUDNN_STATUS_SUCCESS)
     throw_cudnn(st, "cudnnBackendExecute", p.label + " with " + p.engine);
 }
 

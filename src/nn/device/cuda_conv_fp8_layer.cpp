@@ -90,17 +90,20 @@ Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Ten
 }
 
 Fp8Weights& CudaKernels::fp8_weights(const Tensor& w, const Tensor& bias, const std::string& label) {
-  const auto [it, inserted] = fp8_weights_.try_emplace(w.data);
+  const auto it = fp8_weights_.try_emplace(w.data).first;
   Fp8Weights& fw = it->second;
-  if (fw.fresh && fw.bias_source == bias.data) return fw;
   const std::int64_t k = w.shape[0];
-  if (inserted) {
+  const bool sized = fw.weight_bytes == w.numel() && fw.bias_count == k;
+  if (fw.fresh && sized && fw.bias_source == bias.data) return fw;
+  if (!sized) {  // new, or the address now holds another tensor
     if (capturing()) {
       fp8_weights_.erase(it);
       throw Error(label + ": the weights were never quantized; run one forward before capturing");
     }
     fw.q = backend::cuda::DeviceBuffer(align_up(w.numel()), label + ", e4m3 weights");
     fw.scalars = backend::cuda::DeviceBuffer(2 * kScalarSlot + align_up(k * 4), label + ", weight scales and bias");
+    fw.weight_bytes = w.numel();
+    fw.bias_count = k;
   }
   float* amax = fw.scalars.as<float>();
   fp8_amax(stream_, w.dtype, w.data, w.numel(), amax);

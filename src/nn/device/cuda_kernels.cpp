@@ -193,6 +193,7 @@ bool CudaKernels::capturing() const {
 void CudaKernels::synchronize() { AB_CUDA_LAZY(cudaStreamSynchronize(stream_), label_ + " synchronize"); }
 
 void CudaKernels::upload(const Tensor& dst, const void* host) {
+  fp8_weights_written(dst.data);
   if (dst.size_bytes() <= 0) return;
   // From pageable memory the copy is staged before cudaMemcpyAsync returns, so `host` may be
   // reused at once; the device side is ordered on the stream like every kernel.
@@ -225,6 +226,7 @@ HostBuffer CudaKernels::allocate_host(std::int64_t bytes) {
 }
 
 void CudaKernels::upload_bytes(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) {
+  fp8_weights_written(dst.data);
   check_byte_range("cuda upload_bytes", dst, offset, bytes);
   if (bytes == 0) return;
   AB_CUDA_LAZY(cudaMemcpyAsync(static_cast<unsigned char*>(dst.data) + offset, host, static_cast<std::size_t>(bytes),
@@ -241,6 +243,7 @@ void CudaKernels::download_bytes(const Tensor& src, std::int64_t offset, void* h
 }
 
 void CudaKernels::fill(const Tensor& t, double value) {
+  fp8_weights_written(t.data);
   if (!t.is_contiguous()) throw Unsupported("cuda fill: tensor " + t.to_string() + " is not contiguous");
   if (t.numel() == 0) return;
   if (value == 0.0 && !std::signbit(value)) {
@@ -418,6 +421,7 @@ void CudaKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& 
 }
 
 void CudaKernels::cast(const Tensor& src, const Tensor& dst) {
+  fp8_weights_written(dst.data);
   if (!(src.shape == dst.shape) || !(src.strides == dst.strides) || !src.is_contiguous())
     throw Unsupported("cuda cast: operands must be contiguous with one shape and layout (" + src.to_string() + " vs " +
                       dst.to_string() + ")");

@@ -94,6 +94,7 @@ struct Fp8Weights {
   backend::cuda::DeviceBuffer q;
   backend::cuda::DeviceBuffer scalars;  // amax, descale (a line each), then the bias f32 [K]
   const void* bias_source = nullptr;
+  std::int64_t weight_bytes = 0, bias_count = 0;  // what the buffers were made for
   bool fresh = false;
   float* descale() const { return reinterpret_cast<float*>(scalars.as<unsigned char>() + kAllocAlignment); }
   float* bias_f32() const { return reinterpret_cast<float*>(scalars.as<unsigned char>() + 2 * kAllocAlignment); }
@@ -264,6 +265,13 @@ class CudaKernels final : public Kernels {
   Fp8Layer& fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& residual, const Tensor& y, bool relu);
   Fp8Weights& fp8_weights(const Tensor& w, const Tensor& bias, const std::string& label);
+  // A write into a tensor starting at `data` (upload, fill, cast): the e4m3 image of a weight or
+  // bias there is stale (memory a freed weight held may come back as another tensor).
+  void fp8_weights_written(const void* data) {
+    if (fp8_weights_.empty()) return;
+    for (auto& [address, fw] : fp8_weights_)
+      if (address == data || fw.bias_source == data) fw.fresh = false;
+  }
   // cuda_norm_pool.cpp
   BnPlan& bn_plan(const Tensor& x);
   std::int64_t bn_ex_workspace_bytes(const Tensor& x);
