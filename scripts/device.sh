@@ -177,6 +177,10 @@ if want fp8; then
       metrics.latency_s.p50 metrics.accuracy.logits_rel_error_vs_f64 metrics.accuracy.top1_agrees_f64 metrics.fp8.layers \
       metrics.fp8.fallback_layers
   done
+  # Where fp8's time goes: per-op-kind times of one profiled forward, fp16 beside fp8 (batch 256).
+  $ab run infer --axis model=resnet50 --axis precision=fp16,fp8 --axis batch=256 --axis profile=on \
+    --out "$logs/fp8-profile" > "$logs/fp8-profile.txt" 2>&1; echo "profiled infer: exit $?"
+  python3 bench/summarize_points.py "$logs/fp8-profile" params.precision metrics.profile | cut -c1-1500
 fi
 if want asan; then
   # The cuda-sanitize build (ASan + UBSan) under mpirun: the DataParallel tests and the 2 ms telemetry
