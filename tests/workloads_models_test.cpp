@@ -358,7 +358,10 @@ TEST(Infer, Fp8TinyResnetPassesItsCheckAndReportsLayersAndAccuracy) {
   ASSERT_EQ(fp16["status"], "ok") << fp16.dump();
   EXPECT_EQ(fp8["params"]["fold"], "auto");  // fused for a ResNet
   EXPECT_EQ(fp8["check"]["passed"], true);
-  EXPECT_EQ(fp8["metrics"]["fp8"], (json{{"layers", 1}, {"fallback_layers", 0}, {"fallback_reasons", json::array()}}));
+  EXPECT_EQ(fp8["metrics"]["fp8"]["layers"], 1);
+  EXPECT_EQ(fp8["metrics"]["fp8"]["fallback_layers"], 0);
+  EXPECT_EQ(fp8["metrics"]["fp8"]["fallback_reasons"], json::array());
+  EXPECT_NE(fp8["metrics"]["fp8"]["activation_scaling"].get<std::string>().find("dynamic"), std::string::npos);
   EXPECT_FALSE(fp16["metrics"].contains("fp8"));
   const json& acc = fp8["metrics"]["accuracy"];
   EXPECT_EQ(acc["logits_rel_error_vs_f64"], fp8["check"]["rel_error"]);

@@ -320,7 +320,14 @@ void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g) {
     if (std::find(reasons.begin(), reasons.end(), conv->fp8_fallback_reason()) == reasons.end())
       reasons.push_back(conv->fp8_fallback_reason());
   }
-  state.add_metric("fp8", {{"layers", layers}, {"fallback_layers", fallback}, {"fallback_reasons", reasons}});
+  // How the activations are scaled, since it decides what the point says about fp8 hardware: each
+  // fp8 convolution first reads its 16-bit input twice (amax, then quantize), which costs more than
+  // the narrower convolution saves on an H200 (bench/RESULTS.md).
+  state.add_metric("fp8", {{"layers", layers},
+                           {"fallback_layers", fallback},
+                           {"fallback_reasons", reasons},
+                           {"activation_scaling", "dynamic per tensor: amax and quantize passes before each fp8 "
+                                                  "convolution"}});
 }
 
 }  // namespace ab::workloads::zoo
