@@ -365,6 +365,81 @@ TEST(ReportStudies, PrecisionSpeedUpOverFp32AtTheSameBatch) {
   EXPECT_NE(render_markdown(doc).find("## Precision study"), std::string::npos);
 }
 
+// Infer records carry what the precision cost (metrics.accuracy: image 0's logits against float64;
+// metrics.fp8 for fp8): the precision study shows it in the cell; records without it render as before.
+json with_cost(json r, double rel_error, bool top1_agrees) {
+  r["metrics"]["accuracy"] = {{"logits_rel_error_vs_f64", rel_error}, {"top1_agrees_f64", top1_agrees}};
+  return r;
+}
+
+TEST(ReportStudies, PrecisionStudyShowsWhatEachInferPrecisionCost) {
+  std::vector<json> pts;
+  int seq = 0;
+  // Training and an older inference run's batch: no metrics.
+  pts.push_back(model_rec(seq++, "train", "resnet50", "fp32", 128, 1000));
+  pts.push_back(model_rec(seq++, "train", "resnet50", "bf16", 128, 2000));
+  for (const auto& [prec, x] : std::map<std::string, double>{{"fp32", 1}, {"bf16", 2}, {"fp16", 2.5}})
+    pts.push_back(model_rec(seq++, "infer", "resnet50", prec, 128, 12800 * x));
+  // fp8 at batch 128 failed its logits check: no speed-up, but the record says by how much.
+  pts.push_back(with_cost(model_rec(seq++, "infer", "resnet50", "fp8", 128, 0, "error"), 0.31, false));
+  // Batch 8: every precision with its cost; fp8 lost the top-1 class and 3 convolutions fell back.
+  pts.push_back(with_cost(model_rec(seq++, "infer", "resnet50", "fp32", 8, 800), 3.1e-7, true));
+  pts.push_back(with_cost(model_rec(seq++, "infer", "resnet50", "bf16", 8, 1600), 6.2e-3, true));
+  pts.push_back(with_cost(model_rec(seq++, "infer", "resnet50", "fp16", 8, 2000), 1.04e-3, true));
+  json fp8 = with_cost(model_rec(seq++, "infer", "resnet50", "fp8", 8, 2400), 0.0623, false);
+  fp8["metrics"]["fp8"] = {{"layers", 50}, {"fallback_layers", 3}, {"fallback_reasons", {"channels not a multiple of 16"}}};
+  pts.push_back(fp8);
+  const Document doc = build_report({make_run(pts)});
+  const Section* s = find_section(doc, "Precision study");
+  ASSERT_NE(s, nullptr);
+  EXPECT_NE(std::get<Paragraph>(s->blocks[0]).text.find("float64"), std::string::npos);
+  const Table* t = first_table(*s);
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->rows.size(), 3u);  // train 128, infer 8, infer 128
+  const auto base = column(*t, "fp32 samples/s"), bf16 = column(*t, "bf16 ×"), fp16 = column(*t, "fp16 ×"),
+             fp8x = column(*t, "fp8 ×");
+  // Without metrics: exactly the speed-up, as before.
+  EXPECT_EQ(t->rows[0][base].text, "1000");
+  EXPECT_EQ(t->rows[0][bf16].text, "2");
+  EXPECT_EQ(t->rows[0][fp8x].text, "—");  // training has no fp8
+  EXPECT_EQ(t->rows[2][base].text, "12800");
+  EXPECT_EQ(t->rows[2][bf16].text, "2");
+  EXPECT_EQ(t->rows[2][fp16].text, "2.5");
+  EXPECT_TRUE(t->rows[2][bf16].title.empty());
+  // With metrics: the speed-up, then the logits' error vs float64, the marker only where top-1 differs.
+  EXPECT_EQ(t->rows[1][base].text, "800 · err 3.1e-07");
+  EXPECT_EQ(t->rows[1][bf16].text, "2 · err 6.2e-03");
+  EXPECT_EQ(t->rows[1][fp16].text, "2.5 · err 1.0e-03");
+  EXPECT_EQ(t->rows[1][fp8x].text, "3 · err 6.2e-02 · top-1 ≠ f64 · 50 fp8 / 3 fell back");
+  EXPECT_NE(t->rows[1][fp8x].title.find("channels not a multiple of 16"), std::string::npos);
+  EXPECT_EQ(t->rows[2][fp8x].text, "— · err 3.1e-01 · top-1 ≠ f64");
+  ASSERT_FALSE(t->rows[2][fp8x].badges.empty());
+  EXPECT_EQ(t->rows[2][fp8x].badges[0], "error");
+  // The same in Markdown and HTML.
+  const std::string md = render_markdown(doc);
+  EXPECT_NE(md.find("| 3 · err 6.2e-02 · top-1 ≠ f64 · 50 fp8 / 3 fell back |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 2.5 · err 1.0e-03 |"), std::string::npos) << md;
+  if (html_available()) {
+    const std::string html = render_html(doc);
+    EXPECT_NE(html.find("3 · err 6.2e-02 · top-1 ≠ f64 · 50 fp8 / 3 fell back"), std::string::npos);
+  }
+
+  // The same records without their metrics: the table and the note as before any of this.
+  for (auto& p : pts) p.erase("metrics");
+  const Document old = build_report({make_run(pts)});
+  const Section* os = find_section(old, "Precision study");
+  ASSERT_NE(os, nullptr);
+  EXPECT_EQ(std::get<Paragraph>(os->blocks[0]).text.find("float64"), std::string::npos);
+  const Table* ot = first_table(*os);
+  ASSERT_NE(ot, nullptr);
+  ASSERT_EQ(ot->rows.size(), 3u);
+  EXPECT_EQ(ot->rows[1][base].text, "800");
+  EXPECT_EQ(ot->rows[1][fp8x].text, "3");
+  EXPECT_TRUE(ot->rows[1][fp8x].title.empty());
+  EXPECT_EQ(ot->rows[2][fp8x].text, "—");
+  EXPECT_EQ(render_markdown(old).find("err "), std::string::npos);
+}
+
 TEST(ReportStudies, BatchSizeStudyPerModel) {
   std::vector<json> pts;
   int seq = 0;

@@ -3,6 +3,7 @@
 // batch and other axes, for training and inference — and the batch-size study — per model, rate,
 // p50/p99 latency and samples/J against batch. A section appears only when the runs hold its points.
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -54,6 +55,50 @@ Cell rate_cell(const Point* p, const std::optional<double>& v, int significant =
   Cell c = num_cell(v, significant);
   if (p->flagged()) c.badges = p->badges(), c.title = p->explanation();
   return c;
+}
+
+// "6.2e-02": a relative error is read by its order of magnitude.
+std::string fmt_rel_error(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", v);
+  return buf;
+}
+
+std::optional<bool> flag_at(const json& rec, const char* pointer) {
+  const json::json_pointer at(pointer);
+  if (!rec.contains(at) || !rec.at(at).is_boolean()) return std::nullopt;
+  return rec.at(at).get<bool>();
+}
+
+// Appends what the point's precision cost, where its record says (infer records carry
+// metrics.accuracy, fp8 ones metrics.fp8; a point that failed its check too, to say by how much):
+// image 0's logits' relative error against float64, a marker where the top-1 class differs, and
+// fp8's convolutions that fell back to f16. Returns false, the cell untouched, for records without
+// them (training, older runs).
+bool add_precision_cost(Cell& c, const Point& p) {
+  std::vector<std::string> notes, why;
+  if (const auto err = num(*p.rec, "metrics.accuracy.logits_rel_error_vs_f64")) {
+    notes.push_back("err " + fmt_rel_error(*err));
+    why.push_back("image 0's logits vs float64: relative error " + fmt(*err, 3));
+  }
+  if (flag_at(*p.rec, "/metrics/accuracy/top1_agrees_f64") == false) {
+    notes.push_back("top-1 ≠ f64");
+    why.push_back("its top-1 class differs from float64's");
+  }
+  const auto fp8_layers = num(*p.rec, "metrics.fp8.layers"), fallback_layers = num(*p.rec, "metrics.fp8.fallback_layers");
+  if (fp8_layers && fallback_layers && *fallback_layers > 0) {
+    notes.push_back(fmt(*fp8_layers) + " fp8 / " + fmt(*fallback_layers) + " fell back");
+    std::string reasons;
+    const json::json_pointer reasons_at("/metrics/fp8/fallback_reasons");
+    if (p.rec->contains(reasons_at))
+      for (const auto& reason : p.rec->at(reasons_at))
+        if (reason.is_string()) reasons += (reasons.empty() ? ": " : ", ") + reason.get<std::string>();
+    why.push_back(fmt(*fp8_layers) + " convolutions ran fp8, " + fmt(*fallback_layers) + " fell back to f16" + reasons);
+  }
+  if (notes.empty()) return false;
+  for (const auto& n : notes) c.text += (c.text.empty() ? "" : " · ") + n;
+  for (const auto& w : why) c.title += (c.title.empty() ? "" : "; ") + w;
+  return true;
 }
 
 std::optional<Section> precision_study(const std::vector<Point>& all, bool multi_run) {
@@ -114,17 +159,8 @@ std::optional<Section> precision_study(const std::vector<Point>& all, bool multi
     if (std::find(cols.begin(), cols.end(), p) == cols.end()) cols.push_back(p);
   const bool any_other = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.other.empty(); });
 
-  Section s{"Precision study", 2, {}};
-  s.blocks.push_back(Paragraph{
-      "Speed-up of each precision over fp32 at the same model, batch and other axis values, for training (train) and "
-      "inference (infer): the rate of the point divided by the fp32 point's — the tensor-core question of the MLPerf "
-      "study. Above 1× the narrower precision is faster. A speed-up whose point or fp32 baseline did not converge "
-      "or is noisy carries that badge; one that could not be measured says why." +
-          (without_fp32 ? " " + std::to_string(without_fp32) + " group(s) of several precisions have no fp32 point and are "
-                              "left out (the workload sections list them)."
-                        : std::string()),
-      false});
   Table t;
+  bool any_cost = false;
   t.caption = "speed-up over fp32 (×) at the same batch";
   if (multi_run) t.columns.push_back("run");
   t.columns.insert(t.columns.end(), {"mode", "model", "batch"});
@@ -143,6 +179,7 @@ std::optional<Section> precision_study(const std::vector<Point>& all, bool multi
     const auto base_rate = base->measured() ? num(*base->rec, r.metric->path) : std::nullopt;
     Cell bc = rate_cell(base, base_rate);
     if (base_rate && !one_unit) bc.text += " " + r.metric->label;
+    any_cost |= add_precision_cost(bc, *base);
     cells.push_back(bc);
     for (const auto& c : cols) {
       const auto it = r.by_precision.find(c);
@@ -152,20 +189,37 @@ std::optional<Section> precision_study(const std::vector<Point>& all, bool multi
       }
       const Point* p = it->second;
       const auto rate = p->measured() ? num(*p->rec, r.metric->path) : std::nullopt;
+      Cell x;
       if (rate && base_rate && *base_rate > 0) {
-        Cell x = rate_cell(p, *rate / *base_rate, 3);
+        x = rate_cell(p, *rate / *base_rate, 3);
         if (!p->flagged() && base->flagged()) x.badges = base->badges(), x.title = "fp32: " + base->explanation();
-        cells.push_back(x);
       } else if (!p->measured()) {
-        Cell x = text_cell("—", p->explanation());
+        x = text_cell("—", p->explanation());
         x.badges = p->badges();
-        cells.push_back(x);
       } else {
-        cells.push_back(text_cell(base_rate ? "no rate" : "fp32 " + base->status, base->explanation()));
+        x = text_cell(base_rate ? "no rate" : "fp32 " + base->status, base->explanation());
       }
+      any_cost |= add_precision_cost(x, *p);
+      cells.push_back(std::move(x));
     }
     t.rows.push_back(std::move(cells));
   }
+
+  Section s{"Precision study", 2, {}};
+  s.blocks.push_back(Paragraph{
+      "Speed-up of each precision over fp32 at the same model, batch and other axis values, for training (train) and "
+      "inference (infer): the rate of the point divided by the fp32 point's — the tensor-core question of the MLPerf "
+      "study. Above 1× the narrower precision is faster. A speed-up whose point or fp32 baseline did not converge "
+      "or is noisy carries that badge; one that could not be measured says why." +
+          (any_cost ? std::string(" Where a record says what its precision cost (inference), its cell adds the relative "
+                                  "error of image 0's logits against the float64 reference (err), \"top-1 ≠ f64\" where "
+                                  "the top class differs, and for fp8 how many convolutions ran fp8 and how many fell "
+                                  "back to f16 when any did.")
+                    : std::string()) +
+          (without_fp32 ? " " + std::to_string(without_fp32) + " group(s) of several precisions have no fp32 point and are "
+                              "left out (the workload sections list them)."
+                        : std::string()),
+      false});
   s.blocks.push_back(std::move(t));
   return s;
 }
