@@ -150,7 +150,7 @@ Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
   // Only conv_bias_act runs e4m3: any other form would run the whole network in f16 under an fp8 label.
   if (b.options().precision == Precision::fp8 && !(c.fold_batchnorm && c.fuse_conv_epilogue))
     throw UsageError(c.name + ": precision fp8 runs the folded convolutions with their epilogue inside "
-                     "(fold_batchnorm and fuse_conv_epilogue); without them no layer would run in fp8");
+                     "(fold_batchnorm and fuse_conv_epilogue); an unfused graph would run no layer in fp8");
   Value x = conv_bn_relu(b, c, "conv1", "bn1", "relu", images, c.stem_channels, c.stem_kernel, c.stem_stride, 1);
   if (c.stem_maxpool) x = nn::maxpool2d(b, "maxpool", x, nn::Pool2dDesc{3, 3, 2, 2, 1, 1});
   std::int64_t channels = c.stem_channels;

@@ -232,8 +232,8 @@ class Kernels {
   // is not a finite positive number), dx = max|x| / 448 (1 with the fallback), both in f32; qw and
   // dw the same from w; e4m3 rounds to nearest even and saturates at +-448 (float_to_e4m3_bits).
   // The convolution accumulates the exact products qx * qw in f32 (only the summation order may
-  // differ between backends); the descale, bias (bias's dtype widened to f32), residual and ReLU
-  // apply in f32 and y is rounded once. x, w, bias, residual, y as conv2d_bias_activation (16-bit
+  // differ between backends); the descale (the f32 product dx * dw), bias, residual and ReLU
+  // apply in f32 or wider (the reference: f64) and y is rounded once. x, w, bias, residual, y as conv2d_bias_activation (16-bit
   // x and y); groups must be 1. Backends quantize w once per parameter state: after
   // parameters_changed() the next forward quantizes again (Graph calls it after bind and
   // set_parameter_values, an inference graph's parameter writes; a caller writing parameter

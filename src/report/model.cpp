@@ -89,36 +89,38 @@ std::vector<Point> make_points(const Run& run) {
   return out;
 }
 
-std::optional<double> num(const json& j, std::string_view dotted) {
+const json* at_path(const json& j, std::string_view dotted) {
   const json* cur = &j;
   while (!dotted.empty()) {
     const auto dot = dotted.find('.');
     const std::string key(dotted.substr(0, dot));
-    if (!cur->is_object()) return std::nullopt;
+    if (!cur->is_object()) return nullptr;
     const auto it = cur->find(key);
-    if (it == cur->end()) return std::nullopt;
+    if (it == cur->end()) return nullptr;
     cur = &*it;
     dotted = dot == std::string_view::npos ? std::string_view{} : dotted.substr(dot + 1);
   }
-  if (!cur->is_number()) return std::nullopt;
-  const double v = cur->get<double>();
-  if (!std::isfinite(v)) return std::nullopt;
-  return v;
+  return cur;
+}
+
+std::optional<double> num(const json& j, std::string_view dotted) {
+  const json* v = at_path(j, dotted);
+  if (v == nullptr || !v->is_number()) return std::nullopt;
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) return std::nullopt;
+  return d;
 }
 
 std::optional<std::string> str(const json& j, std::string_view dotted) {
-  const json* cur = &j;
-  while (!dotted.empty()) {
-    const auto dot = dotted.find('.');
-    const std::string key(dotted.substr(0, dot));
-    if (!cur->is_object()) return std::nullopt;
-    const auto it = cur->find(key);
-    if (it == cur->end()) return std::nullopt;
-    cur = &*it;
-    dotted = dot == std::string_view::npos ? std::string_view{} : dotted.substr(dot + 1);
-  }
-  if (!cur->is_string()) return std::nullopt;
-  return cur->get<std::string>();
+  const json* v = at_path(j, dotted);
+  if (v == nullptr || !v->is_string()) return std::nullopt;
+  return v->get<std::string>();
+}
+
+std::optional<bool> flag(const json& j, std::string_view dotted) {
+  const json* v = at_path(j, dotted);
+  if (v == nullptr || !v->is_boolean()) return std::nullopt;
+  return v->get<bool>();
 }
 
 std::string fmt(double v, int significant) {

@@ -39,9 +39,12 @@ std::vector<Point> make_points(const Run& run);
 // Workload and axis values, numbers normalised (8192 == 8192.0): how points of runs are matched.
 std::string point_key(const nlohmann::json& record);
 
-// Dotted lookup of a finite number: num(rec, "rates.gbps").
+// Dotted lookup: the value at at_path(rec, "metrics.fp8.fallback_reasons") (null where absent); a
+// finite number num(rec, "rates.gbps"); a string; a boolean.
+const nlohmann::json* at_path(const nlohmann::json& j, std::string_view dotted);
 std::optional<double> num(const nlohmann::json& j, std::string_view dotted);
 std::optional<std::string> str(const nlohmann::json& j, std::string_view dotted);
+std::optional<bool> flag(const nlohmann::json& j, std::string_view dotted);
 
 std::string fmt(double v, int significant = 4);  // 12.35, 0.0001234, 1.235e+09
 std::string fmt_opt(const std::optional<double>& v, int significant = 4);

@@ -64,12 +64,6 @@ std::string fmt_rel_error(double v) {
   return buf;
 }
 
-std::optional<bool> flag_at(const json& rec, const char* pointer) {
-  const json::json_pointer at(pointer);
-  if (!rec.contains(at) || !rec.at(at).is_boolean()) return std::nullopt;
-  return rec.at(at).get<bool>();
-}
-
 // Appends what the point's precision cost, where its record says (infer records carry
 // metrics.accuracy, fp8 ones metrics.fp8; a point that failed its check too, to say by how much):
 // image 0's logits' relative error against float64, a marker where the top-1 class differs, and
@@ -81,7 +75,7 @@ bool add_precision_cost(Cell& c, const Point& p) {
     notes.push_back("err " + fmt_rel_error(*err));
     why.push_back("image 0's logits vs float64: relative error " + fmt(*err, 3));
   }
-  if (flag_at(*p.rec, "/metrics/accuracy/top1_agrees_f64") == false) {
+  if (flag(*p.rec, "metrics.accuracy.top1_agrees_f64") == false) {
     notes.push_back("top-1 ≠ f64");
     why.push_back("its top-1 class differs from float64's");
   }
@@ -89,9 +83,8 @@ bool add_precision_cost(Cell& c, const Point& p) {
   if (fp8_layers && fallback_layers && *fallback_layers > 0) {
     notes.push_back(fmt(*fp8_layers) + " fp8 / " + fmt(*fallback_layers) + " fell back");
     std::string reasons;
-    const json::json_pointer reasons_at("/metrics/fp8/fallback_reasons");
-    if (p.rec->contains(reasons_at))
-      for (const auto& reason : p.rec->at(reasons_at))
+    if (const json* listed = at_path(*p.rec, "metrics.fp8.fallback_reasons"); listed != nullptr && listed->is_array())
+      for (const auto& reason : *listed)
         if (reason.is_string()) reasons += (reasons.empty() ? ": " : ", ") + reason.get<std::string>();
     why.push_back(fmt(*fp8_layers) + " convolutions ran fp8, " + fmt(*fallback_layers) + " fell back to f16" + reasons);
   }

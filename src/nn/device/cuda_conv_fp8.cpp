@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "nn/device/cuda_common.h"
+#include "nn/device/cuda_conv_search.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -130,9 +131,9 @@ std::string Fp8ConvShape::to_string() const {
 
 std::string fp8_conv_refusal(const Fp8ConvShape& s) {
   const std::string label = s.to_string() + ": ";
-  if (s.c % kFp8ChannelMultiple != 0 || s.k % kFp8ChannelMultiple != 0)
+  if (s.c % kFp8ConvChannelMultiple != 0 || s.k % kFp8ConvChannelMultiple != 0)
     return label + "cuDNN's fp8 (e4m3) convolutions need C and K multiples of " +
-           std::to_string(kFp8ChannelMultiple) + " (16-byte e4m3 channel vectors); C = " + std::to_string(s.c) +
+           std::to_string(kFp8ConvChannelMultiple) + " (16-byte e4m3 channel vectors); C = " + std::to_string(s.c) +
            ", K = " + std::to_string(s.k) + " (the caller runs this layer in f16)";
   if (s.conv.groups != 1)
     return label + "the fp8 convolution runs groups = 1 only, got " + std::to_string(s.conv.groups);
@@ -316,28 +317,20 @@ std::vector<double> Fp8ConvPlan::Impl::time_candidates(const std::vector<Candida
     ids.push_back(kIdResidual);
     ptrs.push_back(res);
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  AB_CUDA(cudaEventCreate(&start), label);
-  AB_CUDA(cudaEventCreate(&stop), label);
+  // The f16 search's sampler: host time queueing each call (the variant pack) stays out of the
+  // GPU time, and a candidate much slower than the best so far is dropped after one sample.
+  GpuSampler sampler(stream, label + ", timing fp8 plans");
   std::vector<double> seconds;
-  constexpr int kRuns = 5;
+  double best_s = std::numeric_limits<double>::infinity();
   for (const Candidate& c : candidates) {
-    double best = std::numeric_limits<double>::infinity();
-    if (run(*c.plan, ids, ptrs, ws) == CUDNN_STATUS_SUCCESS) {  // also its first-launch set-up
-      for (int trial = 0; trial < 2; ++trial) {
-        bool ok = cudaEventRecord(start, stream) == cudaSuccess;
-        for (int i = 0; i < kRuns && ok; ++i) ok = run(*c.plan, ids, ptrs, ws) == CUDNN_STATUS_SUCCESS;
-        ok = ok && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess;
-        float ms = 0;
-        if (ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess) best = std::min(best, ms * 1e-3 / kRuns);
-      }
-    }
-    cudaGetLastError();
-    seconds.push_back(best);
+    const auto launch = [&] { return run(*c.plan, ids, ptrs, ws) == CUDNN_STATUS_SUCCESS; };
+    double t = std::numeric_limits<double>::infinity();
+    if (launch()) t = time_candidate(sampler, launch, best_s, label + ", " + c.name);  // warmed by the call before
+    cudaGetLastError();  // a refused launch leaves no work, only its status
+    best_s = std::min(best_s, t);
+    seconds.push_back(t);
   }
   AB_CUDA(cudaStreamSynchronize(stream), label);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return seconds;
 }
 
@@ -463,8 +456,7 @@ void Fp8ConvPlan::Impl::build(void* stream) {
   std::string timed;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     timed += (i ? ", " : "") + candidates[i].name + " " +
-             (std::isfinite(seconds[i]) ? std::to_string(static_cast<long long>(seconds[i] * 1e6 + 0.5)) + " us"
-                                        : std::string("failed"));
+             (std::isfinite(seconds[i]) ? format_us(seconds[i]) + " us" : std::string("failed"));
     if (seconds[i] < seconds[best]) best = i;
   }
   if (!std::isfinite(seconds[best]))

@@ -34,18 +34,17 @@ struct Fp8ConvShape {
   std::string to_string() const;
 };
 
-// cuDNN's fp8 convolutions want C and K multiples of 16 (one 16-byte vector of e4m3 channels per
-// NHWC pixel and filter tap).
-inline constexpr std::int64_t kFp8ChannelMultiple = 16;
-
 // Why the fp8 convolution cannot take `shape` (alignment, groups, output type, empty output),
-// empty where it may (cuDNN still decides); decided without any cuDNN or CUDA call.
+// empty where it may (cuDNN still decides); decided without any cuDNN or CUDA call. The alignment
+// is nn::kFp8ConvChannelMultiple, the rule nn::fp8_conv_refusal states for tensors (and the
+// reference enforces); this one takes a bare shape.
 std::string fp8_conv_refusal(const Fp8ConvShape& shape);
 
 // The cuDNN graph CONVOLUTION_FORWARD (f32 compute, the output a virtual f32 tensor) -> POINTWISE
 // MUL by descale (f32 [1] by device pointer) -> optional POINTWISE ADD bias [1, K, 1, 1] ->
-// optional POINTWISE ADD residual -> optional POINTWISE RELU_FWD -> y, with the first execution plan that finalizes among the engine
-// configurations of cuDNN's heuristics (mode A, then FALLBACK). Owns its cuDNN handle, bound to
+// optional POINTWISE ADD residual -> optional POINTWISE RELU_FWD -> y, with the fastest (timed at
+// construction on scratch operands) of the execution plans that finalize among the engine
+// configurations of cuDNN's heuristics mode A (FALLBACK's where A has none). Owns its cuDNN handle, bound to
 // `stream` (a cudaStream_t) on the current device.
 class Fp8ConvPlan {
  public:

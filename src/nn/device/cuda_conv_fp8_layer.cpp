@@ -19,11 +19,12 @@ namespace {
 // Scalars in the call's workspace: x's amax, then the convolution's descale, each on its own line.
 constexpr std::int64_t kScalarSlot = kAllocAlignment;
 
-std::string fp8_operand_refusal(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
-                                const Tensor& y) {
-  if (x.shape.rank() != 4 || w.shape.rank() != 4 || y.shape.rank() != 4) return "operands must be rank 4";
-  if (x.dtype != y.dtype || w.dtype != x.dtype || (x.dtype != DType::f16 && x.dtype != DType::bf16))
-    return "x, w and y must share one 16-bit type (f16 or bf16), got x " + std::string(to_string(x.dtype)) + ", w " +
+// Beyond the rule every backend applies (nn::fp8_conv_refusal): what the cuDNN graph reads.
+std::string cudnn_operand_refusal(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
+                                  const Tensor& y) {
+  if (y.shape.rank() != 4) return "y must be rank 4, got " + y.to_string();
+  if (x.dtype != y.dtype || w.dtype != x.dtype)
+    return "x, w and y must share one 16-bit type, got x " + std::string(to_string(x.dtype)) + ", w " +
            std::string(to_string(w.dtype)) + ", y " + std::string(to_string(y.dtype));
   // cuDNN's fp8 graph reads NHWC activations and KRSC filters.
   for (const Tensor* t : {&x, &w, &y})
@@ -69,7 +70,9 @@ Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Ten
   s.residual = has_residual;
   s.relu = relu;
   try {
-    if (std::string why = fp8_operand_refusal(x, w, bias, residual, y); !why.empty()) throw Unsupported(label + ": " + why);
+    if (std::string why = ab::nn::fp8_conv_refusal(d, x, w, y); !why.empty()) throw Unsupported(why);
+    if (std::string why = cudnn_operand_refusal(x, w, bias, residual, y); !why.empty())
+      throw Unsupported(label + ": " + why);
     try {
       layer->plan = std::make_unique<Fp8ConvPlan>(s, stream_);
     } catch (const Unsupported& e) {
@@ -89,13 +92,14 @@ Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Ten
   return *fp8_layers_.emplace(key, std::move(layer)).first->second;
 }
 
-Fp8Weights& CudaKernels::fp8_weights(const Tensor& w, const Tensor& bias, const std::string& label) {
+Fp8Weights& CudaKernels::fp8_weights(const Tensor& w, const Tensor& bias, const Fp8Layer& layer) {
   const auto it = fp8_weights_.try_emplace(w.data).first;
   Fp8Weights& fw = it->second;
   const std::int64_t k = w.shape[0];
   const bool sized = fw.weight_bytes == w.numel() && fw.bias_count == k;
   if (fw.fresh && sized && fw.bias_source == bias.data) return fw;
   if (!sized) {  // new, or the address now holds another tensor
+    const std::string label = layer.plan->shape().to_string();  // named only here: not per call
     if (capturing()) {
       fp8_weights_.erase(it);
       throw Error(label + ": the weights were never quantized; run one forward before capturing");
@@ -148,7 +152,7 @@ void CudaKernels::conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const
   auto* qx = base + plan_bytes;
   auto* amax_x = reinterpret_cast<float*>(qx + qx_bytes);
   auto* descale = reinterpret_cast<float*>(qx + qx_bytes + kScalarSlot);
-  const Fp8Weights& fw = fp8_weights(w, bias, l.plan->shape().to_string());
+  const Fp8Weights& fw = fp8_weights(w, bias, l);
   fp8_amax(stream_, x.dtype, x.data, x.numel(), amax_x);
   fp8_quantize_e4m3(stream_, x.dtype, x.data, x.numel(), amax_x, qx, descale, fw.descale());
   const Workspace plan_ws{plan_bytes > 0 ? ws.data : nullptr, plan_bytes};

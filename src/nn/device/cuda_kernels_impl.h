@@ -264,7 +264,7 @@ class CudaKernels final : public Kernels {
   // Unsupported, also for a cached refusal) and the weights' e4m3 image, quantized where stale.
   Fp8Layer& fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& residual, const Tensor& y, bool relu);
-  Fp8Weights& fp8_weights(const Tensor& w, const Tensor& bias, const std::string& label);
+  Fp8Weights& fp8_weights(const Tensor& w, const Tensor& bias, const Fp8Layer& layer);
   // A write into a tensor starting at `data` (upload, fill, cast): the e4m3 image of a weight or
   // bias there is stale (memory a freed weight held may come back as another tensor).
   void fp8_weights_written(const void* data) {

@@ -86,12 +86,10 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (s.fuse_batchnorm_relu && is_compression_model(s.model))
     throw UsageError("fusing batch norm and ReLU applies to the ResNet classifiers, not '" + s.model +
                      "' (no batch norm)");
-  // The e4m3 convolutions are the folded ones with their epilogue inside (nn::ConvBiasActivation).
-  if (s.precision == Precision::fp8 && (is_compression_model(s.model) || !s.fold_batchnorm || !s.fuse_conv_epilogue))
-    throw UsageError("precision fp8 runs the folded convolutions of the ResNet classifiers with their epilogue inside "
-                     "(infer fold=fused or auto), not " +
-                     (is_compression_model(s.model) ? "'" + s.model + "' (no batch norm to fold)"
-                                                    : std::string("an unfused graph (no layer would run in fp8)")));
+  // The e4m3 convolutions are the ResNets' folded ones (models::resnet refuses an unfused fp8 graph).
+  if (s.precision == Precision::fp8 && is_compression_model(s.model))
+    throw UsageError("precision fp8 runs the folded convolutions of the ResNet classifiers with their epilogue "
+                     "inside, not '" + s.model + "' (no batch norm to fold)");
   if (is_compression_model(s.model)) {
     const ab::models::CompressionConfig c = compression_config(s.model);
     const ab::models::CompressionModel ae = ab::models::build_compression_ae(b, c, s.batch, s.image_px);

@@ -189,6 +189,7 @@ class Train final : public Workload {
       if (!m.compression) g->set_input(m.labels, data.labels);
     });
     const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(bucket_mib * 1024 * 1024));
+    const std::int64_t tail_bucket_bytes = std::llround(tail_bucket_mib * 1024 * 1024);
     std::unique_ptr<DataParallel> dp;
     if (gpus > 1) {  // then world > 1: every rank takes part in creating the communicator
       on_all_ranks(comm, [&] {
@@ -196,7 +197,7 @@ class Train final : public Workload {
                                 backend::CommOptions{.max_ctas = static_cast<int>(comm_ctas)}, comm_high_priority);
       });
       together([&] {
-        dp->set_tail_bucket_bytes(std::llround(tail_bucket_mib * 1024 * 1024));
+        dp->set_tail_bucket_bytes(tail_bucket_bytes);
         dp->attach(*g, *kernels);
         state.add_metric("data_parallel", {{"gpus", gpus},
                                            {"processes", world},
@@ -204,7 +205,7 @@ class Train final : public Workload {
                                            {"batch_per_gpu", spec.batch},
                                            {"global_batch", global_batch},
                                            {"bucket_bytes", bucket_bytes},
-                                           {"tail_bucket_bytes", std::llround(tail_bucket_mib * 1024 * 1024)},
+                                           {"tail_bucket_bytes", tail_bucket_bytes},
                                            {"comm_max_ctas", comm_ctas},
                                            {"comm_priority", comm_high_priority ? "high" : "normal"},
                                            {"buckets", dp->bucket_count()},
