@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|engine|train|resnext|fp8][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|timeline|engine|train|resnext|fp8][,more modes] (default all)
 # asan (nvidia-h200-x2): the cuda-sanitize build's DataParallel tests under mpirun (a heap-corruption hunt).
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
@@ -27,6 +27,9 @@
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
 # then accelbench's overlap knobs (comm_ctas, comm_priority) at 1 and N GPUs.
 # overlap (x2): 2-GPU training without and with a small tail bucket (TAILS, default 0,1; ~2 min).
+# timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
+# bf16 training at 1 and N GPUs and of PyTorch DDP's, cut into steps by bench/trace_steps.py: how
+# long the all-reduces run alone, how much the compute slows beside them (~5 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -47,7 +50,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp || want overlap || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp || want overlap || want timeline || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -62,7 +65,7 @@ if { want multi || want heap || want ddp || want overlap || want asan; } && ! co
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp || want overlap || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp || want overlap || want timeline || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -216,6 +219,23 @@ if want overlap; then
     --axis trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "skipped|error"
   python3 bench/summarize_points.py "$logs/overlap" params.gpus params.tail_bucket_mib \
     rates.samples_per_s time.median_s metrics.scaling_efficiency metrics.data_parallel.buckets
+fi
+if want timeline; then
+  n=$(nvidia-smi -L | wc -l)
+  tracer=$PWD/build/cuda/src/backend/cuda/libab_kernel_trace.so
+  mkdir -p "$logs/trace-ab" "$logs/trace-ddp"
+  mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x CUDA_INJECTION64_PATH=$tracer \
+    -x AB_TRACE_DIR="$logs/trace-ab" $ab run train --axis model=resnet50 --axis precision=bf16 --axis batch=256 \
+    --axis gpus=1,$n --axis trajectory_steps=3 ${TRACE_AXES:-} --out "$logs/timeline" > "$logs/timeline.txt" 2>&1
+  echo "traced train: exit $?"; grep -E "kernel_trace|skipped|error" "$logs/timeline.txt" | head
+  python3 bench/summarize_points.py "$logs/timeline" params.gpus rates.samples_per_s time.median_s metrics.scaling_efficiency
+  python3 bench/trace_steps.py "$logs/trace-ab" --json "$logs/trace-ab.json" 2>&1 | tee "$logs/trace-ab.txt"
+  # PyTorch DDP under the same tracer (its steps cut at the NLL loss's forward kernel).
+  CUDA_INJECTION64_PATH=$tracer AB_TRACE_DIR="$logs/trace-ddp" python3 -u bench/compare_ddp.py --accelbench $ab \
+    --out "$logs/ddp-traced" --gpus $n --skip-accelbench ${DDP_ARGS:-} 2>&1 | tail -n 6
+  python3 bench/trace_steps.py "$logs/trace-ddp" --marker nll_loss_forward --json "$logs/trace-ddp.json" 2>&1 |
+    tee "$logs/trace-ddp.txt"
+  gzip -f "$logs"/trace-ab/*.csv "$logs"/trace-ddp/*.csv 2>/dev/null
 fi
 if want bench || want all; then
   $ab sysinfo | tee "$logs/sysinfo.txt"

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Where a training step's time goes, from bench/kernel_trace.cpp's kernel timelines.
+
+Each process's trace (DIR/kernels-<pid>.csv + names-<pid>.csv) is cut into steps at the starts of a
+kernel that runs once per step (--marker, default the softmax cross-entropy forward). A step with a
+communication kernel (--comm, default NCCL's) is a data-parallel step, one without is a single-GPU
+step; the eager warm-up steps are left out by keeping the steps within 10% of each kind's 25th
+percentile. Per kind, the medians of:
+  step_ms         marker to next marker
+  compute_sum_ms  summed durations of the non-communication kernels
+  compute_busy_ms time in which at least one of them runs (their union)
+  comm_ms         time in which a communication kernel runs (union)
+  comm_alone_ms   communication time with no compute kernel beside it (exposed)
+  idle_ms         time with no kernel at all
+then the kernels whose summed time per step grew most from the single-GPU steps to the
+data-parallel ones (the compute slowed by the all-reduces running beside it), and the median
+data-parallel step's communication kernels with their offsets and how busy the compute was meanwhile.
+  usage: trace_steps.py DIR [--marker REGEX] [--comm REGEX] [--json FILE]
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import statistics
+
+
+def load(kernels_csv):
+    pid = re.search(r"kernels-(\d+)\.csv$", kernels_csv).group(1)
+    names = {}
+    with open(os.path.join(os.path.dirname(kernels_csv), f"names-{pid}.csv")) as f:
+        for line in f:
+            i, _, name = line.rstrip("\n").partition(",")
+            names[int(i)] = name
+    rows = []
+    with open(kernels_csv) as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["device"]), int(r["stream"]),
+                         names[int(r["name_id"])]))
+    rows.sort()
+    return pid, rows
+
+
+def union_length(intervals):
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def merged(intervals):
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def overlap_with(merged_list, s, e):
+    return sum(max(0, min(e, b) - max(s, a)) for a, b in merged_list)
+
+
+def steps_of(rows, marker, comm):
+    starts = [r[0] for r in rows if marker.search(r[4])]
+    steps, i = [], 0
+    for a, b in zip(starts, starts[1:]):
+        while i < len(rows) and rows[i][0] < a:
+            i += 1
+        j = i
+        while j < len(rows) and rows[j][0] < b:
+            j += 1
+        ks = rows[i:j]
+        clip = [(max(a, s), min(b, e)) for s, e, *_ in ks if min(b, e) > max(a, s)]
+        comp = [(max(a, s), min(b, e)) for s, e, _, _, n in ks if not comm.search(n) and min(b, e) > max(a, s)]
+        comms = [(max(a, s), min(b, e)) for s, e, _, _, n in ks if comm.search(n) and min(b, e) > max(a, s)]
+        comp_m = merged(comp)
+        comm_alone = sum((e - s) - overlap_with(comp_m, s, e) for s, e in merged(comms))
+        per_name = {}
+        for s, e, _, _, n in ks:
+            per_name[n] = per_name.get(n, 0) + (e - s)
+        steps.append({
+            "start": a,
+            "kind": "data-parallel" if comms else "single",
+            "step_ms": (b - a) / 1e6,
+            "compute_sum_ms": sum(e - s for s, e, _, _, n in ks if not comm.search(n)) / 1e6,
+            "compute_busy_ms": union_length(comp) / 1e6,
+            "comm_ms": union_length(comms) / 1e6,
+            "comm_alone_ms": comm_alone / 1e6,
+            "idle_ms": ((b - a) - union_length(clip)) / 1e6,
+            "kernels": len(ks),
+            "per_name_ns": per_name,
+            "comm_kernels": [(s - a, e - a, overlap_with(comp_m, s, e), n) for s, e, _, _, n in ks if comm.search(n)],
+        })
+    return steps
+
+
+def steady(steps):
+    if not steps:
+        return []
+    q1 = sorted(s["step_ms"] for s in steps)[len(steps) // 4]
+    return [s for s in steps if s["step_ms"] <= 1.10 * q1]
+
+
+def short(name, width=90):
+    name = re.sub(r"\s+", " ", name)
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--marker", default=r"softmax_xent_rows_kernel")
+    ap.add_argument("--comm", default=r"nccl")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    marker, comm = re.compile(args.marker), re.compile(args.comm, re.I)
+    summary = {}
+    fields = ("step_ms", "compute_sum_ms", "compute_busy_ms", "comm_ms", "comm_alone_ms", "idle_ms", "kernels")
+    for path in sorted(glob.glob(os.path.join(args.dir, "kernels-*.csv"))):
+        pid, rows = load(path)
+        if not rows:
+            continue
+        devices = sorted({r[2] for r in rows})
+        steps = steps_of(rows, marker, comm)
+        print(f"\n== pid {pid}, device(s) {devices}: {len(rows)} kernels, {len(steps)} steps")
+        kinds = {}
+        for kind in ("single", "data-parallel"):
+            ks = steady([s for s in steps if s["kind"] == kind])
+            if not ks:
+                continue
+            med = {f: statistics.median(s[f] for s in ks) for f in fields}
+            kinds[kind] = (ks, med)
+            print(f"{kind:>14}: {len(ks)} steady steps  " + "  ".join(f"{f} {med[f]:.3f}" for f in fields))
+        summary[pid] = {k: v[1] for k, v in kinds.items()}
+        if "single" in kinds and "data-parallel" in kinds:
+            one, dp = kinds["single"], kinds["data-parallel"]
+            d = {f: dp[1][f] - one[1][f] for f in fields}
+            print("  data-parallel - single: " + "  ".join(f"{f} {d[f]:+.3f}" for f in fields))
+            names = set()
+            for s in one[0] + dp[0]:
+                names.update(s["per_name_ns"])
+            grown = []
+            for n in names:
+                if comm.search(n):
+                    continue
+                a = statistics.median(s["per_name_ns"].get(n, 0) for s in one[0])
+                b = statistics.median(s["per_name_ns"].get(n, 0) for s in dp[0])
+                grown.append(((b - a) / 1e6, a / 1e6, b / 1e6, n))
+            grown.sort(reverse=True)
+            print("  compute kernels whose time per step grew most (ms: growth, single, data-parallel):")
+            for g, a, b, n in grown[:12]:
+                print(f"    {g:+.3f}  {a:.3f} -> {b:.3f}  {short(n)}")
+            print(f"  summed growth of all compute kernels: {sum(g[0] for g in grown):+.3f} ms")
+            mid = sorted(dp[0], key=lambda s: s["step_ms"])[len(dp[0]) // 2]
+            print(f"  the median data-parallel step ({mid['step_ms']:.3f} ms): communication kernels"
+                  " (start, end from the marker, ms; compute beside them):")
+            for s, e, ov, n in mid["comm_kernels"]:
+                dur = e - s
+                print(f"    {s / 1e6:8.3f} {e / 1e6:8.3f}  {dur / 1e6:6.3f} ms, compute beside it "
+                      f"{100.0 * ov / dur if dur else 0:5.1f}%  {short(n, 60)}")
+            summary[pid]["grown_top"] = [{"ms": g, "name": n} for g, _, _, n in grown[:12]]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
