@@ -31,13 +31,19 @@ constexpr std::int64_t kDefaultBucketBytes = std::int64_t{25} << 20;  // DDP's b
 // ran no backward) and joins. With `tail_bytes` > 0 the first parameters (the last gradients
 // backward makes: the stem's) form a bucket of their own of at least `tail_bytes`, so the all-reduce
 // left after backward is that small one rather than the remainder of the 25 MiB walk (0: no tail).
+// With `delay_ops` > 0 a complete bucket is enqueued only after that many more ops' backward: on
+// CUDA the op after a convolution's is a batch norm whose cuDNN kernel is cooperative (it needs
+// every SM at once), so an all-reduce enqueued just before it holds it back for its whole length
+// (bench/RESULTS.md, the 2-GPU kernel timeline); enqueued after it, it runs beside convolutions.
 // Throws Error when the gradients are not one contiguous store of one dtype (the graph lays them out so).
 class BucketedGradientSync final : public GradientSync {
  public:
   BucketedGradientSync(const std::vector<Parameter>& parameters, GradientAverager& averager,
-                       std::int64_t bucket_bytes = kDefaultBucketBytes, std::int64_t tail_bytes = 0);
+                       std::int64_t bucket_bytes = kDefaultBucketBytes, std::int64_t tail_bytes = 0,
+                       int delay_ops = 0);
   void begin() override;
   void ready(std::size_t parameter_index) override;
+  void op_done() override;
   void finish() override;
 
   struct Bucket {
@@ -47,7 +53,15 @@ class BucketedGradientSync final : public GradientSync {
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
  private:
+  void start(std::size_t bucket);
+
+  struct Waiting {
+    std::size_t bucket;
+    int ops_left;  // op_done() calls before it starts
+  };
   GradientAverager& averager_;
+  int delay_ops_;
+  std::vector<Waiting> waiting_;  // complete buckets in the order they completed
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // per parameter index; -1 for one without a gradient
   std::vector<std::size_t> pending_;
