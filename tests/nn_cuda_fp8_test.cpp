@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -144,8 +145,9 @@ class Fp8Test : public ::testing::Test {
   }
 
   // `bytes` device bytes as a tensor the kernels can copy (one byte per element).
-  static Tensor raw(const Buffer& b, std::int64_t bytes) {
-    return Tensor::describe(DType::f8e4m3, Shape{bytes}, Layout::nchw, DeviceKind::cuda).with_data(b.data());
+  static Tensor raw(const Buffer& b, std::int64_t bytes) { return raw(b.data(), bytes); }
+  static Tensor raw(void* p, std::int64_t bytes) {
+    return Tensor::describe(DType::f8e4m3, Shape{bytes}, Layout::nchw, DeviceKind::cuda).with_data(p);
   }
   Buffer device(std::int64_t bytes) { return Buffer(cuda_->allocator(), std::max<std::int64_t>(bytes, 16)); }
   Buffer to_device(const void* host, std::int64_t bytes) {
@@ -165,23 +167,29 @@ class Fp8Test : public ::testing::Test {
   // Quantizes `x` (dtype t) with `amax` on the device (this tensor's own where amax_override is
   // NaN) and checks every byte against float_to_e4m3_bits(x * scale) and the descale against
   // amax / 448 (1 where the scale is not usable). Returns the device bytes.
+  // With `misalign`, x and q start that many elements past an aligned address (the kernels' scalar path).
   std::vector<std::uint8_t> check_quantize(DType t, const HostTensor& x, const std::string& what,
-                                           float amax_override = std::numeric_limits<float>::quiet_NaN()) {
+                                           float amax_override = std::numeric_limits<float>::quiet_NaN(),
+                                           std::int64_t misalign = 0) {
     const auto n = static_cast<std::int64_t>(x.values.size());
-    Buffer dx = to_device(x.bytes.data(), static_cast<std::int64_t>(x.bytes.size()));
-    Buffer amax = device(4), descale = device(4), q = device(n);
+    const auto bytes = static_cast<std::int64_t>(x.bytes.size());
+    const std::int64_t shift = misalign * static_cast<std::int64_t>(size_bytes(t));
+    Buffer x_block = device(bytes + shift), amax = device(4), descale = device(4), q_block = device(n + misalign);
+    void* dx = static_cast<unsigned char*>(x_block.data()) + shift;
+    auto* q = static_cast<std::uint8_t*>(q_block.data()) + misalign;
+    cuda_->upload(raw(dx, bytes), x.bytes.data());
     const float host_amax = max_abs(x.values);
     if (std::isnan(amax_override)) {
-      fp8_amax(stream_, t, dx.data(), n, f32(amax));
+      fp8_amax(stream_, t, dx, n, f32(amax));
       const float got = scalar(amax);
       EXPECT_EQ(got, host_amax) << what << ": device amax";
     } else {
       cuda_->upload(raw(amax, 4), &amax_override);
     }
     const float a = std::isnan(amax_override) ? host_amax : amax_override;
-    fp8_quantize_e4m3(stream_, t, dx.data(), n, f32(amax), static_cast<std::uint8_t*>(q.data()),
-                      f32(descale));
-    const std::vector<std::uint8_t> got = from_device<std::uint8_t>(q, n);
+    fp8_quantize_e4m3(stream_, t, dx, n, f32(amax), q, f32(descale));
+    std::vector<std::uint8_t> got(sz(n));
+    cuda_->download(raw(q, n), got.data());
     const float s = 448.0f / a;
     const bool usable = s > 0.0f && std::isfinite(s);
     const float scale = usable ? s : 1.0f;
@@ -230,6 +238,10 @@ TEST_F(Fp8Test, QuantizeMatchesHostBitForBit) {
     EXPECT_EQ(std::count(qo.begin(), qo.end(), 0xfe), 1) << name << ": the outlier alone is -448";
     EXPECT_TRUE(std::any_of(qo.begin(), qo.end(), [](std::uint8_t b) { return (b & 0x78) == 0 && (b & 7) != 0; }))
         << name << ": no subnormal code";
+
+    // One element off a 16-byte boundary: the scalar loop alone, the same bytes.
+    check_quantize(t, encode(t, random(4101, -3, 3)), name + " at a misaligned address",
+                   std::numeric_limits<float>::quiet_NaN(), 1);
   }
 }
 
@@ -429,6 +441,7 @@ class Fp8KernelsTest : public Fp8Test {
 };
 
 TEST_F(Fp8KernelsTest, ConvFp8MatchesTheReferenceKernelsDirectCapturedAndAfterNewWeights) {
+  cuda_->set_fp8_only_where_faster(false);  // the fp8 path itself, also where 16 bits would be faster
   struct Case {
     const char* name;
     std::int64_t n, c, hw, k, rs;
@@ -499,6 +512,41 @@ TEST_F(Fp8KernelsTest, ConvFp8MatchesTheReferenceKernelsDirectCapturedAndAfterNe
   const std::string nchw = test::error_message<Unsupported>(
       [&] { cuda_->conv2d_fp8_prepare({}, xn.dev, wn.dev, b.dev, Tensor{}, yn.dev, true); });
   EXPECT_NE(nchw.find("NHWC"), std::string::npos) << nchw;
+}
+
+TEST_F(Fp8KernelsTest, ByDefaultALayerRunsFp8OnlyWhereItsWholeCallTimedFaster) {
+  // Two shapes of ResNet-50 at batch 16: a bottleneck's 1x1 reduction of a 256-channel 56x56 input
+  // (the quantize pass reads the largest tensor) and layer4's 3x3 (compute-heavy, small input).
+  struct Case {
+    std::int64_t c, hw, k, rs;
+    Conv2dDesc d;
+  };
+  const std::vector<Case> cases{{256, 56, 64, 1, {}}, {512, 7, 512, 3, {1, 1, 1, 1, 1, 1, 1}}};
+  const std::regex refused("fp8 timed no faster than 16 bits: ([0-9.]+) us .* against ([0-9.]+) us");
+  const std::regex took("whole call ([0-9.]+) us, 16 bits ([0-9.]+) us");
+  for (const Case& c : cases) {
+    Pair x = pair(DType::f16, Shape{16, c.c, c.hw, c.hw}, Layout::nhwc, -2, 2);
+    Pair w = pair(DType::f16, Shape{c.k, c.c, c.rs, c.rs}, Layout::nhwc, -0.3, 0.3);
+    Pair bias = pair(DType::f16, Shape{c.k}, Layout::nchw, -0.5, 0.5);
+    Pair y = pair(DType::f16, Shape{16, c.k, c.hw, c.hw}, Layout::nhwc, -1, 1);
+    std::smatch m;
+    try {
+      cuda_->conv2d_fp8_prepare(c.d, x.dev, w.dev, bias.dev, Tensor{}, y.dev, true);
+      bool found = false;
+      for (const std::string& line : cuda_fp8_notes(*cuda_))
+        if (line.find("C " + std::to_string(c.c) + "]") != std::string::npos && std::regex_search(line, m, took)) {
+          found = true;
+          std::printf("fp8 chosen: %s\n", line.c_str());
+          EXPECT_LT(std::stod(m[1]), std::stod(m[2])) << "fp8 was taken although it timed slower: " << line;
+        }
+      EXPECT_TRUE(found) << "the taken layer's notes name both timings";
+    } catch (const Unsupported& e) {
+      const std::string why = e.what();
+      std::printf("16 bits chosen: %s\n", why.c_str());
+      ASSERT_TRUE(std::regex_search(why, m, refused)) << "an aligned NHWC shape refused for another reason: " << why;
+      EXPECT_GE(std::stod(m[1]), std::stod(m[2])) << why;
+    }
+  }
 }
 
 }  // namespace

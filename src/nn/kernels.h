@@ -247,6 +247,12 @@ class Kernels {
                                   const Tensor& residual, const Tensor& y, bool relu, Workspace ws);
   // Parameter memory was written: derived copies (fp8 weights) are stale. The default has none.
   virtual void parameters_changed() {}
+  // With `only_where_faster` (a backend's default) a backend that can time both paths refuses an
+  // fp8 configuration whose whole fp8 call (quantization included) is no faster than its 16-bit
+  // call, naming both times, so the op runs it in 16 bits (TensorRT's rule for a precision it
+  // allows); false takes fp8 wherever the backend can run it, to study the fp8 kernels themselves.
+  // Set before the prepares it should govern. The default (the reference) always runs fp8.
+  virtual void set_fp8_only_where_faster(bool) {}  // the refusal contains kFp8SlowerReason
 
   virtual void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) = 0;
   // Routes dy to the first maximum of each window (row-major scan), as PyTorch does.
@@ -333,6 +339,8 @@ void check_byte_range(std::string_view what, const Tensor& t, std::int64_t offse
 // not f16/bf16. Returns why, or empty where the configuration may run (a backend may still refuse).
 inline constexpr std::int64_t kFp8ConvChannelMultiple = 16;
 std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y);
+// What a backend's refusal under set_fp8_only_where_faster(true) says (then both times).
+inline constexpr const char* kFp8SlowerReason = "fp8 timed no faster than 16 bits";
 
 // The reference kernels (nn/ref): host memory, f64/f32/f16/bf16 storage (16-bit values loaded
 // exactly, stored rounded once to nearest even), float64 accumulation, and work split over

@@ -5,11 +5,13 @@
 // weight's address. Where cuDNN refuses the residual inside its graph, the graph stops after the
 // descale and the bias_act kernel adds bias and residual and applies the ReLU.
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "nn/device/cuda_conv_fp8.h"
+#include "nn/device/cuda_conv_search.h"
 #include "nn/device/cuda_kernels_impl.h"
 #include "nn/device/cuda_pointwise.h"
 
@@ -49,6 +51,7 @@ Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Ten
   key.add(relu ? 1 : 0);
   key.add(has_residual ? 1 : 0);
   key.add(static_cast<std::int64_t>(bias.dtype));
+  key.add(fp8_only_where_faster_ ? 1 : 0);
   if (const auto it = fp8_layers_.find(key); it != fp8_layers_.end()) {
     if (!it->second->plan) throw Unsupported(it->second->refusal);
     return *it->second;
@@ -83,6 +86,9 @@ Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Ten
       layer->separate_epilogue = true;
       layer->note = std::string("epilogue in bias_act: cuDNN refused it in the graph: ") + e.what();
     }
+    if (fp8_only_where_faster_)
+      if (std::string why = fp8_slower_than_16bit(*layer, d, x, w, bias, residual, y, relu); !why.empty())
+        throw Unsupported(label + ": " + why);
   } catch (const Unsupported& e) {
     layer->plan.reset();
     layer->refusal = e.what();
@@ -90,6 +96,62 @@ Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Ten
     throw;
   }
   return *fp8_layers_.emplace(key, std::move(layer)).first->second;
+}
+
+std::string CudaKernels::fp8_slower_than_16bit(Fp8Layer& layer, const Conv2dDesc& d, const Tensor& x,
+                                               const Tensor& w, const Tensor& bias, const Tensor& residual,
+                                               const Tensor& y, bool relu) {
+  // The 16-bit side: what ConvBiasActivation runs on refusal, searched (and timed) by its prepare.
+  const bool has_residual = residual.shape.rank() != 0;
+  conv2d_bias_activation_prepare(d, x, w, bias, residual, y, relu);
+  ConvPlan& p = prepared_conv_plan(d, x, w, y, ConvPasses{false, false});
+  if (p.fwd.algo < 0) return {};  // no 16-bit forward to compare with: fp8 it is
+  const ConvEpilogue& e = conv_epilogue(p, d, x, w, y, relu, has_residual);
+  const double sixteen_s = e.fused && bias.dtype == y.dtype ? e.pass.time_s : e.unfused_s;
+
+  // The fp8 side on scratch operands of the layer's sizes: x random in [-1, 1), w's e4m3 0.5 everywhere.
+  const Fp8Layer& l = layer;
+  const std::int64_t k = y.shape[1];
+  const std::int64_t xb = align_up(x.size_bytes()), qxb = align_up(x.numel()), qwb = align_up(w.numel());
+  const std::int64_t yb = align_up(y.size_bytes()), bb = align_up(k * 4), wsb = align_up(l.plan->workspace_bytes());
+  std::int64_t no_extra = 0;
+  const std::string label = l.plan->shape().to_string() + ", fp8 against 16 bits";
+  unsigned char* base = search_operands(xb + qxb + qwb + 2 * yb + bb + 2 * kScalarSlot + wsb, no_extra, label);
+  void* sx = base;
+  auto* qx = base + xb;
+  auto* qw = qx + qxb;
+  void* sy = qw + qwb;
+  void* sres = static_cast<unsigned char*>(sy) + yb;
+  auto* sbias = reinterpret_cast<float*>(static_cast<unsigned char*>(sres) + yb);
+  auto* amax = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(sbias) + bb);
+  auto* descale = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(amax) + kScalarSlot);
+  unsigned char* sws = reinterpret_cast<unsigned char*>(descale) + kScalarSlot;
+  cuda_pointwise::fill_uniform(stream_, x.dtype, sx, x.numel(), 51, -1.0, 1.0);
+  cuda_pointwise::fill_uniform(stream_, y.dtype, sres, y.numel(), 52, -1.0, 1.0);
+  cuda_pointwise::fill_uniform(stream_, DType::f32, sbias, k, 53, -1.0, 1.0);
+  AB_CUDA(cudaMemsetAsync(qw, 0x30, static_cast<std::size_t>(w.numel()), stream_), label);
+  const Workspace ws{wsb > 0 ? sws : nullptr, wsb};
+  const auto fp8_call = [&] {
+    fp8_amax(stream_, x.dtype, sx, x.numel(), amax);
+    fp8_quantize_e4m3(stream_, x.dtype, sx, x.numel(), amax, qx, descale);
+    if (!l.separate_epilogue) {
+      l.plan->execute(qx, qw, descale, sbias, sy, ws, has_residual ? sres : nullptr);
+      return true;
+    }
+    l.plan->execute(qx, qw, descale, nullptr, sy, ws);
+    cuda_pointwise::bias_activation_forward(stream_, y.dtype, y.layout, sy, sbias, false, has_residual ? sres : nullptr,
+                                            sy, y.shape[0], k, y.shape[2] * y.shape[3], relu);
+    return true;
+  };
+  fp8_call();  // warm
+  GpuSampler sampler(stream_, label);
+  const double fp8_s = time_candidate(sampler, fp8_call, std::numeric_limits<double>::infinity(), label);
+  AB_CUDA(cudaStreamSynchronize(stream_), label);
+  layer.fp8_s = fp8_s;
+  layer.sixteen_s = sixteen_s;
+  if (fp8_s < sixteen_s) return {};
+  return std::string(nn::kFp8SlowerReason) + ": " + format_us(fp8_s) + " us (amax, quantize, convolution) against " +
+         format_us(sixteen_s) + " us";
 }
 
 Fp8Weights& CudaKernels::fp8_weights(const Tensor& w, const Tensor& bias, const Fp8Layer& layer) {
@@ -124,7 +186,10 @@ std::vector<std::string> CudaKernels::fp8_notes() const {
   for (const auto& [key, l] : fp8_layers_)
     lines.push_back(!l->plan ? "refused: " + l->refusal
                              : l->plan->shape().to_string() + ": " + l->plan->engine() +
-                                   (l->separate_epilogue ? "; " + l->note : std::string()));
+                                   (l->separate_epilogue ? "; " + l->note : std::string()) +
+                                   (l->sixteen_s > 0 ? "; whole call " + format_us(l->fp8_s) + " us, 16 bits " +
+                                                           format_us(l->sixteen_s) + " us"
+                                                     : std::string()));
   std::sort(lines.begin(), lines.end());
   return lines;
 }

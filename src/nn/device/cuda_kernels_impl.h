@@ -86,6 +86,7 @@ struct Fp8Layer {
   std::unique_ptr<Fp8ConvPlan> plan;
   bool separate_epilogue = false;
   std::string note, refusal;
+  double fp8_s = 0, sixteen_s = 0;  // the timed comparison (0: not timed)
 };
 
 // A weight tensor's e4m3 image, its descale and its layer's bias widened to f32, made on the first
@@ -162,6 +163,7 @@ class CudaKernels final : public Kernels {
   void conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
                           const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override;
   void parameters_changed() override;
+  void set_fp8_only_where_faster(bool only) override { fp8_only_where_faster_ = only; }
   std::vector<std::string> fp8_notes() const;
 
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override;
@@ -265,6 +267,11 @@ class CudaKernels final : public Kernels {
   Fp8Layer& fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& residual, const Tensor& y, bool relu);
   Fp8Weights& fp8_weights(const Tensor& w, const Tensor& bias, const Fp8Layer& layer);
+  // Why the layer should run in 16 bits: its whole fp8 call (amax, quantize, convolution, epilogue)
+  // timed on scratch operands no faster than the 16-bit call the op would run instead (the
+  // searched conv2d_bias_activation); empty where fp8 is faster or the 16-bit call cannot run.
+  std::string fp8_slower_than_16bit(Fp8Layer& layer, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                    const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu);
   // A write into a tensor starting at `data` (upload, fill, cast): the e4m3 image of a weight or
   // bias there is stale (memory a freed weight held may come back as another tensor).
   void fp8_weights_written(const void* data) {
@@ -320,6 +327,7 @@ class CudaKernels final : public Kernels {
   std::unordered_map<Key, std::unique_ptr<PoolPlan>, KeyHash> pool_plans_;
   std::unordered_map<Key, std::unique_ptr<LtPlan>, KeyHash> lt_plans_;
   std::unordered_map<Key, std::unique_ptr<Fp8Layer>, KeyHash> fp8_layers_;
+  bool fp8_only_where_faster_ = true;
   std::unordered_map<const void*, Fp8Weights> fp8_weights_;
 };
 

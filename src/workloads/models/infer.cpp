@@ -42,6 +42,10 @@ class Infer final : public Workload {
         axes.end(),
         {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"},
+         {"fp8_layers", AxisKind::text, one("faster"), {"faster", "all"},
+          "with precision=fp8: faster = a convolution runs e4m3 only where its whole fp8 call (quantization "
+          "included) timed faster than its 16-bit call on this device (the CUDA engine; the reference runs every "
+          "one in fp8); all = every convolution the backend can run in fp8"},
          // auto: fused for the ResNets (checked on an H200 and fastest there, bench/RESULTS.md), off
          // for models without batch norm, which refuse an explicit on or fused.
          {"fold", AxisKind::text, one("auto"), {"auto", "off", "on", "fused"},
@@ -62,12 +66,16 @@ class Infer final : public Workload {
     spec.fold_batchnorm = fold != "off";
     spec.fuse_conv_epilogue = fold == "fused";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
+    const std::string fp8_layers = state.get_text("fp8_layers");
+    if (spec.precision != Precision::fp8 && fp8_layers != "faster")
+      state.skip("fp8_layers=" + fp8_layers + " chooses among fp8 convolutions: it applies to precision=fp8 only");
     if (spec.batch < 1 || spec.image_px < 1)
       throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");
 
     nn::GraphBuilder builder(graph_options(spec));
     const ZooModel m = build_zoo_model(builder, spec);
     std::unique_ptr<nn::Kernels> kernels = nn::make_device_kernels(state.backend());
+    kernels->set_fp8_only_where_faster(fp8_layers == "faster");
     nn::Graph g(std::move(builder));
     const auto fwd = static_cast<double>(g.forward_flops()), batch = static_cast<double>(spec.batch);
     state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
@@ -82,7 +90,7 @@ class Infer final : public Workload {
     double bytes = 0;
     for (const auto& op : g.report()) bytes += static_cast<double>(op.forward_bytes);
     state.set_counts({batch, fwd, bytes, "FLOP"});
-    add_fp8_metric(state, spec, g);
+    add_fp8_metric(state, spec, g, fp8_layers);
     // The folded network computes what the unfolded one does from the same seed, so the logits
     // check against the (unfolded) float64 reference below holds for both.
     if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));

@@ -122,10 +122,11 @@ double logits_tolerance(Precision p);
 // What the point's precision costs, for records: {"logits_rel_error_vs_f64": rel_error(got, want),
 // "top1_agrees_f64": argmax(got) == argmax(want)} (image 0's logits against reference_logits).
 nlohmann::json logits_accuracy(const std::vector<double>& got, const std::vector<double>& want);
-// Records metrics.fp8 = {layers, fallback_layers, fallback_reasons} of a bound fp8 graph: how many
-// convolutions built to run e4m3 (nn::ConvBiasActivation::fp8) do, and the distinct reasons the
-// backend gave for the rest. Nothing for another precision.
-void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g);
+// Records metrics.fp8 = {layers, fallback_layers, fallback_slower_layers, fallback_reasons,
+// layer_choice} of a bound fp8 graph: how many convolutions built to run e4m3
+// (nn::ConvBiasActivation::fp8) do, how many the backend left in 16 bits because fp8 timed no
+// faster, the distinct other reasons, and the infer axis fp8_layers. Nothing for another precision.
+void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g, const std::string& fp8_layers);
 
 // Per-op table of a profiled step: <dir>/ops.json and <dir>/ops.csv (time, FLOPs, bytes, rates and
 // arithmetic intensity per op); returns the per-kind summary for the record's metrics.
