@@ -169,7 +169,7 @@ if want fp8; then
   # Kernels::conv2d_fp8_forward against the reference kernels (direct, captured, after new weights),
   # the folded 16-bit paths unchanged, then infer fp16 vs fp8 with the logits' error against float64.
   ./build/cuda/tests/nn_cuda_fp8_test > "$logs/fp8-tests.txt" 2>&1
-  echo "fp8 GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|refused|aligned shapes|fp8 layer|Failure|error" "$logs/fp8-tests.txt" | cut -c1-300 | head -40
+  echo "fp8 GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|refused|aligned shapes|fp8 layer|chosen|Failure|error" "$logs/fp8-tests.txt" | cut -c1-300 | head -40
   ./build/cuda/tests/nn_cuda_test --gtest_filter='*BiasActivation*:*FoldedTinyResnet*' > "$logs/fold-tests.txt" 2>&1
   echo "fold GPU tests: exit $?"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$logs/fold-tests.txt"
   for model in resnet50 resnext101_32x4d; do
@@ -178,10 +178,14 @@ if want fp8; then
     grep -E "error|skipped|failed" "$logs/fp8-$model.txt" | head -5
     python3 bench/summarize_points.py "$logs/fp8-$model" params.precision params.batch rates.samples_per_s \
       metrics.latency_s.p50 metrics.accuracy.logits_rel_error_vs_f64 metrics.accuracy.top1_agrees_f64 metrics.fp8.layers \
-      metrics.fp8.fallback_layers
+      metrics.fp8.fallback_layers metrics.fp8.fallback_slower_layers
   done
+  # Every layer cuDNN takes in fp8 (the fp8 kernels themselves, quantize passes included), batch 256.
+  $ab run infer --axis model=resnet50 --axis precision=fp8 --axis fp8_layers=all --axis batch=256 \
+    --out "$logs/fp8-all" > "$logs/fp8-all.txt" 2>&1; echo "infer resnet50 fp8_layers=all: exit $?"
+  python3 bench/summarize_points.py "$logs/fp8-all" params.fp8_layers rates.samples_per_s metrics.fp8.layers
   # Where fp8's time goes: per-op-kind times of one profiled forward, fp16 beside fp8 (batch 256).
-  $ab run infer --axis model=resnet50 --axis precision=fp16,fp8 --axis batch=256 --axis profile=on \
+  $ab run infer --axis model=resnet50 --axis precision=fp16,fp8 --axis fp8_layers=${PROFILE_FP8_LAYERS:-all} --axis batch=256 --axis profile=on \
     --out "$logs/fp8-profile" > "$logs/fp8-profile.txt" 2>&1; echo "profiled infer: exit $?"
   python3 bench/summarize_points.py "$logs/fp8-profile" params.precision metrics.profile | cut -c1-1500
 fi
