@@ -185,7 +185,7 @@ if want fp8; then
     --out "$logs/fp8-all" > "$logs/fp8-all.txt" 2>&1; echo "infer resnet50 fp8_layers=all: exit $?"
   python3 bench/summarize_points.py "$logs/fp8-all" params.fp8_layers rates.samples_per_s metrics.fp8.layers
   # Where fp8's time goes: per-op-kind times of one profiled forward, fp16 beside fp8 (batch 256).
-  $ab run infer --axis model=resnet50 --axis precision=fp16,fp8 --axis fp8_layers=${PROFILE_FP8_LAYERS:-all} --axis batch=256 --axis profile=on \
+  $ab run infer --axis model=resnet50 --axis precision=fp16,fp8 --axis fp8_layers=${PROFILE_FP8_LAYERS:-faster,all} --axis batch=256 --axis profile=on \
     --out "$logs/fp8-profile" > "$logs/fp8-profile.txt" 2>&1; echo "profiled infer: exit $?"
   python3 bench/summarize_points.py "$logs/fp8-profile" params.precision metrics.profile | cut -c1-1500
 fi
