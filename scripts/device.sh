@@ -187,7 +187,7 @@ if want fp8; then
   # Where fp8's time goes: per-op-kind times of one profiled forward, fp16 beside fp8 (batch 256).
   $ab run infer --axis model=resnet50 --axis precision=fp16,fp8 --axis fp8_layers=${PROFILE_FP8_LAYERS:-faster,all} --axis batch=256 --axis profile=on \
     --out "$logs/fp8-profile" > "$logs/fp8-profile.txt" 2>&1; echo "profiled infer: exit $?"
-  python3 bench/summarize_points.py "$logs/fp8-profile" params.precision metrics.profile | cut -c1-1500
+  python3 bench/summarize_points.py "$logs/fp8-profile" params.precision params.fp8_layers metrics.profile | cut -c1-1500
 fi
 if want asan; then
   # The cuda-sanitize build (ASan + UBSan) under mpirun: the DataParallel tests and the 2 ms telemetry
