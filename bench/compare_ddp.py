@@ -6,7 +6,10 @@ cudnn.benchmark on, bf16 = autocast(bfloat16) (tf32 = fp32 with TF32 allowed), f
 weights, SGD momentum 0.9 (foreach), a fixed synthetic batch per GPU (weak scaling: --batch images
 on each GPU), DistributedDataParallel with its defaults (25 MiB buckets, buffers broadcast) and
 gradient_as_bucket_view=True, NCCL backend, one process per GPU (torch.multiprocessing.spawn,
-MASTER_ADDR=127.0.0.1 on a free port); world 1 runs under DDP too. Timing as compare_resnet.py's:
+MASTER_ADDR=127.0.0.1 on a free port); world 1 runs under DDP too. --comm-dtype bf16 registers DDP's
+bf16_compress_hook (each bucket all-reduced in bf16, then copied back into the fp32 gradients) and
+gives accelbench --axis comm_dtype=bf16 (each bucket cast to bf16, ncclAvg, cast back); grad
+(default) all-reduces the fp32 gradients on both sides. Timing as compare_resnet.py's:
 warm-up steps, then CUDA events around batches of back-to-back steps, median; the slowest rank's
 median is the step time; images/s = world * batch / step time.
 accelbench: one command, `mpirun -np N accelbench run train --axis gpus=1,2,..,N ...` (gpus=k trains
@@ -17,7 +20,7 @@ favours the peer). Every figure is printed (flushed) and the JSON summary rewrit
 is measured, so a run cut short keeps what it measured; the table comes at the end.
 NVLink SHARP (multicast) stays off for every child: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1.
-  usage: compare_ddp.py --accelbench build/cuda/src/cli/accelbench --out DIR [--gpus N]
+  usage: compare_ddp.py --accelbench build/cuda/src/cli/accelbench --out DIR [--gpus N] [--comm-dtype bf16]
 """
 import argparse
 import json
@@ -62,6 +65,9 @@ def torch_worker(rank, world, cfg, queue):
     model, net = build_model("resnet50")
     model = model.cuda().to(memory_format=torch.channels_last).train()
     ddp = DDP(model, device_ids=[rank], gradient_as_bucket_view=True)  # bucket_cap_mb: the default 25
+    if cfg["comm_dtype"] == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+        ddp.register_comm_hook(state=None, hook=bf16_compress_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=True)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1000 + rank)  # a different fixed batch on each GPU, as data parallelism has
@@ -116,6 +122,9 @@ def main():
     ap.add_argument("--batch", type=int, default=256, help="images per GPU")
     ap.add_argument("--precision", default="bf16", choices=("bf16", "tf32"))
     ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--comm-dtype", default="grad", choices=("grad", "bf16"),
+                    help="dtype the gradient buckets are all-reduced in: grad = their own (fp32); bf16 = DDP's "
+                         "bf16_compress_hook and accelbench's comm_dtype=bf16")
     ap.add_argument("--steps", type=int, default=5, help="PyTorch: back-to-back steps per timed batch")
     ap.add_argument("--batches", type=int, default=8, help="PyTorch: timed batches (median taken)")
     ap.add_argument("--warmup", type=int, default=10, help="PyTorch: warm-up steps")
@@ -133,11 +142,15 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     worlds = world_sizes(n)
     b, p, px = args.batch, args.precision, args.image_size
+    cd = args.comm_dtype
     cfg = {"precision": p, "batch": b, "image_size": px, "steps": args.steps, "batches": args.batches,
-           "warmup": args.warmup}
-    report = {"what": f"ResNet-50 {px}x{px} training, {p}, NHWC, {b} images per GPU (weak scaling)",
+           "warmup": args.warmup, "comm_dtype": cd}
+    comm = "fp32 gradient all-reduce" if cd == "grad" else "bf16 gradient all-reduce"
+    report = {"what": f"ResNet-50 {px}x{px} training, {p}, NHWC, {b} images per GPU (weak scaling), {comm}",
+              "comm_dtype": cd,
               "worlds": worlds, "torch_config": dict(cfg, ddp="bucket_cap_mb=25 (default), broadcast_buffers=True "
-                                                               "(default), gradient_as_bucket_view=True"),
+                                                               "(default), gradient_as_bucket_view=True" +
+                                                               (", comm hook bf16_compress_hook" if cd == "bf16" else "")),
               "env": NO_MULTICAST, "torch": {}, "torch_after": {}, "accelbench": {}, "errors": []}
 
     def save():
@@ -192,7 +205,8 @@ def main():
                     *sum([["-x", k] for k in NO_MULTICAST], [])]
         ab_args = ["train", "--axis", "model=resnet50", "--axis", f"precision={p}", "--axis", f"batch={b}",
                    "--axis", "layout=nhwc", "--axis", f"image_size={px}",
-                   "--axis", "gpus=" + ",".join(map(str, worlds)), *shlex.split(args.accelbench_args)]
+                   "--axis", "gpus=" + ",".join(map(str, worlds)), "--axis", f"comm_dtype={cd}",
+                   *shlex.split(args.accelbench_args)]
         report["accelbench_command"] = " ".join(launcher + [args.accelbench, "run", *ab_args])
         ours = report["accelbench"]
 
@@ -211,6 +225,7 @@ def main():
             ours[k] = {"img_per_s": rec["rates"]["samples_per_s"], "step_s": rec["time"]["median_s"],
                        "rel_spread": rec["time"].get("rel_spread"), "scaling_efficiency": m.get("scaling_efficiency"),
                        "loss_first": m.get("loss_first"), "loss_last": m.get("loss_last"),
+                       "wire_dtype": (m.get("data_parallel") or {}).get("wire_dtype"),
                        "host_cpu": {key: v for key, v in m.items() if key.startswith("host_cpu")} or None,
                        "run_id": rec.get("run_id"), "seq": rec.get("seq")}
             eff = m.get("scaling_efficiency", efficiency(ours, k, "img_per_s"))

@@ -1,17 +1,25 @@
 // The CUDA backend against backend/ref: every precision and layout cuBLASLt supports, STREAM,
-// copies, errors (Unsupported, OutOfMemory) and the event timer. Skips where no GPU answers.
+// copies, errors (Unsupported, OutOfMemory), the event timer and the gradient averager's 16-bit
+// wire casts. Skips where no GPU answers.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "backend/collectives.h"
+#include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/ref/ref.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace ab::backend {
 namespace {
@@ -184,6 +192,85 @@ TEST(CudaBackend, TimerScalesWithCount) {
   const double cold = timer->time_cold(iteration);
   EXPECT_GT(cold, 0.0);
   EXPECT_EQ(timer->time_batch(iteration, 0) >= 0.0, true);
+}
+
+// StreamAverager with a 16-bit wire type on a communicator of one rank (one rank's average is its
+// own value, so what comes back is the casts' work): every f32 element rounded to nearest even in
+// bf16 / f16 as the host conversions round (ties and f16 subnormals included), widened exactly;
+// at an address the vector loop cannot take; and replayed from a captured graph (average()
+// allocates nothing). Elements outside the averaged range are untouched.
+TEST(CudaCollectives, AveragerInA16BitWireTypeRoundsToNearestEven) {
+  SKIP_WITHOUT_GPU();
+  const auto group = make_collective_rank(gpu(), 0, 1, collective_unique_id());
+  auto* stream = static_cast<cudaStream_t>(cuda::native_stream(gpu()));
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  constexpr std::int64_t n = 100003;  // odd: the vector loop leaves a remainder
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)  // magnitudes 2^-20 .. 2^10: f16's subnormals too
+    x[static_cast<std::size_t>(i)] = static_cast<float>(
+        std::ldexp(uniform(seed, static_cast<std::uint64_t>(i), -1.0, 1.0),
+                   static_cast<int>(std::floor(uniform(seed, static_cast<std::uint64_t>(n + i), -20.0, 11.0)))));
+  // Exact ties: bf16's between 1 and 1 + 2^-7 (to even: down) and above it (up); f16's likewise.
+  const std::uint32_t ties[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f801000u, 0x3f803000u, 0xbf803000u};
+  for (std::size_t i = 0; i < std::size(ties); ++i) x[i] = std::bit_cast<float>(ties[i]);
+  const std::size_t bytes = x.size() * sizeof(float);
+  cuda::DeviceBuffer buf(static_cast<std::int64_t>(bytes), "wire cast test");
+  for (const DType wire : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(to_string(wire)));
+    const auto rounded = [wire](float v) {
+      return wire == DType::bf16 ? bf16_bits_to_float(float_to_bf16_bits(v)) : half_bits_to_float(float_to_half_bits(v));
+    };
+    auto averager = group->make_averager(false);
+    averager->set_wire_dtype(wire, n);
+    // Elements [offset, offset + count) averaged, eagerly or from a captured graph; all n back.
+    const auto averaged = [&](std::int64_t offset, std::int64_t count, bool captured) {
+      AB_CUDA(cudaMemcpyAsync(buf.get(), x.data(), bytes, cudaMemcpyHostToDevice, stream), "wire cast test input");
+      float* p = buf.as<float>() + offset;
+      if (captured) {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        AB_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "wire cast test capture");
+        averager->average(p, count, DType::f32);
+        averager->join();
+        AB_CUDA(cudaStreamEndCapture(stream, &graph), "wire cast test capture");
+        AB_CUDA(cudaGraphInstantiate(&exec, graph, 0), "wire cast test instantiate");
+        AB_CUDA(cudaGraphLaunch(exec, stream), "wire cast test launch");
+        AB_CUDA(cudaStreamSynchronize(stream), "wire cast test replay");
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      } else {
+        averager->average(p, count, DType::f32);
+        averager->join();
+      }
+      std::vector<float> out(x.size());
+      AB_CUDA(cudaMemcpyAsync(out.data(), buf.get(), bytes, cudaMemcpyDeviceToHost, stream), "wire cast test output");
+      AB_CUDA(cudaStreamSynchronize(stream), "wire cast test output");
+      return out;
+    };
+    const std::tuple<std::int64_t, std::int64_t, bool> cases[] = {{0, n, false}, {1, n - 2, false}, {0, n, true}};
+    for (const auto& [offset, count, captured] : cases) {
+      SCOPED_TRACE("offset " + std::to_string(offset) + (captured ? ", captured" : ", eager"));
+      const std::vector<float> got = averaged(offset, count, captured);
+      std::int64_t moved = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float v = x[static_cast<std::size_t>(i)];
+        const bool inside = i >= offset && i < offset + count;
+        const float want = inside ? rounded(v) : v;
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(i)]), std::bit_cast<std::uint32_t>(want))
+            << "element " << i << ": " << v;
+        moved += want != v ? 1 : 0;
+      }
+      EXPECT_GT(moved, n / 2);  // not a check of values the wire type holds already
+    }
+    EXPECT_THROW(averager->average(buf.get(), n + 1, DType::f32), Error);  // longer than the staging buffer
+    AB_CUDA(cudaStreamSynchronize(stream), "wire cast test");
+  }
+  // The tie cases round as intended (to even), so the host conversions they are checked against do.
+  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f808000u)), 0x3f80);
+  EXPECT_EQ(float_to_bf16_bits(std::bit_cast<float>(0x3f818000u)), 0x3f82);
+  EXPECT_EQ(float_to_half_bits(std::bit_cast<float>(0x3f801000u)), 0x3c00);
+  EXPECT_EQ(float_to_half_bits(std::bit_cast<float>(0x3f803000u)), 0x3c02);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // src/dist: launcher environments (OpenMPI, Slurm, PMI, torchrun) and their errors, and the example
 // Slurm script (examples/slurm: valid bash, its commands plan); nccl-tests' bus-bandwidth factors
 // and counts; agreement between ranks; lock-step measurement; the MPI bootstrap with two processes
-// under mpirun (a probe program and accelbench itself); the topology block; the collectives and p2p
+// under mpirun (a probe program and accelbench itself); data parallelism's host averaging in a
+// 16-bit wire type (two ranks in one process); the topology block; the collectives and p2p
 // workloads (skipped on the CPU with their reasons; on GPUs, every op × dtype × in-place at a small
 // size with zero wrong elements, graph mode, peer copies).
 #include <gtest/gtest.h>
@@ -10,10 +11,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,9 +27,11 @@
 #include "dist/comm.h"
 #include "dist/launcher.h"
 #include "dist/lockstep.h"
+#include "nn/device/device_kernels.h"
 #include "system/topology.h"
 #include "test_support.h"
 #include "workloads/axes.h"
+#include "workloads/models/models.h"
 #include "workloads/runner.h"
 #include "workloads/workload.h"
 
@@ -463,6 +468,164 @@ TEST(Agreement, PackerRoundTripsAndRejectsShortMessages) {
   EXPECT_THROW(short_in.get_string(), Error);
 }
 
+// --- Data parallelism's host averaging with a 16-bit wire type, two ranks in one process ---
+
+// One rank of a world of two whose allgather answers with this rank's block and the other rank's
+// block of the same call, as that rank sent it in an earlier run (each rank's message depends on
+// its own gradients only, so two runs one after the other stand in for two ranks at once). With
+// nothing recorded, the other rank's block is a copy of this one's (a run that only records).
+class ReplayComm final : public Comm {
+ public:
+  ReplayComm(int rank, std::vector<Bytes> other) : rank_(rank), other_(std::move(other)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return 2; }
+  void barrier() override {}
+  void broadcast(Bytes&, int) override { ADD_FAILURE() << "no broadcast expected"; }
+  std::vector<Bytes> allgather(const Bytes& data) override {
+    const Bytes theirs = sent.size() < other_.size() ? other_[sent.size()] : data;
+    sent.push_back(data);
+    return rank_ == 0 ? std::vector<Bytes>{data, theirs} : std::vector<Bytes>{theirs, data};
+  }
+  std::vector<Bytes> sent;
+
+ private:
+  int rank_;
+  std::vector<Bytes> other_;
+};
+
+// The value of `wire` (bf16 or f16) nearest to v, ties to the even significand: the nearest of the
+// neighbours of float's own rounding, compared in double (exact here), so it does not lean on the
+// rounding the code under test uses.
+double nearest_in_wire(double v, DType wire) {
+  const auto to_bits = [wire](float f) { return wire == DType::bf16 ? float_to_bf16_bits(f) : float_to_half_bits(f); };
+  const auto value = [wire](std::uint16_t b) {
+    return static_cast<double>(wire == DType::bf16 ? bf16_bits_to_float(b) : half_bits_to_float(b));
+  };
+  const std::uint16_t guess = to_bits(static_cast<float>(v));
+  std::uint16_t best = guess;
+  for (const int step : {-1, 1}) {
+    // The neighbours in magnitude of the same sign (gradients are far from the infinities).
+    const auto b = static_cast<std::uint16_t>(guess + step);
+    if (((b ^ guess) & 0x8000) != 0) continue;
+    const double d = std::fabs(value(b) - v), dbest = std::fabs(value(best) - v);
+    if (d < dbest || (d == dbest && (b & 1) == 0)) best = b;
+  }
+  return value(best);
+}
+
+// What every rank computes: rank 0's and rank 1's gradients averaged by the launch's host
+// exchange, in the gradients' own f32 or rounded through bf16 / f16 (PyTorch DDP's compress hooks).
+TEST(DataParallel, HostAveragingInA16BitWireTypeRoundsEachRankAndTheMean) {
+  auto be = backend::make_backend("cpu");
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  workloads::zoo::ModelSpec spec;
+  spec.model = "tiny_resnet";
+  spec.batch = 2;
+  spec.image_px = 8;
+  nn::GraphOptions options = workloads::zoo::graph_options(spec);
+  options.seed = seed;
+  options.deterministic = true;
+  struct Rank {
+    std::unique_ptr<nn::Kernels> kernels;
+    std::unique_ptr<nn::Graph> graph;
+    std::vector<std::vector<double>> own;  // each parameter's gradient before averaging
+  };
+  std::vector<Rank> ranks(2);
+  const auto gradients = [](nn::Graph& g) {
+    std::vector<std::vector<double>> out;
+    for (const nn::Parameter& p : g.parameters())
+      if (p.grad.defined()) out.push_back(read_host(p.grad));
+    return out;
+  };
+  for (int r = 0; r < 2; ++r) {
+    nn::GraphBuilder b(options);
+    const workloads::zoo::ZooModel m = workloads::zoo::build_zoo_model(b, spec);
+    Rank& rank = ranks[static_cast<std::size_t>(r)];
+    rank.kernels = nn::make_device_kernels(*be);
+    rank.graph = std::make_unique<nn::Graph>(std::move(b));
+    rank.graph->bind(*rank.kernels);
+    // Each rank its own fresh samples, as data parallelism has.
+    const auto data = workloads::zoo::synthetic_batch(mix64(seed, 1), static_cast<std::uint64_t>(2 * r), 2,
+                                                      m.in_channels, spec.image_px, m.classes);
+    rank.graph->set_input(m.images, data.images);
+    rank.graph->set_input(m.labels, data.labels);
+    rank.graph->forward();
+    rank.graph->backward();
+    rank.own = gradients(*rank.graph);
+  }
+  // Not a comparison of zeros or of equal blocks: the ranks' gradients are non-zero and differ.
+  std::size_t nonzero = 0, differ = 0, elements = 0;
+  for (std::size_t p = 0; p < ranks[0].own.size(); ++p)
+    for (std::size_t i = 0; i < ranks[0].own[p].size(); ++i) {
+      ++elements;
+      nonzero += ranks[0].own[p][i] != 0 ? 1 : 0;
+      differ += ranks[0].own[p][i] != ranks[1].own[p][i] ? 1 : 0;
+    }
+  ASSERT_GT(nonzero, elements / 2);
+  ASSERT_GT(differ, elements / 2);
+
+  // Every rank's gradients averaged with `wire` (nullopt: f32) in buckets of 4 KiB: rank 0's result,
+  // after checking that rank 1 got the same bits.
+  const auto averaged = [&](std::optional<DType> wire) {
+    // Rank r's backward with the sync attached; its messages, and its gradients in `out`.
+    const auto run = [&](int r, std::vector<Bytes> other, std::vector<std::vector<double>>& out) {
+      ReplayComm comm(r, std::move(other));
+      Rank& rank = ranks[static_cast<std::size_t>(r)];
+      workloads::zoo::DataParallel dp(*be, comm, 2, 4096);
+      dp.set_comm_dtype(wire);
+      dp.attach(*rank.graph, *rank.kernels);
+      EXPECT_GT(dp.bucket_count(), 2u);
+      EXPECT_EQ(dp.wire_dtype(), wire.value_or(DType::f32));
+      rank.graph->forward();
+      rank.graph->backward();
+      rank.graph->set_gradient_sync(nullptr);
+      out = gradients(*rank.graph);
+      return comm.sent;
+    };
+    std::vector<std::vector<double>> got0, got1;
+    const std::vector<Bytes> sent1 = run(1, {}, got1);  // rank 1 alone: only its messages count
+    const std::vector<Bytes> sent0 = run(0, sent1, got0);
+    run(1, sent0, got1);
+    EXPECT_EQ(got1, got0) << "both ranks end with the same bits";
+    return got0;
+  };
+  const auto f32 = averaged(std::nullopt);
+  for (const DType wire : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(std::string(to_string(wire)));
+    const auto narrow = averaged(wire);
+    ASSERT_EQ(narrow.size(), ranks[0].own.size());
+    std::size_t changed = 0;
+    for (std::size_t p = 0; p < narrow.size(); ++p)
+      for (std::size_t i = 0; i < narrow[p].size(); ++i) {
+        const double a = ranks[0].own[p][i], c = ranks[1].own[p][i];
+        double sum = 0;  // the f32 path: the float64 mean of the ranks in rank order, stored as f32
+        sum += a;
+        sum += c;
+        ASSERT_EQ(f32[p][i], static_cast<double>(static_cast<float>(sum / 2))) << "parameter " << p << " element " << i;
+        const double want = nearest_in_wire((nearest_in_wire(a, wire) + nearest_in_wire(c, wire)) / 2, wire);
+        ASSERT_EQ(narrow[p][i], want) << "parameter " << p << " element " << i << ": " << a << ", " << c;
+        changed += narrow[p][i] != f32[p][i] ? 1 : 0;
+      }
+    // Rounded to 8 (bf16) or 11 (f16) significant bits: most averages move.
+    EXPECT_GT(changed, elements / 2);
+  }
+
+  // Only f32 gradients are cast: f64 ones (the reference kernels' gradient checks) are refused.
+  nn::GraphOptions f64 = options;
+  f64.dtype = DType::f64;
+  nn::GraphBuilder b(f64);
+  workloads::zoo::build_zoo_model(b, spec);
+  auto kernels = nn::make_device_kernels(*be);
+  nn::Graph g(std::move(b));
+  g.bind(*kernels);
+  ReplayComm comm(0, {});
+  workloads::zoo::DataParallel dp(*be, comm, 2, 4096);
+  dp.set_comm_dtype(DType::bf16);
+  const std::string msg = test::usage_error([&] { dp.attach(g, *kernels); });
+  EXPECT_NE(msg.find("casts f32 gradients; these are f64"), std::string::npos) << msg;
+}
+
 TEST(Lockstep, WorldOfOneMeasuresLikeTheHarness) {
   measure::SteadyClockTimer timer;
   measure::Settings s;
@@ -672,6 +835,46 @@ TEST(DataParallel, CommKnobsAreCheckedAndSkippedOnHostAveraging) {
   EXPECT_NE(high.value("reason", "").find("averages through the host"), std::string::npos) << high.dump();
 }
 
+// comm_dtype=bf16 / fp16 on the host exchange: each rank's buckets and their mean rounded to the
+// wire type (the in-process test above checks the bits). The trajectory starts where f32
+// averaging's does (the first loss precedes any update), then leaves it but stays close; the
+// record says what travelled and how many bytes.
+TEST(DataParallel, TrainUnderMpirunAveragesInTheCommDtype) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
+                       " run train --device cpu --axis batch=4 --axis image_size=8 --axis trajectory_steps=4 "
+                       "--axis graph=off --axis gpus=2 --axis comm_dtype=grad,bf16,fp16" + kQuickPoints + " --out " +
+                       quote(tmp.path().string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto points = read_points(tmp.path());
+  ASSERT_EQ(points.size(), 3u);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& p : points) {
+    ASSERT_EQ(p["status"], "ok") << p.dump();
+    by[p["params"]["comm_dtype"].get<std::string>()] = p;
+  }
+  const auto losses = [](const nlohmann::json& p) { return p["metrics"]["loss_trajectory"].get<std::vector<double>>(); };
+  const auto& grad = by.at("grad")["metrics"]["data_parallel"];
+  EXPECT_EQ(grad["comm_dtype"], "grad");
+  EXPECT_EQ(grad["wire_dtype"], "f32");
+  const auto f32_bytes = grad["allreduce_bytes_per_step"].get<std::int64_t>();
+  EXPECT_GT(f32_bytes, 4 * 1000);  // tiny_resnet's parameters, 4 bytes each
+  const auto f32 = losses(by.at("grad"));
+  EXPECT_NE(f32.front(), f32.back());
+  for (const auto& [axis, wire] : {std::pair{"bf16", "bf16"}, std::pair{"fp16", "f16"}}) {
+    const auto& dp = by.at(axis)["metrics"]["data_parallel"];
+    EXPECT_EQ(dp["comm_dtype"], axis);
+    EXPECT_EQ(dp["wire_dtype"], wire);
+    EXPECT_EQ(dp["allreduce_bytes_per_step"].get<std::int64_t>() * 2, f32_bytes);
+    const auto narrow = losses(by.at(axis));
+    ASSERT_EQ(narrow.size(), f32.size());
+    EXPECT_EQ(narrow.front(), f32.front()) << axis;
+    EXPECT_NE(narrow.back(), f32.back()) << axis << ": rounded gradients took the trajectory elsewhere";
+    for (std::size_t i = 0; i < f32.size(); ++i) EXPECT_NEAR(narrow[i], f32[i], 1e-2 * std::abs(f32[i])) << axis << " step " << i;
+  }
+}
+
 // Strong scaling of a model without batch norm: two ranks on halves of one batch of 8 train exactly
 // as one process on all 8 (their gradient mean is the full batch's gradient, their loss mean the
 // full batch's loss), so the trajectories agree to rounding. Batch norm would not: each rank
@@ -766,6 +969,38 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverNccl) {
   }
   // The captured step (all-reduces inside the CUDA graph) trains like the eager one.
   const auto eager = losses(by.at({2, "off"})), captured = losses(by.at({2, "on"}));
+  ASSERT_EQ(eager.size(), captured.size());
+  for (std::size_t i = 0; i < eager.size(); ++i) EXPECT_NEAR(captured[i], eager[i], 1e-4 * std::abs(eager[i])) << i;
+}
+
+// comm_dtype=bf16 on two GPUs: each bucket cast to bf16 on the side stream, all-reduced and cast
+// back, eager and inside a captured step; the trajectory stays near f32 averaging's, and half the
+// bytes travel.
+TEST(DataParallel, TrainOnTwoGpusAveragesInBf16) {
+  SKIP_WITHOUT_MPI();
+  if (backend::collective_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const std::string args =
+      "--axis model=tiny_resnet --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 "
+      "--axis gpus=2 --axis graph=off,on --axis bucket_mib=0.0001 --axis comm_dtype=";
+  const auto f32 = two_gpu_train_points(args + "grad");
+  const auto bf16 = two_gpu_train_points(args + "bf16");
+  ASSERT_EQ(f32.size(), 2u);
+  ASSERT_EQ(bf16.size(), 2u);
+  const auto losses = [](const nlohmann::json& p) { return p["metrics"]["loss_trajectory"].get<std::vector<double>>(); };
+  for (const std::string graph : {"off", "on"}) {
+    const auto& dp = bf16.at({2, graph})["metrics"]["data_parallel"];
+    EXPECT_EQ(dp["averaging"], "nccl");
+    EXPECT_EQ(dp["wire_dtype"], "bf16");
+    EXPECT_EQ(dp["allreduce_bytes_per_step"].get<std::int64_t>() * 2,
+              f32.at({2, graph})["metrics"]["data_parallel"]["allreduce_bytes_per_step"].get<std::int64_t>());
+    const auto want = losses(f32.at({2, graph})), got = losses(bf16.at({2, graph}));
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_NE(got.back(), want.back()) << "graph=" << graph << ": the bf16 gradients changed nothing";
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-2 * std::abs(want[i])) << "graph=" << graph << " step " << i;
+  }
+  // The captured step (casts and all-reduces inside the CUDA graph) trains like the eager one.
+  const auto eager = losses(bf16.at({2, "off"})), captured = losses(bf16.at({2, "on"}));
   ASSERT_EQ(eager.size(), captured.size());
   for (std::size_t i = 0; i < eager.size(); ++i) EXPECT_NEAR(captured[i], eager[i], 1e-4 * std::abs(eager[i])) << i;
 }

@@ -300,6 +300,22 @@ TEST(Train, ProfileWritesThePerOpTable) {
   EXPECT_TRUE(contains(header, "flops_per_byte")) << header;
 }
 
+// comm_dtype (the dtype the data-parallel gradients are all-reduced in): the gradients' own by
+// default; an unknown value is refused with the valid list.
+TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
+  const std::string msg =
+      test::usage_error([] { plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_dtype=fp8")}); });
+  EXPECT_TRUE(contains(msg, "comm_dtype 'fp8'") && contains(msg, "valid: grad, bf16, fp16")) << msg;
+  EXPECT_EQ(plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_dtype=grad,bf16,fp16")}).size(), 3u);
+  int found = 0;
+  for (const auto& a : find_workload("train").axes("cuda"))
+    if (a.name == "comm_dtype") {
+      ++found;
+      EXPECT_EQ(a.defaults, std::vector<std::string>{"grad"});
+    }
+  EXPECT_EQ(found, 1);
+}
+
 TEST(Train, NonPositiveSizesAreInvalid) {
   const auto records = run_points("train", {"model=resnet50", "batch=1", "image_size=0", "trajectory_steps=1"});
   ASSERT_EQ(records.size(), 1u);

@@ -70,6 +70,13 @@ class StreamAverager {
   virtual ~StreamAverager() = default;
   virtual void average(void* data, std::int64_t count, DType dtype) = 0;
   virtual void join() = 0;
+  // Communicate f32 buffers in `wire` (bf16 or f16: PyTorch DDP's compress hooks): average() then
+  // casts the buffer into a staging buffer of `wire` (round to nearest even), averages that and
+  // casts it back into the buffer, all on the side stream. The staging buffer, for buffers of up
+  // to `max_count` elements, is allocated here: average() allocates nothing (it may run inside a
+  // capture). A buffer whose dtype is `wire` is averaged as it is; one of another dtype than f32,
+  // or longer than `max_count`, is an Error. Until it is called, every buffer travels in its own dtype.
+  virtual void set_wire_dtype(DType wire, std::int64_t max_count) = 0;
 };
 
 class CollectiveGroup {

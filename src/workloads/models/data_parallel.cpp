@@ -1,5 +1,8 @@
 // Data-parallel training's gradient averaging (models.h, DataParallel): the NCCL averager of the
 // backend on CUDA, the launch's host exchange elsewhere.
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "backend/collectives.h"
@@ -15,23 +18,45 @@ class NcclGradientAverager final : public nn::GradientAverager {
   explicit NcclGradientAverager(std::unique_ptr<backend::StreamAverager> s) : s_(std::move(s)) {}
   void average(const Tensor& flat) override { s_->average(flat.data, flat.numel(), flat.dtype); }
   void join() override { s_->join(); }
+  backend::StreamAverager& stream_averager() { return *s_; }
 
  private:
   std::unique_ptr<backend::StreamAverager> s_;
 };
 
+// v rounded to nearest even in `wire` (bf16 or f16), as a double. Through float rounded to odd
+// (float keeps 24 bits, at least 2 more than either wire type's), so the one rounding to `wire`
+// is the correct one: rounding to float to nearest first could round twice.
+double round_to_wire(double v, DType wire) {
+  if (std::isnan(v)) return v;
+  auto f = static_cast<float>(v);
+  if (static_cast<double>(f) != v) {
+    if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);  // toward zero
+    f = std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);                    // then odd
+  }
+  return wire == DType::bf16 ? bf16_bits_to_float(float_to_bf16_bits(f)) : half_bits_to_float(float_to_half_bits(f));
+}
+
 // Every rank's block through the host, summed in rank order in float64 (the same bits on every
-// rank) and divided by the ranks. Synchronous: slow, and only for host backends (tests).
+// rank) and divided by the ranks. Synchronous: slow, and only for host backends (tests). With a
+// 16-bit wire type (f32 blocks only) it computes what an all-reduce in that type would with
+// one rounding: each rank's block rounded to it, the float64 mean rounded to it, widened back.
 class HostGradientAverager final : public nn::GradientAverager {
  public:
-  HostGradientAverager(dist::Comm& comm, nn::Kernels& kernels) : comm_(comm), k_(kernels) {}
+  HostGradientAverager(dist::Comm& comm, nn::Kernels& kernels, DType wire) : comm_(comm), k_(kernels), wire_(wire) {}
   void average(const Tensor& flat) override {
     std::vector<unsigned char> host(static_cast<std::size_t>(flat.size_bytes()));
     k_.download(flat, host.data());
     Tensor staging = flat;
     staging.data = host.data();
     staging.device = DeviceKind::host;
-    const std::vector<double> mine = read_host(staging);
+    std::vector<double> mine = read_host(staging);
+    const bool narrow = flat.dtype != wire_;
+    if (narrow && flat.dtype != DType::f32)
+      throw Error("data parallelism: averaging in " + std::string(to_string(wire_)) + " takes f32 gradients, not " +
+                  std::string(to_string(flat.dtype)));
+    if (narrow)
+      for (double& v : mine) v = round_to_wire(v, wire_);
     dist::Bytes bytes(mine.size() * sizeof(double));
     std::memcpy(bytes.data(), mine.data(), bytes.size());
     std::vector<double> sum(mine.size(), 0.0), theirs(mine.size());
@@ -41,7 +66,10 @@ class HostGradientAverager final : public nn::GradientAverager {
       std::memcpy(theirs.data(), b.data(), b.size());
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
     }
-    for (double& v : sum) v /= static_cast<double>(all.size());
+    for (double& v : sum) {
+      v /= static_cast<double>(all.size());
+      if (narrow) v = round_to_wire(v, wire_);
+    }
     write_host(staging, sum);
     k_.upload(flat, host.data());
   }
@@ -50,6 +78,7 @@ class HostGradientAverager final : public nn::GradientAverager {
  private:
   dist::Comm& comm_;
   nn::Kernels& k_;
+  DType wire_;  // the gradients' own dtype: no rounding
 };
 
 }  // namespace
@@ -69,11 +98,35 @@ DataParallel::~DataParallel() = default;
 
 void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
   if (comm_.rank() >= gpus_) throw Error("data parallelism: rank " + std::to_string(comm_.rank()) + " does not train");
-  if (group_)
-    averager_ = std::make_unique<NcclGradientAverager>(group_->make_averager(high_priority_));
-  else
-    averager_ = std::make_unique<HostGradientAverager>(comm_, kernels);
+  DType grads = DType::f32;
+  for (const nn::Parameter& p : graph.parameters())
+    if (p.grad.defined()) {
+      grads = p.grad.dtype;
+      break;
+    }
+  wire_ = comm_dtype_.value_or(grads);
+  if (wire_ != grads && grads != DType::f32)
+    throw UsageError("data parallelism: communicating gradients in " + std::string(to_string(wire_)) +
+                     " casts f32 gradients; these are " + std::string(to_string(grads)));
+  if (wire_ != grads && wire_ != DType::bf16 && wire_ != DType::f16)
+    throw UsageError("data parallelism: gradients are communicated in their own dtype, bf16 or f16, not " +
+                     std::string(to_string(wire_)));
+  NcclGradientAverager* nccl = nullptr;
+  if (group_) {
+    auto a = std::make_unique<NcclGradientAverager>(group_->make_averager(high_priority_));
+    nccl = a.get();
+    averager_ = std::move(a);
+  } else {
+    averager_ = std::make_unique<HostGradientAverager>(comm_, kernels, wire_);
+  }
   sync_ = std::make_unique<nn::BucketedGradientSync>(graph.parameters(), *averager_, bucket_bytes_, tail_bucket_bytes_);
+  std::int64_t largest = 0;
+  allreduce_bytes_ = 0;
+  for (const auto& b : sync_->buckets()) {
+    largest = std::max(largest, b.flat.numel());
+    allreduce_bytes_ += b.flat.numel() * static_cast<std::int64_t>(size_bytes(wire_));
+  }
+  if (nccl != nullptr && wire_ != grads) nccl->stream_averager().set_wire_dtype(wire_, largest);
   graph.set_gradient_sync(sync_.get());
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -147,15 +148,28 @@ class DataParallel {
   // The bucket reduced last holds only the first parameters, at least this many bytes (0: none;
   // nn::BucketedGradientSync). Before attach.
   void set_tail_bucket_bytes(std::int64_t bytes) { tail_bucket_bytes_ = bytes; }
+  // Communicate the gradients in `wire` (bf16 or f16; nullopt, the default: in their own dtype,
+  // untouched), as PyTorch DDP's bf16/fp16 compress hooks do: each bucket is rounded to it, averaged
+  // in it and widened back (NCCL: on the side stream, through a staging buffer allocated at
+  // attach; host: the same roundings, with the sum in float64). attach refuses (UsageError) a
+  // wire type for gradients that are not f32. Before attach.
+  void set_comm_dtype(std::optional<DType> wire) { comm_dtype_ = wire; }
   // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
   void attach(nn::Graph& graph, nn::Kernels& kernels);
   std::size_t bucket_count() const;
   std::string describe() const;  // "nccl" or "host"
+  // After attach: the dtype the gradients travel in, and the bytes one step's all-reduces take
+  // from each rank (the buckets' elements, alignment padding included, in that dtype).
+  DType wire_dtype() const { return wire_; }
+  std::int64_t allreduce_bytes_per_step() const { return allreduce_bytes_; }
 
  private:
   dist::Comm& comm_;
   int gpus_;
   std::int64_t bucket_bytes_, tail_bucket_bytes_ = 0;
+  std::optional<DType> comm_dtype_;  // nullopt: the gradients' own
+  DType wire_ = DType::f32;
+  std::int64_t allreduce_bytes_ = 0;
   bool high_priority_;  // the all-reduces' stream at the device's top priority
   std::unique_ptr<backend::CollectiveGroup> group_;  // CUDA; null on idle ranks and host backends
   std::unique_ptr<nn::GradientAverager> averager_;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -66,6 +67,14 @@ std::unique_ptr<nn::Optimizer> make_optimizer(const std::string& name, double lr
   throw UsageError("unknown optimizer '" + name + "'; valid: sgd, lars");
 }
 
+// The comm_dtype axis: grad (nullopt: the gradients' own dtype), bf16, fp16.
+std::optional<DType> comm_wire_dtype(const std::string& name) {
+  if (name == "grad") return std::nullopt;
+  if (name == "bf16") return DType::bf16;
+  if (name == "fp16") return DType::f16;
+  throw UsageError("unknown comm_dtype '" + name + "'; valid: grad, bf16, fp16");
+}
+
 std::string text(double v) {
   if (std::isnan(v)) return "NaN";
   std::ostringstream o;
@@ -119,7 +128,10 @@ class Train final : public Workload {
           "leaving the rest to the backward pass it overlaps"},
          {"comm_priority", AxisKind::text, one("normal"), {"normal", "high"},
           "data parallelism on GPUs: the all-reduces' stream priority (high: their blocks take SMs ahead of "
-          "queued backward kernels)"}});
+          "queued backward kernels)"},
+         {"comm_dtype", AxisKind::text, one("grad"), {"grad", "bf16", "fp16"},
+          "data parallelism: the dtype the gradients are all-reduced in; grad = their own (f32), bf16 / fp16 = "
+          "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"}});
     return axes;
   }
 
@@ -130,6 +142,7 @@ class Train final : public Workload {
     const double bucket_mib = state.get_real("bucket_mib"), tail_bucket_mib = state.get_real("tail_bucket_mib");
     const std::int64_t comm_ctas = state.get_int("comm_ctas");
     const bool comm_high_priority = state.get_text("comm_priority") == "high";
+    const std::string comm_dtype = state.get_text("comm_dtype");
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
@@ -198,6 +211,7 @@ class Train final : public Workload {
       });
       together([&] {
         dp->set_tail_bucket_bytes(tail_bucket_bytes);
+        dp->set_comm_dtype(comm_wire_dtype(comm_dtype));
         dp->attach(*g, *kernels);
         state.add_metric("data_parallel", {{"gpus", gpus},
                                            {"processes", world},
@@ -208,6 +222,9 @@ class Train final : public Workload {
                                            {"tail_bucket_bytes", tail_bucket_bytes},
                                            {"comm_max_ctas", comm_ctas},
                                            {"comm_priority", comm_high_priority ? "high" : "normal"},
+                                           {"comm_dtype", comm_dtype},
+                                           {"wire_dtype", std::string(to_string(dp->wire_dtype()))},
+                                           {"allreduce_bytes_per_step", dp->allreduce_bytes_per_step()},
                                            {"buckets", dp->bucket_count()},
                                            {"averaging", dp->describe()}});
       });
@@ -311,7 +328,7 @@ class Train final : public Workload {
     std::string key;
     for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
       if (axis != "gpus" && axis != "bucket_mib" && axis != "tail_bucket_mib" && axis != "comm_ctas" &&
-          axis != "comm_priority")
+          axis != "comm_priority" && axis != "comm_dtype")
         key += axis + "=" + value + " ";
     if (gpus == 1) {
       single_gpu_rate[key] = rate;
