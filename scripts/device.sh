@@ -26,7 +26,7 @@
 # ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
 # then accelbench's overlap knobs (comm_ctas, comm_priority) at 1 and N GPUs.
-# overlap (x2): 2-GPU training without and with a small tail bucket (TAILS, default 0,1; ~2 min).
+# overlap (x2): 2-GPU training over the tail bucket, bucket delay and wire dtype (~6 min, see below).
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
 # bf16 training at 1 and N GPUs and of PyTorch DDP's, cut into steps by bench/trace_steps.py: how
 # long the all-reduces run alone, how much the compute slows beside them (~5 min).
@@ -214,15 +214,24 @@ if want ddp; then
     rates.samples_per_s metrics.scaling_efficiency
 fi
 if want overlap; then
-  # Issue 8's scaling gap. Measured before (bench/RESULTS.md): fuse off/on and one post-backward
-  # bucket change little, NCCL held to 8 CTAs loses. Here: without and with a small tail bucket (the
-  # stem's gradients reduced alone, so less is left after backward), at 1 and N GPUs.
+  # Issue 8's scaling gap. The kernel timeline (timeline mode, bench/RESULTS.md) showed an all-reduce
+  # enqueued just before a batch norm holding back cuDNN's cooperative kernel, and the last bucket's
+  # all-reduce exposed after backward. Here, at 1 and N GPUs: the tail bucket (TAILS), the delay
+  # (DELAYS ops after a bucket completes) and the wire dtype (COMM), then their GPU tests, then
+  # PyTorch DDP with its bf16 compress hook (accelbench's side is the comm_dtype=bf16 rows above).
   n=$(nvidia-smi -L | wc -l)
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis tail_bucket_mib=${TAILS:-0,1} \
-    --axis trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "skipped|error"
-  python3 bench/summarize_points.py "$logs/overlap" params.gpus params.tail_bucket_mib \
-    rates.samples_per_s time.median_s metrics.scaling_efficiency metrics.data_parallel.buckets
+    --axis bucket_delay_ops=${DELAYS:-0,1} --axis comm_dtype=${COMM:-grad,bf16} \
+    --axis trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "error" | head -5
+  python3 bench/summarize_points.py "$logs/overlap" params.gpus params.tail_bucket_mib params.bucket_delay_ops \
+    params.comm_dtype rates.samples_per_s time.median_s metrics.scaling_efficiency metrics.data_parallel.buckets
+  ./build/cuda/tests/dist_test --gtest_filter='DataParallel.TrainOnTwoGpus*' > "$logs/dist_test_dp2.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/dist_test_dp2.log" | head
+  ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*' > "$logs/backend_wire.log" 2>&1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/backend_wire.log" | head
+  [[ ${DDP_BF16:-1} == 1 ]] && python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp-bf16" --gpus $n \
+    --skip-accelbench --comm-dtype bf16 2>&1 | tail -n 5
 fi
 if want timeline; then
   n=$(nvidia-smi -L | wc -l)

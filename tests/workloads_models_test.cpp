@@ -316,6 +316,14 @@ TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
   EXPECT_EQ(found, 1);
 }
 
+TEST(Train, ANegativeBucketDelayIsInvalid) {
+  const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
+                                            "bucket_delay_ops=-1"});
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
+  EXPECT_TRUE(contains(records[0].dump(), "bucket_delay_ops in 0..")) << records[0].dump();
+}
+
 TEST(Train, NonPositiveSizesAreInvalid) {
   const auto records = run_points("train", {"model=resnet50", "batch=1", "image_size=0", "trajectory_steps=1"});
   ASSERT_EQ(records.size(), 1u);

@@ -119,7 +119,8 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
   } else {
     averager_ = std::make_unique<HostGradientAverager>(comm_, kernels, wire_);
   }
-  sync_ = std::make_unique<nn::BucketedGradientSync>(graph.parameters(), *averager_, bucket_bytes_, tail_bucket_bytes_);
+  sync_ = std::make_unique<nn::BucketedGradientSync>(graph.parameters(), *averager_, bucket_bytes_, tail_bucket_bytes_,
+                                                     bucket_delay_ops_);
   std::int64_t largest = 0;
   allreduce_bytes_ = 0;
   for (const auto& b : sync_->buckets()) {

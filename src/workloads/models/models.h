@@ -148,6 +148,8 @@ class DataParallel {
   // The bucket reduced last holds only the first parameters, at least this many bytes (0: none;
   // nn::BucketedGradientSync). Before attach.
   void set_tail_bucket_bytes(std::int64_t bytes) { tail_bucket_bytes_ = bytes; }
+  // A complete bucket's all-reduce waits for this many more ops' backward (nn::BucketedGradientSync).
+  void set_bucket_delay_ops(int ops) { bucket_delay_ops_ = ops; }
   // Communicate the gradients in `wire` (bf16 or f16; nullopt, the default: in their own dtype,
   // untouched), as PyTorch DDP's bf16/fp16 compress hooks do: each bucket is rounded to it, averaged
   // in it and widened back (NCCL: on the side stream, through a staging buffer allocated at
@@ -167,6 +169,7 @@ class DataParallel {
   dist::Comm& comm_;
   int gpus_;
   std::int64_t bucket_bytes_, tail_bucket_bytes_ = 0;
+  int bucket_delay_ops_ = 0;
   std::optional<DType> comm_dtype_;  // nullopt: the gradients' own
   DType wire_ = DType::f32;
   std::int64_t allreduce_bytes_ = 0;

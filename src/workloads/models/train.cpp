@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -26,6 +27,7 @@ constexpr double kSgdWeightDecay = 1e-4;   // torchvision's ResNet recipe
 constexpr double kLarsWeightDecay = 5e-5;  // MLPerf's ResNet reference with LARS
 constexpr double kLarsEta = 0.001;
 constexpr std::int64_t kMaxCommCtas = 64;  // NCCL's channel limit (MAXCHANNELS)
+constexpr std::int64_t kMaxBucketDelayOps = 1000;
 
 // The compression autoencoder's SGD rate. Its loss is a mean over pixels of small squared errors
 // (about 0.02 at the start), so its gradients are orders of magnitude below a classifier's, and
@@ -123,6 +125,9 @@ class Train final : public Workload {
          {"tail_bucket_mib", AxisKind::real, one("0"), {},
           "data parallelism: the first layers' gradients (backward's last) in a bucket of their own of at least "
           "this many MiB, so that less is left to all-reduce after backward (0: none; the 25 MiB walk's remainder)"},
+         {"bucket_delay_ops", AxisKind::integer, one("0"), {},
+          "data parallelism: ops whose backward is enqueued after a bucket completes before its all-reduce is (on "
+          "an H200 an all-reduce enqueued just before a batch norm holds back cuDNN's cooperative kernel)"},
          {"comm_ctas", AxisKind::integer, one("0"), {},
           "data parallelism on GPUs: most SMs an all-reduce may occupy (NCCL maxCTAs; 0 = NCCL's choice), "
           "leaving the rest to the backward pass it overlaps"},
@@ -140,15 +145,17 @@ class Train final : public Workload {
     const double lr = state.get_real("lr");
     const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
     const double bucket_mib = state.get_real("bucket_mib"), tail_bucket_mib = state.get_real("tail_bucket_mib");
-    const std::int64_t comm_ctas = state.get_int("comm_ctas");
+    const std::int64_t comm_ctas = state.get_int("comm_ctas"), bucket_delay_ops = state.get_int("bucket_delay_ops");
     const bool comm_high_priority = state.get_text("comm_priority") == "high";
     const std::string comm_dtype = state.get_text("comm_dtype");
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
         gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib) || !(tail_bucket_mib >= 0) ||
-        !std::isfinite(tail_bucket_mib) || comm_ctas < 0 || comm_ctas > kMaxCommCtas)
-      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, tail_bucket_mib >= 0, comm_ctas in 0.." +
+        !std::isfinite(tail_bucket_mib) || comm_ctas < 0 || comm_ctas > kMaxCommCtas || bucket_delay_ops < 0 ||
+        bucket_delay_ops > kMaxBucketDelayOps)
+      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, tail_bucket_mib >= 0, "
+                       "bucket_delay_ops in 0.." + std::to_string(kMaxBucketDelayOps) + ", comm_ctas in 0.." +
                        std::to_string(kMaxCommCtas) + " and a finite lr >= 0 (got " + state.point().label() + ")");
     dist::Comm& comm = dist::world();
     const int world = comm.size(), rank = comm.rank();
@@ -158,6 +165,11 @@ class Train final : public Workload {
     if (strong && asked.batch % gpus != 0)
       state.skip("strong scaling splits batch=" + std::to_string(asked.batch) + " over gpus=" + std::to_string(gpus) +
                  ": not a multiple");
+    // One GPU runs no data parallelism: a sweep of its knobs measures gpus=1 once, the first time.
+    // Decided from the points alone (not from a result one rank may lack), so every rank agrees.
+    if (gpus == 1 && !single_gpu_points().insert(single_gpu_key(state)).second)
+      state.skip("gpus=1 with these settings was measured at an earlier point of this run; the data-parallel knobs "
+                 "(bucket_mib, tail_bucket_mib, bucket_delay_ops, comm_*) change nothing on one GPU");
     if (gpus > 1 && (comm_ctas > 0 || comm_high_priority) && state.backend().info().kind != "cuda")
       state.skip("comm_ctas and comm_priority set NCCL's communicator and stream; data parallelism on " +
                  state.backend().info().id + " averages through the host");
@@ -211,6 +223,7 @@ class Train final : public Workload {
       });
       together([&] {
         dp->set_tail_bucket_bytes(tail_bucket_bytes);
+        dp->set_bucket_delay_ops(static_cast<int>(bucket_delay_ops));
         dp->set_comm_dtype(comm_wire_dtype(comm_dtype));
         dp->attach(*g, *kernels);
         state.add_metric("data_parallel", {{"gpus", gpus},
@@ -220,6 +233,7 @@ class Train final : public Workload {
                                            {"global_batch", global_batch},
                                            {"bucket_bytes", bucket_bytes},
                                            {"tail_bucket_bytes", tail_bucket_bytes},
+                                           {"bucket_delay_ops", bucket_delay_ops},
                                            {"comm_max_ctas", comm_ctas},
                                            {"comm_priority", comm_high_priority ? "high" : "normal"},
                                            {"comm_dtype", comm_dtype},
@@ -321,15 +335,27 @@ class Train final : public Workload {
   // The single-GPU rate of each configuration measured earlier in this process (the point's
   // label less `gpus` and the data-parallel knobs), so a scaling sweep gpus=1,2,4 records its efficiency at every count after
   // the first: rate(k) / (k x rate(1)). Weak scaling keeps the per-GPU batch, strong the global.
-  static void record_scaling(State& state, std::int64_t gpus, std::int64_t global_batch) {
-    static std::map<std::string, double> single_gpu_rate;
-    if (!state.result() || !(state.result()->summary.median > 0)) return;
-    const double rate = static_cast<double>(global_batch) / state.result()->summary.median;
+  static std::map<std::string, double>& single_gpu_rates() {
+    static std::map<std::string, double> rates;
+    return rates;
+  }
+  static std::set<std::string>& single_gpu_points() {  // the keys of gpus=1 points run so far
+    static std::set<std::string> keys;
+    return keys;
+  }
+  static std::string single_gpu_key(const State& state) {
     std::string key;
     for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
-      if (axis != "gpus" && axis != "bucket_mib" && axis != "tail_bucket_mib" && axis != "comm_ctas" &&
-          axis != "comm_priority" && axis != "comm_dtype")
+      if (axis != "gpus" && axis != "bucket_mib" && axis != "tail_bucket_mib" && axis != "bucket_delay_ops" &&
+          axis != "comm_ctas" && axis != "comm_priority" && axis != "comm_dtype")
         key += axis + "=" + value + " ";
+    return key;
+  }
+  static void record_scaling(State& state, std::int64_t gpus, std::int64_t global_batch) {
+    std::map<std::string, double>& single_gpu_rate = single_gpu_rates();
+    if (!state.result() || !(state.result()->summary.median > 0)) return;
+    const double rate = static_cast<double>(global_batch) / state.result()->summary.median;
+    const std::string key = single_gpu_key(state);
     if (gpus == 1) {
       single_gpu_rate[key] = rate;
       return;
