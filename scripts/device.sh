@@ -222,13 +222,13 @@ if want overlap; then
   n=$(nvidia-smi -L | wc -l)
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis tail_bucket_mib=${TAILS:-0,1} \
-    --axis bucket_delay_ops=${DELAYS:-0,1} --axis comm_dtype=${COMM:-grad,bf16} \
+    --axis bucket_delay_ops=${DELAYS:-0,1} --axis comm_dtype=${COMM:-grad,bf16} ${OVERLAP_AXES:-} \
     --axis trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "error" | head -5
-  python3 bench/summarize_points.py "$logs/overlap" params.gpus params.tail_bucket_mib params.bucket_delay_ops \
+  python3 bench/summarize_points.py "$logs/overlap" params.gpus params.bucket_mib params.tail_bucket_mib params.bucket_delay_ops \
     params.comm_dtype rates.samples_per_s time.median_s metrics.scaling_efficiency metrics.data_parallel.buckets
-  ./build/cuda/tests/dist_test --gtest_filter='DataParallel.TrainOnTwoGpus*' > "$logs/dist_test_dp2.log" 2>&1
+  [[ ${OVERLAP_TESTS:-1} == 1 ]] && ./build/cuda/tests/dist_test --gtest_filter='DataParallel.TrainOnTwoGpus*' > "$logs/dist_test_dp2.log" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/dist_test_dp2.log" | head
-  ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*' > "$logs/backend_wire.log" 2>&1
+  [[ ${OVERLAP_TESTS:-1} == 1 ]] && ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*' > "$logs/backend_wire.log" 2>&1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/backend_wire.log" | head
   [[ ${DDP_BF16:-1} == 1 ]] && python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp-bf16" --gpus $n \
     --skip-accelbench --comm-dtype bf16 2>&1 | tail -n 5
@@ -244,9 +244,9 @@ if want timeline; then
   python3 bench/summarize_points.py "$logs/timeline" params.gpus rates.samples_per_s time.median_s metrics.scaling_efficiency
   python3 bench/trace_steps.py "$logs/trace-ab" --json "$logs/trace-ab.json" 2>&1 | tee "$logs/trace-ab.txt"
   # PyTorch DDP under the same tracer (its steps cut at the NLL loss's forward kernel).
-  CUDA_INJECTION64_PATH=$tracer AB_TRACE_DIR="$logs/trace-ddp" python3 -u bench/compare_ddp.py --accelbench $ab \
+  [[ ${TRACE_DDP:-1} == 1 ]] && CUDA_INJECTION64_PATH=$tracer AB_TRACE_DIR="$logs/trace-ddp" python3 -u bench/compare_ddp.py --accelbench $ab \
     --out "$logs/ddp-traced" --gpus $n --skip-accelbench ${DDP_ARGS:-} 2>&1 | tail -n 6
-  python3 bench/trace_steps.py "$logs/trace-ddp" --marker nll_loss_forward --json "$logs/trace-ddp.json" 2>&1 |
+  [[ ${TRACE_DDP:-1} == 1 ]] && python3 bench/trace_steps.py "$logs/trace-ddp" --marker nll_loss_forward --json "$logs/trace-ddp.json" 2>&1 |
     tee "$logs/trace-ddp.txt"
   gzip -f "$logs"/trace-ab/*.csv "$logs"/trace-ddp/*.csv 2>/dev/null
 fi
