@@ -23,105 +23,79 @@ int cast_blocks(std::int64_t count, int sm_count) {
   return static_cast<int>(std::clamp<std::int64_t>(needed, 1, std::int64_t{std::max(sm_count, 1)} * kBlocksPerSm));
 }
 
-template <typename W>
-__device__ __forceinline__ W narrow(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half narrow<__half>(float v) { return __float2half_rn(v); }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+// One conversion each way, rounding to nearest even where it narrows.
+__device__ __forceinline__ void convert(float v, __nv_bfloat16& out) { out = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void convert(float v, __half& out) { out = __float2half_rn(v); }
+__device__ __forceinline__ void convert(__nv_bfloat16 v, float& out) { out = __bfloat162float(v); }
+__device__ __forceinline__ void convert(__half v, float& out) { out = __half2float(v); }
 
-// Four 16-bit values: one 8-byte access.
-template <typename W>
-struct alignas(8) Four {
-  W v[4];
+// Four values moved as one access (16 bytes of f32, 8 of a 16-bit type).
+template <typename T>
+struct alignas(4 * sizeof(T)) Four {
+  T v[4];
 };
 
-// With `vector` (f32 side 16-byte and 16-bit side 8-byte aligned: buckets start on the gradient
-// store's 256-byte boundaries and staging buffers come from cudaMalloc), four elements per thread
-// per sweep; the remainder (and everything otherwise) one at a time.
-template <typename W>
+// With `vector` (both sides aligned to their Four: buckets start on the gradient store's 256-byte
+// boundaries and staging buffers come from cudaMalloc), four elements per thread per sweep; the
+// remainder (and everything otherwise) one at a time.
+template <typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    narrow_kernel(const float* __restrict__ in, W* __restrict__ out, std::int64_t count, bool vector) {
+    cast_kernel(const In* __restrict__ in, Out* __restrict__ out, std::int64_t count, bool vector) {
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   const std::int64_t first = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   std::int64_t done = 0;
   if (vector) {
     const std::int64_t quads = count / 4;
-    const auto* in4 = reinterpret_cast<const float4*>(in);
-    auto* out4 = reinterpret_cast<Four<W>*>(out);
+    const auto* in4 = reinterpret_cast<const Four<In>*>(in);
+    auto* out4 = reinterpret_cast<Four<Out>*>(out);
     for (std::int64_t q = first; q < quads; q += stride) {
-      const float4 x = in4[q];
-      Four<W> y;
-      y.v[0] = narrow<W>(x.x);
-      y.v[1] = narrow<W>(x.y);
-      y.v[2] = narrow<W>(x.z);
-      y.v[3] = narrow<W>(x.w);
+      const Four<In> x = in4[q];
+      Four<Out> y;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) convert(x.v[j], y.v[j]);
       out4[q] = y;
     }
     done = quads * 4;
   }
-  for (std::int64_t i = done + first; i < count; i += stride) out[i] = narrow<W>(in[i]);
-}
-
-template <typename W>
-__global__ void __launch_bounds__(kThreads)
-    widen_kernel(const W* __restrict__ in, float* __restrict__ out, std::int64_t count, bool vector) {
-  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
-  const std::int64_t first = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  std::int64_t done = 0;
-  if (vector) {
-    const std::int64_t quads = count / 4;
-    const auto* in4 = reinterpret_cast<const Four<W>*>(in);
-    auto* out4 = reinterpret_cast<float4*>(out);
-    for (std::int64_t q = first; q < quads; q += stride) {
-      const Four<W> x = in4[q];
-      out4[q] = make_float4(widen(x.v[0]), widen(x.v[1]), widen(x.v[2]), widen(x.v[3]));
-    }
-    done = quads * 4;
-  }
-  for (std::int64_t i = done + first; i < count; i += stride) out[i] = widen(in[i]);
+  for (std::int64_t i = done + first; i < count; i += stride) convert(in[i], out[i]);
 }
 
 bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
-void check_launch(const char* what) {
-  // Built only on failure: average() launches these for every bucket of every eager step.
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw_cuda(err, "cast kernel launch", what);
-}
-
 [[noreturn]] void not_a_wire_type(DType wire) {
   throw Unsupported("gradient all-reduces communicate in bf16 or f16, not " + std::string(to_string(wire)));
+}
+
+template <typename In, typename Out>
+void launch_cast(const In* in, Out* out, std::int64_t count, int sm_count, cudaStream_t stream, const char* what) {
+  const bool vector = aligned(in, sizeof(Four<In>)) && aligned(out, sizeof(Four<Out>));
+  cast_kernel<<<cast_blocks(count, sm_count), kThreads, 0, stream>>>(in, out, count, vector);
+  // Built only on failure: average() launches these for every bucket of every eager step.
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) throw_cuda(err, "cast kernel launch", what);
 }
 
 }  // namespace
 
 void cast_f32_to_wire(DType wire, const float* in, void* out, std::int64_t count, int sm_count, cudaStream_t stream) {
   if (count <= 0) return;
-  const bool vector = aligned(in, 16) && aligned(out, 8);
-  const int blocks = cast_blocks(count, sm_count);
+  constexpr const char* what = "f32 to 16-bit cast of a gradient bucket";
   if (wire == DType::bf16)
-    narrow_kernel<<<blocks, kThreads, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out), count, vector);
+    launch_cast(in, static_cast<__nv_bfloat16*>(out), count, sm_count, stream, what);
   else if (wire == DType::f16)
-    narrow_kernel<<<blocks, kThreads, 0, stream>>>(in, static_cast<__half*>(out), count, vector);
+    launch_cast(in, static_cast<__half*>(out), count, sm_count, stream, what);
   else
     not_a_wire_type(wire);
-  check_launch("f32 to 16-bit cast of a gradient bucket");
 }
 
 void cast_wire_to_f32(DType wire, const void* in, float* out, std::int64_t count, int sm_count, cudaStream_t stream) {
   if (count <= 0) return;
-  const bool vector = aligned(in, 8) && aligned(out, 16);
-  const int blocks = cast_blocks(count, sm_count);
+  constexpr const char* what = "16-bit to f32 cast of a gradient bucket";
   if (wire == DType::bf16)
-    widen_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(in), out, count, vector);
+    launch_cast(static_cast<const __nv_bfloat16*>(in), out, count, sm_count, stream, what);
   else if (wire == DType::f16)
-    widen_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(in), out, count, vector);
+    launch_cast(static_cast<const __half*>(in), out, count, sm_count, stream, what);
   else
     not_a_wire_type(wire);
-  check_launch("16-bit to f32 cast of a gradient bucket");
 }
 
 }  // namespace ab::backend::cuda
