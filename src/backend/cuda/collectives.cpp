@@ -19,11 +19,10 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/wire_cast.h"
+#include "backend/cuda/nccl_common.h"
 #include "core/error.h"
 
 namespace ab::backend::cuda {
-namespace {
 
 void check_nccl(ncclResult_t r, const char* call, const std::string& what) {
   if (r == ncclSuccess) return;
@@ -32,7 +31,6 @@ void check_nccl(ncclResult_t r, const char* call, const std::string& what) {
   if (last != nullptr && *last != '\0') msg += ": " + std::string(last);
   throw Error(msg);
 }
-#define AB_NCCL(call, what) check_nccl((call), #call, (what))
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -44,6 +42,8 @@ ncclDataType_t nccl_type(DType t) {
   }
   throw Unsupported("collectives take f32, f16, bf16 or i32, not " + std::string(to_string(t)));
 }
+
+namespace {
 
 // Input element i of rank r: a small positive integer, exact in every dtype, and so is any sum of
 // up to 64 of them (at most 4 × 64 = 256, bf16's last exact integer).
@@ -105,13 +105,6 @@ int backend_device(Backend& backend) {
   if (backend.info().kind != "cuda") throw Unsupported("collectives run on CUDA devices, not " + id);
   return std::stoi(id.substr(id.find(':') + 1));
 }
-
-struct Rank {
-  int device = 0;
-  cudaStream_t stream = nullptr;  // local rank 0: the backend's; others: their Comms stream
-  ncclComm_t comm = nullptr;
-  cudaEvent_t join = nullptr;
-};
 
 class NcclGroup final : public CollectiveGroup {
  public:
@@ -495,80 +488,10 @@ std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpu
   return std::make_unique<NcclGroup>(*slot, backend, forced);
 }
 
-namespace {
-
-// Forks a side stream from the backend's stream at each average() and joins it back at join().
-// One fork and one join event suffice: a wait takes the event's latest record at the time it is
-// enqueued (and, in a capture, becomes that edge of the graph). With a 16-bit wire type the casts
-// run on the side stream too, around the all-reduce of one staging buffer that every bucket reuses
-// in turn (the side stream orders them), so they overlap backward like the all-reduce itself.
-class NcclAverager final : public StreamAverager {
- public:
-  NcclAverager(const Rank& rank, bool high_priority)
-      : rank_(rank),
-        side_(create_stream("gradient averaging stream", high_priority)),
-        fork_(create_event("gradient averaging fork")),
-        join_(create_event("gradient averaging join")) {
-    AB_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, rank_.device), "gradient averaging device");
-  }
-  void set_wire_dtype(DType wire, std::int64_t max_count) override {
-    if (wire != DType::f32 && wire != DType::bf16 && wire != DType::f16)
-      throw Unsupported("gradients are communicated in f32, bf16 or f16, not " + std::string(to_string(wire)));
-    if (max_count < 0) throw UsageError("a staging buffer needs max_count >= 0");
-    wire_ = wire;
-    staging_ = DeviceBuffer();
-    staging_count_ = 0;
-    if (wire == DType::f32) return;
-    AB_CUDA(cudaSetDevice(rank_.device), "gradient averaging staging buffer");
-    staging_ = DeviceBuffer(std::max<std::int64_t>(max_count, 1) * static_cast<std::int64_t>(size_bytes(wire)),
-                            std::string("gradient averaging staging buffer (") + std::string(to_string(wire)) + ")");
-    staging_count_ = max_count;
-  }
-  void average(void* data, std::int64_t count, DType dtype) override {
-    AB_CUDA(cudaEventRecord(fork_.get(), rank_.stream), "gradient averaging fork");
-    AB_CUDA(cudaStreamWaitEvent(side_.get(), fork_.get(), 0), "gradient averaging fork");
-    if (wire_ == DType::f32 || dtype == wire_) {
-      AB_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), nccl_type(dtype), ncclAvg, rank_.comm,
-                            side_.get()),
-              "gradient all-reduce");  // no per-call message building: eager steps call this every bucket
-    } else {
-      if (dtype != DType::f32 || count > staging_count_)
-        throw Error("gradient averaging in " + std::string(to_string(wire_)) + " takes f32 buffers of up to " +
-                    std::to_string(staging_count_) + " elements, not " + std::to_string(count) + " of " +
-                    std::string(to_string(dtype)));
-      auto* grads = static_cast<float*>(data);
-      cast_f32_to_wire(wire_, grads, staging_.get(), count, sm_count_, side_.get());
-      AB_NCCL(ncclAllReduce(staging_.get(), staging_.get(), static_cast<std::size_t>(count), nccl_type(wire_), ncclAvg,
-                            rank_.comm, side_.get()),
-              "gradient all-reduce");
-      cast_wire_to_f32(wire_, staging_.get(), grads, count, sm_count_, side_.get());
-    }
-    pending_ = true;
-  }
-  void join() override {
-    if (!pending_) return;
-    AB_CUDA(cudaEventRecord(join_.get(), side_.get()), "gradient averaging join");
-    AB_CUDA(cudaStreamWaitEvent(rank_.stream, join_.get(), 0), "gradient averaging join");
-    pending_ = false;
-  }
-
- private:
-  Rank rank_;
-  StreamPtr side_;
-  EventPtr fork_, join_;
-  bool pending_ = false;
-  int sm_count_ = 0;
-  DType wire_ = DType::f32;  // f32: every buffer in its own dtype
-  DeviceBuffer staging_;
-  std::int64_t staging_count_ = 0;
-};
-
-}  // namespace
-
 std::unique_ptr<StreamAverager> NcclGroup::make_averager(bool high_priority) {
   if (ranks_.size() != 1) throw Unsupported("gradient averaging needs one GPU per process (run under mpirun or srun)");
   AB_CUDA(cudaSetDevice(ranks_[0].device), "gradient averaging device");
-  return std::make_unique<NcclAverager>(ranks_[0], high_priority);
+  return make_nccl_averager(ranks_[0], high_priority);
 }
 
 std::vector<std::uint8_t> collective_unique_id() {

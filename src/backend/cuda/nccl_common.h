@@ -1,0 +1,35 @@
+// What the NCCL sources of the CUDA backend share (collectives.cpp: communicators, groups and
+// plans; nccl_averager.cpp: data parallelism's gradient averaging). Internal to backend/cuda.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/collectives.h"
+#include "core/dtype.h"
+
+namespace ab::backend::cuda {
+
+// Throws Error naming the call, `what` and NCCL's message (its last error too) unless r is success.
+void check_nccl(ncclResult_t r, const char* call, const std::string& what);
+#define AB_NCCL(call, what) ::ab::backend::cuda::check_nccl((call), #call, (what))
+
+// NCCL's type for f32, f16, bf16 or i32; Unsupported for the rest.
+ncclDataType_t nccl_type(DType t);
+
+// One local rank of a group: its device, stream (local rank 0: the backend's), communicator and
+// the event it records after each collective (ranks 1.. of a one-process group).
+struct Rank {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  ncclComm_t comm = nullptr;
+  cudaEvent_t join = nullptr;
+};
+
+// The StreamAverager of a rank that is its process's only one (CollectiveGroup::make_averager).
+std::unique_ptr<StreamAverager> make_nccl_averager(const Rank& rank, bool high_priority);
+
+}  // namespace ab::backend::cuda
