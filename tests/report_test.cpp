@@ -387,7 +387,10 @@ TEST(ReportStudies, PrecisionStudyShowsWhatEachInferPrecisionCost) {
   pts.push_back(with_cost(model_rec(seq++, "infer", "resnet50", "bf16", 8, 1600), 6.2e-3, true));
   pts.push_back(with_cost(model_rec(seq++, "infer", "resnet50", "fp16", 8, 2000), 1.04e-3, true));
   json fp8 = with_cost(model_rec(seq++, "infer", "resnet50", "fp8", 8, 2400), 0.0623, false);
-  fp8["metrics"]["fp8"] = {{"layers", 50}, {"fallback_layers", 3}, {"fallback_reasons", {"channels not a multiple of 16"}}};
+  fp8["metrics"]["fp8"] = {{"layers", 50},
+                           {"fallback_layers", 3},
+                           {"fallback_slower_layers", 2},
+                           {"fallback_reasons", {"channels not a multiple of 16"}}};
   pts.push_back(fp8);
   const Document doc = build_report({make_run(pts)});
   const Section* s = find_section(doc, "Precision study");
@@ -412,6 +415,9 @@ TEST(ReportStudies, PrecisionStudyShowsWhatEachInferPrecisionCost) {
   EXPECT_EQ(t->rows[1][fp16].text, "2.5 · err 1.0e-03");
   EXPECT_EQ(t->rows[1][fp8x].text, "3 · err 6.2e-02 · top-1 ≠ f64 · 50 fp8 / 3 fell back");
   EXPECT_NE(t->rows[1][fp8x].title.find("channels not a multiple of 16"), std::string::npos);
+  EXPECT_NE(t->rows[1][fp8x].title.find("3 fell back to f16 (2 of them because fp8 timed no faster there)"),
+            std::string::npos)
+      << t->rows[1][fp8x].title;
   EXPECT_EQ(t->rows[2][fp8x].text, "— · err 3.1e-01 · top-1 ≠ f64");
   ASSERT_FALSE(t->rows[2][fp8x].badges.empty());
   EXPECT_EQ(t->rows[2][fp8x].badges[0], "error");

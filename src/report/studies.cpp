@@ -67,7 +67,7 @@ std::string fmt_rel_error(double v) {
 // Appends what the point's precision cost, where its record says (infer records carry
 // metrics.accuracy, fp8 ones metrics.fp8; a point that failed its check too, to say by how much):
 // image 0's logits' relative error against float64, a marker where the top-1 class differs, and
-// fp8's convolutions that fell back to f16. Returns false, the cell untouched, for records without
+// fp8's convolutions that fell back to f16 (and how many because fp8 timed slower). Returns false, the cell untouched, for records without
 // them (training, older runs).
 bool add_precision_cost(Cell& c, const Point& p) {
   std::vector<std::string> notes, why;
@@ -86,7 +86,11 @@ bool add_precision_cost(Cell& c, const Point& p) {
     if (const json* listed = at_path(*p.rec, "metrics.fp8.fallback_reasons"); listed != nullptr && listed->is_array())
       for (const auto& reason : *listed)
         if (reason.is_string()) reasons += (reasons.empty() ? ": " : ", ") + reason.get<std::string>();
-    why.push_back(fmt(*fp8_layers) + " convolutions ran fp8, " + fmt(*fallback_layers) + " fell back to f16" + reasons);
+    const auto slower = num(*p.rec, "metrics.fp8.fallback_slower_layers");
+    const std::string timed =
+        slower && *slower > 0 ? " (" + fmt(*slower) + " of them because fp8 timed no faster there)" : std::string();
+    why.push_back(fmt(*fp8_layers) + " convolutions ran fp8, " + fmt(*fallback_layers) + " fell back to f16" + timed +
+                  reasons);
   }
   if (notes.empty()) return false;
   for (const auto& n : notes) c.text += (c.text.empty() ? "" : " · ") + n;
