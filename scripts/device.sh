@@ -27,6 +27,8 @@
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
 # then accelbench's overlap knobs (comm_ctas, comm_priority) at 1 and N GPUs.
 # overlap (x2): 2-GPU training over the tail bucket, bucket delay and wire dtype (~6 min, see below).
+# verify (x2): the GPU tests of the collectives and data-parallel code only (~1 min after the build);
+# with NTHREADS set, then 2-GPU training with NCCL_NTHREADS=$NTHREADS and comm_ctas 0,8.
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
 # bf16 training at 1 and N GPUs and of PyTorch DDP's, cut into steps by bench/trace_steps.py: how
 # long the all-reduces run alone, how much the compute slows beside them (~5 min).
@@ -50,7 +52,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp || want overlap || want timeline || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -65,7 +67,7 @@ if { want multi || want heap || want ddp || want overlap || want timeline || wan
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp || want overlap || want timeline || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -232,6 +234,20 @@ if want overlap; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/backend_wire.log" | head
   [[ ${DDP_BF16:-1} == 1 ]] && python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp-bf16" --gpus $n \
     --skip-accelbench --comm-dtype bf16 2>&1 | tail -n 5
+fi
+if want verify; then
+  ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*' > "$logs/verify-backend.log" 2>&1
+  echo "backend_cuda_test averager: exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/verify-backend.log" | head
+  ./build/cuda/tests/dist_test --gtest_filter='CollectivesGpu.EveryOpDtypeAndInPlaceIsExact:DataParallel.TrainOnTwoGpus*' \
+    > "$logs/verify-dist.log" 2>&1
+  echo "dist_test collectives + 2-GPU training: exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/verify-dist.log" | head
+  if [[ -n ${NTHREADS:-} ]]; then
+    n=$(nvidia-smi -L | wc -l)
+    mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x NCCL_NTHREADS=$NTHREADS $ab run train \
+      --axis model=resnet50 --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_ctas=0,8 \
+      --axis trajectory_steps=3 --out "$logs/nthreads" > "$logs/nthreads.txt" 2>&1
+    python3 bench/summarize_points.py "$logs/nthreads" params.gpus params.comm_ctas rates.samples_per_s metrics.scaling_efficiency
+  fi
 fi
 if want timeline; then
   n=$(nvidia-smi -L | wc -l)
