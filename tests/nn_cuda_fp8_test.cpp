@@ -452,6 +452,7 @@ TEST_F(Fp8KernelsTest, ConvFp8MatchesTheReferenceKernelsDirectCapturedAndAfterNe
       {"1x1 f16", 2, 64, 8, 256, 1, {}, DType::f16},
       {"3x3 pad 1 bf16", 2, 32, 9, 64, 3, {1, 1, 1, 1, 1, 1, 1}, DType::bf16},
       {"3x3 stride 2 f16", 4, 64, 12, 32, 3, {2, 2, 1, 1, 1, 1, 1}, DType::f16},
+      {"1x1 on 1x1 pixels (a linear layer's view) f16", 8, 64, 1, 32, 1, {}, DType::f16},
   };
   int compared = 0;
   for (const Case& c : cases)
@@ -497,7 +498,7 @@ TEST_F(Fp8KernelsTest, ConvFp8MatchesTheReferenceKernelsDirectCapturedAndAfterNe
         ++compared;
       }
   for (const std::string& line : cuda_fp8_notes(*cuda_)) std::printf("fp8 layer: %s\n", line.c_str());
-  EXPECT_EQ(compared, 3 * 2 * 2);
+  EXPECT_EQ(compared, 4 * 2 * 2);
   // Refused configurations: grouped and NCHW, as Unsupported (the op then runs 16 bits).
   Pair x = pair(DType::f16, Shape{1, 64, 8, 8}, Layout::nhwc, -1, 1);
   Pair wg = pair(DType::f16, Shape{64, 2, 3, 3}, Layout::nhwc, -1, 1);

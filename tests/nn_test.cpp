@@ -696,6 +696,81 @@ TEST(ConvBiasActivation, Fp8RunsWhereTheKernelsTakeItElseFallsBackWithTheReason)
   EXPECT_FALSE(refused.fp8_fallback_reason().empty());
 }
 
+// linear with its fp8 flag in an fp8 inference graph: x [N, in] and w [out, in] run as the e4m3
+// 1x1 convolution they are, on the reference kernels' real fp8 arithmetic: the same bits as
+// conv2d_fp8_forward on the [N, in, 1, 1] views, near (not equal to) the 16-bit layer; an output
+// count the rule refuses (10, not a multiple of 16) runs in 16 bits and says why.
+TEST(Linear, Fp8RunsAsThe1x1ConvolutionItIsOrFallsBackWithTheReason) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto k = make_ref_kernels();
+  GraphOptions o;
+  o.precision = Precision::fp8;
+  o.training = false;
+  const std::int64_t n = 4, in = 32;
+  std::vector<double> xv(static_cast<std::size_t>(n * in));
+  for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = uniform(seed, i, -2, 2);
+  const auto run = [&](std::int64_t out, bool fp8, std::vector<double>& y_out, nn::ParameterValues* params) {
+    GraphBuilder b(o);
+    const Value x = b.input("x", Shape{n, in});
+    const Value y = linear(b, "fc", x, out, true, fp8);
+    b.mark_output(y);
+    auto g = std::make_unique<Graph>(std::move(b));
+    g->bind(*k);
+    if (params != nullptr && !params->empty()) g->set_parameter_values(*params);
+    if (params != nullptr) *params = g->parameter_values();
+    g->set_input(x, xv);
+    g->forward(false);
+    y_out = g->read(y);
+    return g;
+  };
+  nn::ParameterValues params;
+  std::vector<double> y8, y16;
+  auto g = run(16, true, y8, &params);
+  const auto& op = dynamic_cast<const Linear&>(g->op(0));
+  ASSERT_NE(op.fp8_choice(), nullptr);
+  EXPECT_TRUE(op.fp8_choice()->runs) << op.fp8_choice()->fallback_reason;
+  // fp8 bytes: x read twice in f16, its e4m3 copy written and read; w in e4m3; bias and y in f16.
+  EXPECT_EQ(op.bytes(Pass::forward), n * in * (2 * 2 + 2) + 16 * in + (16 + n * 16) * 2);
+  run(16, false, y16, &params);
+
+  // The same bits as the reference fp8 convolution on the views of the same f16 values.
+  const auto host = [](DType t, const Shape& shape, const std::vector<double>& v, std::vector<unsigned char>& bytes) {
+    const Tensor d = Tensor::describe(t, shape);
+    bytes.assign(static_cast<std::size_t>(d.size_bytes()), 0);
+    const Tensor h = d.with_data(bytes.data());
+    write_host(h, v);
+    return h;
+  };
+  std::vector<unsigned char> xb, wb, bb, yb;
+  const Tensor xt = host(DType::f16, Shape{n, in}, xv, xb), wt = host(DType::f16, Shape{16, in}, params.at("fc.weight"), wb),
+               bt = host(DType::f16, Shape{16}, params.at("fc.bias"), bb),
+               yt = host(DType::f16, Shape{n, 16}, std::vector<double>(static_cast<std::size_t>(n * 16), 0.0), yb);
+  k->conv2d_fp8_forward(Conv2dDesc{}, fp8_linear_view(xt), fp8_linear_view(wt), bt, Tensor{}, fp8_linear_view(yt), false,
+                        Workspace{});
+  EXPECT_EQ(y8, read_host(yt));
+  // Near the 16-bit layer, and not equal to it (the quantization shows).
+  double largest = 0, worst = 0;
+  for (std::size_t i = 0; i < y16.size(); ++i) {
+    largest = std::max(largest, std::abs(y16[i]));
+    worst = std::max(worst, std::abs(y8[i] - y16[i]));
+  }
+  EXPECT_GT(largest, 0.1);
+  EXPECT_GT(worst, 0.0);
+  EXPECT_LT(worst, 0.1 * largest);
+
+  std::vector<double> y10;
+  g = run(10, true, y10, nullptr);
+  const Fp8Choice* refused = g->op(0).fp8_choice();
+  ASSERT_NE(refused, nullptr);
+  EXPECT_TRUE(refused->asked);
+  EXPECT_FALSE(refused->runs);
+  EXPECT_NE(refused->fallback_reason.find("multiples of 16"), std::string::npos) << refused->fallback_reason;
+  EXPECT_NE(fp8_linear_refusal(Tensor::describe(DType::f16, Shape{n, in}), Tensor::describe(DType::f16, Shape{10, in}),
+                               Tensor::describe(DType::f16, Shape{n, 10})),
+            "");
+}
+
 // bn_act: batch norm (+ residual) + ReLU as one op. Its forward and backward on the reference
 // (the Kernels defaults) against BatchNorm2d, Add and Relu run one after the other on the same
 // values: the same outputs, statistics and gradients, bit for bit. Each of those ops is checked

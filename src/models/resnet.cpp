@@ -162,7 +162,16 @@ Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
       channels = c.planes[s] * c.expansion;
     }
   }
-  return nn::linear(b, "fc", nn::global_avgpool(b, "avgpool", x), c.num_classes);
+  const Value pooled = nn::global_avgpool(b, "avgpool", x);
+  // The classifier in fp8 too where the same rule lets it (ImageNet's 1000 classes are not a
+  // multiple of 16, so a ResNet's stays 16-bit; a head of 16k classes would not).
+  const Tensor p = b.desc(pooled);
+  const bool fp8_fc =
+      b.options().precision == Precision::fp8 &&
+      nn::fp8_linear_refusal(p, Tensor::describe(p.dtype, Shape{c.num_classes, p.shape[1]}),
+                             Tensor::describe(p.dtype, Shape{p.shape[0], c.num_classes}))
+          .empty();
+  return nn::linear(b, "fc", pooled, c.num_classes, true, fp8_fc);
 }
 
 nn::ParameterValues fold_batchnorm_parameters(nn::ParameterValues values, FoldedBias bias_on, double epsilon) {

@@ -33,6 +33,15 @@ std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor&
   return {};
 }
 
+Tensor fp8_linear_view(const Tensor& t) {
+  if (t.shape.rank() != 2) return t;  // refused as a convolution operand, naming its shape
+  return Tensor::describe(t.dtype, Shape{t.shape[0], t.shape[1], 1, 1}, Layout::nhwc, t.device).with_data(t.data);
+}
+
+std::string fp8_linear_refusal(const Tensor& x, const Tensor& w, const Tensor& y) {
+  return fp8_conv_refusal(Conv2dDesc{}, fp8_linear_view(x), fp8_linear_view(w), fp8_linear_view(y));
+}
+
 std::int64_t Kernels::conv2d_fp8_prepare(const Conv2dDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                         const Tensor&, bool) {
   throw Unsupported("the " + std::string(name()) + " kernels have no fp8 convolution");

@@ -339,6 +339,11 @@ void check_byte_range(std::string_view what, const Tensor& t, std::int64_t offse
 // not f16/bf16. Returns why, or empty where the configuration may run (a backend may still refuse).
 inline constexpr std::int64_t kFp8ConvChannelMultiple = 16;
 std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y);
+// A linear layer's x [N, in], w [out, in] or y [N, out] as the 1x1 convolution's operand it is:
+// [rows, cols, 1, 1] NHWC over the same bytes (Linear's fp8 path runs conv2d_fp8_* on these).
+Tensor fp8_linear_view(const Tensor& t);
+// fp8_conv_refusal for a linear layer's x, w and y (empty where the rule lets it run in fp8).
+std::string fp8_linear_refusal(const Tensor& x, const Tensor& w, const Tensor& y);
 // What a backend's refusal under set_fp8_only_where_faster(true) says (then both times).
 inline constexpr const char* kFp8SlowerReason = "fp8 timed no faster than 16 bits";
 

@@ -60,6 +60,14 @@ class LayerError : public Error {
   using Error::Error;
 };
 
+// An op built to run e4m3 (GraphOptions precision fp8) asks the kernels at prepare; where they
+// refuse (Unsupported) it runs in 16 bits and keeps the reason.
+struct Fp8Choice {
+  bool asked = false;           // built to run in fp8
+  bool runs = false;            // after prepare: the kernels took it
+  std::string fallback_reason;  // after prepare: why it runs in 16 bits; else empty
+};
+
 class Op {
  public:
   explicit Op(std::string name) : name_(std::move(name)) {}
@@ -103,6 +111,9 @@ class Op {
   bool shares_gradient(int i) const {
     return static_cast<std::size_t>(i) < shared_grad_.size() && shared_grad_[static_cast<std::size_t>(i)];
   }
+
+  // What an op built to run e4m3 (ConvBiasActivation, Linear) ran; null for every other op.
+  virtual const Fp8Choice* fp8_choice() const { return nullptr; }
 
   // Checks the backend can run this layer (descriptors only, no data) and returns the workspace
   // bytes it needs. The default checks every tensor's storage type; convolution asks for its

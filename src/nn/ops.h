@@ -145,7 +145,9 @@ class BiasActivation final : public Op {
 class ConvBiasActivation final : public Op {
  public:
   ConvBiasActivation(std::string name, const Conv2dAttrs& a, bool relu, bool fp8 = false)
-      : Op(name), conv_(std::move(name), a), relu_(relu), fp8_(fp8) {}
+      : Op(name), conv_(std::move(name), a), relu_(relu) {
+    fp8_.asked = fp8;
+  }
   std::string_view kind() const override { return "conv_bias_act"; }
   std::vector<ParamSpec> parameters() const override;
   std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
@@ -156,17 +158,17 @@ class ConvBiasActivation final : public Op {
   const Conv2dAttrs& attrs() const { return conv_.attrs(); }
   std::int64_t macs() const { return conv_.macs(); }
   bool relu() const { return relu_; }
-  bool fp8() const { return fp8_; }            // asked to run in fp8
-  bool runs_fp8() const { return runs_fp8_; }  // after prepare: the backend took it
+  bool fp8() const { return fp8_.asked; }      // asked to run in fp8
+  bool runs_fp8() const { return fp8_.runs; }  // after prepare: the backend took it
   // After prepare: why an fp8 op runs in 16 bits (the backend's Unsupported message); else empty.
-  const std::string& fp8_fallback_reason() const { return fp8_fallback_reason_; }
+  const std::string& fp8_fallback_reason() const { return fp8_.fallback_reason; }
+  const Fp8Choice* fp8_choice() const override { return &fp8_; }
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   Conv2d conv_;  // the convolution's shape rules, parameters and cost
-  bool relu_, fp8_;
-  bool runs_fp8_ = false;
-  std::string fp8_fallback_reason_;
+  bool relu_;
+  Fp8Choice fp8_;
 };
 
 class MaxPool2d final : public Op {
@@ -200,13 +202,20 @@ class GlobalAvgPool final : public Op {
 };
 
 // [N, in] -> [N, out] with weight [out, in] and bias [out], PyTorch's default initialisation.
+// With `fp8` (inference graphs of precision fp8): x [N, in] and w [out, in] run as the e4m3 1x1
+// convolution they are (Kernels::conv2d_fp8_*, on the same bytes viewed [N, in, 1, 1] NHWC), where
+// the kernels take it; else the 16-bit GEMM, keeping the reason (as ConvBiasActivation).
 class Linear final : public Op {
  public:
-  Linear(std::string name, std::int64_t out_features, bool bias = true)
-      : Op(std::move(name)), out_features_(out_features), bias_(bias) {}
+  Linear(std::string name, std::int64_t out_features, bool bias = true, bool fp8 = false)
+      : Op(std::move(name)), out_features_(out_features), bias_(bias) {
+    fp8_.asked = fp8;
+  }
   std::string_view kind() const override { return "linear"; }
   std::vector<ParamSpec> parameters() const override;
   bool backward_reads_input(int i) const override { return i == 0; }
+  std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
+  const Fp8Choice* fp8_choice() const override { return &fp8_; }
   void forward(Kernels& k, const OpTensors& t) override;
   void backward(Kernels& k, const OpTensors& t) override;
   std::int64_t flops(Pass p) const override;
@@ -217,6 +226,7 @@ class Linear final : public Op {
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   std::int64_t out_features_;
   bool bias_;
+  Fp8Choice fp8_;
 };
 
 // (logits [N, K], labels [N] i32) -> mean loss [1]; keeps the probabilities for backward.
@@ -325,7 +335,8 @@ Value conv_bias_activation(GraphBuilder& b, const std::string& name, Value x, co
                            bool relu, bool fp8 = false);
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d);
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x);
-Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias = true);
+Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias = true,
+             bool fp8 = false);
 Value softmax_cross_entropy(GraphBuilder& b, const std::string& name, Value logits, Value labels);
 Value conv_transpose2d(GraphBuilder& b, const std::string& name, Value x, const ConvTranspose2dAttrs& a);
 Value quantize_ste(GraphBuilder& b, const std::string& name, Value x, double step = 1.0);

@@ -1,10 +1,29 @@
 // Layers with parameters: convolution, batch norm, linear. Cost rules: docs/ENGINE.md.
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 
 #include "nn/ops.h"
 
 namespace ab::nn {
 namespace {
+
+// Asks the kernels for an op's fp8 path where the op was built for it. A refusal is an answer, not
+// an error: the layer runs in 16 bits and the record says why. The fp8 workspace bytes, or nullopt.
+std::optional<std::int64_t> prepare_fp8(Fp8Choice& c, const std::function<std::int64_t()>& fp8_prepare) {
+  c.runs = false;
+  c.fallback_reason.clear();
+  if (!c.asked) return std::nullopt;
+  try {
+    const std::int64_t ws = fp8_prepare();
+    c.runs = true;
+    return ws;
+  } catch (const Unsupported& e) {
+    c.fallback_reason = e.what();
+    return std::nullopt;
+  }
+}
 
 std::int64_t conv_out_extent(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t pad,
                              std::int64_t dilation) {
@@ -253,25 +272,16 @@ std::int64_t ConvBiasActivation::prepare(Kernels& k, const OpTensors& d) {
   if (training_) fail("is inference only (a folded batch norm); build the graph with training = false");
   Op::prepare(k, d);
   const Tensor residual = d.in.size() > 1 ? d.in[1] : Tensor{};
-  runs_fp8_ = false;
-  fp8_fallback_reason_.clear();
-  if (fp8_) {
-    // A refusal is an answer, not an error: the layer runs in 16 bits and the record says why.
-    try {
-      const std::int64_t ws = k.conv2d_fp8_prepare(attrs().conv, d.in[0], d.params[0], d.params[1], residual, d.out[0],
-                                                   relu_);
-      runs_fp8_ = true;
-      return ws;
-    } catch (const Unsupported& e) {
-      fp8_fallback_reason_ = e.what();
-    }
-  }
+  if (const auto ws = prepare_fp8(fp8_, [&] {
+        return k.conv2d_fp8_prepare(attrs().conv, d.in[0], d.params[0], d.params[1], residual, d.out[0], relu_);
+      }))
+    return *ws;
   return k.conv2d_bias_activation_prepare(attrs().conv, d.in[0], d.params[0], d.params[1], residual, d.out[0], relu_);
 }
 
 void ConvBiasActivation::forward(Kernels& k, const OpTensors& t) {
   const Tensor residual = t.in.size() > 1 ? t.in[1] : Tensor{};
-  if (runs_fp8_)
+  if (fp8_.runs)
     k.conv2d_fp8_forward(attrs().conv, t.in[0], t.params[0], t.params[1], residual, t.out[0], relu_, t.workspace);
   else
     k.conv2d_bias_activation_forward(attrs().conv, t.in[0], t.params[0], t.params[1], residual, t.out[0], relu_,
@@ -294,7 +304,7 @@ std::int64_t ConvBiasActivation::bytes(Pass p) const {
   // extra pass over y.
   const std::int64_t residual = in_.size() > 1 ? in_[1].numel() : 0;
   const std::int64_t epilogue = (conv_.attrs().out_channels + residual) * element_bytes();
-  if (!runs_fp8_) return conv_.bytes(Pass::forward) + epilogue;
+  if (!fp8_.runs) return conv_.bytes(Pass::forward) + epilogue;
   // fp8 with per-call dynamic scales: x (16-bit) read twice, by the amax and by the quantize
   // pass, its e4m3 copy written once and read once by the convolution; w read as e4m3 (quantized
   // once per parameter state, not per call); y in 16 bits; the scalar scales are not counted.
@@ -327,8 +337,23 @@ std::vector<ParamSpec> Linear::parameters() const {
 
 std::int64_t Linear::macs() const { return in_[0].shape[0] * in_[0].shape[1] * out_features_; }
 
+std::int64_t Linear::prepare(Kernels& k, const OpTensors& d) {
+  const std::int64_t plain = Op::prepare(k, d);
+  if (fp8_.asked && training_) fail("runs fp8 in inference graphs only; build the graph with training = false");
+  if (const auto ws = prepare_fp8(fp8_, [&] {
+        return k.conv2d_fp8_prepare(Conv2dDesc{}, fp8_linear_view(d.in[0]), fp8_linear_view(d.params[0]),
+                                    bias_ ? d.params[1] : Tensor{}, Tensor{}, fp8_linear_view(d.out[0]), false);
+      }))
+    return std::max(plain, *ws);
+  return plain;
+}
+
 void Linear::forward(Kernels& k, const OpTensors& t) {
-  k.linear_forward(t.in[0], t.params[0], bias_ ? t.params[1] : Tensor{}, t.out[0]);
+  if (fp8_.runs)
+    k.conv2d_fp8_forward(Conv2dDesc{}, fp8_linear_view(t.in[0]), fp8_linear_view(t.params[0]),
+                         bias_ ? t.params[1] : Tensor{}, Tensor{}, fp8_linear_view(t.out[0]), false, t.workspace);
+  else
+    k.linear_forward(t.in[0], t.params[0], bias_ ? t.params[1] : Tensor{}, t.out[0]);
 }
 
 void Linear::backward(Kernels& k, const OpTensors& t) {
@@ -345,6 +370,8 @@ std::int64_t Linear::flops(Pass p) const {
 std::int64_t Linear::bytes(Pass p) const {
   const std::int64_t x = in_[0].numel(), y = out_[0].numel(), w = out_features_ * in_[0].shape[1];
   const std::int64_t b = bias_ ? out_features_ : 0;
+  // fp8 as conv_bias_act's: x read twice in 16 bits (amax, quantize), its e4m3 copy written and read.
+  if (p == Pass::forward && fp8_.runs) return x * (2 * element_bytes() + 2) + w + (b + y) * element_bytes();
   if (p == Pass::forward) return (x + w + b + y) * element_bytes();
   const std::int64_t data = input_needs_grad(0) ? y + w + x : 0;
   return (data + x + y + w + b) * element_bytes();

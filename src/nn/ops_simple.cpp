@@ -182,8 +182,8 @@ Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dD
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x) {
   return b.add1(std::make_unique<GlobalAvgPool>(name), {x});
 }
-Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias) {
-  return b.add1(std::make_unique<Linear>(name, out_features, bias), {x});
+Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias, bool fp8) {
+  return b.add1(std::make_unique<Linear>(name, out_features, bias, fp8), {x});
 }
 Value softmax_cross_entropy(GraphBuilder& b, const std::string& name, Value logits, Value labels) {
   return b.add1(std::make_unique<SoftmaxCrossEntropy>(name), {logits, labels});

@@ -101,7 +101,8 @@ Fp8Layer& CudaKernels::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Ten
 std::string CudaKernels::fp8_slower_than_16bit(Fp8Layer& layer, const Conv2dDesc& d, const Tensor& x,
                                                const Tensor& w, const Tensor& bias, const Tensor& residual,
                                                const Tensor& y, bool relu) {
-  // The 16-bit side: what ConvBiasActivation runs on refusal, searched (and timed) by its prepare.
+  // The 16-bit side: what ConvBiasActivation runs on refusal, searched (and timed) by its prepare
+  // (for a linear layer's [N, in, 1, 1] view, the 1x1 convolution standing in for its GEMM).
   const bool has_residual = residual.shape.rank() != 0;
   conv2d_bias_activation_prepare(d, x, w, bias, residual, y, relu);
   ConvPlan& p = prepared_conv_plan(d, x, w, y, ConvPasses{false, false});

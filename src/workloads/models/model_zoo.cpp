@@ -308,14 +308,14 @@ void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g, const 
   std::int64_t layers = 0, fallback = 0, slower = 0;
   std::vector<std::string> reasons;
   for (std::size_t i = 0; i < g.op_count(); ++i) {
-    const auto* conv = dynamic_cast<const nn::ConvBiasActivation*>(&g.op(i));
-    if (conv == nullptr || !conv->fp8()) continue;
-    if (conv->runs_fp8()) {
+    const nn::Fp8Choice* c = g.op(i).fp8_choice();  // convolutions and linear layers
+    if (c == nullptr || !c->asked) continue;
+    if (c->runs) {
       ++layers;
       continue;
     }
     ++fallback;
-    const std::string& why = conv->fp8_fallback_reason();
+    const std::string& why = c->fallback_reason;
     // A layer left in 16 bits by the timing is counted, not listed: each reason names its shape.
     if (why.find(nn::kFp8SlowerReason) != std::string::npos)
       ++slower;
