@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <set>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -165,11 +164,6 @@ class Train final : public Workload {
     if (strong && asked.batch % gpus != 0)
       state.skip("strong scaling splits batch=" + std::to_string(asked.batch) + " over gpus=" + std::to_string(gpus) +
                  ": not a multiple");
-    // One GPU runs no data parallelism: a sweep of its knobs measures gpus=1 once, the first time.
-    // Decided from the points alone (not from a result one rank may lack), so every rank agrees.
-    if (gpus == 1 && !single_gpu_points().insert(single_gpu_key(state)).second)
-      state.skip("gpus=1 with these settings was measured at an earlier point of this run; the data-parallel knobs "
-                 "(bucket_mib, tail_bucket_mib, bucket_delay_ops, comm_*) change nothing on one GPU");
     if (gpus > 1 && (comm_ctas > 0 || comm_high_priority) && state.backend().info().kind != "cuda")
       state.skip("comm_ctas and comm_priority set NCCL's communicator and stream; data parallelism on " +
                  state.backend().info().id + " averages through the host");
@@ -338,10 +332,6 @@ class Train final : public Workload {
   static std::map<std::string, double>& single_gpu_rates() {
     static std::map<std::string, double> rates;
     return rates;
-  }
-  static std::set<std::string>& single_gpu_points() {  // the keys of gpus=1 points run so far
-    static std::set<std::string> keys;
-    return keys;
   }
   static std::string single_gpu_key(const State& state) {
     std::string key;
