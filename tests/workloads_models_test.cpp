@@ -316,6 +316,15 @@ TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
   EXPECT_EQ(found, 1);
 }
 
+TEST(Train, CooperativeKernelsOffIsSkippedOnTheReferenceSayingWhy) {
+  const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
+                                            "cooperative_kernels=on,off"});
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["status"], "ok") << records[0].dump();
+  EXPECT_EQ(records[1]["status"], "skipped") << records[1].dump();
+  EXPECT_TRUE(contains(records[1]["reason"].get<std::string>(), "CUDA engine")) << records[1].dump();
+}
+
 TEST(Train, ANegativeBucketDelayIsInvalid) {
   const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
                                             "bucket_delay_ops=-1"});

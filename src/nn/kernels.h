@@ -253,6 +253,12 @@ class Kernels {
   // allows); false takes fp8 wherever the backend can run it, to study the fp8 kernels themselves.
   // Set before the prepares it should govern. The default (the reference) always runs fp8.
   virtual void set_fp8_only_where_faster(bool) {}  // the refusal contains kFp8SlowerReason
+  // Whether the backend may run cooperative kernels, whose blocks must all be resident at once
+  // (cuDNN's persistent NHWC batch norm). Such a kernel cannot start while a kernel of another
+  // stream holds SMs (a data-parallel step's all-reduce: bench/RESULTS.md's kernel timeline), so a
+  // data-parallel run may want none; the CUDA engine then runs the project's NHWC batch-norm
+  // kernels. Set before bind (plans are made there). The default (no such kernels) ignores it.
+  virtual void set_cooperative_kernels(bool) {}
 
   virtual void maxpool_forward(const Pool2dDesc& d, const Tensor& x, const Tensor& y) = 0;
   // Routes dy to the first maximum of each window (row-major scan), as PyTorch does.

@@ -164,6 +164,7 @@ class CudaKernels final : public Kernels {
                           const Tensor& residual, const Tensor& y, bool relu, Workspace ws) override;
   void parameters_changed() override;
   void set_fp8_only_where_faster(bool only) override { fp8_only_where_faster_ = only; }
+  void set_cooperative_kernels(bool allowed) override { cooperative_ = allowed; }
   std::vector<std::string> fp8_notes() const;
 
   void conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) override;
@@ -328,6 +329,7 @@ class CudaKernels final : public Kernels {
   std::unordered_map<Key, std::unique_ptr<LtPlan>, KeyHash> lt_plans_;
   std::unordered_map<Key, std::unique_ptr<Fp8Layer>, KeyHash> fp8_layers_;
   bool fp8_only_where_faster_ = true;
+  bool cooperative_ = true;  // cuDNN's persistent (cooperative) batch-norm kernels allowed
   std::unordered_map<const void*, Fp8Weights> fp8_weights_;
 };
 

@@ -40,10 +40,10 @@ using Named = std::pair<const Tensor*, const char*>;
 
 double bn_epsilon(const BatchNormDesc& d) { return std::max(d.epsilon, CUDNN_BN_MIN_EPSILON); }
 
-// The one switch: NHWC training with f16/bf16 activations on the project's kernels instead of
-// cuDNN's persistent NHWC path. Off: cuDNN's path reads x once per forward (ours twice) and
-// measured fast (ResNet-50 bf16 b256 training 5727 img/s against PyTorch's 4673 on an H200).
-constexpr bool kOwnBatchNormTraining16Bit = false;
+// NHWC training with f16/bf16 activations runs cuDNN's persistent NHWC kernels where cooperative
+// kernels are allowed (the default: cuDNN's path reads x once per forward, ours twice, and measured
+// fast: ResNet-50 bf16 b256 training 5727 img/s against PyTorch's 4673 on an H200), else the
+// project's kernels (set_cooperative_kernels(false): nothing that needs every SM at once).
 
 // Memory [N*H*W, C] row-major: NHWC, or a shape where NCHW and NHWC name the same bytes.
 bool rows_by_channel(const Tensor& x) {
@@ -51,10 +51,10 @@ bool rows_by_channel(const Tensor& x) {
 }
 
 // Whether a batch norm on x runs on cuda_batchnorm (else cuDNN).
-bool own_batchnorm(const Tensor& x, bool training) {
+bool own_batchnorm(const Tensor& x, bool training, bool cooperative_allowed) {
   if (!rows_by_channel(x)) return false;
   if (x.dtype == DType::f32) return true;
-  if (x.dtype == DType::f16 || x.dtype == DType::bf16) return !training || kOwnBatchNormTraining16Bit;
+  if (x.dtype == DType::f16 || x.dtype == DType::bf16) return !training || !cooperative_allowed;
   return false;
 }
 
@@ -66,7 +66,7 @@ float* f32_out(const Tensor& t) { return static_cast<float*>(t.data); }
 }  // namespace
 
 std::int64_t CudaKernels::bn_scratch_bytes(const Tensor& x) const {
-  if (!own_batchnorm(x, true)) return 0;
+  if (!own_batchnorm(x, true, cooperative_)) return 0;
   return cuda_batchnorm::scratch_bytes(bn_rows(x), x.shape[1]);
 }
 
@@ -140,7 +140,7 @@ void CudaKernels::batchnorm_forward_training(const BatchNormDesc& d, const Tenso
                                 Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"},
                                 Named{&saved_invstd, "saved_invstd"}})
     require_channel_vector(k, x, *t, what);
-  if (own_batchnorm(x, true)) {
+  if (own_batchnorm(x, true, cooperative_)) {
     void* scratch = bn_scratch(x, k);
     cuda_batchnorm::forward_training(stream_, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma), f32(beta),
                                      f32_out(running_mean), f32_out(running_var), f32_out(saved_mean),
@@ -174,7 +174,7 @@ void CudaKernels::batchnorm_forward_inference(const BatchNormDesc& d, const Tens
   for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
                                 Named{&running_var, "running_var"}})
     require_channel_vector(k, x, *t, what);
-  if (own_batchnorm(x, false)) {
+  if (own_batchnorm(x, false, cooperative_)) {
     cuda_batchnorm::forward_inference(stream_, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma), f32(beta),
                                       f32(running_mean), f32(running_var), d.epsilon);
     return;
@@ -193,7 +193,7 @@ void CudaKernels::batchnorm_backward(const BatchNormDesc& d, const Tensor& x, co
                                      bool accumulate, const Tensor& dgamma, const Tensor& dbeta) {
   const char* k = "batchnorm_backward";
   require_like(k, x, dy, "dy");
-  if (own_batchnorm(x, true)) {
+  if (own_batchnorm(x, true, cooperative_)) {
     // Any of dx, dgamma and dbeta may be absent.
     if (dx.defined()) require_like(k, x, dx, "dx");
     for (const auto& [t, what] :
@@ -238,6 +238,7 @@ void CudaKernels::batchnorm_backward(const BatchNormDesc& d, const Tensor& x, co
 // ---- batch norm + (residual add +) ReLU, fused by cuDNN where it can
 
 BnFusion* CudaKernels::bn_fusion(const Tensor& x, bool residual, std::int64_t mask_bytes) {
+  if (!cooperative_) return nullptr;  // cuDNN's fused batch-norm kernels are persistent (cooperative)
   if (x.shape.rank() != 4 || (x.dtype != DType::f16 && x.dtype != DType::bf16) || !is_nhwc(x)) return nullptr;
   BnPlan& p = bn_plan(x);
   BnFusion& f = p.fusion[residual ? 1 : 0];

@@ -133,6 +133,9 @@ class Train final : public Workload {
          {"comm_priority", AxisKind::text, one("normal"), {"normal", "high"},
           "data parallelism on GPUs: the all-reduces' stream priority (high: their blocks take SMs ahead of "
           "queued backward kernels)"},
+         {"cooperative_kernels", AxisKind::text, one("on"), {"on", "off"},
+          "on GPUs: off = no kernel that needs every SM at once (cuDNN's persistent batch norm; the project's "
+          "NHWC kernels instead), which an all-reduce running beside it would hold back"},
          {"comm_dtype", AxisKind::text, one("grad"), {"grad", "bf16", "fp16"},
           "data parallelism: the dtype the gradients are all-reduced in; grad = their own (f32), bf16 / fp16 = "
           "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"}});
@@ -147,6 +150,7 @@ class Train final : public Workload {
     const std::int64_t comm_ctas = state.get_int("comm_ctas"), bucket_delay_ops = state.get_int("bucket_delay_ops");
     const bool comm_high_priority = state.get_text("comm_priority") == "high";
     const std::string comm_dtype = state.get_text("comm_dtype");
+    const bool cooperative = state.get_text("cooperative_kernels") == "on";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
@@ -167,6 +171,9 @@ class Train final : public Workload {
     if (gpus > 1 && (comm_ctas > 0 || comm_high_priority) && state.backend().info().kind != "cuda")
       state.skip("comm_ctas and comm_priority set NCCL's communicator and stream; data parallelism on " +
                  state.backend().info().id + " averages through the host");
+    if (!cooperative && state.backend().info().kind != "cuda")
+      state.skip("cooperative_kernels=off chooses among the CUDA engine's batch-norm kernels; " +
+                 state.backend().info().id + " runs none that need every core at once");
     if (gpus > 1 && use_graph && state.backend().info().kind != "cuda")
       state.skip("data parallelism on " + state.backend().info().id +
                  " averages through the host, which a captured step cannot hold: use graph=off");
@@ -197,6 +204,7 @@ class Train final : public Workload {
       m = build_zoo_model(builder, spec);
       // Kernels before the graph and optimizer: their memory comes from its allocator.
       kernels = nn::make_device_kernels(state.backend());
+      kernels->set_cooperative_kernels(cooperative);
       g = std::make_unique<nn::Graph>(std::move(builder));
       opt = make_optimizer(state.get_text("optimizer"), lr, global_batch, m.compression);
       set_counts_and_plan_metrics(state, *g, *opt, spec, gpus);
