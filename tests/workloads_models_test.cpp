@@ -409,6 +409,35 @@ TEST(Infer, Fp8TinyResnetPassesItsCheckAndReportsLayersAndAccuracy) {
   EXPECT_NE(fp8["counts"]["bytes"], fp16["counts"]["bytes"]);  // the fp8 layer's quantize passes and e4m3 weights
 }
 
+// fp8_layers chooses among fp8 convolutions: with another precision its non-default value is a
+// skipped point saying so; with fp8 the record says which choice ran (the reference runs every
+// eligible layer in fp8 either way: it has no 16-bit time to compare with).
+TEST(Infer, Fp8LayersAppliesToFp8OnlyAndIsRecorded) {
+  const auto records =
+      run_points("infer", {"precision=fp16,fp8", "fp8_layers=faster,all", "batch=1", "image_size=16"});
+  ASSERT_EQ(records.size(), 4u);
+  int skipped = 0, ok = 0;
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    const std::string precision = r["params"]["precision"], choice = r["params"]["fp8_layers"];
+    if (precision == "fp16" && choice == "all") {
+      ++skipped;
+      EXPECT_EQ(r["status"], "skipped");
+      EXPECT_TRUE(contains(r["reason"].get<std::string>(), "precision=fp8 only"));
+      continue;
+    }
+    ++ok;
+    ASSERT_EQ(r["status"], "ok");
+    if (precision == "fp8") {
+      EXPECT_EQ(r["metrics"]["fp8"]["layer_choice"], choice);
+      EXPECT_EQ(r["metrics"]["fp8"]["layers"], 1);
+      EXPECT_EQ(r["metrics"]["fp8"]["fallback_slower_layers"], 0);
+    }
+  }
+  EXPECT_EQ(skipped, 1);
+  EXPECT_EQ(ok, 3);
+}
+
 // fp8 needs the fused epilogue (fold=fused; auto resolves to it): fold=off or on, and the
 // autoencoder (nothing to fold), are invalid points that say why; train has no fp8 (the axis).
 TEST(Infer, Fp8WithoutFusedConvolutionsIsInvalidWithTheReason) {
