@@ -13,8 +13,10 @@ percentile. Per kind, the medians of:
   comm_alone_ms   communication time with no compute kernel beside it (exposed)
   idle_ms         time with no kernel at all
 then the kernels whose summed time per step grew most from the single-GPU steps to the
-data-parallel ones (the compute slowed by the all-reduces running beside it), and the median
-data-parallel step's communication kernels with their offsets and how busy the compute was meanwhile.
+data-parallel ones (the compute slowed by the all-reduces running beside it), the median
+data-parallel step's communication kernels with their offsets and how busy the compute was
+meanwhile, and for two processes the skew: the k-th all-reduce of each paired, how much later one
+rank started it than the other (the end difference checks that the two clocks agree).
   usage: trace_steps.py DIR [--marker REGEX] [--comm REGEX] [--json FILE]
 """
 import argparse
@@ -169,9 +171,42 @@ def main():
                 print(f"    {s / 1e6:8.3f} {e / 1e6:8.3f}  {dur / 1e6:6.3f} ms, compute beside it "
                       f"{100.0 * ov / dur if dur else 0:5.1f}%  {short(n, 60)}")
             summary[pid]["grown_top"] = [{"ms": g, "name": n} for g, _, _, n in grown[:12]]
+    skew = rank_skew(args.dir, comm)
+    if skew:
+        summary["rank_skew"] = skew
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
+
+
+def rank_skew(trace_dir, comm):
+    """Two processes' communication kernels paired in order (the k-th all-reduce of one with the
+    k-th of the other: the same collective). A collective ends together on both ranks, so the
+    median end difference says whether the two clocks agree; the start difference says which rank
+    reached each all-reduce first and how long the other kept it waiting."""
+    ranks = []
+    for path in sorted(glob.glob(os.path.join(trace_dir, "kernels-*.csv"))):
+        pid, rows = load(path)
+        kernels = [(s, e) for s, e, _, _, n in rows if comm.search(n)]
+        if kernels:
+            ranks.append((pid, kernels))
+    if len(ranks) != 2:
+        return None
+    (pa, a), (pb, b) = ranks
+    if len(a) != len(b):
+        print(f"\nrank skew: pids {pa} and {pb} ran {len(a)} and {len(b)} communication kernels: not paired")
+        return None
+    end_diff = statistics.median((ea - eb) / 1e6 for (_, ea), (_, eb) in zip(a, b))
+    start_diff = [(sa - sb) / 1e6 for (sa, _), (sb, _) in zip(a, b)]
+    later_a = sum(1 for d in start_diff if d > 0)
+    print(f"\n== rank skew, pids {pa} and {pb}: {len(a)} paired communication kernels")
+    print(f"  end difference (clock agreement): median {end_diff:+.4f} ms")
+    print(f"  start difference ({pa} - {pb}): median {statistics.median(start_diff):+.4f} ms, "
+          f"mean |.| {statistics.mean(abs(d) for d in start_diff):.4f} ms; {pa} started later in "
+          f"{later_a} of {len(start_diff)}")
+    return {"pids": [pa, pb], "paired": len(a), "end_diff_ms": end_diff,
+            "start_diff_median_ms": statistics.median(start_diff),
+            "start_diff_mean_abs_ms": statistics.mean(abs(d) for d in start_diff), "later_count_first_pid": later_a}
 
 
 if __name__ == "__main__":
