@@ -34,7 +34,8 @@ std::mutex g_mutex;
 std::vector<KernelRecord>* g_records = nullptr;
 std::unordered_map<const char*, std::uint32_t>* g_name_ids = nullptr;  // CUPTI shares one pointer per kernel
 std::vector<std::string>* g_names = nullptr;
-std::size_t g_dropped = 0;
+std::size_t g_dropped = 0;        // over kMaxRecords
+std::size_t g_cupti_dropped = 0;  // lost inside CUPTI
 
 void report(const char* what, CUptiResult r) {
   const char* text = nullptr;
@@ -48,10 +49,13 @@ void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::si
   *max_records = 0;
 }
 
-void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, std::size_t, std::size_t valid_bytes) {
+void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream_id, std::uint8_t* buffer, std::size_t,
+                               std::size_t valid_bytes) {
   CUpti_Activity* record = nullptr;
   {
     const std::lock_guard<std::mutex> lock(g_mutex);
+    std::size_t lost = 0;  // records CUPTI itself could not keep (its buffers full)
+    if (cuptiActivityGetNumDroppedRecords(context, stream_id, &lost) == CUPTI_SUCCESS) g_cupti_dropped += lost;
     while (cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
       if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
@@ -85,8 +89,8 @@ void write_trace() {
     for (std::size_t i = 0; i < g_names->size(); ++i) std::fprintf(f, "%zu,%s\n", i, (*g_names)[i].c_str());
     std::fclose(f);
   }
-  std::fprintf(stderr, "kernel_trace: pid %s wrote %zu kernels (%zu dropped over the cap)\n", pid.c_str(),
-               g_records->size(), g_dropped);
+  std::fprintf(stderr, "kernel_trace: pid %s wrote %zu kernels (%zu dropped over the cap, %zu lost by CUPTI)\n",
+               pid.c_str(), g_records->size(), g_dropped, g_cupti_dropped);
 }
 
 }  // namespace

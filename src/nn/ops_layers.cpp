@@ -25,6 +25,15 @@ std::optional<std::int64_t> prepare_fp8(Fp8Choice& c, const std::function<std::i
   }
 }
 
+// Forward bytes of an op on the fp8 path (per-call dynamic scales): x (16-bit, `x` elements) read
+// twice, by the amax and by the quantize pass, its e4m3 copy written once and read once by the
+// convolution; the weights read as e4m3 (quantized once per parameter state, not per call); then
+// `rest16` elements of 16-bit traffic (y, bias, residual); the scalar scales are not counted.
+std::int64_t fp8_forward_bytes(std::int64_t x, std::int64_t w, std::int64_t rest16, std::int64_t element_bytes) {
+  const auto e4m3 = static_cast<std::int64_t>(size_bytes(DType::f8e4m3));
+  return x * (2 * element_bytes + 2 * e4m3) + w * e4m3 + rest16 * element_bytes;
+}
+
 std::int64_t conv_out_extent(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t pad,
                              std::int64_t dilation) {
   const std::int64_t span = dilation * (kernel - 1) + 1;
@@ -302,16 +311,11 @@ std::int64_t ConvBiasActivation::bytes(Pass p) const {
   if (p == Pass::backward) return 0;
   // x, w and y once each, the bias, and the residual where there is one: the epilogue moves no
   // extra pass over y.
-  const std::int64_t residual = in_.size() > 1 ? in_[1].numel() : 0;
-  const std::int64_t epilogue = (conv_.attrs().out_channels + residual) * element_bytes();
-  if (!fp8_.runs) return conv_.bytes(Pass::forward) + epilogue;
-  // fp8 with per-call dynamic scales: x (16-bit) read twice, by the amax and by the quantize
-  // pass, its e4m3 copy written once and read once by the convolution; w read as e4m3 (quantized
-  // once per parameter state, not per call); y in 16 bits; the scalar scales are not counted.
+  const std::int64_t epilogue = conv_.attrs().out_channels + (in_.size() > 1 ? in_[1].numel() : 0);  // elements
   // Before prepare (or where the backend refused) the 16-bit formula holds.
-  const std::int64_t e4m3 = bytes_of(DType::f8e4m3);
-  const std::int64_t x = in_[0].numel(), y = out_[0].numel(), w = conv_.parameters()[0].shape.numel();
-  return x * (2 * element_bytes() + 2 * e4m3) + w * e4m3 + y * element_bytes() + epilogue;
+  if (!fp8_.runs) return conv_.bytes(Pass::forward) + epilogue * element_bytes();
+  return fp8_forward_bytes(in_[0].numel(), conv_.parameters()[0].shape.numel(), out_[0].numel() + epilogue,
+                           element_bytes());
 }
 
 // ---- linear
@@ -370,8 +374,7 @@ std::int64_t Linear::flops(Pass p) const {
 std::int64_t Linear::bytes(Pass p) const {
   const std::int64_t x = in_[0].numel(), y = out_[0].numel(), w = out_features_ * in_[0].shape[1];
   const std::int64_t b = bias_ ? out_features_ : 0;
-  // fp8 as conv_bias_act's: x read twice in 16 bits (amax, quantize), its e4m3 copy written and read.
-  if (p == Pass::forward && fp8_.runs) return x * (2 * element_bytes() + 2) + w + (b + y) * element_bytes();
+  if (p == Pass::forward && fp8_.runs) return fp8_forward_bytes(x, w, b + y, element_bytes());
   if (p == Pass::forward) return (x + w + b + y) * element_bytes();
   const std::int64_t data = input_needs_grad(0) ? y + w + x : 0;
   return (data + x + y + w + b) * element_bytes();

@@ -67,8 +67,8 @@ std::string fmt_rel_error(double v) {
 // Appends what the point's precision cost, where its record says (infer records carry
 // metrics.accuracy, fp8 ones metrics.fp8; a point that failed its check too, to say by how much):
 // image 0's logits' relative error against float64, a marker where the top-1 class differs, and
-// fp8's convolutions that fell back to f16 (and how many because fp8 timed slower). Returns false, the cell untouched, for records without
-// them (training, older runs).
+// fp8's layers that fell back to f16 (and how many because fp8 timed slower). Returns false, the
+// cell untouched, for records without them (training, older runs).
 bool add_precision_cost(Cell& c, const Point& p) {
   std::vector<std::string> notes, why;
   if (const auto err = num(*p.rec, "metrics.accuracy.logits_rel_error_vs_f64")) {
@@ -89,7 +89,7 @@ bool add_precision_cost(Cell& c, const Point& p) {
     const auto slower = num(*p.rec, "metrics.fp8.fallback_slower_layers");
     const std::string timed =
         slower && *slower > 0 ? " (" + fmt(*slower) + " of them because fp8 timed no faster there)" : std::string();
-    why.push_back(fmt(*fp8_layers) + " convolutions ran fp8, " + fmt(*fallback_layers) + " fell back to f16" + timed +
+    why.push_back(fmt(*fp8_layers) + " layers ran fp8, " + fmt(*fallback_layers) + " fell back to f16" + timed +
                   reasons);
   }
   if (notes.empty()) return false;
@@ -210,7 +210,7 @@ std::optional<Section> precision_study(const std::vector<Point>& all, bool multi
       "or is noisy carries that badge; one that could not be measured says why." +
           (any_cost ? std::string(" Where a record says what its precision cost (inference), its cell adds the relative "
                                   "error of image 0's logits against the float64 reference (err), \"top-1 ≠ f64\" where "
-                                  "the top class differs, and for fp8 how many convolutions ran fp8 and how many fell "
+                                  "the top class differs, and for fp8 how many layers ran fp8 and how many fell "
                                   "back to f16 when any did.")
                     : std::string()) +
           (without_fp32 ? " " + std::to_string(without_fp32) + " group(s) of several precisions have no fp32 point and are "

@@ -111,7 +111,7 @@ std::string CudaKernels::fp8_slower_than_16bit(Fp8Layer& layer, const Conv2dDesc
   const double sixteen_s = e.fused && bias.dtype == y.dtype ? e.pass.time_s : e.unfused_s;
 
   // The fp8 side on scratch operands of the layer's sizes: x random in [-1, 1), w's e4m3 0.5 everywhere.
-  const Fp8Layer& l = layer;
+  const Fp8Layer& l = layer;  // read-only below; the timings are written at the end
   const std::int64_t k = y.shape[1];
   const std::int64_t xb = align_up(x.size_bytes()), qxb = align_up(x.numel()), qwb = align_up(w.numel());
   const std::int64_t yb = align_up(y.size_bytes()), bb = align_up(k * 4), wsb = align_up(l.plan->workspace_bytes());

@@ -40,17 +40,16 @@ using Named = std::pair<const Tensor*, const char*>;
 
 double bn_epsilon(const BatchNormDesc& d) { return std::max(d.epsilon, CUDNN_BN_MIN_EPSILON); }
 
-// NHWC training with f16/bf16 activations runs cuDNN's persistent NHWC kernels where cooperative
-// kernels are allowed (the default: cuDNN's path reads x once per forward, ours twice, and measured
-// fast: ResNet-50 bf16 b256 training 5727 img/s against PyTorch's 4673 on an H200), else the
-// project's kernels (set_cooperative_kernels(false): nothing that needs every SM at once).
-
 // Memory [N*H*W, C] row-major: NHWC, or a shape where NCHW and NHWC name the same bytes.
 bool rows_by_channel(const Tensor& x) {
   return x.shape.rank() == 4 && x.strides == contiguous_strides(x.shape, Layout::nhwc);
 }
 
-// Whether a batch norm on x runs on cuda_batchnorm (else cuDNN).
+// Whether a batch norm on x runs on cuda_batchnorm (else cuDNN). NHWC training with f16/bf16
+// activations runs cuDNN's persistent NHWC kernels where cooperative kernels are allowed (the
+// default: cuDNN's path reads x once per forward, ours twice, and measured fast: ResNet-50 bf16 b256
+// training 5727 img/s against PyTorch's 4673 on an H200), else the project's kernels
+// (set_cooperative_kernels(false): nothing that needs every SM at once).
 bool own_batchnorm(const Tensor& x, bool training, bool cooperative_allowed) {
   if (!rows_by_channel(x)) return false;
   if (x.dtype == DType::f32) return true;
