@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|timeline|verify|coop|engine|train|resnext|fp8][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|timeline|verify|coop|copy|engine|train|resnext|fp8][,more modes] (default all)
 # asan (nvidia-h200-x2): the cuda-sanitize build's DataParallel tests under mpirun (a heap-corruption hunt).
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
@@ -30,6 +30,9 @@
 # coop (x2): the batch-norm and fp8 GPU tests (cooperative kernels on and off; the linear layer's
 # 1x1-pixel fp8 case), then ResNet-50 bf16 training at 1 and N GPUs with cooperative_kernels=on,off
 # (the one-GPU cost of the project's batch norm against the scaling it may gain; ~5 min).
+# copy (x2): the copy-engine averager (train comm_engine=copy): its 2-GPU test beside NCCL's, then
+# ResNet-50 bf16 training at 1 and N GPUs with comm_engine=nccl,copy, then PyTorch DDP alone
+# (bench/compare_ddp.py --skip-accelbench) for the same run's DDP scaling (~8 min).
 # verify (x2): the GPU tests of the collectives and data-parallel code only (~1 min after the build);
 # with NTHREADS set, then 2-GPU training with NCCL_NTHREADS=$NTHREADS and comm_ctas 0,8.
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
@@ -55,7 +58,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -70,7 +73,7 @@ if { want multi || want heap || want ddp || want overlap || want timeline || wan
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -250,6 +253,19 @@ if want coop; then
   echo "cooperative_kernels sweep: exit $?"
   python3 bench/summarize_points.py "$logs/coop" params.gpus params.cooperative_kernels rates.samples_per_s \
     metrics.scaling_efficiency metrics.fusion.fused_shapes
+fi
+if want copy; then
+  timeout 240 ./build/cuda/tests/dist_test --gtest_filter='DataParallel.TrainOnTwoGpusAveragesOver*' > "$logs/copy-test.log" 2>&1
+  echo "dist_test copy engines + NCCL: exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rror" "$logs/copy-test.log" | head
+  n=$(nvidia-smi -L | wc -l)
+  timeout 300 mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_engine=nccl,copy ${COPY_AXES:-} \
+    --axis trajectory_steps=3 --out "$logs/copy" > "$logs/copy.txt" 2>&1
+  echo "comm_engine sweep: exit $?"; grep -iE "error|refus" "$logs/copy.txt" | head -5
+  python3 bench/summarize_points.py "$logs/copy" params.gpus params.comm_engine rates.samples_per_s time.median_s \
+    metrics.scaling_efficiency metrics.data_parallel.averaging
+  [[ ${COPY_DDP:-1} == 1 ]] && timeout 200 python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/copy-ddp" --gpus $n \
+    --skip-accelbench 2>&1 | tail -n 6
 fi
 if want verify; then
   ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*' > "$logs/verify-backend.log" 2>&1

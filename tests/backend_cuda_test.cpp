@@ -221,7 +221,7 @@ TEST(CudaCollectives, AveragerInA16BitWireTypeRoundsToNearestEven) {
     const auto rounded = [wire](float v) {
       return wire == DType::bf16 ? bf16_bits_to_float(float_to_bf16_bits(v)) : half_bits_to_float(float_to_half_bits(v));
     };
-    auto averager = group->make_averager(false);
+    auto averager = group->make_averager(false, backend::AveragerEngine::nccl);
     averager->set_wire_dtype(wire, n);
     // Elements [offset, offset + count) averaged, eagerly or from a captured graph; all n back.
     const auto averaged = [&](std::int64_t offset, std::int64_t count, bool captured) {

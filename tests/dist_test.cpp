@@ -835,6 +835,25 @@ TEST(DataParallel, CommKnobsAreCheckedAndSkippedOnHostAveraging) {
   EXPECT_NE(high.value("reason", "").find("averages through the host"), std::string::npos) << high.dump();
 }
 
+// comm_engine=copy copies between GPUs: on host averaging it is skipped saying why, and nccl runs.
+TEST(DataParallel, CopyEnginesAreSkippedOnHostAveraging) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
+                       " run train --device cpu --axis batch=2 --axis image_size=8 --axis trajectory_steps=1 "
+                       "--axis graph=off --axis gpus=2 --axis comm_engine=nccl,copy" + kQuickPoints + " --out " +
+                       quote(tmp.path().string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto points = read_points(tmp.path());
+  ASSERT_EQ(points.size(), 2u);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& p : points) by[p["params"]["comm_engine"].get<std::string>()] = p;
+  EXPECT_EQ(by.at("nccl")["status"], "ok") << by.at("nccl").dump();
+  EXPECT_EQ(by.at("nccl")["metrics"]["data_parallel"]["averaging"], "host");
+  EXPECT_EQ(by.at("copy")["status"], "skipped") << by.at("copy").dump();
+  EXPECT_NE(by.at("copy").value("reason", "").find("averages through the host"), std::string::npos) << by.at("copy").dump();
+}
+
 // comm_dtype=bf16 / fp16 on the host exchange: each rank's buckets and their mean rounded to the
 // wire type (the in-process test above checks the bits). The trajectory starts where f32
 // averaging's does (the first loss precedes any update), then leaves it but stays close; the
@@ -1028,6 +1047,40 @@ TEST(DataParallel, TrainOnTwoGpusAveragesInBf16) {
   const auto eager = losses(bf16.at({2, "off"})), captured = losses(bf16.at({2, "on"}));
   ASSERT_EQ(eager.size(), captured.size());
   for (std::size_t i = 0; i < eager.size(); ++i) EXPECT_NEAR(captured[i], eager[i], 1e-4 * std::abs(eager[i])) << i;
+}
+
+// comm_engine=copy on two GPUs: each rank copies the other's buckets with a copy engine and
+// averages them in, eager and inside a captured step; the trajectory is NCCL averaging's to float32
+// rounding (both compute (a + b) / 2 in f32), and a 16-bit wire is skipped saying why.
+TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
+  SKIP_WITHOUT_MPI();
+  if (backend::collective_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const std::string args =
+      "--axis model=tiny_resnet --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 "
+      "--axis gpus=2 --axis graph=off,on --axis bucket_mib=0.0001 --axis comm_engine=";
+  const auto nccl = two_gpu_train_points(args + "nccl");
+  const auto copy = two_gpu_train_points(args + "copy");
+  ASSERT_EQ(nccl.size(), 2u);
+  ASSERT_EQ(copy.size(), 2u);
+  const auto losses = [](const nlohmann::json& p) { return p["metrics"]["loss_trajectory"].get<std::vector<double>>(); };
+  for (const std::string graph : {"off", "on"}) {
+    const auto& dp = copy.at({2, graph})["metrics"]["data_parallel"];
+    EXPECT_EQ(dp["averaging"], "copy engines");
+    EXPECT_GT(dp["buckets"].get<int>(), 3);
+    const auto want = losses(nccl.at({2, graph})), got = losses(copy.at({2, graph}));
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_NE(want.front(), want.back());
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << "graph=" << graph << " step " << i;
+  }
+  test::TempDir tmp;
+  const Ran r = mpirun("-np 2 " + quote(kAccelbench) + " run train " + args + "copy --axis comm_dtype=bf16" +
+                       kQuickPoints + " --out " + quote(tmp.path().string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const auto& p : read_points(tmp.path())) {
+    EXPECT_EQ(p["status"], "skipped") << p.dump();
+    EXPECT_NE(p.value("reason", "").find("comm_engine=nccl"), std::string::npos) << p.dump();
+  }
 }
 
 TEST(MpiBootstrap, ARankThatCannotStartStopsEveryRank) {

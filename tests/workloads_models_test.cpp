@@ -316,6 +316,21 @@ TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
   EXPECT_EQ(found, 1);
 }
 
+TEST(Train, CommEngineAxisDefaultsToNcclAndRefusesUnknownValues) {
+  const std::string msg =
+      test::usage_error([] { plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_engine=gloo")}); });
+  EXPECT_TRUE(contains(msg, "comm_engine 'gloo'") && contains(msg, "valid: nccl, copy")) << msg;
+  int found = 0;
+  for (const auto& a : find_workload("train").axes("cuda"))
+    if (a.name == "comm_engine") {
+      ++found;
+      EXPECT_EQ(a.defaults, std::vector<std::string>{"nccl"});
+    }
+  EXPECT_EQ(found, 1);
+  EXPECT_THROW(backend::parse_averager_engine("Copy"), UsageError);
+  EXPECT_EQ(backend::parse_averager_engine("copy"), backend::AveragerEngine::copy_engines);
+}
+
 TEST(Train, CooperativeKernelsOffIsSkippedOnTheReferenceSayingWhy) {
   const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
                                             "cooperative_kernels=on,off"});

@@ -46,6 +46,17 @@ const std::vector<std::string>& collective_op_names() {
   return names;
 }
 
+const std::vector<std::string>& averager_engine_names() {
+  static const std::vector<std::string> names{"nccl", "copy"};
+  return names;
+}
+
+AveragerEngine parse_averager_engine(const std::string& name) {
+  if (name == "nccl") return AveragerEngine::nccl;
+  if (name == "copy") return AveragerEngine::copy_engines;
+  throw UsageError("unknown gradient averaging engine '" + name + "'; valid: nccl, copy");
+}
+
 bool collective_has_in_place(CollectiveOp op) {
   return op != CollectiveOp::all_to_all && op != CollectiveOp::send_recv;
 }

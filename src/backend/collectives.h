@@ -77,7 +77,21 @@ class StreamAverager {
   // capture). A buffer whose dtype is `wire` is averaged as it is; one of another dtype than f32,
   // or longer than `max_count`, is an Error. Until it is called, every buffer travels in its own dtype.
   virtual void set_wire_dtype(DType wire, std::int64_t max_count) = 0;
+  // Every buffer average() will be given lies in [data, data + bytes), laid out alike on every
+  // rank. Every rank calls it once, before any average() and outside a capture (it may talk to
+  // the other ranks); the copy-engine averager maps the peer's range here, NCCL's needs nothing.
+  virtual void register_buffers(void* data, std::int64_t bytes) = 0;
 };
+
+// How a StreamAverager moves the gradients.
+enum class AveragerEngine {
+  nccl,          // ncclAllReduce (ncclAvg) on the side stream: any group, any wire dtype
+  copy_engines,  // 2 ranks on one host: each copies the other's bucket with a copy engine and averages
+                 // it in with one short kernel; the waits are stream memory operations, not kernels
+};
+// "nccl", "copy"; parse throws UsageError listing them.
+const std::vector<std::string>& averager_engine_names();
+AveragerEngine parse_averager_engine(const std::string& name);
 
 class CollectiveGroup {
  public:
@@ -90,10 +104,11 @@ class CollectiveGroup {
   virtual std::map<std::string, std::string> forced_settings() const = 0;
   // Allocates the buffers; throws OutOfMemory when a device is full, UsageError for a bad count.
   virtual std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) = 0;
-  // For a group of one local rank (one GPU per process); throws Unsupported otherwise. With
-  // high_priority the side stream has the device's highest priority (kept in a captured graph), so
-  // the all-reduces' blocks take SMs ahead of the queued compute they overlap instead of after it.
-  virtual std::unique_ptr<StreamAverager> make_averager(bool high_priority) = 0;
+  // For a group of one local rank (one GPU per process); throws Unsupported otherwise, and for
+  // copy_engines unless the group has 2 ranks. With high_priority the side stream has the device's
+  // highest priority (kept in a captured graph), so the averaging's kernels take SMs ahead of the
+  // queued compute they overlap instead of after it.
+  virtual std::unique_ptr<StreamAverager> make_averager(bool high_priority, AveragerEngine engine) = 0;
 };
 
 // GPUs a collective group can span in this process (0 in the CPU build or without a GPU).

@@ -127,7 +127,7 @@ class NcclGroup final : public CollectiveGroup {
   std::vector<std::string> device_ids() const override { return ids_; }
   std::map<std::string, std::string> forced_settings() const override { return forced_; }
   std::unique_ptr<CollectivePlan> make_plan(const CollectiveDesc& desc) override;
-  std::unique_ptr<StreamAverager> make_averager(bool high_priority) override;
+  std::unique_ptr<StreamAverager> make_averager(bool high_priority, AveragerEngine engine) override;
 
   std::vector<Rank> ranks_;
   int world_, first_rank_;
@@ -488,10 +488,11 @@ std::unique_ptr<CollectiveGroup> make_collective_group(Backend& backend, int gpu
   return std::make_unique<NcclGroup>(*slot, backend, forced);
 }
 
-std::unique_ptr<StreamAverager> NcclGroup::make_averager(bool high_priority) {
+std::unique_ptr<StreamAverager> NcclGroup::make_averager(bool high_priority, AveragerEngine engine) {
   if (ranks_.size() != 1) throw Unsupported("gradient averaging needs one GPU per process (run under mpirun or srun)");
   AB_CUDA(cudaSetDevice(ranks_[0].device), "gradient averaging device");
-  return make_nccl_averager(ranks_[0], high_priority);
+  return engine == AveragerEngine::copy_engines ? make_copy_engine_averager(ranks_[0], high_priority)
+                                                : make_nccl_averager(ranks_[0], high_priority);
 }
 
 std::vector<std::uint8_t> collective_unique_id() {

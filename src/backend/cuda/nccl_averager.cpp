@@ -59,6 +59,7 @@ class NcclAverager final : public StreamAverager {
     }
     pending_ = true;
   }
+  void register_buffers(void*, std::int64_t) override {}
   void join() override {
     if (!pending_) return;
     AB_CUDA(cudaEventRecord(join_.get(), side_.get()), "gradient averaging join");

@@ -31,5 +31,7 @@ struct Rank {
 
 // The StreamAverager of a rank that is its process's only one (CollectiveGroup::make_averager).
 std::unique_ptr<StreamAverager> make_nccl_averager(const Rank& rank, bool high_priority);
+// The copy-engine one (copy_averager.cpp); throws Unsupported unless the communicator has 2 ranks.
+std::unique_ptr<StreamAverager> make_copy_engine_averager(const Rank& rank, bool high_priority);
 
 }  // namespace ab::backend::cuda

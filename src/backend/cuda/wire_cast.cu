@@ -28,6 +28,7 @@ __device__ __forceinline__ void convert(float v, __nv_bfloat16& out) { out = __f
 __device__ __forceinline__ void convert(float v, __half& out) { out = __float2half_rn(v); }
 __device__ __forceinline__ void convert(__nv_bfloat16 v, float& out) { out = __bfloat162float(v); }
 __device__ __forceinline__ void convert(__half v, float& out) { out = __half2float(v); }
+__device__ __forceinline__ void convert(float v, float& out) { out = v; }
 
 // Four values moved as one access (16 bytes of f32, 8 of a 16-bit type).
 template <typename T>
@@ -60,6 +61,39 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t i = done + first; i < count; i += stride) convert(in[i], out[i]);
 }
 
+// The pairwise mean, vectorized like the cast.
+template <typename T>
+__device__ __forceinline__ T mean_of(T a, T b) {
+  float x, y;
+  convert(a, x);
+  convert(b, y);
+  T out;
+  convert((x + y) * 0.5f, out);
+  return out;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    mean_kernel(T* __restrict__ data, const T* __restrict__ other, std::int64_t count, bool vector) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
+  const std::int64_t first = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  std::int64_t done = 0;
+  if (vector) {
+    const std::int64_t quads = count / 4;
+    auto* d4 = reinterpret_cast<Four<T>*>(data);
+    const auto* o4 = reinterpret_cast<const Four<T>*>(other);
+    for (std::int64_t q = first; q < quads; q += stride) {
+      Four<T> x = d4[q];
+      const Four<T> y = o4[q];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x.v[j] = mean_of(x.v[j], y.v[j]);
+      d4[q] = x;
+    }
+    done = quads * 4;
+  }
+  for (std::int64_t i = done + first; i < count; i += stride) data[i] = mean_of(data[i], other[i]);
+}
+
 bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 [[noreturn]] void not_a_wire_type(DType wire) {
@@ -74,7 +108,29 @@ void launch_cast(const In* in, Out* out, std::int64_t count, int sm_count, cudaS
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) throw_cuda(err, "cast kernel launch", what);
 }
 
+template <typename T>
+void launch_mean(void* data, const void* other, std::int64_t count, int sm_count, cudaStream_t stream) {
+  auto* d = static_cast<T*>(data);
+  const auto* o = static_cast<const T*>(other);
+  const bool vector = aligned(d, sizeof(Four<T>)) && aligned(o, sizeof(Four<T>));
+  mean_kernel<<<cast_blocks(count, sm_count), kThreads, 0, stream>>>(d, o, count, vector);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
+    throw_cuda(err, "mean kernel launch", "pairwise mean of a gradient bucket");
+}
+
 }  // namespace
+
+void average_in_place(DType dtype, void* data, const void* other, std::int64_t count, int sm_count, cudaStream_t stream) {
+  if (count <= 0) return;
+  if (dtype == DType::f32)
+    launch_mean<float>(data, other, count, sm_count, stream);
+  else if (dtype == DType::bf16)
+    launch_mean<__nv_bfloat16>(data, other, count, sm_count, stream);
+  else if (dtype == DType::f16)
+    launch_mean<__half>(data, other, count, sm_count, stream);
+  else
+    throw Unsupported("gradients are averaged in f32, bf16 or f16, not " + std::string(to_string(dtype)));
+}
 
 void cast_f32_to_wire(DType wire, const float* in, void* out, std::int64_t count, int sm_count, cudaStream_t stream) {
   if (count <= 0) return;

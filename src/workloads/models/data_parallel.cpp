@@ -1,5 +1,5 @@
-// Data-parallel training's gradient averaging (models.h, DataParallel): the NCCL averager of the
-// backend on CUDA, the launch's host exchange elsewhere.
+// Data-parallel training's gradient averaging (models.h, DataParallel): the backend's stream
+// averager on CUDA (NCCL or copy engines), the launch's host exchange elsewhere.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -13,9 +13,9 @@
 namespace ab::workloads::zoo {
 namespace {
 
-class NcclGradientAverager final : public nn::GradientAverager {
+class StreamGradientAverager final : public nn::GradientAverager {
  public:
-  explicit NcclGradientAverager(std::unique_ptr<backend::StreamAverager> s) : s_(std::move(s)) {}
+  explicit StreamGradientAverager(std::unique_ptr<backend::StreamAverager> s) : s_(std::move(s)) {}
   void average(const Tensor& flat) override { s_->average(flat.data, flat.numel(), flat.dtype); }
   void join() override { s_->join(); }
   backend::StreamAverager& stream_averager() { return *s_; }
@@ -111,9 +111,12 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
   if (wire_ != grads && wire_ != DType::bf16 && wire_ != DType::f16)
     throw UsageError("data parallelism: gradients are communicated in their own dtype, bf16 or f16, not " +
                      std::string(to_string(wire_)));
-  NcclGradientAverager* nccl = nullptr;
+  StreamGradientAverager* nccl = nullptr;
   if (group_) {
-    auto a = std::make_unique<NcclGradientAverager>(group_->make_averager(high_priority_));
+    if (engine_ == backend::AveragerEngine::copy_engines && wire_ != grads)
+      throw Unsupported("data parallelism: the copy-engine averager moves gradients in their own dtype (" +
+                        std::string(to_string(grads)) + "), not " + std::string(to_string(wire_)) + ": use comm_engine=nccl");
+    auto a = std::make_unique<StreamGradientAverager>(group_->make_averager(high_priority_, engine_));
     nccl = a.get();
     averager_ = std::move(a);
   } else {
@@ -128,11 +131,24 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
     allreduce_bytes_ += b.flat.numel() * static_cast<std::int64_t>(size_bytes(wire_));
   }
   if (nccl != nullptr && wire_ != grads) nccl->stream_averager().set_wire_dtype(wire_, largest);
+  if (nccl != nullptr && !sync_->buckets().empty()) {  // the buckets tile one store: its span
+    const auto* lo = static_cast<unsigned char*>(sync_->buckets().front().flat.data);
+    const unsigned char* hi = lo;
+    for (const auto& b : sync_->buckets()) {
+      const auto* p = static_cast<unsigned char*>(b.flat.data);
+      lo = std::min(lo, p);
+      hi = std::max(hi, p + b.flat.size_bytes());
+    }
+    nccl->stream_averager().register_buffers(const_cast<unsigned char*>(lo), hi - lo);
+  }
   graph.set_gradient_sync(sync_.get());
 }
 
 std::size_t DataParallel::bucket_count() const { return sync_ ? sync_->buckets().size() : 0; }
-std::string DataParallel::describe() const { return group_ ? "nccl" : "host"; }
+std::string DataParallel::describe() const {
+  if (!group_) return "host";
+  return engine_ == backend::AveragerEngine::copy_engines ? "copy engines" : "nccl";
+}
 
 std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
                                                  std::int64_t bucket_bytes, const backend::CommOptions& comm_options,

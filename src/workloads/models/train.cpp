@@ -138,7 +138,10 @@ class Train final : public Workload {
           "NHWC kernels instead), which an all-reduce running beside it would hold back"},
          {"comm_dtype", AxisKind::text, one("grad"), {"grad", "bf16", "fp16"},
           "data parallelism: the dtype the gradients are all-reduced in; grad = their own (f32), bf16 / fp16 = "
-          "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"}});
+          "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"},
+         {"comm_engine", AxisKind::text, one("nccl"), backend::averager_engine_names(),
+          "data parallelism on GPUs: nccl = NCCL all-reduces; copy = 2 GPUs of one host, each copying the other's "
+          "buckets with a copy engine and averaging them in with one short kernel (no kernel waits for the peer)"}});
     return axes;
   }
 
@@ -150,6 +153,8 @@ class Train final : public Workload {
     const std::int64_t comm_ctas = state.get_int("comm_ctas"), bucket_delay_ops = state.get_int("bucket_delay_ops");
     const bool comm_high_priority = state.get_text("comm_priority") == "high";
     const std::string comm_dtype = state.get_text("comm_dtype");
+    const backend::AveragerEngine comm_engine = backend::parse_averager_engine(state.get_text("comm_engine"));
+    const bool copy_engines = comm_engine == backend::AveragerEngine::copy_engines;
     const bool cooperative = state.get_text("cooperative_kernels") == "on";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
@@ -171,6 +176,13 @@ class Train final : public Workload {
     if (gpus > 1 && (comm_ctas > 0 || comm_high_priority) && state.backend().info().kind != "cuda")
       state.skip("comm_ctas and comm_priority set NCCL's communicator and stream; data parallelism on " +
                  state.backend().info().id + " averages through the host");
+    if (gpus > 1 && copy_engines && state.backend().info().kind != "cuda")
+      state.skip("comm_engine=copy copies between GPUs; data parallelism on " + state.backend().info().id +
+                 " averages through the host");
+    if (gpus > 1 && copy_engines && gpus != 2)
+      state.skip("comm_engine=copy averages between exactly 2 GPUs, not gpus=" + std::to_string(gpus));
+    if (gpus > 1 && copy_engines && comm_dtype != "grad")
+      state.skip("comm_engine=copy moves the gradients in their own dtype; comm_dtype=" + comm_dtype + " needs comm_engine=nccl");
     if (!cooperative && state.backend().info().kind != "cuda")
       state.skip("cooperative_kernels=off chooses among the CUDA engine's batch-norm kernels; " +
                  state.backend().info().id + " runs none that need every core at once");
@@ -227,6 +239,7 @@ class Train final : public Workload {
         dp->set_tail_bucket_bytes(tail_bucket_bytes);
         dp->set_bucket_delay_ops(static_cast<int>(bucket_delay_ops));
         dp->set_comm_dtype(comm_wire_dtype(comm_dtype));
+        dp->set_averager_engine(comm_engine);
         dp->attach(*g, *kernels);
         state.add_metric("data_parallel", {{"gpus", gpus},
                                            {"processes", world},
