@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|timeline|verify|coop|copy|engine|train|resnext|fp8][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|timeline|verify|coop|copy|alone|engine|train|resnext|fp8][,more modes] (default all)
 # asan (nvidia-h200-x2): the cuda-sanitize build's DataParallel tests under mpirun (a heap-corruption hunt).
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
@@ -33,6 +33,9 @@
 # copy (x2): the copy-engine averager (train comm_engine=copy): its 2-GPU test beside NCCL's, then
 # ResNet-50 bf16 training at 1 and N GPUs with comm_engine=nccl,copy, then PyTorch DDP alone
 # (bench/compare_ddp.py --skip-accelbench) for the same run's DDP scaling (~8 min).
+# alone (x2): the floor of data-parallel scaling without communication: ResNet-50 bf16 one-GPU
+# training on each GPU by itself, then on every GPU at once (one process each, nothing exchanged;
+# SM clocks and power sampled meanwhile), then 2-GPU training with comm_engine=nccl,copy (~5 min).
 # verify (x2): the GPU tests of the collectives and data-parallel code only (~1 min after the build);
 # with NTHREADS set, then 2-GPU training with NCCL_NTHREADS=$NTHREADS and comm_ctas 0,8.
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
@@ -58,7 +61,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -73,7 +76,7 @@ if { want multi || want heap || want ddp || want overlap || want timeline || wan
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -266,6 +269,32 @@ if want copy; then
     metrics.scaling_efficiency metrics.data_parallel.averaging
   [[ ${COPY_DDP:-1} == 1 ]] && timeout 200 python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/copy-ddp" --gpus $n \
     --skip-accelbench 2>&1 | tail -n 6
+fi
+if want alone; then
+  n=$(nvidia-smi -L | wc -l)
+  one=(run train --axis model=resnet50 --axis precision=bf16 --axis batch=256 --axis gpus=1 --axis trajectory_steps=3
+       --min-time ${ALONE_MIN_TIME:-4})
+  for d in $(seq 0 $((n - 1))); do
+    CUDA_VISIBLE_DEVICES=$d $ab "${one[@]}" --out "$logs/alone-$d" > "$logs/alone-$d.txt" 2>&1
+    echo "cuda:$d alone: $(python3 bench/summarize_points.py "$logs/alone-$d" rates.samples_per_s time.median_s)"
+  done
+  nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 500 > "$logs/together-smi.csv" &
+  smi=$!
+  for d in $(seq 0 $((n - 1))); do
+    CUDA_VISIBLE_DEVICES=$d $ab "${one[@]}" --out "$logs/together-$d" > "$logs/together-$d.txt" 2>&1 &
+  done
+  wait $(jobs -p | grep -v "^$smi$")
+  kill $smi 2>/dev/null
+  for d in $(seq 0 $((n - 1))); do
+    echo "cuda:$d beside the others: $(python3 bench/summarize_points.py "$logs/together-$d" rates.samples_per_s time.median_s)"
+    awk -F', ' -v d=$d '$1 == d && $3 + 0 > 300 { c += $2; p += $3; k++ } END { if (k) printf "  busy samples %d: SM %.0f MHz, %.0f W\n", k, c / k, p / k }' "$logs/together-smi.csv"
+  done
+  mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_engine=nccl,copy ${ALONE_AXES:-} \
+    --axis trajectory_steps=3 --min-time ${ALONE_MIN_TIME:-4} --out "$logs/alone-dp" > "$logs/alone-dp.txt" 2>&1
+  echo "data parallel: exit $?"
+  python3 bench/summarize_points.py "$logs/alone-dp" params.gpus params.comm_engine params.comm_priority rates.samples_per_s \
+    time.median_s metrics.scaling_efficiency
 fi
 if want verify; then
   ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*' > "$logs/verify-backend.log" 2>&1
