@@ -40,7 +40,8 @@
 # with NTHREADS set, then 2-GPU training with NCCL_NTHREADS=$NTHREADS and comm_ctas 0,8.
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
 # bf16 training at 1 and N GPUs and of PyTorch DDP's, cut into steps by bench/trace_steps.py: how
-# long the all-reduces run alone, how much the compute slows beside them (~5 min).
+# long the all-reduces run alone, how much the compute slows beside them (~5 min). TRACE_COMM: the
+# regex of communication kernels (default nccl; "nccl|mean_kernel" with comm_engine=copy).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -319,7 +320,7 @@ if want timeline; then
     --axis gpus=1,$n --axis trajectory_steps=3 ${TRACE_AXES:-} --out "$logs/timeline" > "$logs/timeline.txt" 2>&1
   echo "traced train: exit $?"; grep -E "kernel_trace|skipped|error" "$logs/timeline.txt" | head
   python3 bench/summarize_points.py "$logs/timeline" params.gpus rates.samples_per_s time.median_s metrics.scaling_efficiency
-  python3 bench/trace_steps.py "$logs/trace-ab" --json "$logs/trace-ab.json" 2>&1 | tee "$logs/trace-ab.txt"
+  python3 bench/trace_steps.py "$logs/trace-ab" --comm "${TRACE_COMM:-nccl}" --json "$logs/trace-ab.json" 2>&1 | tee "$logs/trace-ab.txt"
   # PyTorch DDP under the same tracer (its steps cut at the NLL loss's forward kernel).
   [[ ${TRACE_DDP:-1} == 1 ]] && CUDA_INJECTION64_PATH=$tracer AB_TRACE_DIR="$logs/trace-ddp" python3 -u bench/compare_ddp.py --accelbench $ab \
     --out "$logs/ddp-traced" --gpus $n --skip-accelbench ${DDP_ARGS:-} 2>&1 | tail -n 6
