@@ -266,7 +266,7 @@ if want copy; then
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_engine=nccl,copy ${COPY_AXES:-} \
     --axis trajectory_steps=3 --out "$logs/copy" > "$logs/copy.txt" 2>&1
   echo "comm_engine sweep: exit $?"; grep -iE "error|refus" "$logs/copy.txt" | head -5
-  python3 bench/summarize_points.py "$logs/copy" params.gpus params.comm_engine rates.samples_per_s time.median_s \
+  python3 bench/summarize_points.py "$logs/copy" params.gpus params.comm_engine rates.samples_per_s time.median_s metrics.fusion.fused_shapes \
     metrics.scaling_efficiency metrics.data_parallel.averaging
   [[ ${COPY_DDP:-1} == 1 ]] && timeout 200 python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/copy-ddp" --gpus $n \
     --skip-accelbench 2>&1 | tail -n 6

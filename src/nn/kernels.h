@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 #include "measure/timer.h"
@@ -328,6 +329,8 @@ class Kernels {
     int fused = 0, unfused = 0;
   };
   virtual FusionCounts fusion_counts() const { return {}; }
+  // One line per fusion decision behind the counts (shape, fused or not, why, the timings), sorted.
+  virtual std::vector<std::string> fusion_notes() const { return {}; }
 };
 
 // The i32 words of a batch norm + activation's mask (Kernels::batchnorm_activation_*) for an

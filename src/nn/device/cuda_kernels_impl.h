@@ -195,6 +195,7 @@ class CudaKernels final : public Kernels {
   // What the fused batch norm + ReLU path decided per shape (for tests and reports).
   std::vector<std::string> bn_fusion_notes() const;
   FusionCounts fusion_counts() const override;
+  std::vector<std::string> fusion_notes() const override { return bn_fusion_notes(); }
 
   void relu_forward(const Tensor& x, const Tensor& y) override;
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate) override;

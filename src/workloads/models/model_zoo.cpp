@@ -185,7 +185,7 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
 void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k) {
   if (!s.fuse_conv_epilogue && !s.fuse_batchnorm_relu) return;
   const nn::Kernels::FusionCounts c = k.fusion_counts();
-  state.add_metric("fusion", {{"fused_shapes", c.fused}, {"unfused_shapes", c.unfused}});
+  state.add_metric("fusion", {{"fused_shapes", c.fused}, {"unfused_shapes", c.unfused}, {"notes", k.fusion_notes()}});
 }
 
 ModelSpec model_spec(const State& state, bool training) {
