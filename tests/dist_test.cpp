@@ -998,7 +998,7 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverNccl) {
   if (backend::collective_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   const auto by = two_gpu_train_points(
       "--axis model=tiny_resnet --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 "
-      "--axis gpus=1,2 --axis graph=off,on --axis bucket_mib=0.0001");
+      "--axis gpus=1,2 --axis graph=off,on --axis bucket_mib=0.0001 --axis comm_engine=nccl");
   ASSERT_EQ(by.size(), 4u);
   const auto losses = [](const nlohmann::json& p) { return p["metrics"]["loss_trajectory"].get<std::vector<double>>(); };
   for (const std::string graph : {"off", "on"}) {
@@ -1049,9 +1049,10 @@ TEST(DataParallel, TrainOnTwoGpusAveragesInBf16) {
   for (std::size_t i = 0; i < eager.size(); ++i) EXPECT_NEAR(captured[i], eager[i], 1e-4 * std::abs(eager[i])) << i;
 }
 
-// comm_engine=copy on two GPUs: each rank copies the other's buckets with a copy engine and
-// averages them in, eager and inside a captured step; the trajectory is NCCL averaging's to float32
-// rounding (both compute (a + b) / 2 in f32), and a 16-bit wire is skipped saying why.
+// Copy engines on two GPUs (comm_engine=auto chooses them here: 2 GPUs, one host, f32 on the
+// wire): each rank copies the other's buckets with a copy engine and averages them in, eager and
+// inside a captured step; the trajectory is NCCL averaging's to float32 rounding (both compute
+// (a + b) / 2 in f32), and comm_engine=copy with a 16-bit wire is skipped saying why.
 TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
   SKIP_WITHOUT_MPI();
   if (backend::collective_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
@@ -1059,13 +1060,14 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
       "--axis model=tiny_resnet --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 "
       "--axis gpus=2 --axis graph=off,on --axis bucket_mib=0.0001 --axis comm_engine=";
   const auto nccl = two_gpu_train_points(args + "nccl");
-  const auto copy = two_gpu_train_points(args + "copy");
+  const auto copy = two_gpu_train_points(args + "auto");
   ASSERT_EQ(nccl.size(), 2u);
   ASSERT_EQ(copy.size(), 2u);
   const auto losses = [](const nlohmann::json& p) { return p["metrics"]["loss_trajectory"].get<std::vector<double>>(); };
   for (const std::string graph : {"off", "on"}) {
     const auto& dp = copy.at({2, graph})["metrics"]["data_parallel"];
     EXPECT_EQ(dp["averaging"], "copy engines");
+    EXPECT_EQ(dp["averaging_fallback"], "");
     EXPECT_GT(dp["buckets"].get<int>(), 3);
     const auto want = losses(nccl.at({2, graph})), got = losses(copy.at({2, graph}));
     ASSERT_EQ(got.size(), want.size());

@@ -316,15 +316,15 @@ TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
   EXPECT_EQ(found, 1);
 }
 
-TEST(Train, CommEngineAxisDefaultsToNcclAndRefusesUnknownValues) {
+TEST(Train, CommEngineAxisDefaultsToAutoAndRefusesUnknownValues) {
   const std::string msg =
       test::usage_error([] { plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_engine=gloo")}); });
-  EXPECT_TRUE(contains(msg, "comm_engine 'gloo'") && contains(msg, "valid: nccl, copy")) << msg;
+  EXPECT_TRUE(contains(msg, "comm_engine 'gloo'") && contains(msg, "valid: auto, nccl, copy")) << msg;
   int found = 0;
   for (const auto& a : find_workload("train").axes("cuda"))
     if (a.name == "comm_engine") {
       ++found;
-      EXPECT_EQ(a.defaults, std::vector<std::string>{"nccl"});
+      EXPECT_EQ(a.defaults, std::vector<std::string>{"auto"});
     }
   EXPECT_EQ(found, 1);
   EXPECT_THROW(backend::parse_averager_engine("Copy"), UsageError);

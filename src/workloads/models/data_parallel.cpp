@@ -13,12 +13,13 @@
 namespace ab::workloads::zoo {
 namespace {
 
+// The backend's stream averager, opened once the buckets are known (DataParallel::attach).
 class StreamGradientAverager final : public nn::GradientAverager {
  public:
-  explicit StreamGradientAverager(std::unique_ptr<backend::StreamAverager> s) : s_(std::move(s)) {}
   void average(const Tensor& flat) override { s_->average(flat.data, flat.numel(), flat.dtype); }
   void join() override { s_->join(); }
   backend::StreamAverager& stream_averager() { return *s_; }
+  void reset(std::unique_ptr<backend::StreamAverager> s) { s_ = std::move(s); }
 
  private:
   std::unique_ptr<backend::StreamAverager> s_;
@@ -111,13 +112,16 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
   if (wire_ != grads && wire_ != DType::bf16 && wire_ != DType::f16)
     throw UsageError("data parallelism: gradients are communicated in their own dtype, bf16 or f16, not " +
                      std::string(to_string(wire_)));
-  StreamGradientAverager* nccl = nullptr;
+  StreamGradientAverager* stream = nullptr;
   if (group_) {
-    if (engine_ == backend::AveragerEngine::copy_engines && wire_ != grads)
+    const bool own_dtype = wire_ == grads;
+    used_ = engine_.value_or(group_->size() == 2 && own_dtype ? backend::AveragerEngine::copy_engines
+                                                              : backend::AveragerEngine::nccl);
+    if (used_ == backend::AveragerEngine::copy_engines && !own_dtype)
       throw Unsupported("data parallelism: the copy-engine averager moves gradients in their own dtype (" +
                         std::string(to_string(grads)) + "), not " + std::string(to_string(wire_)) + ": use comm_engine=nccl");
-    auto a = std::make_unique<StreamGradientAverager>(group_->make_averager(high_priority_, engine_));
-    nccl = a.get();
+    auto a = std::make_unique<StreamGradientAverager>();
+    stream = a.get();
     averager_ = std::move(a);
   } else {
     averager_ = std::make_unique<HostGradientAverager>(comm_, kernels, wire_);
@@ -126,20 +130,30 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
                                                      bucket_delay_ops_);
   std::int64_t largest = 0;
   allreduce_bytes_ = 0;
+  unsigned char *lo = nullptr, *hi = nullptr;  // the span of the one store the buckets tile
   for (const auto& b : sync_->buckets()) {
     largest = std::max(largest, b.flat.numel());
     allreduce_bytes_ += b.flat.numel() * static_cast<std::int64_t>(size_bytes(wire_));
+    auto* p = static_cast<unsigned char*>(b.flat.data);
+    lo = lo == nullptr ? p : std::min(lo, p);
+    hi = hi == nullptr ? p + b.flat.size_bytes() : std::max(hi, p + b.flat.size_bytes());
   }
-  if (nccl != nullptr && wire_ != grads) nccl->stream_averager().set_wire_dtype(wire_, largest);
-  if (nccl != nullptr && !sync_->buckets().empty()) {  // the buckets tile one store: its span
-    const auto* lo = static_cast<unsigned char*>(sync_->buckets().front().flat.data);
-    const unsigned char* hi = lo;
-    for (const auto& b : sync_->buckets()) {
-      const auto* p = static_cast<unsigned char*>(b.flat.data);
-      lo = std::min(lo, p);
-      hi = std::max(hi, p + b.flat.size_bytes());
+  if (stream != nullptr) {
+    const auto open = [&](backend::AveragerEngine engine) {
+      stream->reset(group_->make_averager(high_priority_, engine));
+      if (wire_ != grads) stream->stream_averager().set_wire_dtype(wire_, largest);
+      if (lo != nullptr) stream->stream_averager().register_buffers(lo, hi - lo);
+    };
+    try {
+      open(used_);
+    } catch (const Unsupported& e) {
+      // Copy engines chosen, not asked for, and refused (e.g. the two ranks on two hosts, which the
+      // one exchange tells both): NCCL instead, saying why.
+      if (engine_.has_value() || used_ == backend::AveragerEngine::nccl) throw;
+      used_ = backend::AveragerEngine::nccl;
+      fallback_ = e.what();
+      open(used_);
     }
-    nccl->stream_averager().register_buffers(const_cast<unsigned char*>(lo), hi - lo);
   }
   graph.set_gradient_sync(sync_.get());
 }
@@ -147,7 +161,7 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
 std::size_t DataParallel::bucket_count() const { return sync_ ? sync_->buckets().size() : 0; }
 std::string DataParallel::describe() const {
   if (!group_) return "host";
-  return engine_ == backend::AveragerEngine::copy_engines ? "copy engines" : "nccl";
+  return used_ == backend::AveragerEngine::copy_engines ? "copy engines" : "nccl";
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,

@@ -156,14 +156,16 @@ class DataParallel {
   // attach; host: the same roundings, with the sum in float64). attach refuses (UsageError) a
   // wire type for gradients that are not f32. Before attach.
   void set_comm_dtype(std::optional<DType> wire) { comm_dtype_ = wire; }
-  // How the CUDA ranks average (backend::AveragerEngine; NCCL by default). copy_engines needs 2
-  // ranks on one host and gradients communicated in their own dtype: attach throws Unsupported
-  // otherwise. Host averaging ignores it. Before attach.
-  void set_averager_engine(backend::AveragerEngine engine) { engine_ = engine; }
+  // How the CUDA ranks average (backend::AveragerEngine). copy_engines needs 2 ranks on one host
+  // and gradients communicated in their own dtype: attach throws Unsupported otherwise. nullopt
+  // (the default) takes copy engines where those hold (on two hosts it falls back to NCCL and
+  // averaging_fallback() says why), NCCL elsewhere. Host averaging ignores it. Before attach.
+  void set_averager_engine(std::optional<backend::AveragerEngine> engine) { engine_ = engine; }
   // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
   void attach(nn::Graph& graph, nn::Kernels& kernels);
   std::size_t bucket_count() const;
-  std::string describe() const;  // "nccl", "copy engines" or "host"
+  std::string describe() const;  // "nccl", "copy engines" or "host": what attach chose
+  const std::string& averaging_fallback() const { return fallback_; }  // why not copy engines; "" if none
   // After attach: the dtype the gradients travel in, and the bytes one step's all-reduces take
   // from each rank (the buckets' elements, alignment padding included, in that dtype).
   DType wire_dtype() const { return wire_; }
@@ -178,7 +180,9 @@ class DataParallel {
   DType wire_ = DType::f32;
   std::int64_t allreduce_bytes_ = 0;
   bool high_priority_;  // the all-reduces' stream at the device's top priority
-  backend::AveragerEngine engine_ = backend::AveragerEngine::nccl;
+  std::optional<backend::AveragerEngine> engine_;  // nullopt: chosen at attach
+  backend::AveragerEngine used_ = backend::AveragerEngine::nccl;
+  std::string fallback_;
   std::unique_ptr<backend::CollectiveGroup> group_;  // CUDA; null on idle ranks and host backends
   std::unique_ptr<nn::GradientAverager> averager_;
   std::unique_ptr<nn::BucketedGradientSync> sync_;

@@ -28,6 +28,13 @@ constexpr double kLarsEta = 0.001;
 constexpr std::int64_t kMaxCommCtas = 64;  // NCCL's channel limit (MAXCHANNELS)
 constexpr std::int64_t kMaxBucketDelayOps = 1000;
 
+// comm_engine's values: "auto" and the backend's engines.
+std::vector<std::string> comm_engine_names() {
+  std::vector<std::string> names{"auto"};
+  for (const std::string& n : backend::averager_engine_names()) names.push_back(n);
+  return names;
+}
+
 // The compression autoencoder's SGD rate. Its loss is a mean over pixels of small squared errors
 // (about 0.02 at the start), so its gradients are orders of magnitude below a classifier's, and
 // the classifiers' 0.1 x batch/256 barely moves it; Balle et al. train with Adam, which the
@@ -139,9 +146,10 @@ class Train final : public Workload {
          {"comm_dtype", AxisKind::text, one("grad"), {"grad", "bf16", "fp16"},
           "data parallelism: the dtype the gradients are all-reduced in; grad = their own (f32), bf16 / fp16 = "
           "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"},
-         {"comm_engine", AxisKind::text, one("nccl"), backend::averager_engine_names(),
+         {"comm_engine", AxisKind::text, one("auto"), comm_engine_names(),
           "data parallelism on GPUs: nccl = NCCL all-reduces; copy = 2 GPUs of one host, each copying the other's "
-          "buckets with a copy engine and averaging them in with one short kernel (no kernel waits for the peer)"}});
+          "buckets with a copy engine and averaging them in with one short kernel (no kernel waits for the peer); "
+          "auto = copy where it applies (gpus=2, comm_dtype=grad, one host), else nccl"}});
     return axes;
   }
 
@@ -153,7 +161,9 @@ class Train final : public Workload {
     const std::int64_t comm_ctas = state.get_int("comm_ctas"), bucket_delay_ops = state.get_int("bucket_delay_ops");
     const bool comm_high_priority = state.get_text("comm_priority") == "high";
     const std::string comm_dtype = state.get_text("comm_dtype");
-    const backend::AveragerEngine comm_engine = backend::parse_averager_engine(state.get_text("comm_engine"));
+    const std::string comm_engine_text = state.get_text("comm_engine");
+    const std::optional<backend::AveragerEngine> comm_engine =
+        comm_engine_text == "auto" ? std::nullopt : std::optional(backend::parse_averager_engine(comm_engine_text));
     const bool copy_engines = comm_engine == backend::AveragerEngine::copy_engines;
     const bool cooperative = state.get_text("cooperative_kernels") == "on";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
@@ -255,7 +265,8 @@ class Train final : public Workload {
                                            {"wire_dtype", std::string(to_string(dp->wire_dtype()))},
                                            {"allreduce_bytes_per_step", dp->allreduce_bytes_per_step()},
                                            {"buckets", dp->bucket_count()},
-                                           {"averaging", dp->describe()}});
+                                           {"averaging", dp->describe()},
+                                           {"averaging_fallback", dp->averaging_fallback()}});
       });
     }
 
