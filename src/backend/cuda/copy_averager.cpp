@@ -72,10 +72,7 @@ struct Shared {
 class CopyEngineAverager final : public StreamAverager {
  public:
   CopyEngineAverager(const Rank& rank, bool high_priority)
-      : rank_(rank),
-        side_(create_stream("copy-engine averaging stream", high_priority)),
-        fork_(create_event("copy-engine averaging fork")),
-        join_(create_event("copy-engine averaging join")) {
+      : rank_(rank), side_("copy-engine averaging stream", high_priority) {
     AB_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, rank_.device), "copy-engine averaging");
     int ranks = 0;
     AB_NCCL(ncclCommCount(rank_.comm, &ranks), "copy-engine averaging");
@@ -150,23 +147,18 @@ class CopyEngineAverager final : public StreamAverager {
     const int i = next_++;
     auto* my_flags = flags_.as<std::uint32_t>();
     auto* peer_flags = static_cast<std::uint32_t*>(peer_flags_);
-    AB_CUDA(cudaEventRecord(fork_.get(), rank_.stream), "copy-engine averaging fork");
-    AB_CUDA(cudaStreamWaitEvent(side_.get(), fork_.get(), 0), "copy-engine averaging fork");
+    side_.fork(rank_.stream);
     handshake(peer_flags + i, my_flags + i);
     AB_CUDA(cudaMemcpyAsync(scratch_.as<unsigned char>() + offset, peer_base_ + offset, static_cast<std::size_t>(bytes),
                             cudaMemcpyDefault, side_.get()),
             "copy of the peer's gradient bucket");
     handshake(peer_flags + kMaxBuckets + i, my_flags + kMaxBuckets + i);
     average_in_place(dtype, data, scratch_.as<unsigned char>() + offset, count, sm_count_, side_.get());
-    pending_ = true;
   }
 
   void join() override {
     next_ = 0;
-    if (!pending_) return;
-    AB_CUDA(cudaEventRecord(join_.get(), side_.get()), "copy-engine averaging join");
-    AB_CUDA(cudaStreamWaitEvent(rank_.stream, join_.get(), 0), "copy-engine averaging join");
-    pending_ = false;
+    side_.join(rank_.stream);
   }
 
   void set_wire_dtype(DType wire, std::int64_t) override {
@@ -192,8 +184,7 @@ class CopyEngineAverager final : public StreamAverager {
   }
 
   Rank rank_;
-  StreamPtr side_;
-  EventPtr fork_, join_;
+  SideStream side_;
   int sm_count_ = 0, me_ = 0;
   DeviceBuffer flags_, scratch_;
   void* peer_grads_ = nullptr;
@@ -202,7 +193,6 @@ class CopyEngineAverager final : public StreamAverager {
   unsigned char* peer_base_ = nullptr;
   std::int64_t bytes_ = 0;
   int next_ = 0;  // the next bucket's flag index in this step
-  bool pending_ = false;
 };
 
 }  // namespace

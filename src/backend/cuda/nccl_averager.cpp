@@ -12,17 +12,13 @@ namespace ab::backend::cuda {
 namespace {
 
 // Forks a side stream from the backend's stream at each average() and joins it back at join().
-// One fork and one join event suffice: a wait takes the event's latest record at the time it is
-// enqueued (and, in a capture, becomes that edge of the graph). With a 16-bit wire type the casts
+// With a 16-bit wire type the casts
 // run on the side stream too, around the all-reduce of one staging buffer that every bucket reuses
 // in turn (the side stream orders them), so they overlap backward like the all-reduce itself.
 class NcclAverager final : public StreamAverager {
  public:
   NcclAverager(const Rank& rank, bool high_priority)
-      : rank_(rank),
-        side_(create_stream("gradient averaging stream", high_priority)),
-        fork_(create_event("gradient averaging fork")),
-        join_(create_event("gradient averaging join")) {
+      : rank_(rank), side_("gradient averaging stream", high_priority) {
     AB_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, rank_.device), "gradient averaging device");
   }
   void set_wire_dtype(DType wire, std::int64_t max_count) override {
@@ -39,8 +35,7 @@ class NcclAverager final : public StreamAverager {
     staging_count_ = max_count;
   }
   void average(void* data, std::int64_t count, DType dtype) override {
-    AB_CUDA(cudaEventRecord(fork_.get(), rank_.stream), "gradient averaging fork");
-    AB_CUDA(cudaStreamWaitEvent(side_.get(), fork_.get(), 0), "gradient averaging fork");
+    side_.fork(rank_.stream);
     if (wire_ == DType::f32 || dtype == wire_) {
       AB_NCCL(ncclAllReduce(data, data, static_cast<std::size_t>(count), nccl_type(dtype), ncclAvg, rank_.comm,
                             side_.get()),
@@ -57,21 +52,13 @@ class NcclAverager final : public StreamAverager {
               "gradient all-reduce");
       cast_wire_to_f32(wire_, staging_.get(), grads, count, sm_count_, side_.get());
     }
-    pending_ = true;
   }
   void register_buffers(void*, std::int64_t) override {}
-  void join() override {
-    if (!pending_) return;
-    AB_CUDA(cudaEventRecord(join_.get(), side_.get()), "gradient averaging join");
-    AB_CUDA(cudaStreamWaitEvent(rank_.stream, join_.get(), 0), "gradient averaging join");
-    pending_ = false;
-  }
+  void join() override { side_.join(rank_.stream); }
 
  private:
   Rank rank_;
-  StreamPtr side_;
-  EventPtr fork_, join_;
-  bool pending_ = false;
+  SideStream side_;
   int sm_count_ = 0;
   DType wire_ = DType::f32;  // f32: every buffer in its own dtype
   DeviceBuffer staging_;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/collectives.h"
+#include "backend/cuda/check.h"
 #include "core/dtype.h"
 
 namespace ab::backend::cuda {
@@ -27,6 +28,35 @@ struct Rank {
   cudaStream_t stream = nullptr;
   ncclComm_t comm = nullptr;
   cudaEvent_t join = nullptr;
+};
+
+// An averager's side stream, forked from a rank's stream at each bucket and joined back at the end.
+// One fork and one join event suffice: a wait takes the event's latest record at the time it is
+// enqueued (and, in a capture, becomes that edge of the graph).
+class SideStream {
+ public:
+  SideStream(const std::string& what, bool high_priority)
+      : what_(what), side_(create_stream(what, high_priority)), fork_(create_event(what)), join_(create_event(what)) {}
+  cudaStream_t get() const { return side_.get(); }
+  // The side stream waits for the work enqueued on `from` so far.
+  void fork(cudaStream_t from) {
+    AB_CUDA(cudaEventRecord(fork_.get(), from), what_);
+    AB_CUDA(cudaStreamWaitEvent(side_.get(), fork_.get(), 0), what_);
+    pending_ = true;
+  }
+  // `into` waits for everything the side stream took since the first fork (nothing if none).
+  void join(cudaStream_t into) {
+    if (!pending_) return;
+    AB_CUDA(cudaEventRecord(join_.get(), side_.get()), what_);
+    AB_CUDA(cudaStreamWaitEvent(into, join_.get(), 0), what_);
+    pending_ = false;
+  }
+
+ private:
+  std::string what_;
+  StreamPtr side_;
+  EventPtr fork_, join_;
+  bool pending_ = false;
 };
 
 // The StreamAverager of a rank that is its process's only one (CollectiveGroup::make_averager).
