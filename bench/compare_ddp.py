@@ -161,6 +161,10 @@ def main():
         one, here = table.get(1), table.get(k)
         return here[key] / (k * one[key]) if one and here else None
 
+    def added_ms(table, k):
+        one, here = table.get(1), table.get(k)
+        return (here["step_s"] - one["step_s"]) * 1e3 if one and here and k > 1 else None
+
     def pct(x):
         return f"{100 * x:.1f}%" if x is not None else "n/a"
 
@@ -226,13 +230,15 @@ def main():
                        "rel_spread": rec["time"].get("rel_spread"), "scaling_efficiency": m.get("scaling_efficiency"),
                        "loss_first": m.get("loss_first"), "loss_last": m.get("loss_last"),
                        "wire_dtype": (m.get("data_parallel") or {}).get("wire_dtype"),
+                       "averaging": (m.get("data_parallel") or {}).get("averaging"),
                        "host_cpu": {key: v for key, v in m.items() if key.startswith("host_cpu")} or None,
                        "run_id": rec.get("run_id"), "seq": rec.get("seq")}
             eff = m.get("scaling_efficiency", efficiency(ours, k, "img_per_s"))
             ref = peer(k)
             vs = f", x{ours[k]['img_per_s'] / ref['img_per_s']:.3f} PyTorch DDP's" if ref else ""
+            how = f", averaging over {ours[k]['averaging']}" if ours[k]["averaging"] else ""
             print(f"accelbench     {k} GPU(s): {ours[k]['img_per_s']:.0f} img/s, {ours[k]['step_s'] * 1e3:.2f} ms/step, "
-                  f"scaling {pct(eff)}{vs}", flush=True)
+                  f"scaling {pct(eff)}{vs}{how}", flush=True)
             save()
 
         print("accelbench: " + report["accelbench_command"], flush=True)
@@ -258,7 +264,9 @@ def main():
         rows.append({"gpus": k, "ours_img_per_s": o and o["img_per_s"], "torch_img_per_s": t and t["img_per_s"],
                      "ratio": o["img_per_s"] / t["img_per_s"] if o and t else None,
                      "ours_scaling": ours_eff, "torch_scaling": efficiency(peers, k, "img_per_s"),
-                     "ours_step_ms": o and o["step_s"] * 1e3, "torch_step_ms": t and t["step_s"] * 1e3})
+                     "ours_step_ms": o and o["step_s"] * 1e3, "torch_step_ms": t and t["step_s"] * 1e3,
+                     # Weak scaling: what k GPUs add to one GPU's step (data parallelism's cost, in time).
+                     "ours_added_ms": added_ms(ours, k), "torch_added_ms": added_ms(peers, k)})
     report["rows"] = rows
     report["torch_measured"] = "before and after accelbench, better kept" if args.torch_after else "before accelbench"
     save()
@@ -271,12 +279,13 @@ def main():
                                          f"NCCL {first['nccl']}; PyTorch measured {report['torch_measured']}" if first else ""),
              "",
              "| GPUs | accelbench img/s | PyTorch DDP img/s | accelbench / PyTorch | accelbench scaling | PyTorch scaling "
-             "| accelbench ms/step | PyTorch ms/step |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| accelbench ms/step | PyTorch ms/step | accelbench ms added | PyTorch ms added |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['gpus']} | {num(r['ours_img_per_s'], '.0f')} | {num(r['torch_img_per_s'], '.0f')} "
                      f"| {num(r['ratio'], '.3f')} | {pct(r['ours_scaling'])} | {pct(r['torch_scaling'])} "
-                     f"| {num(r['ours_step_ms'], '.2f')} | {num(r['torch_step_ms'], '.2f')} |")
+                     f"| {num(r['ours_step_ms'], '.2f')} | {num(r['torch_step_ms'], '.2f')} "
+                     f"| {num(r['ours_added_ms'], '+.2f')} | {num(r['torch_added_ms'], '+.2f')} |")
     for e in report["errors"]:
         lines.append(f"\nnote: {e.splitlines()[0] if e else e}")
     text = "\n".join(lines)

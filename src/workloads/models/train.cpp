@@ -369,7 +369,7 @@ class Train final : public Workload {
     std::string key;
     for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
       if (axis != "gpus" && axis != "bucket_mib" && axis != "tail_bucket_mib" && axis != "bucket_delay_ops" &&
-          axis != "comm_ctas" && axis != "comm_priority" && axis != "comm_dtype")
+          axis != "comm_ctas" && axis != "comm_priority" && axis != "comm_dtype" && axis != "comm_engine")
         key += axis + "=" + value + " ";
     return key;
   }
