@@ -403,6 +403,20 @@ TEST(Run, BatchCalibrationFromTargetSampleTime) {
   }
 }
 
+TEST(Run, ASampleHoldsAtLeastTheMinimumIterations) {
+  for (const auto& [minimum, expected] : {std::pair<std::int64_t, std::int64_t>{5, 5}, {0, 1}, {1, 1}}) {
+    Settings s = fast_settings();
+    s.target_sample_s = 0.005;
+    s.min_iterations_per_sample = minimum;
+    s.max_samples = 12;
+    FakeTimer timer([](int) { return 0.01; });  // slower than the target: one iteration unless told more
+    const Result r = run(timer, [] {}, s);
+    EXPECT_EQ(r.iterations_per_sample, expected) << minimum;
+    ASSERT_FALSE(r.iteration_s.empty());
+    EXPECT_DOUBLE_EQ(r.iteration_s.front(), 0.01) << "sample time divided by iterations";
+  }
+}
+
 TEST(Run, CalibrationUsesTheLastWarmupEstimate) {
   // The first call (lazy initialisation) is slow; the warm-up then sees the real speed.
   Settings s = fast_settings();

@@ -47,8 +47,8 @@ Result run(IterationTimer& timer, const std::function<void()>& iteration, const 
   Result r;
   if (settings.mode == TimingMode::batch && estimate_s > 0)
     r.iterations_per_sample =
-        std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(settings.target_sample_s / estimate_s)), 1,
-                                 1 << 20);
+        std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(settings.target_sample_s / estimate_s)),
+                                 std::clamp<std::int64_t>(settings.min_iterations_per_sample, 1, 1 << 20), 1 << 20);
   r.window_start_s = monotonic_seconds();
   std::size_t next_check = settings.min_samples;
   for (;;) {

@@ -27,6 +27,7 @@ struct Settings {
   double timeout_s = 60.0;         // wall-clock limit for the whole point, warm-up included
   double warmup_s = 0.1;
   double target_sample_s = 5e-3;   // batch mode: iterations per sample so a sample lasts this long
+  std::int64_t min_iterations_per_sample = 1;  // batch mode: and at least this many (back-to-back steps)
   double min_window_s = 0.0;       // keep sampling until the measured window is this long (energy)
 };
 
