@@ -15,7 +15,8 @@ percentile. Per kind, the medians of:
 then the kernels whose summed time per step grew most from the single-GPU steps to the
 data-parallel ones (the compute slowed by the all-reduces running beside it), the median
 data-parallel step's communication kernels with their offsets and how busy the compute was
-meanwhile, and for two processes the skew: the k-th all-reduce of each paired, how much later one
+meanwhile, each kind's median step's longest idle gaps (offset, length, the kernels on either
+side: at the step's end the gap between two CUDA-graph replays), and for two processes the skew: the k-th all-reduce of each paired, how much later one
 rank started it than the other (the end difference checks that the two clocks agree).
   usage: trace_steps.py DIR [--marker REGEX] [--comm REGEX] [--json FILE]
 """
@@ -72,6 +73,9 @@ def overlap_with(merged_list, s, e):
     return sum(max(0, min(e, b) - max(s, a)) for a, b in merged_list)
 
 
+kGapNs = 3000  # idle stretches listed per step: longer than 3 us
+
+
 def steps_of(rows, marker, comm):
     starts = [r[0] for r in rows if marker.search(r[4])]
     steps, i = [], 0
@@ -90,6 +94,12 @@ def steps_of(rows, marker, comm):
         per_name = {}
         for s, e, _, _, n in ks:
             per_name[n] = per_name.get(n, 0) + (e - s)
+        gaps, busy_until, before = [], a, ""
+        for s, e, _, _, n in ks:  # sorted by start
+            if s - busy_until > kGapNs:
+                gaps.append((s - busy_until, busy_until - a, before, n))
+            if e > busy_until:
+                busy_until, before = e, n
         steps.append({
             "start": a,
             "kind": "data-parallel" if comms else "single",
@@ -102,6 +112,7 @@ def steps_of(rows, marker, comm):
             "kernels": len(ks),
             "per_name_ns": per_name,
             "comm_kernels": [(s - a, e - a, overlap_with(comp_m, s, e), n) for s, e, _, _, n in ks if comm.search(n)],
+            "gaps": sorted(gaps, reverse=True),
         })
     return steps
 
@@ -143,6 +154,10 @@ def main():
             med = {f: statistics.median(s[f] for s in ks) for f in fields}
             kinds[kind] = (ks, med)
             print(f"{kind:>14}: {len(ks)} steady steps  " + "  ".join(f"{f} {med[f]:.3f}" for f in fields))
+            mid = sorted(ks, key=lambda s: s["step_ms"])[len(ks) // 2]
+            print(f"{'':>14}  its median step's longest idle gaps (us at ms from the marker, between):")
+            for g, at, before, after in mid["gaps"][:5]:
+                print(f"{'':>16}{g / 1e3:7.1f} us at {at / 1e6:7.3f} ms  {short(before, 45)} | {short(after, 45)}")
         summary[pid] = {k: v[1] for k, v in kinds.items()}
         if "single" in kinds and "data-parallel" in kinds:
             one, dp = kinds["single"], kinds["data-parallel"]
