@@ -17,6 +17,8 @@
 #include <cudaTypedefs.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -60,6 +62,12 @@ const Driver& driver() {
   return d;
 }
 
+// Whether a rank mapped the peer's memory, and if not why.
+struct Opened {
+  int ok = 1;
+  char why[200] = {};
+};
+
 // What each rank tells the other once, through the communicator.
 struct Shared {
   cudaIpcMemHandle_t grads{}, flags{};
@@ -82,10 +90,7 @@ class CopyEngineAverager final : public StreamAverager {
                         std::to_string(ranks) + ": use NCCL");
     (void)driver();
   }
-  ~CopyEngineAverager() override {
-    if (peer_grads_ != nullptr) cudaIpcCloseMemHandle(peer_grads_);
-    if (peer_flags_ != nullptr) cudaIpcCloseMemHandle(peer_flags_);
-  }
+  ~CopyEngineAverager() override { close_peer(); }
 
   void register_buffers(void* data, std::int64_t bytes) override {
     if (data == nullptr || bytes <= 0) throw UsageError("the copy-engine averager needs a non-empty buffer range");
@@ -112,26 +117,37 @@ class CopyEngineAverager final : public StreamAverager {
     mine.device = rank_.device;
     gethostname(mine.host, sizeof mine.host - 1);
     // The exchange is also the barrier after which both ranks' flags are zero.
-    DeviceBuffer both(2 * static_cast<std::int64_t>(sizeof(Shared)), "copy-engine averaging exchange");
-    AB_CUDA(cudaMemcpy(static_cast<char*>(both.get()) + sizeof(Shared) * static_cast<std::size_t>(me_), &mine,
-                       sizeof mine, cudaMemcpyHostToDevice),
-            "copy-engine averaging exchange");
-    AB_NCCL(ncclAllGather(static_cast<char*>(both.get()) + sizeof(Shared) * static_cast<std::size_t>(me_), both.get(),
-                          sizeof(Shared), ncclUint8, rank_.comm, side_.get()),
-            "copy-engine averaging exchange");
-    Shared all[2];
-    AB_CUDA(cudaMemcpyAsync(all, both.get(), sizeof all, cudaMemcpyDeviceToHost, side_.get()), "exchange");
-    AB_CUDA(cudaStreamSynchronize(side_.get()), "copy-engine averaging exchange");
-    const Shared& peer = all[1 - me_];
+    const Shared peer = exchange(mine)[1 - me_];
     if (std::strncmp(peer.host, mine.host, sizeof mine.host) != 0)
       throw Unsupported("the copy-engine averager reaches a peer GPU on the same host; rank " + std::to_string(1 - me_) +
                         " runs on " + std::string(peer.host) + ", this one on " + mine.host + ": use NCCL");
     if (peer.bytes != bytes)
       throw Error("the two ranks registered gradient stores of different sizes: " + std::to_string(bytes) + " and " +
                   std::to_string(peer.bytes) + " bytes");
-    AB_CUDA(cudaIpcOpenMemHandle(&peer_grads_, peer.grads, cudaIpcMemLazyEnablePeerAccess),
-            "the peer's gradients (cuda:" + std::to_string(peer.device) + ")");
-    AB_CUDA(cudaIpcOpenMemHandle(&peer_flags_, peer.flags, cudaIpcMemLazyEnablePeerAccess), "the peer's flags");
+    close_peer();
+    // Opening can fail on one rank only (a process that sees only its own GPU, no peer access):
+    // both ranks learn whether both opened, and refuse together, so neither waits for the other.
+    Opened opened;
+    void *grads = nullptr, *flags = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&grads, peer.grads, cudaIpcMemLazyEnablePeerAccess);
+    if (err == cudaSuccess) {
+      peer_grads_ = grads;
+      err = cudaIpcOpenMemHandle(&flags, peer.flags, cudaIpcMemLazyEnablePeerAccess);
+      if (err == cudaSuccess) peer_flags_ = flags;
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      opened.ok = 0;
+      std::snprintf(opened.why, sizeof opened.why, "cudaIpcOpenMemHandle of cuda:%d's memory on cuda:%d: %s",
+                    peer.device, rank_.device, cudaGetErrorString(err));
+    }
+    const auto both = exchange(opened);
+    for (int r = 0; r < 2; ++r)
+      if (both[r].ok == 0) {
+        close_peer();
+        throw Unsupported("the copy-engine averager cannot map the peer's memory on rank " + std::to_string(r) + " (" +
+                          both[r].why + "): use NCCL");
+      }
     base_ = static_cast<unsigned char*>(data);
     peer_base_ = static_cast<unsigned char*>(peer_grads_) + peer.grads_offset;
     bytes_ = bytes;
@@ -167,6 +183,24 @@ class CopyEngineAverager final : public StreamAverager {
   }
 
  private:
+  void close_peer() {
+    if (peer_grads_ != nullptr) cudaIpcCloseMemHandle(peer_grads_);
+    if (peer_flags_ != nullptr) cudaIpcCloseMemHandle(peer_flags_);
+    peer_grads_ = peer_flags_ = nullptr;
+  }
+  // Both ranks' `mine`, in rank order, through one NCCL all-gather (set-up only: it synchronizes).
+  template <typename T>
+  std::array<T, 2> exchange(const T& mine) {
+    DeviceBuffer both(2 * static_cast<std::int64_t>(sizeof(T)), "copy-engine averaging exchange");
+    auto* slot = static_cast<char*>(both.get()) + sizeof(T) * static_cast<std::size_t>(me_);
+    AB_CUDA(cudaMemcpy(slot, &mine, sizeof mine, cudaMemcpyHostToDevice), "copy-engine averaging exchange");
+    AB_NCCL(ncclAllGather(slot, both.get(), sizeof(T), ncclUint8, rank_.comm, side_.get()),
+            "copy-engine averaging exchange");
+    std::array<T, 2> all{};
+    AB_CUDA(cudaMemcpyAsync(all.data(), both.get(), sizeof all, cudaMemcpyDeviceToHost, side_.get()), "exchange");
+    AB_CUDA(cudaStreamSynchronize(side_.get()), "copy-engine averaging exchange");
+    return all;
+  }
   // Tells the peer (its flag) and waits until the peer has told this rank (own flag), then resets it.
   void handshake(std::uint32_t* peer_flag, std::uint32_t* own_flag) {
     const auto stream = reinterpret_cast<CUstream>(side_.get());
