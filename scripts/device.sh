@@ -32,7 +32,8 @@
 # (the one-GPU cost of the project's batch norm against the scaling it may gain; ~5 min).
 # copy (x2): the copy-engine averager (train comm_engine=copy): its 2-GPU test beside NCCL's, then
 # ResNet-50 bf16 training at 1 and N GPUs with comm_engine=nccl,copy, then PyTorch DDP alone
-# (bench/compare_ddp.py --skip-accelbench) for the same run's DDP scaling (~8 min).
+# (bench/compare_ddp.py --skip-accelbench) for the same run's DDP scaling, and a 2-GPU run whose ranks
+# each see only their own GPU (comm_engine=auto must fall back to NCCL; ~8 min).
 # alone (x2): the floor of data-parallel scaling without communication: ResNet-50 bf16 one-GPU
 # training on each GPU by itself, then on every GPU at once (one process each, nothing exchanged;
 # SM clocks and power sampled meanwhile), then 2-GPU training with comm_engine=nccl,copy (~5 min).
@@ -268,6 +269,15 @@ if want copy; then
   echo "comm_engine sweep: exit $?"; grep -iE "error|refus" "$logs/copy.txt" | head -5
   python3 bench/summarize_points.py "$logs/copy" params.gpus params.comm_engine rates.samples_per_s time.median_s metrics.fusion.fused_shapes \
     metrics.scaling_efficiency metrics.data_parallel.averaging
+  # Each rank seeing only its own GPU: the peer's memory cannot be mapped, and comm_engine=auto must
+  # fall back to NCCL on both ranks, saying why.
+  timeout 120 mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE bash -c \
+    'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"' $ab run train --axis model=tiny_resnet \
+    --axis batch=8 --axis image_size=16 --axis gpus=2 --axis trajectory_steps=2 --out "$logs/copy-own-gpu" \
+    > "$logs/copy-own-gpu.txt" 2>&1
+  echo "one GPU per process, comm_engine=auto: exit $?"
+  python3 bench/summarize_points.py "$logs/copy-own-gpu" params.gpus metrics.data_parallel.averaging \
+    metrics.data_parallel.averaging_fallback | cut -c1-400
   [[ ${COPY_DDP:-1} == 1 ]] && timeout 200 python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/copy-ddp" --gpus $n \
     --skip-accelbench 2>&1 | tail -n 6
 fi
