@@ -34,7 +34,9 @@ namespace {
 // Buckets one step may average (flags are allocated once, before any capture).
 constexpr int kMaxBuckets = 4096;
 
-// The driver calls the runtime does not offer, looked up once through the runtime (no link to libcuda).
+// The driver calls the runtime does not offer, looked up once through the runtime (no link to
+// libcuda), in the signatures of CUDA 12.0's API (the PFN_*_v11070 / _v3020 types below).
+constexpr unsigned kDriverApiVersion = 12000;
 struct Driver {
   PFN_cuStreamWaitValue32_v11070 wait_value = nullptr;
   PFN_cuStreamWriteValue32_v11070 write_value = nullptr;
@@ -45,7 +47,7 @@ template <typename Fn>
 void entry_point(const char* symbol, Fn& fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  AB_CUDA(cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &found), symbol);
+  AB_CUDA(cudaGetDriverEntryPointByVersion(symbol, &p, kDriverApiVersion, cudaEnableDefault, &found), symbol);
   if (found != cudaDriverEntryPointSuccess || p == nullptr)
     throw Unsupported(std::string("the copy-engine averager needs the driver's ") + symbol + ", which this driver lacks");
   fn = reinterpret_cast<Fn>(p);
