@@ -302,31 +302,28 @@ TEST(Train, ProfileWritesThePerOpTable) {
 
 // comm_dtype (the dtype the data-parallel gradients are all-reduced in): the gradients' own by
 // default; an unknown value is refused with the valid list.
-TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
+// A text axis of train on GPUs: its one default, and `bad` refused listing the valid values.
+void expect_text_axis(const std::string& name, const std::string& default_value, const std::string& bad,
+                      const std::string& valid) {
   const std::string msg =
-      test::usage_error([] { plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_dtype=fp8")}); });
-  EXPECT_TRUE(contains(msg, "comm_dtype 'fp8'") && contains(msg, "valid: grad, bf16, fp16")) << msg;
-  EXPECT_EQ(plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_dtype=grad,bf16,fp16")}).size(), 3u);
+      test::usage_error([&] { plan_for(find_workload("train"), "cpu", {parse_axis_argument(name + "=" + bad)}); });
+  EXPECT_TRUE(contains(msg, name + " '" + bad + "'") && contains(msg, "valid: " + valid)) << msg;
   int found = 0;
   for (const auto& a : find_workload("train").axes("cuda"))
-    if (a.name == "comm_dtype") {
+    if (a.name == name) {
       ++found;
-      EXPECT_EQ(a.defaults, std::vector<std::string>{"grad"});
+      EXPECT_EQ(a.defaults, std::vector<std::string>{default_value});
     }
-  EXPECT_EQ(found, 1);
+  EXPECT_EQ(found, 1) << name;
+}
+
+TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
+  expect_text_axis("comm_dtype", "grad", "fp8", "grad, bf16, fp16");
+  EXPECT_EQ(plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_dtype=grad,bf16,fp16")}).size(), 3u);
 }
 
 TEST(Train, CommEngineAxisDefaultsToAutoAndRefusesUnknownValues) {
-  const std::string msg =
-      test::usage_error([] { plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_engine=gloo")}); });
-  EXPECT_TRUE(contains(msg, "comm_engine 'gloo'") && contains(msg, "valid: auto, nccl, copy")) << msg;
-  int found = 0;
-  for (const auto& a : find_workload("train").axes("cuda"))
-    if (a.name == "comm_engine") {
-      ++found;
-      EXPECT_EQ(a.defaults, std::vector<std::string>{"auto"});
-    }
-  EXPECT_EQ(found, 1);
+  expect_text_axis("comm_engine", "auto", "gloo", "auto, nccl, copy");
   EXPECT_THROW(backend::parse_averager_engine("Copy"), UsageError);
   EXPECT_EQ(backend::parse_averager_engine("copy"), backend::AveragerEngine::copy_engines);
 }

@@ -19,6 +19,26 @@ constexpr std::array<std::pair<CollectiveOp, const char*>, 7> kOps{{{CollectiveO
                                                                     {CollectiveOp::reduce, "reduce"},
                                                                     {CollectiveOp::all_to_all, "all_to_all"},
                                                                     {CollectiveOp::send_recv, "send_recv"}}};
+constexpr std::array<std::pair<AveragerEngine, const char*>, 2> kEngines{
+    {{AveragerEngine::nccl, "nccl"}, {AveragerEngine::copy_engines, "copy"}}};
+
+// The value named `name` in `table`; UsageError naming `kind` and listing the valid names otherwise.
+template <typename E, std::size_t N>
+E parse_by_name(const std::array<std::pair<E, const char*>, N>& table, const std::string& name, const char* kind) {
+  std::string valid;
+  for (const auto& [value, n] : table) {
+    if (n == name) return value;
+    valid += valid.empty() ? n : std::string(", ") + n;
+  }
+  throw UsageError("unknown " + std::string(kind) + " '" + name + "'; valid: " + valid);
+}
+
+template <typename E, std::size_t N>
+std::vector<std::string> names_of(const std::array<std::pair<E, const char*>, N>& table) {
+  std::vector<std::string> v;
+  for (const auto& [value, name] : table) v.emplace_back(name);
+  return v;
+}
 
 }  // namespace
 
@@ -28,33 +48,20 @@ std::string collective_op_name(CollectiveOp op) {
   return "?";
 }
 
-CollectiveOp parse_collective_op(const std::string& name) {
-  std::string valid;
-  for (const auto& [value, n] : kOps) {
-    if (n == name) return value;
-    valid += valid.empty() ? n : std::string(", ") + n;
-  }
-  throw UsageError("unknown collective '" + name + "'; valid: " + valid);
-}
+CollectiveOp parse_collective_op(const std::string& name) { return parse_by_name(kOps, name, "collective"); }
 
 const std::vector<std::string>& collective_op_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const auto& [value, name] : kOps) v.emplace_back(name);
-    return v;
-  }();
+  static const std::vector<std::string> names = names_of(kOps);
   return names;
 }
 
 const std::vector<std::string>& averager_engine_names() {
-  static const std::vector<std::string> names{"nccl", "copy"};
+  static const std::vector<std::string> names = names_of(kEngines);
   return names;
 }
 
 AveragerEngine parse_averager_engine(const std::string& name) {
-  if (name == "nccl") return AveragerEngine::nccl;
-  if (name == "copy") return AveragerEngine::copy_engines;
-  throw UsageError("unknown gradient averaging engine '" + name + "'; valid: nccl, copy");
+  return parse_by_name(kEngines, name, "gradient averaging engine");
 }
 
 bool collective_has_in_place(CollectiveOp op) {

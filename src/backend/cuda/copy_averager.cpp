@@ -23,7 +23,6 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/nccl_common.h"
 #include "backend/cuda/wire_cast.h"
 #include "core/error.h"
@@ -167,9 +166,10 @@ class CopyEngineAverager final : public StreamAverager {
     auto* peer_flags = static_cast<std::uint32_t*>(peer_flags_);
     side_.fork(rank_.stream);
     handshake(peer_flags + i, my_flags + i);
-    AB_CUDA(cudaMemcpyAsync(scratch_.as<unsigned char>() + offset, peer_base_ + offset, static_cast<std::size_t>(bytes),
-                            cudaMemcpyDefault, side_.get()),
-            "copy of the peer's gradient bucket");
+    if (const cudaError_t err = cudaMemcpyAsync(scratch_.as<unsigned char>() + offset, peer_base_ + offset,
+                                                static_cast<std::size_t>(bytes), cudaMemcpyDefault, side_.get());
+        err != cudaSuccess)  // the message built only on failure: eager steps call this every bucket
+      throw_cuda(err, "cudaMemcpyAsync", "copy of the peer's gradient bucket");
     handshake(peer_flags + kMaxBuckets + i, my_flags + kMaxBuckets + i);
     average_in_place(dtype, data, scratch_.as<unsigned char>() + offset, count, sm_count_, side_.get());
   }

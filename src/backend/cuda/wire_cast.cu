@@ -96,6 +96,11 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
+// Built only on failure: average() launches these for every bucket of every eager step.
+void check_launch(const char* kernel, const char* what) {
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) throw_cuda(err, kernel, what);
+}
+
 [[noreturn]] void not_a_wire_type(DType wire) {
   throw Unsupported("gradient all-reduces communicate in bf16 or f16, not " + std::string(to_string(wire)));
 }
@@ -104,8 +109,7 @@ template <typename In, typename Out>
 void launch_cast(const In* in, Out* out, std::int64_t count, int sm_count, cudaStream_t stream, const char* what) {
   const bool vector = aligned(in, sizeof(Four<In>)) && aligned(out, sizeof(Four<Out>));
   cast_kernel<<<cast_blocks(count, sm_count), kThreads, 0, stream>>>(in, out, count, vector);
-  // Built only on failure: average() launches these for every bucket of every eager step.
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) throw_cuda(err, "cast kernel launch", what);
+  check_launch("cast kernel launch", what);
 }
 
 template <typename T>
@@ -114,8 +118,7 @@ void launch_mean(void* data, const void* other, std::int64_t count, int sm_count
   const auto* o = static_cast<const T*>(other);
   const bool vector = aligned(d, sizeof(Four<T>)) && aligned(o, sizeof(Four<T>));
   mean_kernel<<<cast_blocks(count, sm_count), kThreads, 0, stream>>>(d, o, count, vector);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
-    throw_cuda(err, "mean kernel launch", "pairwise mean of a gradient bucket");
+  check_launch("mean kernel launch", "pairwise mean of a gradient bucket");
 }
 
 }  // namespace
