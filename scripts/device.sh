@@ -4,7 +4,7 @@
 # set (else ./device-out), packed into one archive. That image lacks sqlite3.h: carry Debian's
 # libsqlite3-dev .deb in .deps/ (apt-get download libsqlite3-dev); it is unpacked into a private
 # prefix, never into /.
-#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|timeline|verify|coop|copy|alone|engine|train|resnext|fp8][,more modes] (default all)
+#   usage: scripts/device.sh [test|bench|all|heap|asan|multi|ddp|overlap|timeline|verify|coop|copy|alone|sweep|engine|train|resnext|fp8][,more modes] (default all)
 # asan (nvidia-h200-x2): the cuda-sanitize build's DataParallel tests under mpirun (a heap-corruption hunt).
 # engine: the engine's GPU tests (nn_cuda*, workloads_models, nn, models) with their output, then
 # ResNet-50 training with train fuse=off/on in bf16 and fp16 (accelbench alone; ~5 min).
@@ -33,10 +33,12 @@
 # copy (x2): the copy-engine averager (train comm_engine=copy): its 2-GPU test beside NCCL's, then
 # ResNet-50 bf16 training at 1 and N GPUs with comm_engine=nccl,copy, then PyTorch DDP alone
 # (bench/compare_ddp.py --skip-accelbench) for the same run's DDP scaling, and a 2-GPU run whose ranks
-# each see only their own GPU (comm_engine=auto must fall back to NCCL; ~8 min).
+# each see only their own GPU (it must end, with copy engines or NCCL's fallback named; ~4 min).
 # alone (x2): the floor of data-parallel scaling without communication: ResNet-50 bf16 one-GPU
 # training on each GPU by itself, then on every GPU at once (one process each, nothing exchanged;
 # SM clocks and power sampled meanwhile), then 2-GPU training with comm_engine=nccl,copy (~5 min).
+# sweep (x2): ResNet-50 bf16 training at 1 and N GPUs over $SWEEP_AXES (e.g. "--axis steps_per_sample=1,5,20"),
+# summarized with the record fields $SWEEP_FIELDS (e.g. params.steps_per_sample).
 # verify (x2): the GPU tests of the collectives and data-parallel code only (~1 min after the build);
 # with NTHREADS set, then 2-GPU training with NCCL_NTHREADS=$NTHREADS and comm_ctas 0,8.
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
@@ -63,7 +65,7 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
+if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want sweep || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -78,7 +80,7 @@ if { want multi || want heap || want ddp || want overlap || want timeline || wan
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want sweep || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
@@ -269,8 +271,9 @@ if want copy; then
   echo "comm_engine sweep: exit $?"; grep -iE "error|refus" "$logs/copy.txt" | head -5
   python3 bench/summarize_points.py "$logs/copy" params.gpus params.comm_engine rates.samples_per_s time.median_s metrics.fusion.fused_shapes \
     metrics.scaling_efficiency metrics.data_parallel.averaging
-  # Each rank seeing only its own GPU: the peer's memory cannot be mapped, and comm_engine=auto must
-  # fall back to NCCL on both ranks, saying why.
+  # Each rank seeing only its own GPU: CUDA IPC still maps the peer's memory on this machine (copy
+  # engines, measured 2026-11-30); where it cannot, comm_engine=auto must fall back to NCCL on both
+  # ranks, saying why. Either way the run must end, with the averaging it used in its record.
   timeout 120 mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE bash -c \
     'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"' $ab run train --axis model=tiny_resnet \
     --axis batch=8 --axis image_size=16 --axis gpus=2 --axis trajectory_steps=2 --out "$logs/copy-own-gpu" \
@@ -306,6 +309,19 @@ if want alone; then
   echo "data parallel: exit $?"
   python3 bench/summarize_points.py "$logs/alone-dp" params.gpus params.comm_engine params.comm_priority rates.samples_per_s \
     time.median_s metrics.scaling_efficiency
+fi
+if want sweep; then
+  n=$(nvidia-smi -L | wc -l)
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader \
+    -lms 250 > "$logs/sweep-smi.csv" &
+  smi=$!
+  mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis trajectory_steps=3 ${SWEEP_AXES:-} \
+    --out "$logs/sweep" > "$logs/sweep.txt" 2>&1
+  echo "train sweep ${SWEEP_AXES:-}: exit $?"; grep -iE "error|refus" "$logs/sweep.txt" | head -5
+  kill $smi 2>/dev/null
+  python3 bench/summarize_points.py "$logs/sweep" params.gpus ${SWEEP_FIELDS:-} rates.samples_per_s time.median_s \
+    time.iterations_per_sample metrics.scaling_efficiency metrics.data_parallel.averaging
 fi
 if want verify; then
   ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*:*Pairwise*' > "$logs/verify-backend.log" 2>&1

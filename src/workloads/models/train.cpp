@@ -31,6 +31,7 @@ constexpr std::int64_t kMaxBucketDelayOps = 1000;
 // them and as bench/compare_ddp.py times PyTorch: one step per sample would time each graph
 // launch's host latency, and under a launcher every sample's start skew between the ranks.
 constexpr std::int64_t kGpuStepsPerSample = 5;
+constexpr std::int64_t kMaxStepsPerSample = 1000;
 
 // comm_engine's values: "auto" and the backend's engines.
 std::vector<std::string> comm_engine_names() {
@@ -126,6 +127,9 @@ class Train final : public Workload {
           "ResNets: each batch norm, the residual add and the ReLU after it as one op (cuDNN's fused NHWC "
           "16-bit kernels where it takes them); auto = on for models with batch norm"},
          {"trajectory_steps", AxisKind::integer, one("30"), {}, "steps whose loss is read before timing"},
+         {"steps_per_sample", AxisKind::integer, one("0"), {},
+          "back-to-back steps in each timed sample, at least (0: " + std::to_string(kGpuStepsPerSample) +
+              " on GPUs, 1 elsewhere; more when a step is shorter than the sample target)"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"},
          {"gpus", AxisKind::integer, one("1"), {},
           "data-parallel GPUs, one process each (under mpirun/srun; gpus=k trains on ranks 0..k-1)"},
@@ -161,6 +165,7 @@ class Train final : public Workload {
     const ModelSpec asked = model_spec(state, /*training=*/true);
     const double lr = state.get_real("lr");
     const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
+    const std::int64_t steps_per_sample = state.get_int("steps_per_sample");
     const double bucket_mib = state.get_real("bucket_mib"), tail_bucket_mib = state.get_real("tail_bucket_mib");
     const std::int64_t comm_ctas = state.get_int("comm_ctas"), bucket_delay_ops = state.get_int("bucket_delay_ops");
     const bool comm_high_priority = state.get_text("comm_priority") == "high";
@@ -174,10 +179,10 @@ class Train final : public Workload {
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
         gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib) || !(tail_bucket_mib >= 0) ||
-        !std::isfinite(tail_bucket_mib) || comm_ctas < 0 || comm_ctas > kMaxCommCtas || bucket_delay_ops < 0 ||
+        !std::isfinite(tail_bucket_mib) || steps_per_sample < 0 || steps_per_sample > kMaxStepsPerSample || comm_ctas < 0 || comm_ctas > kMaxCommCtas || bucket_delay_ops < 0 ||
         bucket_delay_ops > kMaxBucketDelayOps)
       throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, tail_bucket_mib >= 0, "
-                       "bucket_delay_ops in 0.." + std::to_string(kMaxBucketDelayOps) + ", comm_ctas in 0.." +
+                       "steps_per_sample in 0.." + std::to_string(kMaxStepsPerSample) + ", bucket_delay_ops in 0.." + std::to_string(kMaxBucketDelayOps) + ", comm_ctas in 0.." +
                        std::to_string(kMaxCommCtas) + " and a finite lr >= 0 (got " + state.point().label() + ")");
     dist::Comm& comm = dist::world();
     const int world = comm.size(), rank = comm.rank();
@@ -332,7 +337,8 @@ class Train final : public Workload {
     }
 
     measure::Settings settings = state.settings();
-    if (state.backend().info().kind == "cuda") settings.min_iterations_per_sample = kGpuStepsPerSample;
+    settings.min_iterations_per_sample =
+        steps_per_sample > 0 ? steps_per_sample : state.backend().info().kind == "cuda" ? kGpuStepsPerSample : 1;
     if (world > 1) {
       auto timer = state.backend().make_timer();
       const dist::LockstepResult measured = dist::measure_lockstep(comm, *timer, step, settings, state.cancel_flag());
