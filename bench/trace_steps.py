@@ -16,7 +16,8 @@ then the kernels whose summed time per step grew most from the single-GPU steps 
 data-parallel ones (the compute slowed by the all-reduces running beside it), the median
 data-parallel step's communication kernels with their offsets and how busy the compute was
 meanwhile, each kind's median step's longest idle gaps (offset, length, the kernels on either
-side: at the step's end the gap between two CUDA-graph replays), and for two processes the skew: the k-th all-reduce of each paired, how much later one
+side: at the step's end the gap between two CUDA-graph replays), the host's cudaGraphLaunch calls
+(how long each blocked) and the median step's memcpys where the trace holds them, and for two processes the skew: the k-th all-reduce of each paired, how much later one
 rank started it than the other (the end difference checks that the two clocks agree).
   usage: trace_steps.py DIR [--marker REGEX] [--comm REGEX] [--json FILE]
 """
@@ -36,13 +37,32 @@ def load(kernels_csv):
         for line in f:
             i, _, name = line.rstrip("\n").partition(",")
             names[int(i)] = name
-    rows = []
+    rows, extras = [], []
     with open(kernels_csv) as f:
         for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["device"]), int(r["stream"]),
-                         names[int(r["name_id"])]))
+            row = (int(r["start_ns"]), int(r["end_ns"]), int(r["device"]), int(r["stream"]), names[int(r["name_id"])])
+            (extras if row[4].startswith("[") else rows).append(row)
     rows.sort()
-    return pid, rows
+    extras.sort()
+    return pid, rows, extras
+
+
+def print_extras(extras, steady_steps, mid_step):
+    """The cudaGraphLaunch calls the host made during these steps (how long each blocked it) and the
+    median step's memcpys."""
+    a, b = steady_steps[0]["start"], steady_steps[-1]["start"] + steady_steps[-1]["step_ms"] * 1e6
+    launches = sorted((e - s) / 1e6 for s, e, _, _, n in extras if n == "[api cudaGraphLaunch]" and a <= s < b)
+    if launches:
+        print(f"{'':>14}  cudaGraphLaunch on the host meanwhile: {len(launches)} calls, median "
+              f"{statistics.median(launches):.3f} ms, p90 {launches[int(0.9 * (len(launches) - 1))]:.3f} ms, "
+              f"max {launches[-1]:.3f} ms")
+    a, b = mid_step["start"], mid_step["start"] + mid_step["step_ms"] * 1e6
+    copies = [(s, e, n) for s, e, _, _, n in extras if n.startswith("[memcpy") and a <= s < b]
+    if copies:
+        print(f"{'':>14}  its memcpys (start, end from the marker, ms; GB/s):")
+        for s, e, n in copies:
+            size = int(re.search(r"(\d+) B", n).group(1))
+            print(f"{'':>16}{(s - a) / 1e6:8.3f} {(e - a) / 1e6:8.3f}  {size / max(e - s, 1):7.1f}  {n}")
 
 
 def union_length(intervals):
@@ -140,7 +160,7 @@ def main():
     summary = {}
     fields = ("step_ms", "compute_sum_ms", "compute_busy_ms", "comm_ms", "comm_alone_ms", "idle_ms", "kernels")
     for path in sorted(glob.glob(os.path.join(args.dir, "kernels-*.csv"))):
-        pid, rows = load(path)
+        pid, rows, extras = load(path)
         if not rows:
             continue
         devices = sorted({r[2] for r in rows})
@@ -158,6 +178,7 @@ def main():
             print(f"{'':>14}  its median step's longest idle gaps (us at ms from the marker, between):")
             for g, at, before, after in mid["gaps"][:5]:
                 print(f"{'':>16}{g / 1e3:7.1f} us at {at / 1e6:7.3f} ms  {short(before, 45)} | {short(after, 45)}")
+            print_extras(extras, sorted(ks, key=lambda s: s["start"]), mid)
         summary[pid] = {k: v[1] for k, v in kinds.items()}
         if "single" in kinds and "data-parallel" in kinds:
             one, dp = kinds["single"], kinds["data-parallel"]
@@ -201,7 +222,7 @@ def rank_skew(trace_dir, comm):
     reached each all-reduce first and how long the other kept it waiting."""
     ranks = []
     for path in sorted(glob.glob(os.path.join(trace_dir, "kernels-*.csv"))):
-        pid, rows = load(path)
+        pid, rows, _ = load(path)
         kernels = [(s, e) for s, e, _, _, n in rows if comm.search(n)]
         if kernels:
             ranks.append((pid, kernels))
