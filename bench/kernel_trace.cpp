@@ -3,7 +3,8 @@
 // first CUDA call. Every kernel (graph-launched ones one by one) is recorded with its start and end
 // on the GPU's clock, its device and stream, and written at exit to AB_TRACE_DIR (default .) as
 // kernels-<pid>.csv (start_ns,end_ns,device,stream,name_id) and names-<pid>.csv (name_id,name).
-// Two more kinds of row, named in brackets: every memcpy ("[memcpy <kind> <bytes> B]", on the GPU's
+// Two more kinds of row, named in brackets: every memcpy ("[memcpy <kind> <bytes> B]", " from <device>]"
+// between two devices; on the GPU's
 // clock, its device and stream) and every cudaGraphLaunch call ("[api cudaGraphLaunch]": on the
 // host, device 4294967295, stream = the calling thread; CUPTI puts both on one time base), so a
 // step's copies and how long its host launch blocked line up with its kernels.
@@ -89,6 +90,11 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream_id, std::
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
         const std::string name = "[memcpy " + std::string(memcpy_kind(m->copyKind)) + " " + std::to_string(m->bytes) + " B]";
         g_records->push_back({m->start, m->end, m->deviceId, m->streamId, made_name_id(name)});
+      } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY2) {  // between two devices (CUDA IPC included)
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(record);
+        const std::string name = "[memcpy " + std::string(memcpy_kind(m->copyKind)) + " " + std::to_string(m->bytes) +
+                                 " B from " + std::to_string(m->srcDeviceId) + "]";
+        g_records->push_back({m->start, m->end, m->deviceId, m->streamId, made_name_id(name)});
       } else if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
         const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
         if (a->cbid != CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000 &&
@@ -147,7 +153,7 @@ extern "C" int InitializeInjection() {
     report("cuptiActivityEnable(CONCURRENT_KERNEL)", r);
     return 0;
   }
-  for (const CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_RUNTIME})
+  for (const CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMCPY2, CUPTI_ACTIVITY_KIND_RUNTIME})
     if (const CUptiResult e = cuptiActivityEnable(kind); e != CUPTI_SUCCESS) report("cuptiActivityEnable(memcpy/runtime)", e);
   std::atexit(write_trace);
   return 1;

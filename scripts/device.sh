@@ -39,7 +39,7 @@
 # SM clocks and power sampled meanwhile), then 2-GPU training with comm_engine=nccl,copy (~5 min).
 # sweep (x2): ResNet-50 bf16 training at 1 and N GPUs over $SWEEP_AXES (e.g. "--axis steps_per_sample=1,5,20"),
 # summarized with the record fields $SWEEP_FIELDS (e.g. params.steps_per_sample).
-# verify (x2): the GPU tests of the collectives and data-parallel code only (~1 min after the build);
+# verify (x2): the GPU tests of the collectives, data-parallel code and SGD kernels only (~1 min after the build);
 # with NTHREADS set, then 2-GPU training with NCCL_NTHREADS=$NTHREADS and comm_ctas 0,8.
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
 # bf16 training at 1 and N GPUs and of PyTorch DDP's, cut into steps by bench/trace_steps.py: how
@@ -326,6 +326,8 @@ fi
 if want verify; then
   ./build/cuda/tests/backend_cuda_test --gtest_filter='*Averager*:*Wire*:*Pairwise*' > "$logs/verify-backend.log" 2>&1
   echo "backend_cuda_test averager: exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/verify-backend.log" | head
+  ./build/cuda/tests/nn_cuda_pointwise_test --gtest_filter='*Sgd*' > "$logs/verify-sgd.log" 2>&1
+  echo "nn_cuda_pointwise_test sgd: exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|differs" "$logs/verify-sgd.log" | head
   ./build/cuda/tests/dist_test --gtest_filter='CollectivesGpu.EveryOpDtypeAndInPlaceIsExact:DataParallel.TrainOnTwoGpus*' \
     > "$logs/verify-dist.log" 2>&1
   echo "dist_test collectives + 2-GPU training: exit $?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure" "$logs/verify-dist.log" | head

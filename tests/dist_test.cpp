@@ -1049,9 +1049,11 @@ TEST(DataParallel, TrainOnTwoGpusAveragesInBf16) {
 }
 
 // Copy engines on two GPUs (comm_engine=auto chooses them here: 2 GPUs, one host, f32 on the
-// wire): each rank copies the other's buckets with a copy engine and averages them in, eager and
-// inside a captured step; the trajectory is NCCL averaging's to float32 rounding (both compute
-// (a + b) / 2 in f32), and comm_engine=copy with a 16-bit wire is skipped saying why.
+// wire): each rank copies the other's buckets with a copy engine and averages them, inside SGD's
+// update (comm_mean=auto chooses it for sgd) or with a mean kernel per bucket (comm_mean=kernel),
+// eager and inside a captured step; either trajectory is NCCL averaging's to float32 rounding (all
+// compute (a + b) / 2 in f32). comm_engine=copy with a 16-bit wire, and comm_mean=update with
+// NCCL, are skipped saying why.
 TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
   SKIP_WITHOUT_MPI();
   if (backend::collective_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
@@ -1059,27 +1061,36 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
       std::string(kTinyResnetTraining) +
       "--axis gpus=2 --axis graph=off,on --axis bucket_mib=0.0001 --axis comm_engine=";
   const auto nccl = two_gpu_train_points(args + "nccl");
-  const auto copy = two_gpu_train_points(args + "auto");
+  const auto in_update = two_gpu_train_points(args + "auto");
+  const auto by_kernel = two_gpu_train_points(args + "copy --axis comm_mean=kernel");
   ASSERT_EQ(nccl.size(), 2u);
-  ASSERT_EQ(copy.size(), 2u);
-  for (const std::string graph : {"off", "on"}) {
-    const auto& dp = copy.at({2, graph})["metrics"]["data_parallel"];
-    EXPECT_EQ(dp["averaging"], "copy engines");
-    EXPECT_EQ(dp["averaging_fallback"], "");
-    EXPECT_GT(dp["buckets"].get<int>(), 3);
-    const auto want = losses(nccl.at({2, graph}));
-    EXPECT_NE(want.front(), want.back());
-    expect_trajectory_near(losses(copy.at({2, graph})), want, 1e-5, "graph=" + graph);
+  for (const auto* copy : {&in_update, &by_kernel}) {
+    ASSERT_EQ(copy->size(), 2u);
+    const bool update = copy == &in_update;
+    for (const std::string graph : {"off", "on"}) {
+      const auto& dp = copy->at({2, graph})["metrics"]["data_parallel"];
+      EXPECT_EQ(dp["averaging"], update ? "copy engines, mean in the update" : "copy engines");
+      EXPECT_EQ(dp["averaging_fallback"], "");
+      EXPECT_GT(dp["buckets"].get<int>(), 3);
+      const auto want = losses(nccl.at({2, graph}));
+      EXPECT_NE(want.front(), want.back());
+      expect_trajectory_near(losses(copy->at({2, graph})), want, 1e-5,
+                             std::string(update ? "mean in the update" : "mean kernel") + ", graph=" + graph);
+    }
   }
-  test::TempDir tmp;
-  const Ran r = mpirun("-np 2 " + quote(kAccelbench) + " run train " + args + "copy --axis comm_dtype=bf16" +
-                       kQuickPoints + " --out " + quote(tmp.path().string()));
-  ASSERT_EQ(r.code, 0) << r.output;
-  const auto skipped = read_points(tmp.path());
-  ASSERT_EQ(skipped.size(), 2u);  // graph=off,on
-  for (const auto& p : skipped) {
-    EXPECT_EQ(p["status"], "skipped") << p.dump();
-    EXPECT_NE(p.value("reason", "").find("comm_engine=nccl"), std::string::npos) << p.dump();
+  for (const std::string refused : {"copy --axis comm_dtype=bf16", "nccl --axis comm_mean=update"}) {
+    SCOPED_TRACE(refused);
+    test::TempDir tmp;
+    const Ran r = mpirun("-np 2 " + quote(kAccelbench) + " run train " + args + refused + kQuickPoints + " --out " +
+                         quote(tmp.path().string()));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto skipped = read_points(tmp.path());
+    ASSERT_EQ(skipped.size(), 2u);  // graph=off,on
+    for (const auto& p : skipped) {
+      EXPECT_EQ(p["status"], "skipped") << p.dump();
+      EXPECT_NE(p.value("reason", "").find(refused.starts_with("copy") ? "comm_engine=nccl" : "leaves the mean in place"),
+                std::string::npos) << p.dump();
+    }
   }
 }
 

@@ -593,6 +593,84 @@ TEST(CudaPointwise, SgdMatchesReferenceAndSkipsOnFlag) {
     }
 }
 
+// The fused step of many parameters against sgd_update then cast, parameter by parameter: the
+// same bits, over more parameters than one launch holds, sizes off the vector width and the
+// per-block chunk, one misaligned parameter (the scalar path), two weight decays, each copy dtype,
+// and with a partner gradient (data parallelism's mean in the update) against the host's
+// (a + b) * 0.5f in f32 given to sgd_update.
+TEST(CudaPointwise, SgdUpdateManyIsSgdUpdateThenCastBitForBit) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const std::vector<int64_t> sizes = {1, 3, 7, 8191, 8192, 8193, 20003};
+  constexpr int kParameters = 45;
+  constexpr int kMisaligned = 5;
+  const SgdStep step{0.1, 0.9, 0.0, {}};
+  for (const bool partner : {false, true})
+  for (DType copy_t : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE("copies: " + (copy_t == DType::f32 ? std::string("none") : name(copy_t)) +
+                 (partner ? ", partner gradient" : ""));
+    const bool copies = copy_t != DType::f32;
+    struct Side {
+      std::vector<DeviceArray> w, g, v, c, partner;
+    };
+    Side unfused, fused;
+    std::vector<pw::SgdSegment> segments;
+    std::vector<int64_t> offsets;
+    for (int i = 0; i < kParameters; ++i) {
+      const int64_t n = sizes[static_cast<std::size_t>(i) % sizes.size()], off = i == kMisaligned ? 1 : 0;
+      const auto w = rng.uniform_in(DType::f32, n + off), g = rng.uniform_in(DType::f32, n + off),
+                 v = rng.uniform_in(DType::f32, n + off, -0.1, 0.1), h = rng.uniform_in(DType::f32, n + off);
+      Values mean = g;  // what the fused side averages, computed as the mean kernel does
+      for (std::size_t e = 0; e < mean.size(); ++e)
+        mean[e] = static_cast<double>((static_cast<float>(g[e]) + static_cast<float>(h[e])) * 0.5f);
+      for (Side* side : {&unfused, &fused}) {
+        side->w.emplace_back(DType::f32, w);
+        side->g.emplace_back(DType::f32, partner && side == &unfused ? mean : g);
+        side->v.emplace_back(DType::f32, v);
+        side->c.emplace_back(copy_t, Values(static_cast<std::size_t>(n + off), 0.0));
+        side->partner.emplace_back(DType::f32, h);
+      }
+      offsets.push_back(off);
+      void* copy = copies ? static_cast<unsigned char*>(fused.c.back().get()) + off * int64_t(size_bytes(copy_t)) : nullptr;
+      segments.push_back({fused.w.back().as<float>() + off, fused.g.back().as<const float>() + off,
+                          fused.v.back().as<float>() + off, copy, n, i % 2 == 0 ? 1e-4 : 0.0,
+                          partner ? fused.partner.back().as<const float>() + off : nullptr});
+    }
+    const auto bytes_of = [&](const Side& side) {
+      std::vector<std::vector<unsigned char>> all;
+      for (int i = 0; i < kParameters; ++i)
+        for (const auto* arrays : {&side.w, &side.v, &side.c}) all.push_back((*arrays)[static_cast<std::size_t>(i)].bytes());
+      return all;
+    };
+    DeviceArray flag(DType::i32, Values{1.0});
+    const auto before = bytes_of(fused);
+    pw::sgd_update_many(nullptr, segments, copy_t, step, flag.as<int32_t>());
+    EXPECT_TRUE(bytes_of(fused) == before) << "a set flag changed something";
+
+    flag.upload({0.0});
+    pw::sgd_update_many(nullptr, segments, copy_t, step, flag.as<int32_t>());
+    pw::sgd_update_many(nullptr, segments, copy_t, step, nullptr);
+    for (int run = 0; run < 2; ++run)
+      for (int i = 0; i < kParameters; ++i) {
+        const auto u = static_cast<std::size_t>(i);
+        const int64_t off = offsets[u];
+        SgdStep one = step;
+        one.weight_decay = segments[u].weight_decay;
+        float* w = unfused.w[u].as<float>() + off;
+        pw::sgd_update(nullptr, DType::f32, w, unfused.g[u].as<float>() + off, unfused.v[u].as<float>() + off,
+                       segments[u].n, one, nullptr);
+        if (copies)
+          pw::cast(nullptr, DType::f32, w, copy_t,
+                   static_cast<unsigned char*>(unfused.c[u].get()) + off * int64_t(size_bytes(copy_t)), segments[u].n);
+      }
+    const auto want = bytes_of(unfused), got = bytes_of(fused);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(got[i] == want[i]) << "parameter " << i / 3 << " (n=" << segments[i / 3].n << "), "
+                                     << (i % 3 == 0 ? "w" : i % 3 == 1 ? "v" : "copy") << " differs";
+  }
+}
+
 TEST(CudaPointwise, LarsMatchesReferenceAndSkipsOnFlag) {
   SKIP_WITHOUT_GPU();
   Rng rng;

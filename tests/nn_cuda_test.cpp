@@ -1154,6 +1154,9 @@ class CheckedKernels final : public Kernels {
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override {
     dut_.sgd_update(s, w, g, v);
   }
+  void sgd_update_many(const SgdStep& s, const std::vector<SgdTensors>& params) override {
+    dut_.sgd_update_many(s, params);
+  }
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override {
     dut_.lars_update(s, w, g, v);
   }

@@ -355,6 +355,29 @@ TEST(Optimizer, SgdMomentumAndWeightDecayFollowPyTorch) {
   EXPECT_EQ(sgd.flops(100), 600);
 }
 
+// step() also refreshes each parameter's 16-bit copy from its new value (the graph's forward
+// pass reads the copy), for SGD's fused path and LARS's per-parameter one alike.
+TEST(Optimizer, StepRefreshesTheSixteenBitCopies) {
+  const std::vector<double> w0{1.0, -2.0, 0.5}, g0{0.1, 0.2, -0.3};
+  for (const bool lars : {false, true}) {
+    SCOPED_TRACE(lars ? "lars" : "sgd");
+    OneParam p(ParamRole::weight, w0, g0);
+    const Tensor d16 = Tensor::describe(DType::bf16, Shape{3});
+    Buffer copy(p.k->allocator(), d16.size_bytes());
+    p.params[0].copy = copy.view(d16);
+    write_host(p.params[0].copy, {9.0, 9.0, 9.0});  // stale: the step must overwrite it
+    std::unique_ptr<Optimizer> opt;
+    if (lars) opt = std::make_unique<Lars>(0.5, 0.9, 0.01);
+    else opt = std::make_unique<Sgd>(0.5, 0.9, 0.01);
+    opt->step(*p.k, p.params);
+    const auto w = p.value(), c = read_host(p.params[0].copy);
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_NE(w[i], w0[i]);
+      EXPECT_EQ(c[i], static_cast<double>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(w[i])))));
+    }
+  }
+}
+
 TEST(Optimizer, LarsScalesWeightsByTheTrustRatioAndLeavesNormParametersPlain) {
   const std::vector<double> w0{3.0, 4.0}, g0{0.6, 0.8};  // |w| = 5, |g| = 1
   OneParam weight(ParamRole::weight, w0, g0), scale(ParamRole::norm_scale, w0, g0);

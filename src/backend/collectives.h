@@ -81,6 +81,13 @@ class StreamAverager {
   // rank. Every rank calls it once, before any average() and outside a capture (it may talk to
   // the other ranks); the copy-engine averager maps the peer's range here, NCCL's needs nothing.
   virtual void register_buffers(void* data, std::int64_t bytes) = 0;
+  // Leaves the mean to the caller: from now on average() brings the peer's buffer into a mirror
+  // of the registered range and changes nothing in place, and returns that mirror's start (the
+  // peer's copy of data + k lies at mirror + k); the mean of the two is the caller's, e.g. the
+  // optimizer's update reading both (it saves one pass over the gradients). The mirror is valid
+  // after join() until the next step's first average(). After register_buffers; copy engines only
+  // (2 ranks: the mean is of two buffers), others throw Unsupported.
+  virtual void* leave_mean_to_caller() = 0;
 };
 
 // How a StreamAverager moves the gradients.

@@ -95,6 +95,9 @@ struct Parameter {
   Tensor value;      // bound after bind(); the f32 master where `copy` is defined
   Tensor grad;       // undefined for running statistics; f32 beside a 16-bit copy, and unscaled (fp16)
   Tensor copy;       // bf16/fp16: the 16-bit copy the op reads, `value` rounded; else undefined
+  // Data parallelism with the mean in the update (DataParallel::set_mean_in_update): the peer
+  // rank's gradient, laid out as `grad`; the optimizer steps on (grad + grad_partner) / 2. Else undefined.
+  Tensor grad_partner;
 };
 
 // Parameter values by name (Parameter::name, "layer1.0.conv1.weight"), each in logical row-major

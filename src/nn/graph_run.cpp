@@ -331,9 +331,7 @@ void Graph::State::run_backward() {
 void Graph::State::run_update(Optimizer& optimizer) {
   if (!options.training) throw Error("update on an inference graph");
   Kernels& kk = k();
-  optimizer.step(kk, params, loss_scaling() ? found_nonfinite : Tensor{});
-  for (const auto& p : params)
-    if (p.copy.defined()) kk.cast(p.value, p.copy);
+  optimizer.step(kk, params, loss_scaling() ? found_nonfinite : Tensor{});  // refreshes the 16-bit copies too
   if (loss_scaling()) {
     kk.cast(scale, scale_before);
     kk.update_loss_scale(options.loss_scale_rule, scale, good_steps, found_nonfinite);

@@ -18,6 +18,18 @@ void Kernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& 
   bias_activation_forward(y, bias, residual, y, relu);
 }
 
+void Kernels::sgd_update_many(const SgdStep& s, const std::vector<SgdTensors>& params) {
+  for (const SgdTensors& p : params) {
+    if (p.g_partner.defined())
+      throw Unsupported(std::string(name()) + " kernels: an SGD step that averages two gradients is CUDA's fused "
+                        "update only (data parallelism's mean in the update)");
+    SgdStep one = s;
+    one.weight_decay = p.weight_decay;
+    sgd_update(one, p.w, p.g, p.v);
+    if (p.copy.defined()) cast(p.w, p.copy);
+  }
+}
+
 std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
   const std::string label = "fp8 convolution of x " + x.to_string() + ", w " + w.to_string() + ": ";
   if (d.groups != 1) return label + "groups = 1 only, got " + std::to_string(d.groups);

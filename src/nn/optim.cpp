@@ -29,10 +29,19 @@ void Optimizer::bind(Kernels& k, const std::vector<Parameter>& params) {
 
 void Optimizer::step(Kernels& k, std::vector<Parameter>& params, const Tensor& skip_if) {
   bind(k, params);
+  for (const Parameter& p : params)
+    if (p.spec.trainable() && !p.grad.defined()) throw Error("optimizer: parameter " + p.name + " has no gradient");
+  update_all(k, params, velocities_, skip_if);
+}
+
+void Optimizer::update_all(Kernels& k, const std::vector<Parameter>& params, const std::vector<Tensor>& velocities,
+                           const Tensor& skip_if) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].spec.trainable()) continue;
-    if (!params[i].grad.defined()) throw Error("optimizer: parameter " + params[i].name + " has no gradient");
-    update(k, params[i], velocities_[i], skip_if);
+    if (params[i].grad_partner.defined())
+      throw Unsupported("optimizer " + std::string(name()) + " takes averaged gradients; only sgd averages in its update");
+    update(k, params[i], velocities[i], skip_if);
+    if (params[i].copy.defined()) k.cast(params[i].value, params[i].copy);
   }
 }
 
@@ -44,13 +53,22 @@ bool is_norm_or_bias(ParamRole r) {
 
 }  // namespace
 
+double Sgd::decay_of(const Parameter& p) const {
+  return (decay_norm_and_bias_ || !is_norm_or_bias(p.spec.role)) ? weight_decay_ : 0.0;
+}
+
 void Sgd::update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) {
-  SgdStep s;
-  s.skip_if = skip_if;
-  s.learning_rate = learning_rate();
-  s.momentum = momentum_;
-  s.weight_decay = (decay_norm_and_bias_ || !is_norm_or_bias(p.spec.role)) ? weight_decay_ : 0.0;
-  k.sgd_update(s, p.value, p.grad, velocity);
+  k.sgd_update(SgdStep{learning_rate(), momentum_, decay_of(p), skip_if}, p.value, p.grad, velocity);
+}
+
+void Sgd::update_all(Kernels& k, const std::vector<Parameter>& params, const std::vector<Tensor>& velocities,
+                     const Tensor& skip_if) {
+  std::vector<SgdTensors> all;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (params[i].spec.trainable())
+      all.push_back({params[i].value, params[i].grad, velocities[i], params[i].copy, decay_of(params[i]),
+                     params[i].grad_partner});
+  k.sgd_update_many(SgdStep{learning_rate(), momentum_, 0.0, skip_if}, all);
 }
 
 void Lars::update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) {

@@ -21,9 +21,10 @@ class Optimizer {
   // capturing a step, which must not allocate (Graph::capture_step does).
   void bind(Kernels& k, const std::vector<Parameter>& params);
   bool bound_to(const std::vector<Parameter>& params) const;
-  // Binds if needed, then updates every trainable parameter. skip_if (i32 [1], may be undefined)
-  // is read on the device: non-zero leaves every parameter and velocity unchanged (fp16 loss
-  // scaling found a non-finite gradient).
+  // Binds if needed, then updates every trainable parameter and refreshes its 16-bit copy (the
+  // one the forward pass reads under bf16/fp16). skip_if (i32 [1], may be undefined) is read on
+  // the device: non-zero leaves every parameter and velocity unchanged (fp16 loss scaling found a
+  // non-finite gradient).
   void step(Kernels& k, std::vector<Parameter>& params, const Tensor& skip_if = {});
   // The learning rate is a host value passed with each update kernel: a captured step keeps the
   // one it was captured with (recapture after changing it).
@@ -35,6 +36,10 @@ class Optimizer {
 
  protected:
   explicit Optimizer(double lr) : learning_rate_(lr) {}
+  // Every trainable parameter's update and copy refresh; velocities[i] is params[i]'s (undefined
+  // for a frozen one). The default calls update() and casts per parameter.
+  virtual void update_all(Kernels& k, const std::vector<Parameter>& params, const std::vector<Tensor>& velocities,
+                          const Tensor& skip_if);
   virtual void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) = 0;
 
  private:
@@ -57,7 +62,11 @@ class Sgd final : public Optimizer {
   }
 
  private:
+  // One fused call for all parameters (Kernels::sgd_update_many).
+  void update_all(Kernels& k, const std::vector<Parameter>& params, const std::vector<Tensor>& velocities,
+                  const Tensor& skip_if) override;
   void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) override;
+  double decay_of(const Parameter& p) const;
   double momentum_, weight_decay_;
   bool decay_norm_and_bias_;
 };

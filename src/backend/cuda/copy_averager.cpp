@@ -170,8 +170,17 @@ class CopyEngineAverager final : public StreamAverager {
                                                 static_cast<std::size_t>(bytes), cudaMemcpyDefault, side_.get());
         err != cudaSuccess)  // the message built only on failure: eager steps call this every bucket
       throw_cuda(err, "cudaMemcpyAsync", "copy of the peer's gradient bucket");
+    // Also with the mean left to the caller: the peer must have copied this bucket before the
+    // next step's backward overwrites it, and join() waits for this stream.
     handshake(peer_flags + kMaxBuckets + i, my_flags + kMaxBuckets + i);
-    average_in_place(dtype, data, scratch_.as<unsigned char>() + offset, count, sm_count_, side_.get());
+    if (!mean_left_to_caller_)
+      average_in_place(dtype, data, scratch_.as<unsigned char>() + offset, count, sm_count_, side_.get());
+  }
+
+  void* leave_mean_to_caller() override {
+    if (base_ == nullptr) throw Error("the copy-engine averager leaves the mean to the caller after register_buffers");
+    mean_left_to_caller_ = true;
+    return scratch_.get();
   }
 
   void join() override {
@@ -229,6 +238,7 @@ class CopyEngineAverager final : public StreamAverager {
   unsigned char* peer_base_ = nullptr;
   std::int64_t bytes_ = 0;
   int next_ = 0;  // the next bucket's flag index in this step
+  bool mean_left_to_caller_ = false;
 };
 
 }  // namespace

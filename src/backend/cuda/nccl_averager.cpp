@@ -54,6 +54,9 @@ class NcclAverager final : public StreamAverager {
     }
   }
   void register_buffers(void*, std::int64_t) override {}
+  void* leave_mean_to_caller() override {
+    throw Unsupported("NCCL's all-reduce leaves the mean in place; the mean in the update needs comm_engine=copy");
+  }
   void join() override { side_.join(rank_.stream); }
 
  private:

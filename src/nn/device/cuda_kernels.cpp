@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "backend/cuda/cuda_backend.h"
 #include "nn/device/cuda_kernels_impl.h"
@@ -411,6 +412,31 @@ void CudaKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g,
   require_flat("sgd_update", w, g);
   require_flat("sgd_update", w, v);
   cuda_pointwise::sgd_update(stream_, w.dtype, w.data, g.data, v.data, w.numel(), s, skip_flag(s.skip_if));
+}
+
+void CudaKernels::sgd_update_many(const SgdStep& s, const std::vector<SgdTensors>& params) {
+  // f32 masters fused, in one group per copy dtype and partner presence; anything else through the
+  // per-parameter default.
+  std::map<std::pair<DType, bool>, std::vector<cuda_pointwise::SgdSegment>> fused;
+  std::vector<SgdTensors> rest;
+  for (const SgdTensors& p : params) {
+    require_flat("sgd_update_many", p.w, p.g);
+    require_flat("sgd_update_many", p.w, p.v);
+    const bool copy_fits = !p.copy.defined() || ((p.copy.dtype == DType::f16 || p.copy.dtype == DType::bf16) &&
+                                                 p.copy.shape == p.w.shape && p.copy.strides == p.w.strides);
+    if (p.g_partner.defined()) require_flat("sgd_update_many (partner gradient)", p.g, p.g_partner);
+    if (p.w.dtype != DType::f32 || !copy_fits) {
+      rest.push_back(p);
+      continue;
+    }
+    if (p.copy.defined()) fp8_weights_written(p.copy.data);
+    fused[{p.copy.defined() ? p.copy.dtype : DType::f32, p.g_partner.defined()}].push_back(
+        {p.w.as<float>(), p.g.as<const float>(), p.v.as<float>(), p.copy.data, p.w.numel(), p.weight_decay,
+         p.g_partner.defined() ? p.g_partner.as<const float>() : nullptr});
+  }
+  for (const auto& [key, segments] : fused)
+    cuda_pointwise::sgd_update_many(stream_, segments, key.first, s, skip_flag(s.skip_if));
+  if (!rest.empty()) Kernels::sgd_update_many(s, rest);
 }
 
 void CudaKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {

@@ -227,6 +227,7 @@ class CudaKernels final : public Kernels {
                                 bool accumulate_latent) override;
 
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
+  void sgd_update_many(const SgdStep& s, const std::vector<SgdTensors>& params) override;
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
 
   void cast(const Tensor& src, const Tensor& dst) override;

@@ -1,5 +1,7 @@
 // Optimizer steps (SGD, LARS) and mixed precision (casts, unscale-and-check, the loss-scale rule)
 // (cuda_pointwise.h). The shared engine: cuda_pointwise_engine.cuh.
+#include <limits>
+
 #include "nn/device/cuda_pointwise_engine.cuh"
 
 namespace ab::nn::cuda_pointwise {
@@ -178,6 +180,101 @@ __global__ void update_loss_scale_kernel(float* scale, int32_t* good_steps, int3
   *found = 0;
 }
 
+// sgd_update_many: one launch for up to kSegmentsPerLaunch f32 parameters. Each parameter gets
+// ceil(n / kElementsPerBlock) blocks; a block finds its parameter among the launch's by its index.
+constexpr int kManyThreads = 256;
+constexpr int kSegmentsPerLaunch = 40;  // 40 x 64 bytes of pointers: under the 4 KB of kernel parameters
+constexpr std::int64_t kElementsPerBlock = 8192;
+
+struct ManySegment {
+  float* w;
+  const float* g;
+  const float* g_partner;
+  float* v;
+  void* copy;
+  std::int64_t n;
+  float weight_decay;
+  int first_block;
+  int vector;  // w, g, v 16-byte aligned and copy 8-byte aligned: four elements per access
+};
+struct ManyArgs {
+  ManySegment seg[kSegmentsPerLaunch];
+  int count;
+  float lr, momentum;
+  const int32_t* skip_if;
+};
+
+template <typename C>
+struct alignas(4 * sizeof(C)) Quad {
+  C v[4];
+};
+
+// SgdOp<float>'s arithmetic, element by element.
+__device__ __forceinline__ void sgd_element(float& w, float g, float& v, float lr, float momentum, float decay) {
+  const float vel = momentum * v + (g + decay * w);
+  v = vel;
+  w = w - lr * vel;
+}
+
+// The pairwise mean of data parallelism's copy-engine averager (backend/cuda/wire_cast.cu), bit for bit.
+__device__ __forceinline__ float pair_mean(float a, float b) { return (a + b) * 0.5f; }
+
+// C: the copies' dtype; float = no copies. Partner: average each g with g_partner first.
+template <typename C, bool Partner>
+__global__ void __launch_bounds__(kManyThreads) sgd_many_kernel(const __grid_constant__ ManyArgs a) {
+  if (a.skip_if != nullptr && *a.skip_if != 0) return;
+  int s = 0;
+  while (s + 1 < a.count && a.seg[s + 1].first_block <= static_cast<int>(blockIdx.x)) ++s;
+  const ManySegment& p = a.seg[s];
+  const int64_t begin = int64_t{static_cast<int>(blockIdx.x) - p.first_block} * kElementsPerBlock;
+  const int64_t end = begin + kElementsPerBlock < p.n ? begin + kElementsPerBlock : p.n;
+  C* copy = static_cast<C*>(p.copy);
+  int64_t rest = begin;
+  if (p.vector) {
+    rest = begin + (end - begin) / 4 * 4;
+    for (int64_t i = begin + 4 * int64_t{threadIdx.x}; i < rest; i += 4 * kManyThreads) {
+      float4 w = *reinterpret_cast<const float4*>(p.w + i);
+      float4 g = *reinterpret_cast<const float4*>(p.g + i);
+      if constexpr (Partner) {
+        const float4 h = *reinterpret_cast<const float4*>(p.g_partner + i);
+        g = make_float4(pair_mean(g.x, h.x), pair_mean(g.y, h.y), pair_mean(g.z, h.z), pair_mean(g.w, h.w));
+      }
+      float4 v = *reinterpret_cast<const float4*>(p.v + i);
+      sgd_element(w.x, g.x, v.x, a.lr, a.momentum, p.weight_decay);
+      sgd_element(w.y, g.y, v.y, a.lr, a.momentum, p.weight_decay);
+      sgd_element(w.z, g.z, v.z, a.lr, a.momentum, p.weight_decay);
+      sgd_element(w.w, g.w, v.w, a.lr, a.momentum, p.weight_decay);
+      *reinterpret_cast<float4*>(p.v + i) = v;
+      *reinterpret_cast<float4*>(p.w + i) = w;
+      if constexpr (!std::is_same_v<C, float>) {
+        Quad<C> c;
+        c.v[0] = from_float<C>(w.x);
+        c.v[1] = from_float<C>(w.y);
+        c.v[2] = from_float<C>(w.z);
+        c.v[3] = from_float<C>(w.w);
+        *reinterpret_cast<Quad<C>*>(copy + i) = c;
+      }
+    }
+  }
+  for (int64_t i = rest + threadIdx.x; i < end; i += kManyThreads) {
+    float w = p.w[i], v = p.v[i];
+    const float g = Partner ? pair_mean(p.g[i], p.g_partner[i]) : p.g[i];
+    sgd_element(w, g, v, a.lr, a.momentum, p.weight_decay);
+    p.v[i] = v;
+    p.w[i] = w;
+    if constexpr (!std::is_same_v<C, float>) copy[i] = from_float<C>(w);
+  }
+}
+
+template <typename C>
+void launch_sgd_many(cudaStream_t stream, const ManyArgs& a, int blocks, bool partner) {
+  if (partner) sgd_many_kernel<C, true><<<blocks, kManyThreads, 0, stream>>>(a);
+  else sgd_many_kernel<C, false><<<blocks, kManyThreads, 0, stream>>>(a);
+  check_launch("sgd_update_many");
+}
+
+bool aligned_to(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
 }  // namespace
 
 // ---- optimizers
@@ -196,6 +293,43 @@ void sgd_update(cudaStream_t stream, DType t, void* w, const void* g, void* v, i
     op.skip_if = skip_if;
     launch_elementwise(stream, op, n, all_aligned16(w, g, v), "sgd_update");
   });
+}
+
+void sgd_update_many(cudaStream_t stream, const std::vector<SgdSegment>& segments, DType copy_t, const SgdStep& s,
+                     const int32_t* skip_if) {
+  if (copy_t != DType::f32 && copy_t != DType::f16 && copy_t != DType::bf16)
+    throw Unsupported("cuda_pointwise sgd_update_many: copies are f16 or bf16, not " + std::string(to_string(copy_t)));
+  ManyArgs a{};
+  a.lr = static_cast<float>(s.learning_rate);
+  a.momentum = static_cast<float>(s.momentum);
+  a.skip_if = skip_if;
+  int blocks = 0;
+  const bool partner = !segments.empty() && segments.front().g_partner != nullptr;
+  const auto flush = [&] {
+    if (a.count == 0) return;
+    if (copy_t == DType::f16) launch_sgd_many<__half>(stream, a, blocks, partner);
+    else if (copy_t == DType::bf16) launch_sgd_many<__nv_bfloat16>(stream, a, blocks, partner);
+    else launch_sgd_many<float>(stream, a, blocks, partner);
+    a.count = 0;
+    blocks = 0;
+  };
+  for (const SgdSegment& p : segments) {
+    if ((copy_t == DType::f32) != (p.copy == nullptr))
+      throw Error("cuda_pointwise sgd_update_many: a " + std::string(to_string(copy_t)) +
+                  " launch takes segments " + (copy_t == DType::f32 ? "without" : "with") + " copies");
+    if ((p.g_partner != nullptr) != partner)
+      throw Error("cuda_pointwise sgd_update_many: either every segment has a partner gradient or none");
+    if (p.n <= 0) continue;
+    const std::int64_t need = (p.n + kElementsPerBlock - 1) / kElementsPerBlock;
+    if (need > std::numeric_limits<int>::max() / 2)
+      throw Unsupported("cuda_pointwise sgd_update_many: a parameter of " + std::to_string(p.n) + " elements");
+    if (a.count == kSegmentsPerLaunch || blocks + need > std::numeric_limits<int>::max() / 2) flush();
+    const bool vector = aligned_to(p.w, 16) && aligned_to(p.g, 16) && aligned_to(p.g_partner, 16) &&
+                        aligned_to(p.v, 16) && aligned_to(p.copy, 8);
+    a.seg[a.count++] = {p.w, p.g, p.g_partner, p.v, p.copy, p.n, static_cast<float>(p.weight_decay), blocks, vector ? 1 : 0};
+    blocks += static_cast<int>(need);
+  }
+  flush();
 }
 
 std::int64_t lars_scratch_floats() { return 4 * kMaxNormBlocks; }  // two f64 per block

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -85,6 +86,24 @@ void rate_distortion_backward(cudaStream_t stream, DType t, const void* x_hat, c
 // non-zero at run time leaves w and v unchanged.
 void sgd_update(cudaStream_t stream, DType t, void* w, const void* g, void* v, std::int64_t n, const SgdStep& s,
                 const std::int32_t* skip_if);
+// One f32 parameter of sgd_update_many: w, g, v of n elements, its weight decay, copy (null for
+// none): where the new w is cast to, in the launch's copy dtype, and g_partner (null for none): a
+// second gradient; the step then takes (g + g_partner) * 0.5 for g.
+struct SgdSegment {
+  float* w;
+  const float* g;
+  float* v;
+  void* copy;
+  std::int64_t n;
+  double weight_decay;
+  const float* g_partner = nullptr;
+};
+// sgd_update on every segment, each new w also cast into its copy (copy_t f16 or bf16; f32 = no
+// copies, every segment's copy null), in launches of up to 40 segments (the kernel's parameters
+// hold their pointers); s.weight_decay is ignored. Either every segment has a g_partner or none.
+// The same arithmetic as sgd_update's f32 path (after the mean: the pairwise mean kernel's).
+void sgd_update_many(cudaStream_t stream, const std::vector<SgdSegment>& segments, DType copy_t, const SgdStep& s,
+                     const std::int32_t* skip_if);
 // Floats of scratch lars_update needs (per-block norm partials). Scratch is the caller's device
 // memory, 8-byte aligned (every allocation is), contents irrelevant; calls on one stream may share it.
 std::int64_t lars_scratch_floats();

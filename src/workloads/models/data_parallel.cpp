@@ -155,13 +155,24 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
       open(used_);
     }
   }
+  const bool copy_engines = stream != nullptr && used_ == backend::AveragerEngine::copy_engines;
+  if (mean_in_update_ == true && !copy_engines)
+    throw UsageError("data parallelism: the mean in the update takes the copy-engine averager; this run averages with " +
+                     describe() + (fallback_.empty() ? "" : " (" + fallback_ + ")"));
+  mean_in_update_used_ = copy_engines && lo != nullptr && mean_in_update_.value_or(update_can_mean_);
+  auto* mirror = mean_in_update_used_ ? static_cast<unsigned char*>(stream->stream_averager().leave_mean_to_caller()) : nullptr;
+  for (nn::Parameter& p : graph.parameters())
+    p.grad_partner = mirror != nullptr && p.grad.defined()
+                         ? p.grad.with_data(mirror + (static_cast<unsigned char*>(p.grad.data) - lo))
+                         : Tensor{};
   graph.set_gradient_sync(sync_.get());
 }
 
 std::size_t DataParallel::bucket_count() const { return sync_ ? sync_->buckets().size() : 0; }
 std::string DataParallel::describe() const {
   if (!group_) return "host";
-  return used_ == backend::AveragerEngine::copy_engines ? "copy engines" : "nccl";
+  if (used_ == backend::AveragerEngine::nccl) return "nccl";
+  return mean_in_update_used_ ? "copy engines, mean in the update" : "copy engines";
 }
 
 std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,

@@ -161,10 +161,21 @@ class DataParallel {
   // (the default) takes copy engines where those hold (on two hosts it falls back to NCCL and
   // averaging_fallback() says why), NCCL elsewhere. Host averaging ignores it. Before attach.
   void set_averager_engine(std::optional<backend::AveragerEngine> engine) { engine_ = engine; }
+  // Where the two ranks' gradients are averaged with copy engines: in the optimizer's update
+  // (each parameter's grad_partner: the peer's gradient; one pass less over the gradients, and no
+  // mean kernel beside backward) or by a kernel per bucket. nullopt (the default): in the update
+  // when `update_can` (the optimizer averages in its update: SGD; not with fp16 loss scaling, whose
+  // check reads the averaged gradients), else by the kernel. true with another averaging than copy
+  // engines: attach throws UsageError. Before attach.
+  void set_mean_in_update(std::optional<bool> in_update, bool update_can) {
+    mean_in_update_ = in_update;
+    update_can_mean_ = update_can;
+  }
   // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
   void attach(nn::Graph& graph, nn::Kernels& kernels);
   std::size_t bucket_count() const;
-  std::string describe() const;  // "nccl", "copy engines" or "host": what attach chose
+  // "nccl", "copy engines" or "host": what attach chose; "copy engines, mean in the update" for that.
+  std::string describe() const;
   const std::string& averaging_fallback() const { return fallback_; }  // why not copy engines; "" if none
   // After attach: the dtype the gradients travel in, and the bytes one step's all-reduces take
   // from each rank (the buckets' elements, alignment padding included, in that dtype).
@@ -183,6 +194,8 @@ class DataParallel {
   std::optional<backend::AveragerEngine> engine_;  // nullopt: chosen at attach
   backend::AveragerEngine used_ = backend::AveragerEngine::nccl;
   std::string fallback_;
+  std::optional<bool> mean_in_update_;
+  bool update_can_mean_ = false, mean_in_update_used_ = false;
   std::unique_ptr<backend::CollectiveGroup> group_;  // CUDA; null on idle ranks and host backends
   std::unique_ptr<nn::GradientAverager> averager_;
   std::unique_ptr<nn::BucketedGradientSync> sync_;

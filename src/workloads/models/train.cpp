@@ -157,7 +157,11 @@ class Train final : public Workload {
          {"comm_engine", AxisKind::text, one("auto"), comm_engine_names(),
           "data parallelism on GPUs: nccl = NCCL all-reduces; copy = 2 GPUs of one host, each copying the other's "
           "buckets with a copy engine and averaging them in with one short kernel (no kernel waits for the peer); "
-          "auto = copy where it applies (gpus=2, comm_dtype=grad, one host), else nccl"}});
+          "auto = copy where it applies (gpus=2, comm_dtype=grad, one host), else nccl"},
+         {"comm_mean", AxisKind::text, one("auto"), {"auto", "kernel", "update"},
+          "data parallelism with copy engines: where the two ranks' gradients are averaged; kernel = a mean kernel "
+          "per bucket beside backward, update = inside the SGD update (one pass less over the gradients); auto = "
+          "update for sgd without fp16 loss scaling, else kernel"}});
     return axes;
   }
 
@@ -174,6 +178,7 @@ class Train final : public Workload {
     const std::optional<backend::AveragerEngine> comm_engine =
         comm_engine_text == "auto" ? std::nullopt : std::optional(backend::parse_averager_engine(comm_engine_text));
     const bool copy_engines = comm_engine == backend::AveragerEngine::copy_engines;
+    const std::string comm_mean = state.get_text("comm_mean");
     const bool cooperative = state.get_text("cooperative_kernels") == "on";
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const bool strong = state.get_text("scaling") == "strong";
@@ -200,6 +205,14 @@ class Train final : public Workload {
                  " averages through the host");
     if (gpus > 1 && copy_engines && gpus != 2)
       state.skip("comm_engine=copy averages between exactly 2 GPUs, not gpus=" + std::to_string(gpus));
+    if (gpus > 1 && comm_mean == "update" && state.backend().info().kind != "cuda")
+      state.skip("comm_mean=update averages the copy engines' gradients in the update; data parallelism on " +
+                 state.backend().info().id + " averages through the host");
+    if (gpus > 1 && comm_mean == "update" &&
+        (comm_engine == backend::AveragerEngine::nccl || (!comm_engine && comm_dtype != "grad")))
+      state.skip("comm_mean=update averages in the update the two gradients the copy engines bring (comm_engine=copy "
+                 "or auto with comm_dtype=grad); comm_engine=" + comm_engine_text + " comm_dtype=" + comm_dtype +
+                 " averages with NCCL, which leaves the mean in place");
     if (gpus > 1 && copy_engines && comm_dtype != "grad")
       state.skip("comm_engine=copy moves the gradients in their own dtype; comm_dtype=" + comm_dtype + " needs comm_engine=nccl");
     if (!cooperative && state.backend().info().kind != "cuda")
@@ -259,6 +272,12 @@ class Train final : public Workload {
         dp->set_bucket_delay_ops(static_cast<int>(bucket_delay_ops));
         dp->set_comm_dtype(comm_wire_dtype(comm_dtype));
         dp->set_averager_engine(comm_engine);
+        const bool update_can_mean = state.get_text("optimizer") == "sgd" && spec.precision != Precision::fp16;
+        if (comm_mean == "update" && !update_can_mean)
+          throw UsageError("comm_mean=update needs optimizer=sgd without fp16 loss scaling (its check reads the "
+                           "averaged gradients); use comm_mean=kernel");
+        dp->set_mean_in_update(comm_mean == "auto" ? std::nullopt : std::optional<bool>(comm_mean == "update"),
+                               update_can_mean);
         dp->attach(*g, *kernels);
         state.add_metric("data_parallel", {{"gpus", gpus},
                                            {"processes", world},
@@ -380,7 +399,8 @@ class Train final : public Workload {
     std::string key;
     for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
       if (axis != "gpus" && axis != "bucket_mib" && axis != "tail_bucket_mib" && axis != "bucket_delay_ops" &&
-          axis != "comm_ctas" && axis != "comm_priority" && axis != "comm_dtype" && axis != "comm_engine")
+          axis != "comm_ctas" && axis != "comm_priority" && axis != "comm_dtype" && axis != "comm_engine" &&
+          axis != "comm_mean")
         key += axis + "=" + value + " ";
     return key;
   }
