@@ -3,8 +3,8 @@
 
 Each process's trace (DIR/kernels-<pid>.csv + names-<pid>.csv) is cut into steps at the starts of a
 kernel that runs once per step (--marker, default the softmax cross-entropy forward). A step with a
-communication kernel (--comm, default NCCL's) is a data-parallel step, one without is a single-GPU
-step; the eager warm-up steps are left out by keeping the steps within 10% of each kind's 25th
+communication kernel (--comm, default NCCL's) or a copy from another GPU is a data-parallel step,
+one without is a single-GPU step; the eager warm-up steps are left out by keeping the steps within 10% of each kind's 25th
 percentile. Per kind, the medians of:
   step_ms         marker to next marker
   compute_sum_ms  summed durations of the non-communication kernels
@@ -22,6 +22,7 @@ rank started it than the other (the end difference checks that the two clocks ag
   usage: trace_steps.py DIR [--marker REGEX] [--comm REGEX] [--json FILE]
 """
 import argparse
+import bisect
 import csv
 import glob
 import json
@@ -165,6 +166,13 @@ def main():
             continue
         devices = sorted({r[2] for r in rows})
         steps = steps_of(rows, marker, comm)
+        # A step that copies from another GPU (the copy-engine averager, whose mean may run inside
+        # the update: no communication kernel at all) is a data-parallel one too.
+        peer_copies = [s for s, _, _, _, n in extras if n.startswith("[memcpy") and " from " in n]
+        for st in steps:
+            i = bisect.bisect_left(peer_copies, st["start"])
+            if i < len(peer_copies) and peer_copies[i] < st["start"] + st["step_ms"] * 1e6:
+                st["kind"] = "data-parallel"
         print(f"\n== pid {pid}, device(s) {devices}: {len(rows)} kernels, {len(steps)} steps")
         kinds = {}
         for kind in ("single", "data-parallel"):
