@@ -844,23 +844,28 @@ TEST(DataParallel, CommKnobsAreCheckedAndSkippedOnHostAveraging) {
   EXPECT_NE(high.value("reason", "").find("averages through the host"), std::string::npos) << high.dump();
 }
 
-// comm_engine=copy copies between GPUs: on host averaging it is skipped saying why, and nccl runs.
+// comm_engine=copy copies between GPUs and comm_mean=update averages what they copied: on host
+// averaging both are skipped saying why, and nccl with comm_mean=auto runs.
 TEST(DataParallel, CopyEnginesAreSkippedOnHostAveraging) {
   SKIP_WITHOUT_MPI();
   test::TempDir tmp;
   const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
                        " run train --device cpu --axis batch=2 --axis image_size=8 --axis trajectory_steps=1 "
-                       "--axis graph=off --axis gpus=2 --axis comm_engine=nccl,copy" + kQuickPoints + " --out " +
-                       quote(tmp.path().string()));
+                       "--axis graph=off --axis gpus=2 --axis comm_engine=nccl,copy --axis comm_mean=auto,update" +
+                       kQuickPoints + " --out " + quote(tmp.path().string()));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto points = read_points(tmp.path());
-  ASSERT_EQ(points.size(), 2u);
+  ASSERT_EQ(points.size(), 4u);
   std::map<std::string, nlohmann::json> by;
-  for (const auto& p : points) by[p["params"]["comm_engine"].get<std::string>()] = p;
-  EXPECT_EQ(by.at("nccl")["status"], "ok") << by.at("nccl").dump();
-  EXPECT_EQ(by.at("nccl")["metrics"]["data_parallel"]["averaging"], "host");
-  EXPECT_EQ(by.at("copy")["status"], "skipped") << by.at("copy").dump();
-  EXPECT_NE(by.at("copy").value("reason", "").find("averages through the host"), std::string::npos) << by.at("copy").dump();
+  for (const auto& p : points)
+    by[p["params"]["comm_engine"].get<std::string>() + "/" + p["params"]["comm_mean"].get<std::string>()] = p;
+  EXPECT_EQ(by.at("nccl/auto")["status"], "ok") << by.at("nccl/auto").dump();
+  EXPECT_EQ(by.at("nccl/auto")["metrics"]["data_parallel"]["averaging"], "host");
+  for (const std::string skipped : {"copy/auto", "nccl/update", "copy/update"}) {
+    EXPECT_EQ(by.at(skipped)["status"], "skipped") << by.at(skipped).dump();
+    EXPECT_NE(by.at(skipped).value("reason", "").find("averages through the host"), std::string::npos)
+        << by.at(skipped).dump();
+  }
 }
 
 // comm_dtype=bf16 / fp16 on the host exchange: each rank's buckets and their mean rounded to the
