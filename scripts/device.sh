@@ -25,7 +25,8 @@
 # libmunge2 libatomic1); it is unpacked into a private prefix and found through OPAL_PREFIX.
 # ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
-# then accelbench's overlap knobs (comm_ctas, comm_priority) at 1 and N GPUs.
+# with DDP_ROUNDS=R, R rounds and bench/ddp_rounds.py's medians; with KNOBS=1, then NCCL's overlap
+# knobs (comm_ctas, comm_priority) at 1 and N GPUs.
 # overlap (x2): 2-GPU training over the tail bucket, bucket delay and wire dtype (~6 min, see below).
 # coop (x2): the batch-norm and fp8 GPU tests (cooperative kernels on and off; the linear layer's
 # 1x1-pixel fp8 case), then ResNet-50 bf16 training at 1 and N GPUs with cooperative_kernels=on,off
@@ -219,13 +220,25 @@ fi
 if want ddp; then
   grep -E "MPI" "$logs/build.log" | head -3
   # Each figure is printed as measured (unbuffered), so a time limit keeps what was measured.
-  python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" 2>&1 | tee "$logs/compare_ddp.txt"
-  # The overlap knobs (unmeasured when added): fewer SMs for NCCL, a top-priority all-reduce stream.
+  # DDP_ROUNDS > 1: that many rounds of PyTorch then accelbench (~1.5 min each on 2 GPUs), and
+  # bench/ddp_rounds.py's table of every round's scaling and the medians (the spread between calls
+  # is as large as the difference; bench/RESULTS.md, tenth session).
+  rounds=${DDP_ROUNDS:-1}
+  if [[ $rounds == 1 ]]; then
+    python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" 2>&1 | tee "$logs/compare_ddp.txt"
+  else
+    for r in $(seq 1 $rounds); do
+      python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp/round-$r" > "$logs/compare_ddp-$r.txt" 2>&1
+      echo "round $r: exit $?"
+    done
+    python3 bench/ddp_rounds.py "$logs"/ddp/round-* | tee "$logs/ddp_rounds.txt"
+  fi
+  # The overlap knobs of NCCL (KNOBS=1): fewer SMs for NCCL, a top-priority all-reduce stream.
   n=$(nvidia-smi -L | wc -l)
-  [[ ${KNOBS:-1} == 1 ]] && mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
+  [[ ${KNOBS:-0} == 1 ]] && mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_ctas=0,16 --axis comm_priority=normal,high \
     --axis trajectory_steps=3 --out "$logs/knobs" 2>&1 | tee "$logs/ddp-knobs.txt" | grep -E "ok |median|skipped|error"
-  [[ ${KNOBS:-1} == 1 ]] && python3 bench/summarize_points.py "$logs/knobs" params.gpus params.comm_ctas params.comm_priority \
+  [[ ${KNOBS:-0} == 1 ]] && python3 bench/summarize_points.py "$logs/knobs" params.gpus params.comm_ctas params.comm_priority \
     rates.samples_per_s metrics.scaling_efficiency
 fi
 if want overlap; then

@@ -1,10 +1,10 @@
 // The CUDA engine kernels: construction, memory and host copies, the project's own kernels
-// (cuda_pointwise) behind the elementwise, loss, optimizer and mixed-precision entry points, and
-// CUDA-graph capture. Convolution, batch norm, pooling and linear live in their own files.
+// (cuda_pointwise) behind the elementwise and loss entry points, and CUDA-graph capture.
+// Optimizers and mixed precision (cuda_kernels_optim.cpp), convolution, batch norm, pooling and
+// linear live in their own files.
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 
 #include "backend/cuda/cuda_backend.h"
 #include "nn/device/cuda_kernels_impl.h"
@@ -81,25 +81,6 @@ int device_index(const backend::Backend& b) {
   return std::stoi(id.substr(colon + 1));
 }
 
-// Elementwise operands: one shape, strides and dtype, contiguous, so the kernels walk flat arrays.
-void require_flat(const char* kernel, const Tensor& a, const Tensor& b) {
-  if (!(a.shape == b.shape) || !(a.strides == b.strides) || !a.is_contiguous() || a.dtype != b.dtype)
-    throw Unsupported(std::string("cuda ") + kernel +
-                      ": operands must be contiguous with one shape, layout and dtype (" + a.to_string() + " vs " +
-                      b.to_string() + ")");
-}
-
-void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype) {
-  if (t.dtype != dtype || t.numel() != 1 || !t.defined())
-    throw Error(std::string("cuda ") + kernel + ": " + what + " must be " + std::string(to_string(dtype)) +
-                "[1], got " + t.to_string());
-}
-
-const std::int32_t* skip_flag(const Tensor& skip_if) {
-  if (!skip_if.defined()) return nullptr;
-  require_scalar("optimizer step", "skip_if", skip_if, DType::i32);
-  return skip_if.as<const std::int32_t>();
-}
 
 class GraphReplay final : public Replayable {
  public:
@@ -121,6 +102,27 @@ class GraphReplay final : public Replayable {
 };
 
 }  // namespace
+
+// ---- operand checks (cuda_kernels_impl.h)
+
+void require_flat(const char* kernel, const Tensor& a, const Tensor& b) {
+  if (!(a.shape == b.shape) || !(a.strides == b.strides) || !a.is_contiguous() || a.dtype != b.dtype)
+    throw Unsupported(std::string("cuda ") + kernel +
+                      ": operands must be contiguous with one shape, layout and dtype (" + a.to_string() + " vs " +
+                      b.to_string() + ")");
+}
+
+void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype) {
+  if (t.dtype != dtype || t.numel() != 1 || !t.defined())
+    throw Error(std::string("cuda ") + kernel + ": " + what + " must be " + std::string(to_string(dtype)) +
+                "[1], got " + t.to_string());
+}
+
+const std::int32_t* skip_flag(const Tensor& skip_if) {
+  if (!skip_if.defined()) return nullptr;
+  require_scalar("optimizer step", "skip_if", skip_if, DType::i32);
+  return skip_if.as<const std::int32_t>();
+}
 
 // ---- construction and memory
 
@@ -406,69 +408,6 @@ void CudaKernels::rate_distortion_backward(const RateDistortionDesc& d, const Te
   cuda_pointwise::rate_distortion_backward(stream_, x.dtype, x_hat.data, x.data, x.numel(), latent.data,
                                            latent.numel(), d.lambda, dloss.dtype, dloss.data, dx_hat.data,
                                            accumulate_x_hat, dlatent.data, accumulate_latent);
-}
-
-void CudaKernels::sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
-  require_flat("sgd_update", w, g);
-  require_flat("sgd_update", w, v);
-  cuda_pointwise::sgd_update(stream_, w.dtype, w.data, g.data, v.data, w.numel(), s, skip_flag(s.skip_if));
-}
-
-void CudaKernels::sgd_update_many(const SgdStep& s, const std::vector<SgdTensors>& params) {
-  // f32 masters fused, in one group per copy dtype and partner presence; anything else through the
-  // per-parameter default.
-  std::map<std::pair<DType, bool>, std::vector<cuda_pointwise::SgdSegment>> fused;
-  std::vector<SgdTensors> rest;
-  for (const SgdTensors& p : params) {
-    require_flat("sgd_update_many", p.w, p.g);
-    require_flat("sgd_update_many", p.w, p.v);
-    const bool copy_fits = !p.copy.defined() || ((p.copy.dtype == DType::f16 || p.copy.dtype == DType::bf16) &&
-                                                 p.copy.shape == p.w.shape && p.copy.strides == p.w.strides);
-    if (p.g_partner.defined()) require_flat("sgd_update_many (partner gradient)", p.g, p.g_partner);
-    if (p.w.dtype != DType::f32 || !copy_fits) {
-      rest.push_back(p);
-      continue;
-    }
-    if (p.copy.defined()) fp8_weights_written(p.copy.data);
-    fused[{p.copy.defined() ? p.copy.dtype : DType::f32, p.g_partner.defined()}].push_back(
-        {p.w.as<float>(), p.g.as<const float>(), p.v.as<float>(), p.copy.data, p.w.numel(), p.weight_decay,
-         p.g_partner.defined() ? p.g_partner.as<const float>() : nullptr});
-  }
-  for (const auto& [key, segments] : fused)
-    cuda_pointwise::sgd_update_many(stream_, segments, key.first, s, skip_flag(s.skip_if));
-  if (!rest.empty()) Kernels::sgd_update_many(s, rest);
-}
-
-void CudaKernels::lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) {
-  require_flat("lars_update", w, g);
-  require_flat("lars_update", w, v);
-  cuda_pointwise::lars_update(stream_, w.dtype, w.data, g.data, v.data, w.numel(), s, skip_flag(s.skip_if),
-                              lars_scratch_.as<float>());
-}
-
-void CudaKernels::cast(const Tensor& src, const Tensor& dst) {
-  fp8_weights_written(dst.data);
-  if (!(src.shape == dst.shape) || !(src.strides == dst.strides) || !src.is_contiguous())
-    throw Unsupported("cuda cast: operands must be contiguous with one shape and layout (" + src.to_string() + " vs " +
-                      dst.to_string() + ")");
-  cuda_pointwise::cast(stream_, src.dtype, src.data, dst.dtype, dst.data, src.numel());
-}
-
-void CudaKernels::unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) {
-  require_scalar("unscale_and_check", "scale", scale, DType::f32);
-  require_scalar("unscale_and_check", "found_nonfinite", found_nonfinite, DType::i32);
-  if (!g.is_contiguous()) throw Unsupported("cuda unscale_and_check: gradient " + g.to_string() + " is not contiguous");
-  cuda_pointwise::unscale_and_check(stream_, g.dtype, g.data, g.numel(), scale.as<const float>(),
-                                    found_nonfinite.as<std::int32_t>());
-}
-
-void CudaKernels::update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
-                                    const Tensor& found_nonfinite) {
-  require_scalar("update_loss_scale", "scale", scale, DType::f32);
-  require_scalar("update_loss_scale", "good_steps", good_steps, DType::i32);
-  require_scalar("update_loss_scale", "found_nonfinite", found_nonfinite, DType::i32);
-  cuda_pointwise::update_loss_scale(stream_, rule, scale.as<float>(), good_steps.as<std::int32_t>(),
-                                    found_nonfinite.as<std::int32_t>());
 }
 
 // ---- capture

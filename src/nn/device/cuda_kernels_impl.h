@@ -1,5 +1,6 @@
 // Internal to the CUDA engine kernels: the Kernels implementation split over cuda_kernels.cpp
-// (memory, elementwise, capture), cuda_conv.cpp, cuda_norm_pool.cpp and cuda_linear.cpp. Every
+// (memory, elementwise, capture), cuda_kernels_optim.cpp (optimizers, mixed precision),
+// cuda_conv.cpp, cuda_norm_pool.cpp and cuda_linear.cpp. Every
 // per-shape object (cuDNN descriptors, chosen algorithms, cuBLASLt layouts) is built once and
 // cached by a key of dtypes, shapes, strides and attributes, so a step only looks plans up.
 #pragma once
@@ -8,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -22,6 +24,13 @@
 #include "nn/kernels.h"
 
 namespace ab::nn::cuda {
+
+// Operand checks of the entry points, naming the kernel. require_flat: one shape, strides and
+// dtype, contiguous (the kernels walk flat arrays; else Unsupported); require_scalar: `dtype` [1]
+// (else Error); skip_flag: an optimizer's skip_if as the device pointer its kernels read, or null.
+void require_flat(const char* kernel, const Tensor& a, const Tensor& b);
+void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype);
+const std::int32_t* skip_flag(const Tensor& skip_if);
 
 // One pass of a convolution: its own descriptor (the chosen algorithm fixes the math type) and
 // algorithm; algo < 0 where no algorithm fitted (the pass then refuses to run, naming why).
