@@ -52,7 +52,11 @@ what=${1:-all}
 # Several modes in one call, comma-separated (e.g. engine,train): one build, one machine start.
 want() { [[ ",$what," == *",$1,"* ]]; }
 out=${OUT:-$PWD/device-out}
-logs=$(mktemp -d)/logs
+# AB_LOGS: where the logs are written as they come (default a fresh temporary folder). The archive
+# is packed at exit; a caller that may kill this script at a time limit (bash runs no exit trap
+# while a foreground command holds it) sets AB_LOGS and packs that folder itself afterwards:
+#   AB_LOGS=/tmp/ab-logs timeout -k 5 500 bash scripts/device.sh ddp; tar czf $OUT/logs.tgz -C /tmp ab-logs
+logs=${AB_LOGS:-$(mktemp -d)/logs}
 mkdir -p "$out" "$logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PATH=/usr/local/cuda/bin:$PATH
