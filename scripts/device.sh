@@ -60,7 +60,7 @@ logs=${AB_LOGS:-$(mktemp -d)/logs}
 mkdir -p "$out" "$logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PATH=/usr/local/cuda/bin:$PATH
-trap 'tar czf "$out/device-logs.tgz" -C "$(dirname "$logs")" logs' EXIT
+trap 'tar czf "$out/device-logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")"' EXIT
 
 extra=()
 if [[ ! -f /usr/include/sqlite3.h ]]; then
