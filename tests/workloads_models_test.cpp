@@ -328,6 +328,29 @@ TEST(Train, CommEngineAxisDefaultsToAutoAndRefusesUnknownValues) {
   EXPECT_EQ(backend::parse_averager_engine("copy"), backend::AveragerEngine::copy_engines);
 }
 
+TEST(Train, CommMeanAxisDefaultsToAutoAndRefusesUnknownValues) {
+  expect_text_axis("comm_mean", "auto", "host", "auto, kernel, update");
+}
+
+// steps_per_sample: the timed samples' floor of back-to-back steps (0 = the device's default);
+// negative or absurd counts are invalid, and the record's samples hold at least the steps asked
+// for (40: more than the ~5 ms sample target alone gives a step of this model on the reference).
+TEST(Train, StepsPerSampleSetsTheSamplesStepsAndRefusesBadCounts) {
+  for (const std::string bad : {"-1", "1001"}) {
+    const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
+                                              "steps_per_sample=" + bad});
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
+    EXPECT_TRUE(contains(records[0].dump(), "steps_per_sample in 0..1000")) << records[0].dump();
+  }
+  const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
+                                            "steps_per_sample=0,40"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) ASSERT_EQ(r["status"], "ok") << r.dump();
+  EXPECT_LT(records[0]["time"]["iterations_per_sample"].get<int>(), 40) << records[0].dump();
+  EXPECT_GE(records[1]["time"]["iterations_per_sample"].get<int>(), 40) << records[1].dump();
+}
+
 TEST(Train, CooperativeKernelsOffIsSkippedOnTheReferenceSayingWhy) {
   const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
                                             "cooperative_kernels=on,off"});
