@@ -177,6 +177,8 @@ TEST(TelemetryWindow, GpuSummaryByCounterAndByIntegration) {
   EXPECT_DOUBLE_EQ(j["peak_power_w"].get<double>(), 300);
   EXPECT_NEAR(j["mean_sm_clock_mhz"].get<double>(), 4375.0 / 3, 1e-9);
   EXPECT_EQ(j["throttle_reasons"], json({"sw_power_cap", "hw_thermal_slowdown"}));
+  // Readings at 1, 2, 3 s: the cap in one of three, the thermal slowdown in another.
+  EXPECT_EQ(j["throttle_fraction"], json({{"hw_thermal_slowdown", 1.0 / 3}, {"sw_power_cap", 1.0 / 3}}));
   EXPECT_EQ(j["readings"], 3);
   EXPECT_DOUBLE_EQ(j["window_covered_frac"].get<double>(), 1.0);
 

@@ -235,6 +235,21 @@ nlohmann::json summarize_gpu_window(const std::vector<GpuSample>& v, double t0_s
     j["throttle_mask"] = *mask;
     j["throttle_reasons"] = decode_throttle_reasons(*mask);
   }
+  // How much of the window each reason held: the share of the readings inside it that carry the
+  // bit (readings come at a fixed period), so a window says whether its GPU met the power cap once
+  // or a third of the time (ResNet-50 training on an H200 does the latter, bench/RESULTS.md).
+  std::map<std::string, int> held;
+  int with_mask = 0;
+  for (std::size_t i = first; i < end; ++i) {
+    if (!v[i].throttle_reasons) continue;
+    ++with_mask;
+    for (const std::string& reason : decode_throttle_reasons(*v[i].throttle_reasons)) ++held[reason];
+  }
+  if (with_mask > 0) {
+    nlohmann::json fraction = nlohmann::json::object();
+    for (const auto& [reason, count] : held) fraction[reason] = static_cast<double>(count) / with_mask;
+    j["throttle_fraction"] = fraction;
+  }
 
   std::map<std::string, int> errors;
   for (std::size_t i = first; i < end; ++i)
