@@ -606,8 +606,10 @@ TEST(CudaPointwise, SgdUpdateManyIsSgdUpdateThenCastBitForBit) {
   constexpr int kParameters = 45;
   constexpr int kMisaligned = 5;
   const SgdStep step{0.1, 0.9, 0.0, {}};
+  std::vector<std::pair<bool, DType>> cases;  // (partner gradient, copy dtype; f32 = no copies)
   for (const bool partner : {false, true})
-  for (DType copy_t : {DType::f32, DType::bf16, DType::f16}) {
+    for (const DType copy_t : {DType::f32, DType::bf16, DType::f16}) cases.emplace_back(partner, copy_t);
+  for (const auto& [partner, copy_t] : cases) {
     SCOPED_TRACE("copies: " + (copy_t == DType::f32 ? std::string("none") : name(copy_t)) +
                  (partner ? ", partner gradient" : ""));
     const bool copies = copy_t != DType::f32;

@@ -300,8 +300,6 @@ TEST(Train, ProfileWritesThePerOpTable) {
   EXPECT_TRUE(contains(header, "flops_per_byte")) << header;
 }
 
-// comm_dtype (the dtype the data-parallel gradients are all-reduced in): the gradients' own by
-// default; an unknown value is refused with the valid list.
 // A text axis of train on GPUs: its one default, and `bad` refused listing the valid values.
 void expect_text_axis(const std::string& name, const std::string& default_value, const std::string& bad,
                       const std::string& valid) {
@@ -317,6 +315,8 @@ void expect_text_axis(const std::string& name, const std::string& default_value,
   EXPECT_EQ(found, 1) << name;
 }
 
+// comm_dtype (the dtype the data-parallel gradients are all-reduced in): the gradients' own by
+// default; an unknown value is refused with the valid list.
 TEST(Train, CommDtypeAxisDefaultsToTheGradientsOwnAndRefusesUnknownValues) {
   expect_text_axis("comm_dtype", "grad", "fp8", "grad, bf16, fp16");
   EXPECT_EQ(plan_for(find_workload("train"), "cpu", {parse_axis_argument("comm_dtype=grad,bf16,fp16")}).size(), 3u);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/pair_mean.cuh"
 #include "core/error.h"
 
 namespace ab::backend::cuda {
@@ -68,7 +69,7 @@ __device__ __forceinline__ T mean_of(T a, T b) {
   convert(a, x);
   convert(b, y);
   T out;
-  convert((x + y) * 0.5f, out);
+  convert(pair_mean(x, y), out);
   return out;
 }
 

@@ -2,6 +2,7 @@
 // (cuda_pointwise.h). The shared engine: cuda_pointwise_engine.cuh.
 #include <limits>
 
+#include "backend/cuda/pair_mean.cuh"
 #include "nn/device/cuda_pointwise_engine.cuh"
 
 namespace ab::nn::cuda_pointwise {
@@ -216,10 +217,7 @@ __device__ __forceinline__ void sgd_element(float& w, float g, float& v, float l
   w = w - lr * vel;
 }
 
-// The pairwise mean of data parallelism's copy-engine averager (backend/cuda/wire_cast.cu), bit for
-// bit: rounded to f32 as that kernel's store rounds it (the _rn intrinsics are never contracted
-// into an FMA with the weight decay term after them, which a plain (a + b) * 0.5f was).
-__device__ __forceinline__ float pair_mean(float a, float b) { return __fmul_rn(__fadd_rn(a, b), 0.5f); }
+using backend::cuda::pair_mean;  // the copy-engine mean kernel's arithmetic, bit for bit
 
 // C: the copies' dtype; float = no copies. Partner: average each g with g_partner first.
 template <typename C, bool Partner>

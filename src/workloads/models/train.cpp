@@ -187,11 +187,12 @@ class Train final : public Workload {
     const bool strong = state.get_text("scaling") == "strong";
     if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
         gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib) || !(tail_bucket_mib >= 0) ||
-        !std::isfinite(tail_bucket_mib) || steps_per_sample < 0 || steps_per_sample > kMaxStepsPerSample || comm_ctas < 0 || comm_ctas > kMaxCommCtas || bucket_delay_ops < 0 ||
-        bucket_delay_ops > kMaxBucketDelayOps)
+        !std::isfinite(tail_bucket_mib) || steps_per_sample < 0 || steps_per_sample > kMaxStepsPerSample ||
+        comm_ctas < 0 || comm_ctas > kMaxCommCtas || bucket_delay_ops < 0 || bucket_delay_ops > kMaxBucketDelayOps)
       throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, tail_bucket_mib >= 0, "
-                       "steps_per_sample in 0.." + std::to_string(kMaxStepsPerSample) + ", bucket_delay_ops in 0.." + std::to_string(kMaxBucketDelayOps) + ", comm_ctas in 0.." +
-                       std::to_string(kMaxCommCtas) + " and a finite lr >= 0 (got " + state.point().label() + ")");
+                       "steps_per_sample in 0.." + std::to_string(kMaxStepsPerSample) + ", bucket_delay_ops in 0.." +
+                       std::to_string(kMaxBucketDelayOps) + ", comm_ctas in 0.." + std::to_string(kMaxCommCtas) +
+                       " and a finite lr >= 0 (got " + state.point().label() + ")");
     dist::Comm& comm = dist::world();
     const int world = comm.size(), rank = comm.rank();
     if (gpus > world)
@@ -263,7 +264,8 @@ class Train final : public Workload {
       if (!m.compression) g->set_input(m.labels, data.labels);
     });
     const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(bucket_mib * 1024 * 1024));
-    const std::int64_t tail_bucket_bytes = std::min<std::int64_t>(bucket_bytes, std::llround(tail_bucket_mib * 1024 * 1024));
+    const std::int64_t tail_bucket_bytes =
+        std::min<std::int64_t>(bucket_bytes, std::llround(tail_bucket_mib * 1024 * 1024));
     std::unique_ptr<DataParallel> dp;
     if (gpus > 1) {  // then world > 1: every rank takes part in creating the communicator
       on_all_ranks(comm, [&] {
