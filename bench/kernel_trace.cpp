@@ -3,11 +3,11 @@
 // first CUDA call. Every kernel (graph-launched ones one by one) is recorded with its start and end
 // on the GPU's clock, its device and stream, and written at exit to AB_TRACE_DIR (default .) as
 // kernels-<pid>.csv (start_ns,end_ns,device,stream,name_id) and names-<pid>.csv (name_id,name).
-// Two more kinds of row, named in brackets: every memcpy ("[memcpy <kind> <bytes> B]", " from <device>]"
-// between two devices; on the GPU's
-// clock, its device and stream) and every cudaGraphLaunch call ("[api cudaGraphLaunch]": on the
-// host, device 4294967295, stream = the calling thread; CUPTI puts both on one time base), so a
-// step's copies and how long its host launch blocked line up with its kernels.
+// Two more kinds of row, named in brackets: every memcpy ("[memcpy <kind> <bytes> B]", or "... B
+// from <device>]" between two devices; on the GPU's clock, its device and stream) and every
+// cudaGraphLaunch call ("[api cudaGraphLaunch]": on the host, device 4294967295, stream = the
+// calling thread; CUPTI puts both on one time base), so a step's copies and how long its host
+// launch blocked line up with its kernels.
 // Used by bench/trace_steps.py to see where a data-parallel step loses time (issue 8): how long
 // NCCL's kernels run beside the compute, and how much the compute slows down while they do.
 // Not part of accelbench: a measurement tool that watches it from outside.

@@ -4,8 +4,8 @@
 Each process's trace (DIR/kernels-<pid>.csv + names-<pid>.csv) is cut into steps at the starts of a
 kernel that runs once per step (--marker, default the softmax cross-entropy forward). A step with a
 communication kernel (--comm, default NCCL's) or a copy from another GPU is a data-parallel step,
-one without is a single-GPU step; the eager warm-up steps are left out by keeping the steps within 10% of each kind's 25th
-percentile. Per kind, the medians of:
+one without is a single-GPU step; the eager warm-up steps are left out by keeping the steps within
+10% of each kind's 25th percentile. Per kind, the medians of:
   step_ms         marker to next marker
   compute_sum_ms  summed durations of the non-communication kernels
   compute_busy_ms time in which at least one of them runs (their union)
@@ -17,8 +17,9 @@ data-parallel ones (the compute slowed by the all-reduces running beside it), th
 data-parallel step's communication kernels with their offsets and how busy the compute was
 meanwhile, each kind's median step's longest idle gaps (offset, length, the kernels on either
 side: at the step's end the gap between two CUDA-graph replays), the host's cudaGraphLaunch calls
-(how long each blocked) and the median step's memcpys where the trace holds them, and for two processes the skew: the k-th all-reduce of each paired, how much later one
-rank started it than the other (the end difference checks that the two clocks agree).
+(how long each blocked) and the median step's memcpys where the trace holds them, and for two
+processes the skew: the k-th all-reduce of each paired, how much later one rank started it than
+the other (the end difference checks that the two clocks agree).
   usage: trace_steps.py DIR [--marker REGEX] [--comm REGEX] [--json FILE]
 """
 import argparse

@@ -45,7 +45,9 @@
 # timeline (x2): kernel timelines (bench/kernel_trace.cpp through CUPTI) of accelbench's ResNet-50
 # bf16 training at 1 and N GPUs and of PyTorch DDP's, cut into steps by bench/trace_steps.py: how
 # long the all-reduces run alone, how much the compute slows beside them (~5 min). TRACE_COMM: the
-# regex of communication kernels (default nccl; "nccl|mean_kernel" with comm_engine=copy).
+# regex of communication kernels (default nccl; "nccl|wire_cast_cu.*mean_kernel" with comm_engine=copy
+# and comm_mean=kernel: plain "mean_kernel" also matches the loss's; steps with a peer copy count as
+# data-parallel whatever the regex).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -70,7 +72,12 @@ if [[ ! -f /usr/include/sqlite3.h ]]; then
   extra=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
 fi
 
-if { want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want sweep || want asan; } && ! command -v mpirun >/dev/null 2>&1; then
+# The modes that launch ranks under mpirun.
+wants_mpi() {
+  want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy ||
+    want alone || want sweep || want asan
+}
+if wants_mpi && ! command -v mpirun >/dev/null 2>&1; then
   mpi=/tmp/ab-openmpi
   ls .deps/openmpi/*.deb >/dev/null 2>&1 || { echo "no mpirun and no .deps/openmpi/*.deb: see this script's header"; exit 1; }
   for deb in .deps/openmpi/*.deb; do dpkg -x "$deb" "$mpi"; done
@@ -85,7 +92,7 @@ if { want multi || want heap || want ddp || want overlap || want timeline || wan
 fi
 # One node: MPI's own messages (bootstrap only) stay in shared memory, and mpirun starts the ranks
 # itself (the isolated launcher), so the image needs no ssh.
-{ want multi || want heap || want ddp || want overlap || want timeline || want verify || want coop || want copy || want alone || want sweep || want asan; } && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
+wants_mpi && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1 \
   OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_plm=isolated
 
 {
