@@ -19,7 +19,8 @@ meanwhile, each kind's median step's longest idle gaps (offset, length, the kern
 side: at the step's end the gap between two CUDA-graph replays), the host's cudaGraphLaunch calls
 (how long each blocked) and the median step's memcpys where the trace holds them, and for two
 processes the skew: the k-th all-reduce of each paired, how much later one rank started it than
-the other (the end difference checks that the two clocks agree).
+the other (the end difference checks that the two clocks agree), and the compute kernels whose
+time per data-parallel step differs most between the two ranks (or that run on one rank only).
   usage: trace_steps.py DIR [--marker REGEX] [--comm REGEX] [--json FILE]
 """
 import argparse
@@ -159,7 +160,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     marker, comm = re.compile(args.marker), re.compile(args.comm, re.I)
-    summary = {}
+    summary, dp_by_pid = {}, {}
     fields = ("step_ms", "compute_sum_ms", "compute_busy_ms", "comm_ms", "comm_alone_ms", "idle_ms", "kernels")
     for path in sorted(glob.glob(os.path.join(args.dir, "kernels-*.csv"))):
         pid, rows, extras = load(path)
@@ -189,6 +190,8 @@ def main():
                 print(f"{'':>16}{g / 1e3:7.1f} us at {at / 1e6:7.3f} ms  {short(before, 45)} | {short(after, 45)}")
             print_extras(extras, sorted(ks, key=lambda s: s["start"]), mid)
         summary[pid] = {k: v[1] for k, v in kinds.items()}
+        if "data-parallel" in kinds:
+            dp_by_pid[pid] = kinds["data-parallel"][0]
         if "single" in kinds and "data-parallel" in kinds:
             one, dp = kinds["single"], kinds["data-parallel"]
             d = {f: dp[1][f] - one[1][f] for f in fields}
@@ -216,12 +219,42 @@ def main():
                 print(f"    {s / 1e6:8.3f} {e / 1e6:8.3f}  {dur / 1e6:6.3f} ms, compute beside it "
                       f"{100.0 * ov / dur if dur else 0:5.1f}%  {short(n, 60)}")
             summary[pid]["grown_top"] = [{"ms": g, "name": n} for g, _, _, n in grown[:12]]
+    if len(dp_by_pid) == 2:
+        summary["rank_kernels"] = rank_kernels(dp_by_pid, comm)
     skew = rank_skew(args.dir, comm)
     if skew:
         summary["rank_skew"] = skew
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
+
+
+def rank_kernels(dp_by_pid, comm):
+    """The two ranks' steady data-parallel steps side by side, kernel by kernel (median time per
+    step): which compute kernels one rank runs longer than the other, and which run on one rank only
+    (each rank picks its own algorithms when it times candidates at bind), so that the faster rank's
+    wait at the end of backward can be traced to kernels."""
+    (pa, a), (pb, b) = sorted(dp_by_pid.items())
+    names = set()
+    for s in a + b:
+        names.update(n for n in s["per_name_ns"] if not comm.search(n))
+    rows = []
+    for n in names:
+        ta = statistics.median(s["per_name_ns"].get(n, 0) for s in a) / 1e6
+        tb = statistics.median(s["per_name_ns"].get(n, 0) for s in b) / 1e6
+        rows.append((ta - tb, ta, tb, n))
+    only = [r for r in rows if (r[1] == 0) != (r[2] == 0)]
+    rows.sort(key=lambda r: -abs(r[0]))
+    total = sum(r[0] for r in rows)
+    print(f"\n== compute kernels per data-parallel step, pid {pa} against pid {pb} (ms: {pa} - {pb}, {pa}, {pb});"
+          f" summed difference {total:+.3f} ms")
+    for d, ta, tb, n in rows[:12]:
+        print(f"    {d:+.3f}  {ta:.3f}  {tb:.3f}  {short(n)}")
+    print(f"  kernels on one rank only: {len(only)}")
+    for d, ta, tb, n in sorted(only, key=lambda r: -abs(r[0]))[:12]:
+        print(f"    {d:+.3f}  {ta:.3f}  {tb:.3f}  {short(n)}")
+    return {"pids": [pa, pb], "summed_diff_ms": total, "one_rank_only": len(only),
+            "top": [{"ms": d, "name": n} for d, _, _, n in rows[:12]]}
 
 
 def rank_skew(trace_dir, comm):
