@@ -1,29 +1,40 @@
 """Helpers shared by the compare_*.py scripts: CUDA-event timing the way accelbench's batch mode
 times, and running accelbench's CLI to read back the records of the run it made."""
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 
 import torch
 
 
-def time_batches(fn, iters_per_batch, batches, warmup):
-    """Median seconds per call over batches of back-to-back calls, timed with CUDA events."""
+def time_batches(fn, iters_per_batch, batches, warmup, warmup_s=0.0, window=None):
+    """Median seconds per call over batches of back-to-back calls, timed with CUDA events, after
+    `warmup` calls and then more until warmup_s seconds have passed (a GPU reaches the clocks and
+    temperature of sustained load only after tens of seconds; accelbench's --warmup). window: a
+    context manager held around the timed batches only (GpuWindow)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    start = time.perf_counter()
+    while time.perf_counter() - start < warmup_s:
         for _ in range(iters_per_batch):
             fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / iters_per_batch)
+        torch.cuda.synchronize()
+    times = []
+    with window or contextlib.nullcontext():
+        for _ in range(batches):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters_per_batch):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / iters_per_batch)
     return statistics.median(times)
 
 
@@ -112,6 +123,57 @@ class GpuEnergy:
         if self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle, self._ctypes.byref(mj)) != 0:
             raise RuntimeError("nvmlDeviceGetTotalEnergyConsumption failed")
         return mj.value / 1e3
+
+    def sm_clock_mhz(self):
+        v = self._ctypes.c_uint()
+        return v.value if self._nvml.nvmlDeviceGetClockInfo(self._handle, 1, self._ctypes.byref(v)) == 0 else None  # NVML_CLOCK_SM
+
+    def temperature_c(self):
+        v = self._ctypes.c_uint()
+        return v.value if self._nvml.nvmlDeviceGetTemperature(self._handle, 0, self._ctypes.byref(v)) == 0 else None  # NVML_TEMPERATURE_GPU
+
+    def clocks_event_reasons(self):
+        v = self._ctypes.c_ulonglong()
+        return v.value if self._nvml.nvmlDeviceGetCurrentClocksEventReasons(self._handle, self._ctypes.byref(v)) == 0 else None
+
+
+class GpuWindow:
+    """What a GPU ran at over a timed window, as accelbench's telemetry records it: mean power from
+    the energy counter, SM clock and the share of readings with the software power cap active
+    (NVML clocks-event reason 0x4) sampled every period_s on a thread, the last temperature.
+        with GpuWindow(cuda_index) as w: ...   then w.summary()"""
+
+    def __init__(self, cuda_index=0, period_s=0.05):
+        self._gpu, self._period_s = GpuEnergy(cuda_index), period_s
+        self._clocks, self._capped, self._stop = [], 0, threading.Event()
+
+    def _sample(self):
+        while not self._stop.wait(self._period_s):
+            clock, reasons = self._gpu.sm_clock_mhz(), self._gpu.clocks_event_reasons()
+            if clock is not None:
+                self._clocks.append(clock)
+            if reasons is not None and reasons & 0x4:
+                self._capped += 1
+
+    def __enter__(self):
+        self._e0, self._t0 = self._gpu.joules(), time.perf_counter()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._e1, self._t1 = self._gpu.joules(), time.perf_counter()
+        self._temperature = self._gpu.temperature_c()
+        return False
+
+    def summary(self):
+        n = len(self._clocks)
+        return {"mean_power_from_energy_w": (self._e1 - self._e0) / (self._t1 - self._t0),
+                "mean_sm_clock_mhz": statistics.mean(self._clocks) if n else None,
+                "sw_power_cap_fraction": self._capped / n if n else None, "temperature_c": self._temperature,
+                "readings": n}
 
 
 def samples_per_joule(fn, samples_per_call, min_s, energy):

@@ -35,7 +35,7 @@ os.environ.update(NO_MULTICAST)  # before torch loads NCCL, here and in every sp
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from compare_common import accelbench, time_batches  # noqa: E402
+from compare_common import GpuWindow, accelbench, time_batches  # noqa: E402
 
 
 def world_sizes(n):
@@ -85,7 +85,9 @@ def torch_worker(rank, world, cfg, queue):
 
     step()
     loss_first = last[0].item()
-    mine = time_batches(step, iters_per_batch=cfg["steps"], batches=cfg["batches"], warmup=cfg["warmup"])
+    window = GpuWindow(rank)  # power, clocks, power capping over the timed batches, as accelbench's telemetry
+    mine = time_batches(step, iters_per_batch=cfg["steps"], batches=cfg["batches"], warmup=cfg["warmup"],
+                        warmup_s=cfg["warmup_s"], window=window)
     loss_last = last[0].item()
     every = torch.zeros(world, device="cuda")
     every[rank] = mine
@@ -93,6 +95,7 @@ def torch_worker(rank, world, cfg, queue):
     step_s = every.max().item()  # the slowest rank's: the ranks run in lock step through the all-reduces
     if rank == 0:
         queue.put({"world": world, "step_s": step_s, "rank_step_s": every.tolist(), "img_per_s": world * batch / step_s,
+                   "gpu": window.summary(),
                    "loss_first": loss_first, "loss_last": loss_last,
                    "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "model": net,
                    "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -128,6 +131,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="PyTorch: back-to-back steps per timed batch")
     ap.add_argument("--batches", type=int, default=8, help="PyTorch: timed batches (median taken)")
     ap.add_argument("--warmup", type=int, default=10, help="PyTorch: warm-up steps")
+    ap.add_argument("--warmup-s", type=float, default=0.0,
+                    help="both sides: warm up each point for at least this many seconds (accelbench --warmup), so "
+                         "that every point runs at the temperature and clocks of sustained load")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--accelbench-args", default="", help="extra arguments for `accelbench run`, e.g. '--min-time 2'")
     ap.add_argument("--torch-after", action="store_true", help="measure PyTorch again after accelbench, keep the better")
@@ -144,7 +150,7 @@ def main():
     b, p, px = args.batch, args.precision, args.image_size
     cd = args.comm_dtype
     cfg = {"precision": p, "batch": b, "image_size": px, "steps": args.steps, "batches": args.batches,
-           "warmup": args.warmup, "comm_dtype": cd}
+           "warmup": args.warmup, "warmup_s": args.warmup_s, "comm_dtype": cd}
     comm = "fp32 gradient all-reduce" if cd == "grad" else "bf16 gradient all-reduce"
     report = {"what": f"ResNet-50 {px}x{px} training, {p}, NHWC, {b} images per GPU (weak scaling), {comm}",
               "comm_dtype": cd,
@@ -168,6 +174,13 @@ def main():
     def pct(x):
         return f"{100 * x:.1f}%" if x is not None else "n/a"
 
+    def gpu_text(g):
+        """Rank 0's GPU over the timed window: what the power cap left of its clocks."""
+        def f(key, fmt):
+            return format(g[key], fmt) if g and g.get(key) is not None else "?"
+        return (f"GPU 0 {f('mean_sm_clock_mhz', '.0f')} MHz, {f('mean_power_from_energy_w', '.0f')} W, "
+                f"power-capped {pct(g.get('sw_power_cap_fraction')) if g else 'n/a'} of readings, {f('temperature_c', '.0f')} C")
+
     print(f"{report['what']}; world sizes {worlds}; figures as measured, the table at the end", flush=True)
 
     def measure_torch(into, when):
@@ -183,7 +196,7 @@ def main():
             into[k] = r
             print(f"PyTorch DDP    {k} GPU(s) ({when}): {r['img_per_s']:.0f} img/s, {r['step_s'] * 1e3:.2f} ms/step, "
                   f"scaling {pct(efficiency(into, k, 'img_per_s'))}, loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}, "
-                  f"peak {r['peak_mem_gib']:.1f} GiB", flush=True)
+                  f"peak {r['peak_mem_gib']:.1f} GiB; {gpu_text(r['gpu'])}", flush=True)
             if k == worlds[0]:
                 print(f"  ({r['device']}; PyTorch {r['torch']}, {r['model']}, cuDNN {r['cudnn']}, NCCL {r['nccl']})",
                       flush=True)
@@ -210,6 +223,7 @@ def main():
         ab_args = ["train", "--axis", "model=resnet50", "--axis", f"precision={p}", "--axis", f"batch={b}",
                    "--axis", "layout=nhwc", "--axis", f"image_size={px}",
                    "--axis", "gpus=" + ",".join(map(str, worlds)), "--axis", f"comm_dtype={cd}",
+                   *(["--warmup", str(args.warmup_s), "--timeout", str(max(60.0, 3 * args.warmup_s))] if args.warmup_s else []),
                    *shlex.split(args.accelbench_args)]
         report["accelbench_command"] = " ".join(launcher + [args.accelbench, "run", *ab_args])
         ours = report["accelbench"]
@@ -226,19 +240,24 @@ def main():
                 save()
                 return
             m = rec.get("metrics", {})
+            tg = ((rec.get("telemetry") or {}).get("gpus") or [{}])[0]  # rank 0's GPU
             ours[k] = {"img_per_s": rec["rates"]["samples_per_s"], "step_s": rec["time"]["median_s"],
                        "rel_spread": rec["time"].get("rel_spread"), "scaling_efficiency": m.get("scaling_efficiency"),
                        "loss_first": m.get("loss_first"), "loss_last": m.get("loss_last"),
                        "wire_dtype": (m.get("data_parallel") or {}).get("wire_dtype"),
                        "averaging": (m.get("data_parallel") or {}).get("averaging"),
                        "host_cpu": {key: v for key, v in m.items() if key.startswith("host_cpu")} or None,
-                       "run_id": rec.get("run_id"), "seq": rec.get("seq")}
+                       "run_id": rec.get("run_id"), "seq": rec.get("seq"),
+                       "gpu": {"mean_power_from_energy_w": tg.get("mean_power_from_energy_w"),
+                               "mean_sm_clock_mhz": tg.get("mean_sm_clock_mhz"),
+                               "sw_power_cap_fraction": (tg.get("throttle_fraction") or {}).get("sw_power_cap", 0.0 if tg else None),
+                               "temperature_c": tg.get("max_temperature_c"), "readings": tg.get("readings")}}
             eff = m.get("scaling_efficiency", efficiency(ours, k, "img_per_s"))
             ref = peer(k)
             vs = f", x{ours[k]['img_per_s'] / ref['img_per_s']:.3f} PyTorch DDP's" if ref else ""
             how = f", averaging over {ours[k]['averaging']}" if ours[k]["averaging"] else ""
             print(f"accelbench     {k} GPU(s): {ours[k]['img_per_s']:.0f} img/s, {ours[k]['step_s'] * 1e3:.2f} ms/step, "
-                  f"scaling {pct(eff)}{vs}{how}", flush=True)
+                  f"scaling {pct(eff)}{vs}{how}; {gpu_text(ours[k]['gpu'])}", flush=True)
             save()
 
         print("accelbench: " + report["accelbench_command"], flush=True)
@@ -286,6 +305,11 @@ def main():
                      f"| {num(r['ratio'], '.3f')} | {pct(r['ours_scaling'])} | {pct(r['torch_scaling'])} "
                      f"| {num(r['ours_step_ms'], '.2f')} | {num(r['torch_step_ms'], '.2f')} "
                      f"| {num(r['ours_added_ms'], '+.2f')} | {num(r['torch_added_ms'], '+.2f')} |")
+    lines += ["", "GPU 0 over each timed window (mean SM clock, mean power from the energy counter, share of readings "
+                  "with the software power cap active, temperature):", ""]
+    for k in worlds:
+        o, t = ours.get(k), peers.get(k)
+        lines.append(f"- {k} GPU(s): accelbench {gpu_text(o and o.get('gpu'))}; PyTorch {gpu_text(t and t.get('gpu'))}")
     for e in report["errors"]:
         lines.append(f"\nnote: {e.splitlines()[0] if e else e}")
     text = "\n".join(lines)

@@ -25,7 +25,8 @@
 # libmunge2 libatomic1); it is unpacked into a private prefix and found through OPAL_PREFIX.
 # ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
-# with DDP_ROUNDS=R, R rounds and bench/ddp_rounds.py's medians; with KNOBS=1, then NCCL's overlap
+# with DDP_ROUNDS=R, R rounds and bench/ddp_rounds.py's medians; DDP_ARGS: more compare_ddp.py arguments
+# (e.g. "--warmup-s 25": every point warmed up to sustained-load clocks first); with KNOBS=1, then NCCL's overlap
 # knobs (comm_ctas, comm_priority) at 1 and N GPUs.
 # overlap (x2): 2-GPU training over the tail bucket, bucket delay and wire dtype (~6 min, see below).
 # coop (x2): the batch-norm and fp8 GPU tests (cooperative kernels on and off; the linear layer's
@@ -236,10 +237,10 @@ if want ddp; then
   # is as large as the difference; bench/RESULTS.md, tenth session).
   rounds=${DDP_ROUNDS:-1}
   if [[ $rounds == 1 ]]; then
-    python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" 2>&1 | tee "$logs/compare_ddp.txt"
+    python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" ${DDP_ARGS:-} 2>&1 | tee "$logs/compare_ddp.txt"
   else
     for r in $(seq 1 $rounds); do
-      python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp/round-$r" > "$logs/compare_ddp-$r.txt" 2>&1
+      python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp/round-$r" ${DDP_ARGS:-} > "$logs/compare_ddp-$r.txt" 2>&1
       echo "round $r: exit $?"
     done
     python3 bench/ddp_rounds.py "$logs"/ddp/round-* | tee "$logs/ddp_rounds.txt"

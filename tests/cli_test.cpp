@@ -151,6 +151,30 @@ TEST(Cli, UnknownNamesListTheValidOnes) {
   EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
 }
 
+TEST(Cli, WarmupIsBoundedByTheTimeoutAndRecorded) {
+  TempDir dir;
+  // A warm-up of half the timeout or more is refused before anything runs, from the command line or a suite.
+  Outcome o = run({"run", "stream", "--device", "cpu", "--warmup", "30", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("under half the timeout"), std::string::npos) << o.output;
+  EXPECT_EQ(run({"run", "stream", "--device", "cpu", "--warmup", "-1", "--out", dir.path().string()}).code, 2);
+  const fs::path suite = dir.path() / "warm.yaml";
+  std::ofstream(suite) << "settings:\n  warmup: 5\n  timeout: 8\nsteps:\n  - workload: stream\n";
+  o = run({"run", suite.string(), "--device", "cpu", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("under half the timeout"), std::string::npos) << o.output;
+  EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
+  // Accepted, the warm-up is part of the run's context.
+  o = run({"run", "stream", "--device", "cpu", "--axis", "array_bytes=65536", "--axis", "op=copy", "--warmup", "0.2",
+           "--timeout", "5", "--min-time", "0.05", "--max-noise", "50", "--out", dir.path().string(), "-q"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto dirs = run_dirs(dir.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
+  ASSERT_EQ(read.records.size(), 1u);
+  EXPECT_DOUBLE_EQ(read.records[0]["context"]["measurement"]["warmup_s"].get<double>(), 0.2);
+}
+
 TEST(Cli, UnwritableOutputFailsBeforeRunning) {
   TempDir dir;
   const fs::path file = dir.path() / "a_file";

@@ -424,21 +424,50 @@ TEST(Run, CalibrationUsesTheLastWarmupEstimate) {
   FakeTimer timer([](int call) { return call == 0 ? 1.0 : 0x1.0p-16; });
   const Result r = run(timer, [] {}, s);
   EXPECT_EQ(r.iterations_per_sample, 256);
-  // Warm-up doubles its batch: 1, 2, 4, ... until 0.01 s were spent: 1023 iterations of 2^-16 s
-  // (10 calls), between the estimating call and the samples.
+  // Warm-up doubles its batch: 1, 2, 4, ..., 256 (511 iterations of 2^-16 s), then the 145 that
+  // complete 0.01 s (655.36 iterations), between the estimating call and the samples.
   const std::size_t warm_calls = timer.batch_counts.size() - 1 - r.iteration_s.size();
   ASSERT_EQ(warm_calls, 10u);
   std::int64_t warm = 0;
   for (std::size_t i = 1; i <= warm_calls; ++i) {
-    EXPECT_EQ(timer.batch_counts[i], std::int64_t{1} << (i - 1));
+    EXPECT_EQ(timer.batch_counts[i], i < warm_calls ? std::int64_t{1} << (i - 1) : 145);
     warm += timer.batch_counts[i];
   }
-  EXPECT_EQ(warm, 1023);
+  EXPECT_EQ(warm, 656);
   for (std::size_t i = warm_calls + 1; i < timer.batch_counts.size(); ++i) EXPECT_EQ(timer.batch_counts[i], 256);
   // Warm-up iterations are not counted as measured.
   EXPECT_EQ(r.total_iterations, 256 * static_cast<std::int64_t>(r.iteration_s.size()));
   EXPECT_DOUBLE_EQ(r.summary.median, 0x1.0p-16);
   EXPECT_TRUE(r.converged);
+}
+
+TEST(Run, LongWarmupEndsNearItsLength) {
+  // 5 s of 1 ms iterations: the doubling batches would run 8191 (8.2 s); capped to what is left, 5000.
+  Settings s = fast_settings();
+  s.warmup_s = 5.0;
+  s.timeout_s = 20.0;
+  FakeTimer timer([](int) { return 1e-3; });
+  const Result r = run(timer, [] {}, s);
+  const std::size_t warm_calls = timer.batch_counts.size() - 1 - r.iteration_s.size();
+  std::int64_t warm = 0;
+  for (std::size_t i = 1; i <= warm_calls; ++i) warm += timer.batch_counts[i];
+  EXPECT_GE(warm, 5000);
+  EXPECT_LE(warm, 5001);  // one iteration of rounding at most
+  EXPECT_TRUE(r.converged);
+}
+
+TEST(Run, WarmupStopsAtHalfTheTimeout) {
+  // Real time runs out before the asked warm-up: the samples still get the other half.
+  Settings s = fast_settings();
+  s.warmup_s = 1e6;
+  s.timeout_s = 0.2;
+  FakeTimer timer([](int) { return 1e-3; });
+  timer.real_delay = std::chrono::microseconds(2000);
+  const double start_s = monotonic_seconds();
+  const Result r = run(timer, [] {}, s);
+  EXPECT_GE(r.window_start_s - start_s, 0.1);  // warmed up until half the timeout
+  EXPECT_LT(r.window_start_s - start_s, 0.2);
+  EXPECT_FALSE(r.iteration_s.empty());
 }
 
 TEST(Run, NoisyTimesHitTheSampleLimit) {

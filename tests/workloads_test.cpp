@@ -294,34 +294,36 @@ TEST_F(SuiteTest, ValidSuite) {
                            "  max_noise: 2\n"                 // 6
                            "  timeout: 30\n"                  // 7
                            "  mode: cold\n"                   // 8
-                           "steps:\n"                         // 9
-                           "  - workload: gemm\n"             // 10
-                           "    axes:\n"                      // 11
-                           "      precision: fp32\n"          // 12
-                           "      m,n,k: [256, 512x256x128]\n"  // 13
-                           "  - workload: stream\n"           // 14
-                           "    axes:\n"                      // 15
-                           "      op: [copy, triad]\n"        // 16
-                           "      array_bytes: 1048576\n"     // 17
-                           "  - workload: ceilings\n");       // 18
+                           "  warmup: 2\n"                    // 9
+                           "steps:\n"                         // 10
+                           "  - workload: gemm\n"             // 11
+                           "    axes:\n"                      // 12
+                           "      precision: fp32\n"          // 13
+                           "      m,n,k: [256, 512x256x128]\n"  // 14
+                           "  - workload: stream\n"           // 15
+                           "    axes:\n"                      // 16
+                           "      op: [copy, triad]\n"        // 17
+                           "      array_bytes: 1048576\n"     // 18
+                           "  - workload: ceilings\n");       // 19
   const Suite s = load_suite(p);
   EXPECT_EQ(s.name, "mini");
   EXPECT_EQ(s.description, "a small suite");
-  ASSERT_TRUE(s.min_time_s && s.max_noise_pct && s.timeout_s && s.mode);
+  ASSERT_TRUE(s.min_time_s && s.max_noise_pct && s.timeout_s && s.warmup_s && s.mode);
   EXPECT_DOUBLE_EQ(*s.min_time_s, 0.2);
   EXPECT_DOUBLE_EQ(*s.max_noise_pct, 2.0);
   EXPECT_DOUBLE_EQ(*s.timeout_s, 30.0);
+  EXPECT_DOUBLE_EQ(*s.warmup_s, 2.0);
   EXPECT_EQ(*s.mode, "cold");
   ASSERT_EQ(s.steps.size(), 3u);
   EXPECT_EQ(s.steps[0].workload, "gemm");
-  EXPECT_EQ(s.steps[0].line, 10);
+  EXPECT_EQ(s.steps[0].line, 11);
   ASSERT_EQ(s.steps[0].overrides.size(), 2u);
   EXPECT_EQ(s.steps[0].overrides[0].names, (Strings{"precision"}));
   EXPECT_EQ(s.steps[0].overrides[0].values, "fp32");
   EXPECT_EQ(s.steps[0].overrides[1].names, (Strings{"m", "n", "k"}));
   EXPECT_EQ(s.steps[0].overrides[1].values, "256,512x256x128");
   EXPECT_EQ(s.steps[1].workload, "stream");
-  EXPECT_EQ(s.steps[1].line, 14);
+  EXPECT_EQ(s.steps[1].line, 15);
   ASSERT_EQ(s.steps[1].overrides.size(), 2u);
   EXPECT_EQ(s.steps[1].overrides[0].values, "copy,triad");
   EXPECT_EQ(s.steps[1].overrides[1].names, (Strings{"array_bytes"}));

@@ -213,19 +213,26 @@ int run(const RunOptions& o) {
       if (suite->min_time_s) settings.min_time_s = *suite->min_time_s;
       if (suite->max_noise_pct) settings.max_noise_pct = *suite->max_noise_pct;
       if (suite->timeout_s) settings.timeout_s = *suite->timeout_s;
+      if (suite->warmup_s) settings.warmup_s = *suite->warmup_s;
       if (suite->mode) settings.mode = measure::parse_timing_mode(*suite->mode);
     }
     if (o.min_time_s >= 0) settings.min_time_s = o.min_time_s;
     if (o.max_noise_pct >= 0) settings.max_noise_pct = o.max_noise_pct;
     if (o.timeout_s >= 0) settings.timeout_s = o.timeout_s;
+    const bool warmup_asked = o.warmup_s >= 0 || (suite && suite->warmup_s);
+    if (o.warmup_s >= 0) settings.warmup_s = o.warmup_s;
     if (!o.mode.empty()) settings.mode = measure::parse_timing_mode(o.mode);
     if (settings.max_noise_pct <= 0 || settings.timeout_s <= 0)
       throw UsageError("--max-noise and --timeout must be positive");
+    // The timeout bounds the whole point: a warm-up of half of it or more would leave little to measure.
+    if (warmup_asked && (settings.warmup_s < 0 || settings.warmup_s >= settings.timeout_s / 2))
+      throw UsageError("warm-up " + std::to_string(settings.warmup_s) + " s must be at least 0 and under half the timeout (" +
+                       std::to_string(settings.timeout_s) + " s): raise --timeout too");
     plan = build_plan(o, device.rfind("cuda:", 0) == 0 ? "cuda" : "cpu", suite);
     be = backend::make_backend(device);
     context = system::make_context(backend::list_devices(), o.command_line, started_at);
     context["measurement"] = {{"min_time_s", settings.min_time_s}, {"max_noise_pct", settings.max_noise_pct},
-                              {"timeout_s", settings.timeout_s}, {"mode", std::string(measure::to_string(settings.mode))}};
+                              {"timeout_s", settings.timeout_s}, {"warmup_s", settings.warmup_s}, {"mode", std::string(measure::to_string(settings.mode))}};
     if (suite) context["suite"] = suite->name;
   } catch (const UsageError& e) {
     setup = {2, e.what()};

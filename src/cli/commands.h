@@ -11,7 +11,7 @@ struct RunOptions {
   std::string target;  // workload name or suite file
   std::string device;  // empty = best present
   std::vector<std::string> axes;
-  double min_time_s = -1, max_noise_pct = -1, timeout_s = -1;  // < 0: default or suite's
+  double min_time_s = -1, max_noise_pct = -1, timeout_s = -1, warmup_s = -1;  // < 0: default or suite's
   std::string mode;
   std::string out_dir = ".";
   bool telemetry_trace = false;

@@ -27,7 +27,11 @@ int main(int argc, char** argv) {
                                            "m,n,k=@deepbench-train")->allow_extra_args(false);
   run->add_option("--min-time", run_opts.min_time_s, "seconds measured per point before it may stop (default 0.5)");
   run->add_option("--max-noise", run_opts.max_noise_pct, "target relative spread of the median, percent (default 1)");
-  run->add_option("--timeout", run_opts.timeout_s, "hard limit per point, seconds (default 60)");
+  run->add_option("--timeout", run_opts.timeout_s, "hard limit per point, seconds, warm-up included (default 60)");
+  run->add_option("--warmup", run_opts.warmup_s,
+                  "seconds of untimed iterations before each point's samples, under half of --timeout (default 0.1; "
+                  "tens of seconds bring a GPU to the clocks and temperature of sustained load)")
+      ->check(CLI::NonNegativeNumber);
   run->add_option("--mode", run_opts.mode, "GPU timing: batch (back-to-back) or cold (L2 flushed per sample)")
       ->check(CLI::IsMember({"batch", "cold"}));
   run->add_option("--out", run_opts.out_dir, "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db");

@@ -33,15 +33,21 @@ Result run(IterationTimer& timer, const std::function<void()>& iteration, const 
   const auto cancelled = [cancel] { return cancel != nullptr && cancel->load(std::memory_order_relaxed); };
 
   // Warm-up: the first call pays for lazy initialisation; the rest estimate one iteration's time.
+  // Batches double (each estimate better than the last) but stop near warmup_s rather than up to
+  // twice past it, which matters for warm-ups of tens of seconds.
   double estimate_s = timer.time_batch(iteration, 1);
   std::int64_t warm_count = 1;
   double warm_total_s = 0;
-  while (warm_total_s < settings.warmup_s && monotonic_seconds() - start_wall < settings.timeout_s / 4 &&
+  while (warm_total_s < settings.warmup_s && monotonic_seconds() - start_wall < settings.timeout_s / 2 &&
          !cancelled()) {
     const double t = timer.time_batch(iteration, warm_count);
     warm_total_s += t;
     estimate_s = t / static_cast<double>(warm_count);
-    warm_count = std::min<std::int64_t>(warm_count * 2, 1 << 20);
+    std::int64_t next = std::min<std::int64_t>(warm_count * 2, 1 << 20);
+    if (estimate_s > 0)
+      next = std::clamp<std::int64_t>(
+          static_cast<std::int64_t>(std::ceil((settings.warmup_s - warm_total_s) / estimate_s)), 1, next);
+    warm_count = next;
   }
 
   Result r;

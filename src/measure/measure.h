@@ -25,7 +25,8 @@ struct Settings {
   std::size_t min_samples = 10;
   std::size_t max_samples = 20000;
   double timeout_s = 60.0;         // wall-clock limit for the whole point, warm-up included
-  double warmup_s = 0.1;
+  double warmup_s = 0.1;           // timed warm-up before the samples (a GPU reaches its steady clocks and
+                                   // temperature only after tens of seconds of load); at most timeout_s / 2
   double target_sample_s = 5e-3;   // batch mode: iterations per sample so a sample lasts this long
   std::int64_t min_iterations_per_sample = 1;  // batch mode: and at least this many (back-to-back steps)
   double min_window_s = 0.0;       // keep sampling until the measured window is this long (energy)

@@ -118,8 +118,9 @@ Section system_section(const std::vector<Run>& runs) {
   row("measurement", [](const Run& r) {
     if (!r.context.contains("measurement")) return std::string();
     const json& m = r.context["measurement"];
+    const std::string warmup = m.contains("warmup_s") ? ", warm-up " + fmt_opt(num(m, "warmup_s")) + " s" : "";
     return "min time " + fmt_opt(num(m, "min_time_s")) + " s, noise target " + fmt_opt(num(m, "max_noise_pct")) + "%, timeout " +
-           fmt_opt(num(m, "timeout_s")) + " s, mode " + str(m, "mode").value_or("?");
+           fmt_opt(num(m, "timeout_s")) + " s" + warmup + ", mode " + str(m, "mode").value_or("?");
   });
   s.blocks.push_back(std::move(t));
   for (const auto& r : runs)

@@ -63,12 +63,13 @@ Suite load_suite(const std::filesystem::path& file) {
     if (!settings.IsMap()) fail(file, settings.Mark(), "'settings' must be a mapping");
     for (const auto& kv : settings) {
       const auto key = kv.first.as<std::string>();
-      if (key != "min_time" && key != "max_noise" && key != "timeout" && key != "mode")
-        fail(file, kv.first.Mark(), "unknown setting '" + key + "'; valid: min_time, max_noise, timeout, mode");
+      if (key != "min_time" && key != "max_noise" && key != "timeout" && key != "warmup" && key != "mode")
+        fail(file, kv.first.Mark(), "unknown setting '" + key + "'; valid: min_time, max_noise, timeout, warmup, mode");
     }
     s.min_time_s = number(file, settings, "min_time");
     s.max_noise_pct = number(file, settings, "max_noise");
     s.timeout_s = number(file, settings, "timeout");
+    s.warmup_s = number(file, settings, "warmup");
     if (settings["mode"]) s.mode = settings["mode"].as<std::string>();
   }
   const auto steps = root["steps"];

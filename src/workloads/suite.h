@@ -19,7 +19,7 @@ struct SuiteStep {
 
 struct Suite {
   std::string name, description;
-  std::optional<double> min_time_s, max_noise_pct, timeout_s;
+  std::optional<double> min_time_s, max_noise_pct, timeout_s, warmup_s;
   std::optional<std::string> mode;
   std::vector<SuiteStep> steps;
 };
