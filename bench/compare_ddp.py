@@ -85,7 +85,10 @@ def torch_worker(rank, world, cfg, queue):
 
     step()
     loss_first = last[0].item()
-    window = GpuWindow(rank)  # power, clocks, power capping over the timed batches, as accelbench's telemetry
+    try:  # power, clocks, power capping over the timed batches, as accelbench's telemetry
+        window = GpuWindow(rank)
+    except (OSError, RuntimeError, AttributeError):  # no NVML: the figures without them
+        window = None
     mine = time_batches(step, iters_per_batch=cfg["steps"], batches=cfg["batches"], warmup=cfg["warmup"],
                         warmup_s=cfg["warmup_s"], window=window)
     loss_last = last[0].item()
@@ -95,7 +98,7 @@ def torch_worker(rank, world, cfg, queue):
     step_s = every.max().item()  # the slowest rank's: the ranks run in lock step through the all-reduces
     if rank == 0:
         queue.put({"world": world, "step_s": step_s, "rank_step_s": every.tolist(), "img_per_s": world * batch / step_s,
-                   "gpu": window.summary(),
+                   "gpu": window.summary() if window else None,
                    "loss_first": loss_first, "loss_last": loss_last,
                    "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "model": net,
                    "device": torch.cuda.get_device_name(), "torch": torch.__version__,
