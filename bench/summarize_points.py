@@ -14,7 +14,10 @@ import os
 def field(record, path):
     value = record
     for key in path.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, list) and key.isdigit():  # telemetry.gpus.0.mean_power_w
+            value = value[int(key)] if int(key) < len(value) else None
+        else:
+            value = value.get(key) if isinstance(value, dict) else None
     return value
 
 
