@@ -38,7 +38,9 @@
 # each see only their own GPU (it must end, with copy engines or NCCL's fallback named; ~4 min).
 # alone (x2): the floor of data-parallel scaling without communication: ResNet-50 bf16 one-GPU
 # training on each GPU by itself, then on every GPU at once (one process each, nothing exchanged;
-# SM clocks and power sampled meanwhile), then 2-GPU training with comm_engine=nccl,copy (~5 min).
+# SM clocks and power sampled meanwhile), then 2-GPU training with comm_engine=$ALONE_ENGINES (default
+# nccl,copy; ~5 min); ALONE_ARGS: more `run` arguments for every point (e.g. "--warmup 15"), each
+# point printed with its GPU's clock, power, power-capped share and temperature.
 # sweep (x2): ResNet-50 bf16 training at 1 and N GPUs over $SWEEP_AXES (e.g. "--axis steps_per_sample=1,5,20"),
 # summarized with the record fields $SWEEP_FIELDS (e.g. params.steps_per_sample).
 # verify (x2): the GPU tests of the collectives, data-parallel code and SGD kernels only (~1 min after the build);
@@ -312,10 +314,13 @@ fi
 if want alone; then
   n=$(nvidia-smi -L | wc -l)
   one=(run train --axis model=resnet50 --axis precision=bf16 --axis batch=256 --axis gpus=1 --axis trajectory_steps=3
-       --min-time ${ALONE_MIN_TIME:-4})
+       --min-time ${ALONE_MIN_TIME:-4} ${ALONE_ARGS:-})
+  # Each point's GPU as its telemetry saw it: clocks, power, the share of readings power-capped, temperature.
+  t=telemetry.gpus.0
+  gpu_fields="$t.mean_sm_clock_mhz $t.mean_power_from_energy_w $t.throttle_fraction.sw_power_cap $t.max_temperature_c"
   for d in $(seq 0 $((n - 1))); do
     CUDA_VISIBLE_DEVICES=$d $ab "${one[@]}" --out "$logs/alone-$d" > "$logs/alone-$d.txt" 2>&1
-    echo "cuda:$d alone: $(python3 bench/summarize_points.py "$logs/alone-$d" rates.samples_per_s time.median_s)"
+    echo "cuda:$d alone: $(python3 bench/summarize_points.py "$logs/alone-$d" rates.samples_per_s time.median_s $gpu_fields)"
   done
   nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 500 > "$logs/together-smi.csv" &
   smi=$!
@@ -325,15 +330,15 @@ if want alone; then
   wait $(jobs -p | grep -v "^$smi$")
   kill $smi 2>/dev/null
   for d in $(seq 0 $((n - 1))); do
-    echo "cuda:$d beside the others: $(python3 bench/summarize_points.py "$logs/together-$d" rates.samples_per_s time.median_s)"
+    echo "cuda:$d beside the others: $(python3 bench/summarize_points.py "$logs/together-$d" rates.samples_per_s time.median_s $gpu_fields)"
     awk -F', ' -v d=$d '$1 == d && $3 + 0 > 300 { c += $2; p += $3; k++ } END { if (k) printf "  busy samples %d: SM %.0f MHz, %.0f W\n", k, c / k, p / k }' "$logs/together-smi.csv"
   done
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
-    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_engine=nccl,copy ${ALONE_AXES:-} \
-    --axis trajectory_steps=3 --min-time ${ALONE_MIN_TIME:-4} --out "$logs/alone-dp" > "$logs/alone-dp.txt" 2>&1
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_engine=${ALONE_ENGINES:-nccl,copy} ${ALONE_AXES:-} \
+    --axis trajectory_steps=3 --min-time ${ALONE_MIN_TIME:-4} ${ALONE_ARGS:-} --out "$logs/alone-dp" > "$logs/alone-dp.txt" 2>&1
   echo "data parallel: exit $?"
   python3 bench/summarize_points.py "$logs/alone-dp" params.gpus params.comm_engine params.comm_priority rates.samples_per_s \
-    time.median_s metrics.scaling_efficiency
+    time.median_s metrics.scaling_efficiency $gpu_fields
 fi
 if want sweep; then
   n=$(nvidia-smi -L | wc -l)
