@@ -166,14 +166,27 @@ TEST(ReportCharts, ScalingEfficiencyAndPerPointFallback) {
   const double rates[] = {100, 190, 360};
   int i = 0;
   for (int g : {1, 2, 4}) pts.push_back(rec(i, "allreduce", {{"gpus", g}}, "ok", 1e-3, {{"samples_per_s", rates[i]}})), ++i;
+  // The first GPU's clocks: at 2 GPUs 2.5% below the 1-GPU point's, power-capped throughout; 4 GPUs without telemetry.
+  pts[0]["telemetry"] = {{"gpus", {{{"mean_sm_clock_mhz", 1980.0}, {"throttle_fraction", {{"sw_power_cap", 0.25}}}}}}};
+  pts[1]["telemetry"] = {{"gpus", {{{"mean_sm_clock_mhz", 1930.5}, {"throttle_fraction", {{"sw_power_cap", 1.0}}}}}}};
   pts.push_back(rec(3, "infer", {{"model", "resnet50"}}, "ok", 1e-3, {{"samples_per_s", 900.0}}));
   pts.push_back(rec(4, "infer", {{"model", "bert"}}, "invalid"));
   const Document doc = build_report({make_run(pts)});
   const Chart* sc = find_chart(doc, "Scaling efficiency");
   ASSERT_NE(sc, nullptr);
   ASSERT_EQ(sc->table.rows.size(), 3u);
-  EXPECT_EQ(sc->table.rows[1].back().text, "0.95");
-  EXPECT_EQ(sc->table.rows[2].back().text, "0.9");
+  const auto col = [&](const std::string& name) {
+    return static_cast<std::size_t>(std::find(sc->table.columns.begin(), sc->table.columns.end(), name) - sc->table.columns.begin());
+  };
+  ASSERT_LT(col("power-capped readings"), sc->table.columns.size());
+  EXPECT_EQ(sc->table.rows[1][col("efficiency")].text, "0.95");
+  EXPECT_EQ(sc->table.rows[2][col("efficiency")].text, "0.9");
+  EXPECT_EQ(sc->table.rows[0][col("SM clock / 1-GPU's")].text, "1");
+  EXPECT_EQ(sc->table.rows[1][col("SM clock / 1-GPU's")].text, "0.975");
+  EXPECT_EQ(sc->table.rows[0][col("power-capped readings")].text, "25%");
+  EXPECT_EQ(sc->table.rows[1][col("power-capped readings")].text, "100%");
+  EXPECT_EQ(sc->table.rows[2][col("power-capped readings")].text, "—");
+  EXPECT_NE(sc->note.find("At 1 multi-GPU point(s) that clock was more than 1% below"), std::string::npos) << sc->note;
   const Chart* bars = find_chart(doc, "per point");
   ASSERT_NE(bars, nullptr);
   EXPECT_TRUE(table_has(bars->table, "invalid"));

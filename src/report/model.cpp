@@ -94,11 +94,17 @@ const json* at_path(const json& j, std::string_view dotted) {
   while (!dotted.empty()) {
     const auto dot = dotted.find('.');
     const std::string key(dotted.substr(0, dot));
+    dotted = dot == std::string_view::npos ? std::string_view{} : dotted.substr(dot + 1);
+    if (cur->is_array() && !key.empty() && key.find_first_not_of("0123456789") == std::string::npos) {
+      const std::size_t i = std::stoul(key);  // telemetry.gpus.0: the first GPU
+      if (i >= cur->size()) return nullptr;
+      cur = &(*cur)[i];
+      continue;
+    }
     if (!cur->is_object()) return nullptr;
     const auto it = cur->find(key);
     if (it == cur->end()) return nullptr;
     cur = &*it;
-    dotted = dot == std::string_view::npos ? std::string_view{} : dotted.substr(dot + 1);
   }
   return cur;
 }

@@ -39,7 +39,8 @@ std::vector<Point> make_points(const Run& run);
 // Workload and axis values, numbers normalised (8192 == 8192.0): how points of runs are matched.
 std::string point_key(const nlohmann::json& record);
 
-// Dotted lookup: the value at at_path(rec, "metrics.fp8.fallback_reasons") (null where absent); a
+// Dotted lookup (a number indexes an array: "telemetry.gpus.0.mean_sm_clock_mhz"): the value at
+// at_path(rec, "metrics.fp8.fallback_reasons") (null where absent); a
 // finite number num(rec, "rates.gbps"); a string; a boolean.
 const nlohmann::json* at_path(const nlohmann::json& j, std::string_view dotted);
 std::optional<double> num(const nlohmann::json& j, std::string_view dotted);

@@ -267,6 +267,12 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
   return c;
 }
 
+namespace {
+constexpr const char* kClockPath = "telemetry.gpus.0.mean_sm_clock_mhz";
+constexpr const char* kPowerCappedPath = "telemetry.gpus.0.throttle_fraction.sw_power_cap";
+constexpr double kSlowerClocks = 0.99;  // a clock this much below the 1-GPU point's is noted
+}  // namespace
+
 std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric) {
   const AxisInfo* axis = find_axis(in.plan, "gpus");
   if (!axis || !axis->integer || axis->values.size() < 2) return std::nullopt;
@@ -325,23 +331,45 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric) {
   spec["layer"] = layers;
   Chart c;
   c.title = "Scaling efficiency vs GPU count";
-  c.note = "Efficiency(n) = " + metric.label + "(n) / (n × " + metric.label + "(1)) for the same other axis values "
-           "(docs/METHODOLOGY.md); 1 is perfect scaling." +
-           (not_measured.empty() ? std::string() : " " + not_drawn_note(not_measured, "as ✕ along the bottom"));
   c.spec = std::move(spec);
   c.table.caption = "scaling per point";
   c.table.columns = point_columns(in.plan, in.multi_run);
-  for (const std::string& col : std::vector<std::string>{metric.label, "1-GPU " + metric.label, "efficiency"}) c.table.columns.push_back(col);
+  for (const std::string& col : std::vector<std::string>{metric.label, "1-GPU " + metric.label, "efficiency",
+                                                         "SM clock / 1-GPU's", "power-capped readings"})
+    c.table.columns.push_back(col);
+  // A GPU at its power limit runs slower clocks with more GPUs (communication draws power too):
+  // such a point's efficiency counts clocks lost to power as well as time lost to communication.
+  std::size_t slower_clocks = 0;
   for (std::size_t i = 0; i < in.points.size(); ++i) {
     const Point& p = in.points[i];
-    if (!num(p.params(), "gpus")) continue;
+    const auto n = num(p.params(), "gpus");
+    if (!n) continue;
     auto cells = point_cells(p, in.plan, in.multi_run);
     const auto b = one.find(group_of(p, "gpus", in.plan, in.multi_run).first);
+    const Point* bp = b == one.end() ? nullptr : b->second;
     cells.push_back(num_cell(p.measured() ? num(*p.rec, metric.path) : std::nullopt));
-    cells.push_back(b == one.end() ? text_cell("no 1-GPU point") : num_cell(b->second->measured() ? num(*b->second->rec, metric.path) : std::nullopt));
+    cells.push_back(!bp ? text_cell("no 1-GPU point") : num_cell(bp->measured() ? num(*bp->rec, metric.path) : std::nullopt));
     cells.push_back(num_cell(eff_of[i], 3));
+    const auto clock = p.measured() ? num(*p.rec, kClockPath) : std::nullopt;
+    const auto base_clock = bp && bp->measured() ? num(*bp->rec, kClockPath) : std::nullopt;
+    const std::optional<double> clock_ratio =
+        clock && base_clock && *base_clock > 0 ? std::optional<double>(*clock / *base_clock) : std::nullopt;
+    slower_clocks += *n > 1 && clock_ratio && *clock_ratio < kSlowerClocks;
+    cells.push_back(num_cell(clock_ratio, 3));
+    const auto capped = p.measured() && at_path(*p.rec, "telemetry.gpus.0.throttle_fraction")
+                            ? std::optional<double>(num(*p.rec, kPowerCappedPath).value_or(0.0))
+                            : std::nullopt;
+    cells.push_back(capped ? text_cell(fmt(*capped * 100, 3) + "%") : text_cell("—"));
     c.table.rows.push_back(std::move(cells));
   }
+  c.note = "Efficiency(n) = " + metric.label + "(n) / (n × " + metric.label + "(1)) for the same other axis values "
+           "(docs/METHODOLOGY.md); 1 is perfect scaling. The table gives the first GPU's mean SM clock against its 1-GPU "
+           "point's and the share of its telemetry readings with the software power cap active." +
+           (slower_clocks == 0 ? std::string()
+                               : " At " + std::to_string(slower_clocks) + " multi-GPU point(s) that clock was more than " +
+                                     fmt((1 - kSlowerClocks) * 100, 2) + "% below the 1-GPU point's: their efficiency "
+                                     "counts clocks lost to the power limit as well as time lost to communication.") +
+           (not_measured.empty() ? std::string() : " " + not_drawn_note(not_measured, "as ✕ along the bottom"));
   return c;
 }
 
