@@ -6,7 +6,8 @@ cudnn.benchmark on, bf16 = autocast(bfloat16) (tf32 = fp32 with TF32 allowed), f
 weights, SGD momentum 0.9 (foreach), a fixed synthetic batch per GPU (weak scaling: --batch images
 on each GPU), DistributedDataParallel with its defaults (25 MiB buckets, buffers broadcast) and
 gradient_as_bucket_view=True, NCCL backend, one process per GPU (torch.multiprocessing.spawn,
-MASTER_ADDR=127.0.0.1 on a free port); world 1 runs under DDP too. --comm-dtype bf16 registers DDP's
+MASTER_ADDR=127.0.0.1 on a free port); world 1 runs under DDP too; --torch-compile trains
+torch.compile(DDP(model)) instead of eager (Dynamo splits the graph at DDP's buckets). --comm-dtype bf16 registers DDP's
 bf16_compress_hook (each bucket all-reduced in bf16, then copied back into the fp32 gradients) and
 gives accelbench --axis comm_dtype=bf16 (each bucket cast to bf16, ncclAvg, cast back); grad
 (default) all-reduces the fp32 gradients on both sides. Timing as compare_resnet.py's:
@@ -69,6 +70,10 @@ def torch_worker(rank, world, cfg, queue):
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
         ddp.register_comm_hook(state=None, hook=bf16_compress_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, foreach=True)
+    if cfg["torch_compile"]:
+        # torch.compile of the DDP-wrapped model: Dynamo's DDPOptimizer splits the graph at DDP's
+        # bucket boundaries so the all-reduces still overlap backward; compiled in the first steps.
+        ddp = torch.compile(ddp)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1000 + rank)  # a different fixed batch on each GPU, as data parallelism has
     x = torch.randn(batch, 3, px, px, device="cuda", generator=gen).to(memory_format=torch.channels_last)
@@ -134,6 +139,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="PyTorch: back-to-back steps per timed batch")
     ap.add_argument("--batches", type=int, default=8, help="PyTorch: timed batches (median taken)")
     ap.add_argument("--warmup", type=int, default=10, help="PyTorch: warm-up steps")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="PyTorch trains torch.compile(DDP(model)) (compiled in the first steps; the peer of "
+                         "compare_resnet.py --torch-compile), not eager")
     ap.add_argument("--warmup-s", type=float, default=0.0,
                     help="both sides: warm up each point for at least this many seconds (accelbench --warmup), so "
                          "that every point runs at the temperature and clocks of sustained load")
@@ -153,10 +161,12 @@ def main():
     b, p, px = args.batch, args.precision, args.image_size
     cd = args.comm_dtype
     cfg = {"precision": p, "batch": b, "image_size": px, "steps": args.steps, "batches": args.batches,
-           "warmup": args.warmup, "warmup_s": args.warmup_s, "comm_dtype": cd}
+           "warmup": args.warmup, "warmup_s": args.warmup_s, "comm_dtype": cd, "torch_compile": args.torch_compile}
     comm = "fp32 gradient all-reduce" if cd == "grad" else "bf16 gradient all-reduce"
-    report = {"what": f"ResNet-50 {px}x{px} training, {p}, NHWC, {b} images per GPU (weak scaling), {comm}",
+    how = "PyTorch torch.compile(DDP)" if args.torch_compile else "PyTorch eager DDP"
+    report = {"what": f"ResNet-50 {px}x{px} training, {p}, NHWC, {b} images per GPU (weak scaling), {comm}; {how}",
               "comm_dtype": cd,
+              "torch_training": "torch.compile(DDP(model))" if args.torch_compile else "eager",
               "worlds": worlds, "torch_config": dict(cfg, ddp="bucket_cap_mb=25 (default), broadcast_buffers=True "
                                                                "(default), gradient_as_bucket_view=True" +
                                                                (", comm hook bf16_compress_hook" if cd == "bf16" else "")),
