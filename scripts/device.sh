@@ -26,7 +26,8 @@
 # ddp (the nvidia-h200-x2/x4 machines): MPI set up as for multi, then bench/compare_ddp.py
 # (ResNet-50 training on 1..N GPUs, accelbench under mpirun beside PyTorch DDP; needs mpirun as multi),
 # with DDP_ROUNDS=R, R rounds and bench/ddp_rounds.py's medians; DDP_ARGS: more compare_ddp.py arguments
-# (e.g. "--warmup-s 25": every point warmed up to sustained-load clocks first); with KNOBS=1, then NCCL's overlap
+# (e.g. "--warmup-s 25 --torch-compile": every point warmed up to sustained-load clocks first, PyTorch
+# compiled); with KNOBS=1, then NCCL's overlap
 # knobs (comm_ctas, comm_priority) at 1 and N GPUs.
 # overlap (x2): 2-GPU training over the tail bucket, bucket delay and wire dtype (~6 min, see below).
 # coop (x2): the batch-norm and fp8 GPU tests (cooperative kernels on and off; the linear layer's
