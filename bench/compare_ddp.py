@@ -236,6 +236,7 @@ def main():
         ab_args = ["train", "--axis", "model=resnet50", "--axis", f"precision={p}", "--axis", f"batch={b}",
                    "--axis", "layout=nhwc", "--axis", f"image_size={px}",
                    "--axis", "gpus=" + ",".join(map(str, worlds)), "--axis", f"comm_dtype={cd}",
+                   # accelbench refuses a warm-up of half the timeout or more: 3x leaves the samples room
                    *(["--warmup", str(args.warmup_s), "--timeout", str(max(60.0, 3 * args.warmup_s))] if args.warmup_s else []),
                    *shlex.split(args.accelbench_args)]
         report["accelbench_command"] = " ".join(launcher + [args.accelbench, "run", *ab_args])

@@ -464,8 +464,8 @@ TEST(RepoSuites, LoadAndPlanOnBothDeviceKinds) {
     if (s.mode) {
       EXPECT_NO_THROW(measure::parse_timing_mode(*s.mode));
     }
-    if (s.warmup_s) {  // `run` refuses a warm-up of half the timeout (60 s by default) or more
-      EXPECT_LT(*s.warmup_s, s.timeout_s.value_or(60.0) / 2);
+    if (s.warmup_s) {  // `run` refuses a warm-up of half the timeout or more
+      EXPECT_LT(*s.warmup_s, s.timeout_s.value_or(measure::Settings{}.timeout_s) * measure::kMaxWarmupShare);
     }
   }
 }

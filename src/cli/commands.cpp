@@ -225,7 +225,7 @@ int run(const RunOptions& o) {
     if (settings.max_noise_pct <= 0 || settings.timeout_s <= 0)
       throw UsageError("--max-noise and --timeout must be positive");
     // The timeout bounds the whole point: a warm-up of half of it or more would leave little to measure.
-    if (warmup_asked && (settings.warmup_s < 0 || settings.warmup_s >= settings.timeout_s / 2))
+    if (warmup_asked && (settings.warmup_s < 0 || settings.warmup_s >= settings.timeout_s * measure::kMaxWarmupShare))
       throw UsageError("warm-up " + std::to_string(settings.warmup_s) + " s must be at least 0 and under half the timeout (" +
                        std::to_string(settings.timeout_s) + " s): raise --timeout too");
     plan = build_plan(o, device.rfind("cuda:", 0) == 0 ? "cuda" : "cpu", suite);

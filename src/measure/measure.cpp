@@ -38,7 +38,7 @@ Result run(IterationTimer& timer, const std::function<void()>& iteration, const 
   double estimate_s = timer.time_batch(iteration, 1);
   std::int64_t warm_count = 1;
   double warm_total_s = 0;
-  while (warm_total_s < settings.warmup_s && monotonic_seconds() - start_wall < settings.timeout_s / 2 &&
+  while (warm_total_s < settings.warmup_s && monotonic_seconds() - start_wall < settings.timeout_s * kMaxWarmupShare &&
          !cancelled()) {
     const double t = timer.time_batch(iteration, warm_count);
     warm_total_s += t;

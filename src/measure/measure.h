@@ -18,6 +18,10 @@ enum class TimingMode { batch, cold };
 std::string_view to_string(TimingMode m);
 TimingMode parse_timing_mode(std::string_view s);  // throws UsageError
 
+// The warm-up stops at this share of the point's timeout whatever it asked, so the samples get the
+// rest; `run` refuses a --warmup of this share or more outright.
+inline constexpr double kMaxWarmupShare = 0.5;
+
 struct Settings {
   TimingMode mode = TimingMode::batch;
   double min_time_s = 0.5;         // measured time before the stopping rule may stop
@@ -26,7 +30,7 @@ struct Settings {
   std::size_t max_samples = 20000;
   double timeout_s = 60.0;         // wall-clock limit for the whole point, warm-up included
   double warmup_s = 0.1;           // timed warm-up before the samples (a GPU reaches its steady clocks and
-                                   // temperature only after tens of seconds of load); at most timeout_s / 2
+                                   // temperature only after tens of seconds of load); see kMaxWarmupShare
   double target_sample_s = 5e-3;   // batch mode: iterations per sample so a sample lasts this long
   std::int64_t min_iterations_per_sample = 1;  // batch mode: and at least this many (back-to-back steps)
   double min_window_s = 0.0;       // keep sampling until the measured window is this long (energy)

@@ -269,7 +269,7 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
 
 namespace {
 constexpr const char* kClockPath = "telemetry.gpus.0.mean_sm_clock_mhz";
-constexpr const char* kPowerCappedPath = "telemetry.gpus.0.throttle_fraction.sw_power_cap";
+constexpr const char* kThrottlePath = "telemetry.gpus.0.throttle_fraction";  // per reason; absent: none read
 constexpr double kSlowerClocks = 0.99;  // a clock this much below the 1-GPU point's is noted
 }  // namespace
 
@@ -356,9 +356,8 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric) {
         clock && base_clock && *base_clock > 0 ? std::optional<double>(*clock / *base_clock) : std::nullopt;
     slower_clocks += *n > 1 && clock_ratio && *clock_ratio < kSlowerClocks;
     cells.push_back(num_cell(clock_ratio, 3));
-    const auto capped = p.measured() && at_path(*p.rec, "telemetry.gpus.0.throttle_fraction")
-                            ? std::optional<double>(num(*p.rec, kPowerCappedPath).value_or(0.0))
-                            : std::nullopt;
+    const json* throttle = p.measured() ? at_path(*p.rec, kThrottlePath) : nullptr;
+    const auto capped = throttle ? std::optional<double>(num(*throttle, "sw_power_cap").value_or(0.0)) : std::nullopt;
     cells.push_back(capped ? text_cell(fmt(*capped * 100, 3) + "%") : text_cell("—"));
     c.table.rows.push_back(std::move(cells));
   }
