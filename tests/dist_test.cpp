@@ -27,13 +27,14 @@
 #include "dist/comm.h"
 #include "dist/launcher.h"
 #include "dist/lockstep.h"
+#include "harness/axes.h"
+#include "harness/runner.h"
+#include "harness/workload.h"
 #include "nn/device/device_kernels.h"
 #include "system/topology.h"
 #include "test_support.h"
-#include "workloads/axes.h"
 #include "workloads/models/models.h"
-#include "workloads/runner.h"
-#include "workloads/workload.h"
+#include "workloads/registry.h"
 
 namespace ab::dist {
 namespace {
@@ -231,15 +232,15 @@ TEST(SlurmExample, ScriptIsValidBashAndItsCommandsPlan) {
     }
     ASSERT_GE(words.size(), 3u) << cmd;
     const std::string& workload = words[2];
-    std::vector<workloads::AxisOverride> overrides;
+    std::vector<harness::AxisOverride> overrides;
     for (std::size_t i = 3; i < words.size(); ++i) {
       if (words[i].rfind("--", 0) != 0) continue;
       EXPECT_NE(help.find("  " + words[i] + " "), std::string::npos) << "`run` has no option " << words[i];
-      if (words[i] == "--axis" && i + 1 < words.size()) overrides.push_back(workloads::parse_axis_argument(words[++i]));
+      if (words[i] == "--axis" && i + 1 < words.size()) overrides.push_back(harness::parse_axis_argument(words[++i]));
     }
     ASSERT_TRUE(points.count(workload) != 0) << cmd;
-    std::vector<workloads::PlanEntry> plan;
-    EXPECT_NO_THROW(plan = workloads::plan_for(workloads::find_workload(workload), "cuda", overrides)) << cmd;
+    std::vector<harness::PlanEntry> plan;
+    EXPECT_NO_THROW(plan = harness::plan_for(workloads::find_workload(workload), "cuda", overrides)) << cmd;
     EXPECT_EQ(plan.size(), points.at(workload)) << cmd;
     ++seen[workload];
   }
@@ -318,13 +319,13 @@ measure::Settings fast_settings() {
 }
 
 std::vector<nlohmann::json> run_collectives(backend::Backend& be, const std::string& kind,
-                                            const std::vector<workloads::AxisOverride>& overrides) {
+                                            const std::vector<harness::AxisOverride>& overrides) {
   std::vector<nlohmann::json> records;
-  workloads::RunnerHooks hooks;
+  harness::RunnerHooks hooks;
   hooks.sink = [&records](const nlohmann::json& r) { records.push_back(r); };
-  workloads::Runner runner(be, fast_settings(), nlohmann::json::object(), "run-dist", hooks, nullptr);
+  harness::Runner runner(be, fast_settings(), nlohmann::json::object(), "run-dist", hooks, nullptr);
   const std::atomic<bool> cancel{false};
-  runner.run(workloads::plan_for(workloads::find_workload("collectives"), kind, overrides), cancel);
+  runner.run(harness::plan_for(workloads::find_workload("collectives"), kind, overrides), cancel);
   return records;
 }
 
@@ -1214,17 +1215,17 @@ TEST(Topology, ContextHasItWhereThereAreGpus) {
 TEST(P2pWorkload, CpuPointsAreSkippedWithTheReason) {
   auto be = backend::make_backend("cpu");
   std::vector<nlohmann::json> records;
-  workloads::RunnerHooks hooks;
+  harness::RunnerHooks hooks;
   hooks.sink = [&records](const nlohmann::json& r) { records.push_back(r); };
-  workloads::Runner runner(*be, fast_settings(), nlohmann::json::object(), "run-p2p", hooks, nullptr);
+  harness::Runner runner(*be, fast_settings(), nlohmann::json::object(), "run-p2p", hooks, nullptr);
   const std::atomic<bool> cancel{false};
-  runner.run(workloads::plan_for(workloads::find_workload("p2p"), "cpu", {}), cancel);
+  runner.run(harness::plan_for(workloads::find_workload("p2p"), "cpu", {}), cancel);
   ASSERT_EQ(records.size(), 2u);  // src 0, dst 0, 8 B and 256 MiB
   for (const auto& r : records) {
     EXPECT_EQ(r.at("status"), "skipped");
     EXPECT_NE(r.value("reason", "").find("need CUDA GPUs"), std::string::npos) << r.dump();
   }
-  EXPECT_THROW(workloads::plan_for(workloads::find_workload("p2p"), "cpu", {{{"src"}, "7"}}), UsageError);
+  EXPECT_THROW(harness::plan_for(workloads::find_workload("p2p"), "cpu", {{{"src"}, "7"}}), UsageError);
 }
 
 TEST(P2pGpu, EveryPairCopiesExactly) {
@@ -1253,11 +1254,11 @@ TEST(P2pGpu, WorkloadRecordsBandwidthAndLatency) {
   if (backend::collective_device_count() == 0) GTEST_SKIP() << "no CUDA device: driver or GPU absent";
   auto be = backend::make_backend("cuda:0");
   std::vector<nlohmann::json> records;
-  workloads::RunnerHooks hooks;
+  harness::RunnerHooks hooks;
   hooks.sink = [&records](const nlohmann::json& r) { records.push_back(r); };
-  workloads::Runner runner(*be, fast_settings(), nlohmann::json::object(), "run-p2p", hooks, nullptr);
+  harness::Runner runner(*be, fast_settings(), nlohmann::json::object(), "run-p2p", hooks, nullptr);
   const std::atomic<bool> cancel{false};
-  runner.run(workloads::plan_for(workloads::find_workload("p2p"), "cuda", {{{"bytes"}, "8,4194304"}}), cancel);
+  runner.run(harness::plan_for(workloads::find_workload("p2p"), "cuda", {{{"bytes"}, "8,4194304"}}), cancel);
   ASSERT_FALSE(records.empty());
   for (const auto& r : records) {
     if (r["params"]["src"] == "host" && r["params"]["dst"] == "host") {

@@ -15,10 +15,11 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "harness/runner.h"
+#include "harness/suite.h"
 #include "report/report.h"
 #include "results/results.h"
-#include "workloads/runner.h"
-#include "workloads/suite.h"
+#include "workloads/registry.h"
 
 namespace ab::report {
 namespace {
@@ -504,17 +505,17 @@ TEST(ReportStudies, NoStudySectionsWithoutTheirPoints) {
 }
 
 // The study suites load, validate for both device kinds and expand to the points the studies need.
-std::vector<workloads::PlanEntry> suite_plan(const std::string& file, const std::string& workload, int step_index) {
-  const auto s = workloads::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / file);
+std::vector<harness::PlanEntry> suite_plan(const std::string& file, const std::string& workload, int step_index) {
+  const auto s = harness::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / file, workloads::registry());
   int seen = 0;
   for (const auto& st : s.steps)
     if (st.workload == workload && seen++ == step_index)
-      return workloads::plan_for(workloads::find_workload(st.workload), "cuda", st.overrides);
+      return harness::plan_for(workloads::find_workload(st.workload), "cuda", st.overrides);
   ADD_FAILURE() << file << " has no step " << step_index << " of " << workload;
   return {};
 }
 
-std::set<std::string> values_of(const std::vector<workloads::PlanEntry>& plan, const std::string& axis) {
+std::set<std::string> values_of(const std::vector<harness::PlanEntry>& plan, const std::string& axis) {
   std::set<std::string> v;
   for (const auto& e : plan) v.insert(e.point.at(axis));
   return v;
@@ -545,8 +546,8 @@ TEST(ReportStudies, StudySuitesExpand) {
   EXPECT_EQ(c2.back().point.at("batch"), "12");
   // Every step also expands on a CPU build's host device.
   for (const char* f : {"batch-study.yaml", "precision-study.yaml", "c2-inference.yaml"})
-    for (const auto& st : workloads::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / f).steps)
-      EXPECT_FALSE(workloads::plan_for(workloads::find_workload(st.workload), "cpu", st.overrides).empty()) << f;
+    for (const auto& st : harness::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / f, workloads::registry()).steps)
+      EXPECT_FALSE(harness::plan_for(workloads::find_workload(st.workload), "cpu", st.overrides).empty()) << f;
 }
 
 }  // namespace

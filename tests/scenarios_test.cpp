@@ -27,11 +27,12 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "harness/runner.h"
+#include "harness/workload.h"
 #include "scenarios/scenarios.h"
 #include "scenarios/suts.h"
 #include "workloads/loadgen.h"
-#include "workloads/runner.h"
-#include "workloads/workload.h"
+#include "workloads/registry.h"
 
 namespace ab::scenarios {
 namespace {
@@ -663,6 +664,7 @@ TEST(Mllog, EveryLineParsesAsJson) {
 // The runner's scenario block and the loadgen workload
 
 namespace ab::workloads {
+using namespace ab::harness;
 namespace {
 
 using nlohmann::json;

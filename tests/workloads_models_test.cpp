@@ -18,11 +18,13 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "harness/runner.h"
 #include "test_support.h"
 #include "workloads/models/models.h"
-#include "workloads/runner.h"
+#include "workloads/registry.h"
 
 namespace ab::workloads {
+using namespace ab::harness;
 namespace {
 
 namespace fs = std::filesystem;

@@ -24,13 +24,15 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "harness/axes.h"
+#include "harness/runner.h"
+#include "harness/suite.h"
+#include "harness/workload.h"
 #include "measure/measure.h"
-#include "workloads/axes.h"
-#include "workloads/runner.h"
-#include "workloads/suite.h"
-#include "workloads/workload.h"
+#include "workloads/registry.h"
 
 namespace ab::workloads {
+using namespace ab::harness;
 namespace {
 
 namespace fs = std::filesystem;
@@ -276,7 +278,7 @@ class SuiteTest : public ::testing::Test {
   // Loads `text` as a suite and expects a UsageError at `line` whose message holds every `parts`.
   void expect_error_at(const std::string& text, int line, const Strings& parts) const {
     const fs::path p = write("bad.yaml", text);
-    const std::string msg = ab::test::usage_error([&] { load_suite(p); });
+    const std::string msg = ab::test::usage_error([&] { load_suite(p, registry()); });
     const std::string where = p.string() + ":" + std::to_string(line) + ":";
     EXPECT_EQ(msg.rfind(where, 0), 0u) << "expected '" << where << "' at the start of: " << msg;
     for (const auto& part : parts) EXPECT_TRUE(contains(msg, part)) << "'" << part << "' missing from: " << msg;
@@ -305,7 +307,7 @@ TEST_F(SuiteTest, ValidSuite) {
                            "      op: [copy, triad]\n"        // 17
                            "      array_bytes: 1048576\n"     // 18
                            "  - workload: ceilings\n");       // 19
-  const Suite s = load_suite(p);
+  const Suite s = load_suite(p, registry());
   EXPECT_EQ(s.name, "mini");
   EXPECT_EQ(s.description, "a small suite");
   ASSERT_TRUE(s.min_time_s && s.max_noise_pct && s.timeout_s && s.warmup_s && s.mode);
@@ -337,7 +339,7 @@ TEST_F(SuiteTest, ValidSuite) {
 }
 
 TEST_F(SuiteTest, NameDefaultsToTheFileStemAndSettingsAreOptional) {
-  const Suite s = load_suite(write("nightly.yml", "steps:\n  - workload: stream\n"));
+  const Suite s = load_suite(write("nightly.yml", "steps:\n  - workload: stream\n"), registry());
   EXPECT_EQ(s.name, "nightly");
   EXPECT_FALSE(s.min_time_s.has_value());
   EXPECT_FALSE(s.mode.has_value());
@@ -432,7 +434,7 @@ TEST_F(SuiteTest, StructuralErrors) {
                   "  - axes: {m: 1}\n",
                   3, {"workload"});
   expect_error_at("- just\n- a list\n", 1, {"mapping"});
-  const std::string msg = ab::test::usage_error([&] { load_suite(dir_ / "missing.yaml"); });
+  const std::string msg = ab::test::usage_error([&] { load_suite(dir_ / "missing.yaml", registry()); });
   EXPECT_TRUE(contains(msg, "missing.yaml")) << msg;
 }
 
@@ -453,7 +455,7 @@ TEST(RepoSuites, LoadAndPlanOnBothDeviceKinds) {
   for (const auto& f : files) {
     SCOPED_TRACE(f.string());
     Suite s;
-    ASSERT_NO_THROW(s = load_suite(f));
+    ASSERT_NO_THROW(s = load_suite(f, registry()));
     EXPECT_FALSE(s.name.empty());
     ASSERT_FALSE(s.steps.empty());
     for (const auto& step : s.steps) {
@@ -478,7 +480,7 @@ TEST(Registry, FindWorkload) {
   const std::string msg = ab::test::usage_error([] { find_workload("gemmm"); });
   EXPECT_TRUE(contains(msg, "gemmm")) << msg;
   EXPECT_TRUE(contains(msg, "gemm, stream") || contains(msg, "stream")) << msg;
-  for (const auto& w : registry()) {
+  for (const auto& w : registry().all()) {
     EXPECT_FALSE(w->description().empty()) << w->name();
     for (const char* kind : {"cpu", "cuda"}) EXPECT_FALSE(plan_for(*w, kind, {}).empty()) << w->name();
   }

@@ -12,13 +12,14 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "dist/launcher.h"
+#include "harness/runner.h"
+#include "harness/suite.h"
 #include "results/results.h"
 #include "system/build_info.h"
 #include "system/system.h"
 #include "system/topology.h"
 #include "telemetry/telemetry.h"
-#include "workloads/runner.h"
-#include "workloads/suite.h"
+#include "workloads/registry.h"
 
 namespace ab::cli {
 namespace {
@@ -47,13 +48,13 @@ std::string join(const std::vector<std::string>& v, const char* sep = ",") {
 
 // Builds the plan: one workload, or each step of a suite, with --axis overrides applied to every
 // step whose workload has those axes.
-std::vector<workloads::PlanEntry> build_plan(const RunOptions& o, const std::string& device_kind,
-                                             const std::optional<workloads::Suite>& suite) {
-  std::vector<workloads::AxisOverride> cli;
-  for (const auto& a : o.axes) cli.push_back(workloads::parse_axis_argument(a));
-  std::vector<workloads::PlanEntry> plan;
+std::vector<harness::PlanEntry> build_plan(const RunOptions& o, const std::string& device_kind,
+                                             const std::optional<harness::Suite>& suite) {
+  std::vector<harness::AxisOverride> cli;
+  for (const auto& a : o.axes) cli.push_back(harness::parse_axis_argument(a));
+  std::vector<harness::PlanEntry> plan;
   if (!suite) {
-    return workloads::plan_for(workloads::find_workload(o.target), device_kind, cli);
+    return harness::plan_for(workloads::find_workload(o.target), device_kind, cli);
   }
   std::vector<bool> used(cli.size(), false);
   for (const auto& step : suite->steps) {
@@ -67,7 +68,7 @@ std::vector<workloads::PlanEntry> build_plan(const RunOptions& o, const std::str
         used[i] = true;
       }
     }
-    auto part = workloads::plan_for(w, device_kind, overrides);
+    auto part = harness::plan_for(w, device_kind, overrides);
     plan.insert(plan.end(), part.begin(), part.end());
   }
   for (std::size_t i = 0; i < cli.size(); ++i)
@@ -129,12 +130,12 @@ int sysinfo(bool json) {
 
 int list(bool json) {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& w : workloads::registry()) {
+  for (const auto& w : workloads::registry().all()) {
     nlohmann::json axes = nlohmann::json::array();
     const auto cpu_axes = w->axes("cpu");
     const auto gpu_axes = w->axes("cuda");
     for (std::size_t i = 0; i < cpu_axes.size(); ++i) {
-      nlohmann::json a = {{"name", cpu_axes[i].name}, {"kind", workloads::kind_name(cpu_axes[i].kind)},
+      nlohmann::json a = {{"name", cpu_axes[i].name}, {"kind", harness::kind_name(cpu_axes[i].kind)},
                           {"defaults_cpu", cpu_axes[i].defaults}, {"defaults_cuda", gpu_axes[i].defaults},
                           {"help", cpu_axes[i].help}};
       if (!cpu_axes[i].choices.empty()) a["choices"] = cpu_axes[i].choices;
@@ -173,7 +174,7 @@ int list(bool json) {
 
 // A failed point is a failure (1); a point refused for its values (a bad axis value the plan could
 // not see, e.g. out of range) a usage error (2), after every other point has run and been kept.
-static int exit_code(const workloads::RunTotals& totals) {
+static int exit_code(const harness::RunTotals& totals) {
   if (totals.by_status.count("error")) return 1;
   return totals.by_status.count("invalid") ? 2 : 0;
 }
@@ -193,8 +194,8 @@ int run(const RunOptions& o) {
   const bool quiet = o.quiet || !leader;
   dist::Outcome setup;  // what went wrong here before anything runs; all ranks agree on it below
   std::unique_ptr<backend::Backend> be;
-  std::optional<workloads::Suite> suite;
-  std::vector<workloads::PlanEntry> plan;
+  std::optional<harness::Suite> suite;
+  std::vector<harness::PlanEntry> plan;
   measure::Settings settings;
   std::unique_ptr<results::ResultStore> store;
   const std::string run_id = results::new_run_id();
@@ -202,7 +203,7 @@ int run(const RunOptions& o) {
   nlohmann::json context;
   // Everything that can be wrong with the request is found before anything runs.
   try {
-    if (workloads::looks_like_suite(o.target)) suite = workloads::load_suite(o.target);
+    if (harness::looks_like_suite(o.target)) suite = harness::load_suite(o.target, workloads::registry());
     else workloads::find_workload(o.target);
     std::string device = o.device.empty() ? backend::best_device() : o.device;
     if (o.device.empty() && world.size() > 1 && device != "cpu")  // one GPU per process: local rank -> device
@@ -293,15 +294,15 @@ int run(const RunOptions& o) {
   if (sampler.has_power()) settings.min_window_s = 1.0;  // energy needs a window the power sensor can resolve
   if (!nvml_note.empty() && !quiet) std::cerr << "telemetry: GPU counters unavailable: " << nvml_note << '\n';
 
-  workloads::RunnerHooks hooks;
+  harness::RunnerHooks hooks;
   const std::string device_name = be->info().name;
   const auto db = leader ? store->db_path() : std::filesystem::path();
-  if (leader) hooks.find_stored_ceiling = [db, device_name](const std::string& key) -> std::optional<workloads::Ceiling> {
+  if (leader) hooks.find_stored_ceiling = [db, device_name](const std::string& key) -> std::optional<harness::Ceiling> {
     try {
       const auto p = results::latest_point(db, "ceilings", device_name, {{"target", key}});
       if (!p || !(*p)["rates"].contains("ceiling")) return std::nullopt;
       const auto& c = (*p)["rates"]["ceiling"];
-      return workloads::Ceiling{c["value"].get<double>(), c["unit"].get<std::string>(),
+      return harness::Ceiling{c["value"].get<double>(), c["unit"].get<std::string>(),
                                 "run " + (*p)["run_id"].get<std::string>() + " seq " + std::to_string((*p)["seq"].get<int>())};
     } catch (const std::exception&) {
       return std::nullopt;
@@ -323,8 +324,8 @@ int run(const RunOptions& o) {
     std::cerr << "accelbench run " << run_id << ": " << plan.size() << " point(s) on " << be->info().id << " ("
               << be->info().name << (world.size() > 1 ? ") and " + std::to_string(world.size() - 1) + " more rank(s)" : ")")
               << ", results in " << store->run_dir().string() << '\n';
-  workloads::Runner runner(*be, settings, context, run_id, hooks, quiet ? nullptr : &std::cerr);
-  workloads::RunTotals totals;
+  harness::Runner runner(*be, settings, context, run_id, hooks, quiet ? nullptr : &std::cerr);
+  harness::RunTotals totals;
   try {
     totals = runner.run(plan, g_cancel);
   } catch (const std::exception& e) {
@@ -345,7 +346,7 @@ int run(const RunOptions& o) {
   std::signal(SIGTERM, SIG_DFL);
 
   std::cout << '\n';
-  workloads::print_summary(std::cout, totals.records);
+  harness::print_summary(std::cout, totals.records);
   std::cout << "\nrun " << run_id << ":";
   for (const auto& [status, n] : totals.by_status) std::cout << " " << n << " " << status;
   std::cout << "\nrecords: " << store->points_path().string() << "\n";
@@ -385,7 +386,7 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
     for (auto& p : points) {
       if (p.contains("time")) p["time"].erase("samples_s");
     }
-    workloads::print_summary(out, points);
+    harness::print_summary(out, points);
     return 0;
   } catch (const UsageError& e) {
     std::cerr << "accelbench results: " << e.what() << '\n';

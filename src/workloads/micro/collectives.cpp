@@ -11,7 +11,6 @@
 #include "dist/comm.h"
 #include "dist/lockstep.h"
 #include "dist/world_group.h"
-#include "workloads/ranks.h"
 #include "workloads/micro/micro.h"
 
 namespace ab::workloads::micro {

@@ -16,7 +16,6 @@
 #include "nn/device/device_kernels.h"
 #include "nn/optim.h"
 #include "workloads/models/models.h"
-#include "workloads/ranks.h"
 
 namespace ab::workloads::zoo {
 namespace {

@@ -1,13 +1,13 @@
-#include "workloads/suite.h"
+#include "harness/suite.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
 
 #include "core/error.h"
-#include "workloads/workload.h"
+#include "harness/workload.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 namespace {
 
 [[noreturn]] void fail(const std::filesystem::path& file, const YAML::Mark& mark, const std::string& what) {
@@ -41,7 +41,7 @@ bool looks_like_suite(const std::string& name) {
   return ext == ".yaml" || ext == ".yml";
 }
 
-Suite load_suite(const std::filesystem::path& file) {
+Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
   std::ifstream in(file);
   if (!in) throw UsageError("cannot read suite file " + file.string());
   YAML::Node root;
@@ -81,7 +81,7 @@ Suite load_suite(const std::filesystem::path& file) {
     st.workload = step["workload"].as<std::string>();
     Workload* w = nullptr;
     try {
-      w = &find_workload(st.workload);
+      w = &registry.find(st.workload);
     } catch (const UsageError& e) {
       fail(file, step["workload"].Mark(), e.what());
     }
@@ -107,4 +107,4 @@ Suite load_suite(const std::filesystem::path& file) {
   return s;
 }
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace ab::workloads {
+namespace ab::harness {
 
 enum class AxisKind { integer, real, text };
 
@@ -49,4 +49,4 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
 
 std::string kind_name(AxisKind k);
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

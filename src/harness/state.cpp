@@ -1,4 +1,4 @@
-#include "workloads/workload.h"
+#include "harness/workload.h"
 
 #include <charconv>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 
 State::State(const Point& point, backend::Backend& backend, const measure::Settings& settings,
              const std::atomic<bool>* cancel)
@@ -55,4 +55,13 @@ void State::exec(const std::function<void()>& iteration, const measure::Settings
   result_ = measure::run(*timer, iteration, settings, cancel_);
 }
 
-}  // namespace ab::workloads
+Workload& Registry::find(const std::string& name) const {
+  std::string valid;
+  for (const auto& w : workloads_) {
+    if (w->name() == name) return *w;
+    valid += (valid.empty() ? "" : ", ") + w->name();
+  }
+  throw UsageError("unknown workload '" + name + "'; valid: " + valid);
+}
+
+}  // namespace ab::harness

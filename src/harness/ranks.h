@@ -5,11 +5,11 @@
 
 #include "dist/comm.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 
 // Runs a step on this rank, then every rank shares the first failure (dist::agree) and rethrows it
 // as the same kind (SkipPoint, CheckFailed, Diverged, OutOfMemory, Unsupported, UsageError, Error),
 // so all ranks record the same status and none waits for a rank that gave up.
 void on_all_ranks(dist::Comm& comm, const std::function<void()>& step);
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

@@ -1,4 +1,4 @@
-#include "workloads/runner.h"
+#include "harness/runner.h"
 
 #include <chrono>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "measure/timer.h"
 #include "results/results.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 namespace {
 
 std::string format_duration(double s) {
@@ -283,4 +283,4 @@ void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records
   }
 }
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

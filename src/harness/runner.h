@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "workloads/workload.h"
+#include "harness/workload.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 
 struct PlanEntry {
   Workload* workload = nullptr;
@@ -73,4 +73,4 @@ class Runner {
 // Formats the end-of-run table: one line per point with status, median time and rates.
 void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records);
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

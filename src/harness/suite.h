@@ -7,9 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "workloads/axes.h"
+#include "harness/axes.h"
+#include "harness/workload.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 
 struct SuiteStep {
   std::string workload;
@@ -25,7 +26,7 @@ struct Suite {
 };
 
 // Throws UsageError "FILE:LINE: reason" for malformed YAML, unknown workloads or axes.
-Suite load_suite(const std::filesystem::path& file);
+Suite load_suite(const std::filesystem::path& file, const Registry& registry);
 bool looks_like_suite(const std::string& name);  // ends in .yaml or .yml
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

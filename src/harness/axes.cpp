@@ -1,4 +1,4 @@
-#include "workloads/axes.h"
+#include "harness/axes.h"
 
 #include <algorithm>
 #include <charconv>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 namespace {
 
 constexpr std::size_t kMaxAxisValues = 100000;
@@ -280,4 +280,4 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
   return points;
 }
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

@@ -1,9 +1,9 @@
-#include "workloads/ranks.h"
+#include "harness/ranks.h"
 
 #include "core/error.h"
-#include "workloads/workload.h"
+#include "harness/workload.h"
 
-namespace ab::workloads {
+namespace ab::harness {
 
 void on_all_ranks(dist::Comm& comm, const std::function<void()>& step) {
   enum Code { kOk, kSkip, kCheck, kDiverged, kOom, kUnsupported, kUsage, kError };
@@ -38,4 +38,4 @@ void on_all_ranks(dist::Comm& comm, const std::function<void()>& step) {
   }
 }
 
-}  // namespace ab::workloads
+}  // namespace ab::harness

@@ -1,0 +1,134 @@
+// A workload declares its axes and what one iteration does; the harness owns timing, checking
+// bookkeeping and output. `State` is the workload's only view of a point (nvbench's shape).
+#pragma once
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "measure/measure.h"
+#include "harness/axes.h"
+
+namespace ab::harness {
+
+// What one iteration does; every rate in a record comes from these.
+struct Counts {
+  double samples = 0;  // items processed (images, GEMMs, copies)
+  double flops = 0;    // arithmetic operations (a multiply-add is 2)
+  double bytes = 0;    // bytes that must move through the memory being measured
+  std::string ops_unit = "FLOP";  // "OP" for integer arithmetic
+};
+
+// A thrown SkipPoint becomes status "skipped"; CheckFailed becomes "error"; Diverged (a training
+// loss that became non-finite) becomes "diverged".
+struct SkipPoint {
+  std::string reason;
+};
+struct CheckFailed {
+  std::string reason;
+};
+struct Diverged {
+  std::string reason;
+};
+
+// What a workload that drives the load generator (src/scenarios) measures instead of exec()'s
+// iteration times: one scenario run, copied into the record as `scenario`.
+struct ScenarioReport {
+  nlohmann::json summary;     // the record's `scenario` block (docs/RESULTS.md)
+  double window_start_s = 0;  // measure::monotonic_seconds() bounds of the measured run, for telemetry
+  double window_end_s = 0;
+  double samples = 0;         // samples completed in the window
+  double samples_per_s = 0;   // the run's throughput: the record's rates.samples_per_s
+  bool interrupted = false;   // stopped by Ctrl-C: the point becomes "invalid"
+};
+
+class State {
+ public:
+  State(const Point& point, backend::Backend& backend, const measure::Settings& settings,
+        const std::atomic<bool>* cancel);
+
+  std::int64_t get_int(const std::string& axis) const;
+  double get_real(const std::string& axis) const;
+  const std::string& get_text(const std::string& axis) const;
+  const Point& point() const { return point_; }
+  backend::Backend& backend() { return backend_; }
+  const measure::Settings& settings() const { return settings_; }
+
+  [[noreturn]] void skip(const std::string& reason) const;
+  void set_counts(const Counts& c) { counts_ = c; }
+  // The measured ceiling the rates are compared with ("gemm.bf16", "memory.bandwidth").
+  void set_ceiling_key(const std::string& key) { ceiling_key_ = key; }
+  // For the ceilings workload: this point's rate becomes the ceiling `key`.
+  void set_publishes_ceiling(const std::string& key) { publishes_ceiling_ = key; }
+  // Records a correctness check; throws CheckFailed when rel_error is above tolerance or not finite.
+  void check(double rel_error, double tolerance, const std::string& what);
+  void add_metric(const std::string& name, nlohmann::json value) { metrics_[name] = std::move(value); }
+  // Measures `iteration` with the run's settings (harness-owned timing). Call once per point.
+  void exec(const std::function<void()>& iteration);
+  void exec(const std::function<void()>& iteration, const measure::Settings& settings);
+  // Measures with another timer than the backend's (a plan that times its own streams: p2p).
+  void exec(measure::IterationTimer& timer, const std::function<void()>& iteration);
+  // A result the harness measured elsewhere: a multi-process point's lock-step measurement
+  // (dist/lockstep.h), which runs the same loop on rank 0 and hands every rank its result.
+  void set_result(measure::Result result) { result_ = std::move(result); }
+  // A scenario run measured instead of exec() (the loadgen workload).
+  void set_scenario_result(ScenarioReport r) { scenario_ = std::move(r); }
+  // A folder of this point's own for files it writes (created by the writer); empty when the run
+  // keeps no files. The runner sets it to <run folder>/artifacts/<seq>.
+  const std::filesystem::path& artifact_dir() const { return artifact_dir_; }
+  void set_artifact_dir(std::filesystem::path dir) { artifact_dir_ = std::move(dir); }
+  // Set by Ctrl-C; workloads that run long loops of their own poll it (null: no cancellation).
+  const std::atomic<bool>* cancel_flag() const { return cancel_; }
+
+  const Counts& counts() const { return counts_; }
+  const std::optional<measure::Result>& result() const { return result_; }
+  const std::optional<ScenarioReport>& scenario_result() const { return scenario_; }
+  const std::string& ceiling_key() const { return ceiling_key_; }
+  const std::string& publishes_ceiling() const { return publishes_ceiling_; }
+  const nlohmann::json& check_json() const { return check_; }
+  const nlohmann::json& metrics() const { return metrics_; }
+
+ private:
+  const Point& point_;
+  backend::Backend& backend_;
+  measure::Settings settings_;
+  const std::atomic<bool>* cancel_;
+  Counts counts_;
+  std::string ceiling_key_, publishes_ceiling_;
+  nlohmann::json check_ = nlohmann::json::object();
+  nlohmann::json metrics_ = nlohmann::json::object();
+  std::optional<measure::Result> result_;
+  std::optional<ScenarioReport> scenario_;
+  std::filesystem::path artifact_dir_;
+};
+
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  virtual std::string name() const = 0;
+  virtual std::string description() const = 0;
+  // Axes with defaults suited to the device kind ("cpu" or "cuda").
+  virtual std::vector<AxisSpec> axes(const std::string& device_kind) const = 0;
+  virtual std::vector<ZipGroup> zip_groups() const { return {}; }
+  virtual void run(State& state) = 0;
+};
+
+// The workloads a run can name: `list` and `run NAME` read it; src/workloads fills the built-in one.
+class Registry {
+ public:
+  explicit Registry(std::vector<std::unique_ptr<Workload>> workloads) : workloads_(std::move(workloads)) {}
+  const std::vector<std::unique_ptr<Workload>>& all() const { return workloads_; }
+  Workload& find(const std::string& name) const;  // throws UsageError listing the valid names
+
+ private:
+  std::vector<std::unique_ptr<Workload>> workloads_;
+};
+
+}  // namespace ab::harness
