@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine (Ubuntu 24.04 + CUDA 13 image): builds the cuda preset, then
-#   build                 only that
+#   build                 only that (and `accelbench sysinfo` into the logs)
 #   test [REGEX]          every test (the GPU and MPI tests run there), or those ctest -R REGEX picks
 #   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy,
 #                         resnet50-train, resnext101-infer, ddp, nccl; ARGS go to its script (e.g.
@@ -82,6 +82,7 @@ build() {
     cmake --preset cuda "${cmake_extra[@]}" && cmake --build --preset cuda -j "$(nproc)"
   } > "$logs/build.log" 2>&1 || { tail -n 40 "$logs/build.log"; echo "BUILD FAILED"; exit 1; }
   grep -E "MPI" "$logs/build.log" | head -2
+  $ab sysinfo > "$logs/sysinfo.txt" 2>&1
   echo "build ok"
 }
 
