@@ -21,7 +21,11 @@ favours the peer). Every figure is printed (flushed) and the JSON summary rewrit
 is measured, so a run cut short keeps what it measured; the table comes at the end.
 NVLink SHARP (multicast) stays off for every child: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1.
-  usage: compare_ddp.py --accelbench build/cuda/src/cli/accelbench --out DIR [--gpus N] [--comm-dtype bf16]
+--rounds R repeats the whole comparison R times (DIR/round-1 .. round-R) and ends with each round's
+scaling at the largest world size for both sides and the medians (exit 1 when a round lacks a side's
+figure); --summarize DIR... prints that table for earlier --out folders without measuring.
+  usage: compare_ddp.py --accelbench build/cuda/src/cli/accelbench --out DIR [--gpus N] [--comm-dtype bf16] [--rounds R]
+         compare_ddp.py --summarize DIR/round-1 DIR/round-2
 """
 import argparse
 import json
@@ -29,6 +33,8 @@ import os
 import shlex
 import shutil
 import socket
+import statistics
+import sys
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(NO_MULTICAST)  # before torch loads NCCL, here and in every spawned child
@@ -125,10 +131,10 @@ def torch_ddp(world, cfg):
 
 # ----------------------------------------------------------------------------------------------
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--accelbench", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--accelbench", help="the accelbench binary (required unless --summarize)")
+    ap.add_argument("--out", help="output folder (required unless --summarize)")
     ap.add_argument("--gpus", type=int, default=0, help="largest world size N (default: all visible GPUs)")
     ap.add_argument("--batch", type=int, default=256, help="images per GPU")
     ap.add_argument("--precision", default="bf16", choices=("bf16", "tf32"))
@@ -150,7 +156,19 @@ def main():
     ap.add_argument("--torch-after", action="store_true", help="measure PyTorch again after accelbench, keep the better")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-accelbench", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="R > 1: R rounds of the whole comparison (DIR/round-1 .. round-R), then every round's scaling "
+                         "at the largest world size and the medians")
+    ap.add_argument("--summarize", nargs="+", metavar="ROUND_DIR",
+                    help="measure nothing: the rounds table of these earlier --out folders")
     args = ap.parse_args()
+    if not args.summarize and not (args.accelbench and args.out):
+        ap.error("--accelbench and --out are required unless --summarize")
+    return args
+
+
+def compare(args):
+    """One round: PyTorch, then accelbench, into args.out (compare_ddp.json and .md)."""
     n = args.gpus or torch.cuda.device_count()  # counts without creating a context: this process stays off the GPUs
     if n < 1:
         raise SystemExit("compare_ddp.py: no GPU visible")
@@ -330,6 +348,70 @@ def main():
     print(text, flush=True)
     with open(os.path.join(args.out, "compare_ddp.md"), "w") as f:
         f.write(text.lstrip("\n") + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Rounds: scaling efficiency drifts between calls on GPUs that touch their power limit
+# (bench/HISTORY.md) by as much as accelbench's and DDP's differ, so one round decides nothing.
+
+ROUND_FIELDS = ("ours_scaling", "torch_scaling", "ours_added_ms", "torch_added_ms", "ratio")
+
+
+def largest_world_row(folder):
+    with open(os.path.join(folder, "compare_ddp.json")) as f:
+        report = json.load(f)
+    rows = [r for r in report.get("rows", []) if r.get("gpus", 0) > 1]
+    return max(rows, key=lambda r: r["gpus"]) if rows else None
+
+
+def rounds_table(folders):
+    """Prints each round's scaling at its largest world size for both sides, what k GPUs added to one
+    GPU's step, and the medians; returns the text and whether every round had both sides' figures."""
+    lines = ["| round | GPUs | accelbench scaling | PyTorch DDP scaling | accelbench ms added | PyTorch ms added "
+             "| accelbench / PyTorch |", "|---|---:|---:|---:|---:|---:|---:|"]
+    seen, complete = [], True
+    for folder in folders:
+        name = os.path.basename(folder.rstrip("/"))
+        try:
+            row, why = largest_world_row(folder), "no multi-GPU row"
+        except (OSError, ValueError) as e:
+            row, why = None, str(e)
+        if row is None or any(row.get(f) is None for f in ROUND_FIELDS):
+            complete = False
+            lines.append(f"| {name} | | incomplete: {why if row is None else 'a side has no figure'} | | | | |")
+            continue
+        seen.append(row)
+        lines.append(f"| {name} | {row['gpus']} | {100 * row['ours_scaling']:.2f}% | {100 * row['torch_scaling']:.2f}% "
+                     f"| {row['ours_added_ms']:+.2f} | {row['torch_added_ms']:+.2f} | {row['ratio']:.3f} |")
+    if seen:
+        med = {f: statistics.median(r[f] for r in seen) for f in ROUND_FIELDS}
+        lines.append(f"| median of {len(seen)} | {seen[0]['gpus']} | {100 * med['ours_scaling']:.2f}% "
+                     f"| {100 * med['torch_scaling']:.2f}% | {med['ours_added_ms']:+.2f} | {med['torch_added_ms']:+.2f} "
+                     f"| {med['ratio']:.3f} |")
+        ahead = sum(1 for r in seen if r["ours_scaling"] >= r["torch_scaling"])
+        lines.append(f"\naccelbench's scaling at least DDP's in {ahead} of {len(seen)} rounds")
+    return "\n".join(lines), complete and bool(seen)
+
+
+def main():
+    args = parse_args()
+    if args.summarize:
+        text, complete = rounds_table(args.summarize)
+        print(text, flush=True)
+        sys.exit(0 if complete else 1)
+    if args.rounds <= 1:
+        compare(args)
+        return
+    root, folders = args.out, []
+    for r in range(1, args.rounds + 1):
+        folders.append(os.path.join(root, f"round-{r}"))
+        print(f"\n== round {r} of {args.rounds} ==", flush=True)
+        compare(argparse.Namespace(**dict(vars(args), out=folders[-1])))
+    text, complete = rounds_table(folders)
+    print("\n" + text, flush=True)
+    with open(os.path.join(root, "rounds.md"), "w") as f:
+        f.write(text + "\n")
+    sys.exit(0 if complete else 1)
 
 
 if __name__ == "__main__":

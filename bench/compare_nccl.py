@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""accelbench's all-reduce beside torch.distributed's on the same GPUs, in one run (issue 8's targets).
+"""accelbench's all-reduce beside torch.distributed's on the same GPUs, in one run (1 MiB and 1 GiB targets).
 
 accelbench runs one process per GPU under mpirun (the multi-process path; --graph adds CUDA-graph
 mode, --single-process the one-process path over all visible GPUs). PyTorch runs one process per
@@ -134,7 +134,7 @@ def main():
     exports = sum([["-x", k] for k in NO_MULTICAST], [])
 
     # No GPU counters: the comparison needs none, and a non-zero rank's NVML sampling once corrupted
-    # its heap under mpirun (bench/RESULTS.md, issue 8).
+    # its heap under mpirun (bench/HISTORY.md).
     measure = ["--min-time", str(args.min_time), "--timeout", str(args.point_timeout), "--no-gpu-telemetry"]
 
     def show(label, table):

@@ -32,7 +32,7 @@ from compare_common import GpuEnergy, accelbench, samples_per_joule, time_batche
 
 TRAIN_PRECISIONS = ("bf16", "tf32")
 MODEL = "resnet50"
-TORCH_COMPILE = False  # --torch-compile: PyTorch trains the torch.compile'd model (issue 5's peer)
+TORCH_COMPILE = False  # --torch-compile: PyTorch trains the torch.compile'd model (the training target's peer)
 ENERGY_WINDOW_S = 5.0  # the energy counter steps every ~100 ms on an H200: a 2% step at most
 INFER_PRECISIONS = ("fp16", "bf16")
 

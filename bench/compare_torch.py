@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""accelbench side by side with PyTorch on the same GPU, in one run (issue 2's targets).
+"""accelbench side by side with PyTorch on the same GPU, in one run (the GEMM and copy targets).
 
 PyTorch is the peer to beat, timed the way accelbench's batch mode times: CUDA events around
 back-to-back iterations, median over batches. Each peer is timed before and after accelbench and

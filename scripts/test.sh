@@ -5,6 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 scripts/install-deps.sh
+# A step of its own: the format of the C++/CUDA lines the last commit changed (scripts/format-check.sh).
+format_status=0
+if git rev-parse --verify --quiet HEAD~1 >/dev/null 2>&1; then
+  scripts/format-check.sh || format_status=1
+else
+  echo "NOTE: no parent commit (a shallow clone or no git): format check skipped"
+fi
 presets=(cpu sanitize)
 if have_nvcc; then
   presets=(cpu cuda sanitize)
@@ -19,4 +26,4 @@ for p in "${presets[@]}"; do
   echo "=== preset $p: test"
   ctest --preset "$p" -j2 || status=1
 done
-exit $status
+exit $((status | format_status))

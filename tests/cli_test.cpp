@@ -307,3 +307,19 @@ TEST(Cli, InterruptedRunExits130AndKeepsPoints) {
   std::ifstream run_json(dirs[0] / "run.json");
   EXPECT_EQ(nlohmann::json::parse(run_json)["status"], "interrupted");
 }
+
+TEST(Cli, ResultsFieldsPrintsChosenFieldsOfEachPoint) {
+  TempDir dir;
+  const Outcome measured = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--min-time", "0.05",
+                                "--max-noise", "50", "--out", dir.path().string(), "-q"});
+  ASSERT_EQ(measured.code, 0) << measured.output;
+  const Outcome table = run({"results", "--out", dir.path().string(), "--fields", "params.m,status,metrics.nothing"});
+  EXPECT_EQ(table.code, 2) << "a path no record has is refused, naming it";
+  EXPECT_NE(table.output.find("metrics.nothing"), std::string::npos) << table.output;
+  const Outcome csv = run({"results", "--out", dir.path().string(), "--fields", "params.m,status", "--csv"});
+  ASSERT_EQ(csv.code, 0) << csv.output;
+  EXPECT_EQ(csv.output, "params.m,status\n64,ok\n96,ok\n");
+  const Outcome text = run({"results", "--out", dir.path().string(), "--fields", "params.m,context.devices.0.id"});
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_EQ(text.output, "params.m  context.devices.0.id\n64        cpu\n96        cpu\n");
+}

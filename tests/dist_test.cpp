@@ -963,7 +963,7 @@ std::map<std::pair<int, std::string>, nlohmann::json> two_gpu_train_points(const
   return by;
 }
 
-// Issue 8's device check: on two GPUs (NCCL averaging, eager and captured) the strong-scaling
+// The data-parallel device check: on two GPUs (NCCL averaging, eager and captured) the strong-scaling
 // trajectory follows one GPU's on the same global batch, to float32 rounding.
 TEST(DataParallel, TwoGpusStrongScalingFollowsOneGpu) {
   SKIP_WITHOUT_MPI();

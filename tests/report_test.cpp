@@ -316,7 +316,7 @@ TEST(CompareRule, RunsMatchedByWorkloadAndAxes) {
   EXPECT_NE(render_text(doc).find("faster"), std::string::npos);
 }
 
-// ---- The studies of issue 5 (suites/precision-study.yaml, batch-study.yaml, c2-inference.yaml) ----
+// ---- The studies (suites/precision-study.yaml, batch-study.yaml, c2-inference.yaml) ----
 
 const Table* first_table(const Section& s) {
   for (const auto& b : s.blocks)

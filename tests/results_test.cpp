@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "results/fields.h"
 #include "results/results.h"
 
 namespace ab::results {
@@ -457,6 +458,55 @@ TEST_F(ResultsTest, ConcurrentAppendsFromTwoProcessesBothLand) {
     EXPECT_EQ(r.status, "complete");
     EXPECT_EQ(r.points, kPoints) << r.run_id;
   }
+}
+
+// --fields: dotted paths into the record's JSON, list indices included.
+TEST(ResultsFields, DottedPathsReachNestedKeysAndListItems) {
+  const nlohmann::json record = nlohmann::json::parse(R"({"params": {"batch": 8, "precision": "bf16"},
+      "telemetry": {"gpus": [{"mean_sm_clock_mhz": 1980.5}, {"mean_sm_clock_mhz": 1950}]},
+      "metrics": {"fusion": {"fused_shapes": 9}}, "status": "ok", "nothing": null})");
+  ASSERT_NE(find_field(record, "params.batch"), nullptr);
+  EXPECT_EQ(*find_field(record, "params.batch"), 8);
+  EXPECT_EQ(*find_field(record, "telemetry.gpus.0.mean_sm_clock_mhz"), 1980.5);
+  EXPECT_EQ(*find_field(record, "telemetry.gpus.1.mean_sm_clock_mhz"), 1950);
+  EXPECT_EQ(*find_field(record, "status"), "ok");
+  EXPECT_TRUE(find_field(record, "nothing")->is_null());
+  EXPECT_EQ(find_field(record, "telemetry.gpus.2.mean_sm_clock_mhz"), nullptr);  // past the list's end
+  EXPECT_EQ(find_field(record, "params.batch.x"), nullptr);                      // into a number
+  EXPECT_EQ(find_field(record, "params.0"), nullptr);                            // an index into an object
+  EXPECT_EQ(find_field(record, "metrics.fusion.unfused_shapes"), nullptr);
+}
+
+TEST(ResultsFields, FieldListSplitsAtCommasAndRefusesEmptyPaths) {
+  EXPECT_EQ(split_field_list("params.batch,rates.samples_per_s"),
+            (std::vector<std::string>{"params.batch", "rates.samples_per_s"}));
+  EXPECT_EQ(split_field_list("status"), std::vector<std::string>{"status"});
+  for (const char* bad : {"", "a,,b", "a.b,", ".a", "a.", "a..b"})
+    EXPECT_THROW(split_field_list(bad), UsageError) << bad;
+}
+
+TEST(ResultsFields, TableLeavesMissingCellsEmptyAndRefusesAPathNoRecordHas) {
+  const std::vector<nlohmann::json> records = {
+      nlohmann::json::parse(R"({"params": {"batch": 1}, "rates": {"samples_per_s": 1715.2512}, "status": "ok"})"),
+      nlohmann::json::parse(R"({"params": {"batch": 2}, "status": "skipped", "reason": "no GPU, \"cuda\""})")};
+  std::ostringstream text;
+  write_fields(text, records, {"params.batch", "rates.samples_per_s", "status"}, false);
+  EXPECT_EQ(text.str(),
+            "params.batch  rates.samples_per_s  status\n"
+            "1             1715.25              ok\n"
+            "2                                  skipped\n");
+  std::ostringstream csv;
+  write_fields(csv, records, {"params.batch", "rates.samples_per_s", "reason"}, true);  // every digit kept
+  EXPECT_EQ(csv.str(), "params.batch,rates.samples_per_s,reason\n1,1715.2512,\n2,,\"no GPU, \"\"cuda\"\"\"\n");
+
+  std::ostringstream refused;
+  try {
+    write_fields(refused, records, {"params.batch", "rates.sample_per_s", "metrics.x"}, false);
+    ADD_FAILURE() << "a path no record has was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("rates.sample_per_s, metrics.x"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(refused.str().empty()) << "nothing is written when a path is refused";
 }
 
 }  // namespace

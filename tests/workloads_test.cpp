@@ -449,7 +449,7 @@ TEST(RepoSuites, LoadAndPlanOnBothDeviceKinds) {
   const fs::path dir = fs::path(AB_SOURCE_DIR) / "suites";
   std::vector<fs::path> files;
   if (fs::is_directory(dir))
-    for (const auto& e : fs::directory_iterator(dir))
+    for (const auto& e : fs::recursive_directory_iterator(dir))  // experiments/ included
       if (looks_like_suite(e.path().string())) files.push_back(e.path());
   if (files.empty()) GTEST_SKIP() << "no suites in " << dir;
   for (const auto& f : files) {

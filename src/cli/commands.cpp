@@ -14,6 +14,7 @@
 #include "dist/launcher.h"
 #include "harness/runner.h"
 #include "harness/suite.h"
+#include "results/fields.h"
 #include "results/results.h"
 #include "system/build_info.h"
 #include "system/system.h"
@@ -261,12 +262,12 @@ int run(const RunOptions& o) {
   // GPU counters: only rank 0's records are kept, so only rank 0 reads them. Not on a rank confined to
   // one CPU in a multi-process run (OpenMPI binds 2 ranks to a core each by default): there NVML's
   // sampling beside the workload corrupted the heap on the H200s (3 of 3 runs; none with
-  // --bind-to none, none without GPU sampling; bench/RESULTS.md, issue 8). Cause not found.
+  // --bind-to none, none without GPU sampling; bench/HISTORY.md). Cause not found.
   const bool sample_gpu = be->info().kind == "cuda" && !o.no_gpu_telemetry;
   const bool one_cpu_rank = sample_gpu && world.size() > 1 && usable_cpus() == 1;
   const std::string one_cpu_note =
       "GPU counters off: this rank may use only one CPU (mpirun's default --bind-to core for 2 ranks), where NVML "
-      "sampling beside the workload corrupted the heap (bench/RESULTS.md); launch with --bind-to none or "
+      "sampling beside the workload corrupted the heap (bench/HISTORY.md); launch with --bind-to none or "
       "--bind-to socket for power and energy";
   if (one_cpu_rank) context["telemetry_note"] = one_cpu_note;
   if (leader) {
@@ -357,8 +358,10 @@ int run(const RunOptions& o) {
   return exit_code(totals);
 }
 
-int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file) {
+int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file,
+            const std::string& fields) {
   try {
+    const auto field_paths = fields.empty() ? std::vector<std::string>{} : results::split_field_list(fields);
     const std::filesystem::path db = std::filesystem::path(out_dir) / "runs" / "accelbench.db";
     if (!std::filesystem::exists(db)) throw UsageError("no results store at " + db.string() + " (run something first, or pass --out)");
     std::ofstream file;
@@ -368,7 +371,7 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
     }
     std::ostream& out = output_file.empty() ? std::cout : file;
     const auto runs = results::list_runs(db);
-    if (run_id.empty() && !csv) {
+    if (run_id.empty() && !csv && field_paths.empty()) {
       out << std::left << std::setw(26) << "run_id" << std::setw(26) << "started" << std::setw(13) << "status"
           << std::setw(8) << "points" << std::setw(6) << "ok" << "command\n";
       for (const auto& r : runs)
@@ -379,6 +382,10 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
     if (runs.empty()) throw UsageError("the store has no runs");
     const std::string id = run_id.empty() ? runs.front().run_id : run_id;
     auto points = results::load_points(db, id);
+    if (!field_paths.empty()) {
+      results::write_fields(out, points, field_paths, csv);
+      return 0;
+    }
     if (csv) {
       results::write_csv(out, points);
       return 0;

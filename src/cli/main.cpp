@@ -41,13 +41,16 @@ int main(int argc, char** argv) {
                 "read no GPU counters through NVML (no power, energy or clocks in the records; host telemetry stays)");
   run->add_flag("--quiet,-q", run_opts.quiet, "no progress lines");
 
-  std::string results_out = ".", results_run, results_file;
+  std::string results_out = ".", results_run, results_file, results_fields;
   bool results_csv = false;
-  auto* results = app.add_subcommand("results", "Runs in the store; a run's points; CSV export");
+  auto* results = app.add_subcommand("results", "Runs in the store; a run's points; CSV export; chosen record fields");
   results->add_option("run_id", results_run, "a run to show (default: list the runs)");
   results->add_option("--out", results_out, "the folder given to `run --out`");
   results->add_flag("--csv", results_csv, "export the points as CSV (the newest run unless run_id is given)");
   results->add_option("-o,--output", results_file, "write to this file instead of standard output");
+  results->add_option("--fields", results_fields,
+                      "a table of these record fields, one row per point (the newest run unless run_id is given): "
+                      "dotted paths, comma-separated, e.g. params.batch,telemetry.gpus.0.mean_sm_clock_mhz");
 
   double monitor_interval_ms = 1000, monitor_duration_s = 0;
   auto* monitor = app.add_subcommand("monitor", "Print live power, clocks, utilisation and host CPU, like nvidia-smi dmon");
@@ -86,7 +89,7 @@ int main(int argc, char** argv) {
   if (*sysinfo) return ab::cli::sysinfo(sysinfo_json);
   if (*list) return ab::cli::list(list_json);
   if (*run) return ab::cli::run(run_opts);
-  if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file);
+  if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields);
   if (*monitor) return ab::cli::monitor(monitor_interval_ms, monitor_duration_s);
   if (*report) return ab::cli::report(report_opts);
   if (*compare) return ab::cli::compare(compare_opts);

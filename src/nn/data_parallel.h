@@ -34,7 +34,7 @@ constexpr std::int64_t kDefaultBucketBytes = std::int64_t{25} << 20;  // DDP's b
 // With `delay_ops` > 0 a complete bucket is enqueued only after that many more ops' backward: on
 // CUDA the op after a convolution's is a batch norm whose cuDNN kernel is cooperative (it needs
 // every SM at once), so an all-reduce enqueued just before it holds it back for its whole length
-// (bench/RESULTS.md, the 2-GPU kernel timeline); enqueued after it, it runs beside convolutions.
+// (bench/HISTORY.md, the 2-GPU kernel timeline); enqueued after it, it runs beside convolutions.
 // Throws Error when the gradients are not one contiguous store of one dtype (the graph lays them out so).
 class BucketedGradientSync final : public GradientSync {
  public:

@@ -266,7 +266,7 @@ class Kernels {
   virtual void set_fp8_only_where_faster(bool) {}  // the refusal contains kFp8SlowerReason
   // Whether the backend may run cooperative kernels, whose blocks must all be resident at once
   // (cuDNN's persistent NHWC batch norm). Such a kernel cannot start while a kernel of another
-  // stream holds SMs (a data-parallel step's all-reduce: bench/RESULTS.md's kernel timeline), so a
+  // stream holds SMs (a data-parallel step's all-reduce: bench/HISTORY.md's kernel timeline), so a
   // data-parallel run may want none; the CUDA engine then runs the project's NHWC batch-norm
   // kernels. Set before bind (plans are made there). The default (no such kernels) ignores it.
   virtual void set_cooperative_kernels(bool) {}

@@ -1,4 +1,4 @@
-// The studies of issue 5 as report sections (suites/precision-study.yaml, batch-study.yaml,
+// The studies as report sections (suites/precision-study.yaml, batch-study.yaml,
 // c2-inference.yaml): the precision study — each precision's rate over fp32's at the same model,
 // batch and other axes, for training and inference — and the batch-size study — per model, rate,
 // p50/p99 latency and samples/J against batch. A section appears only when the runs hold its points.

@@ -237,7 +237,7 @@ nlohmann::json summarize_gpu_window(const std::vector<GpuSample>& v, double t0_s
   }
   // How much of the window each reason held: the share of the readings inside it that carry the
   // bit (readings come at a fixed period), so a window says whether its GPU met the power cap once
-  // or a third of the time (ResNet-50 training on an H200 does the latter, bench/RESULTS.md).
+  // or a third of the time (ResNet-50 training on an H200 does the latter, bench/HISTORY.md).
   std::map<std::string, int> held;
   int with_mask = 0;
   for (std::size_t i = first; i < end; ++i) {

@@ -1,7 +1,7 @@
 // Data parallelism's gradient averaging between two ranks on one host with copy engines
 // (AveragerEngine::copy_engines). NCCL's all-reduce kernels hold SMs from the moment they start
 // until the slower rank arrives, and cuDNN's cooperative batch-norm kernels cannot start beside
-// them (bench/RESULTS.md, eighth session). Here nothing waits on an SM: each rank pulls the peer's
+// them (the 2-GPU kernel timeline in bench/HISTORY.md). Here nothing waits on an SM: each rank pulls the peer's
 // bucket over the GPU link with a copy engine into a scratch buffer and one short kernel averages
 // it in; the waits for the peer are stream memory operations (the GPU's front end polls a flag).
 // Per bucket i, on rank r's side stream (peer p), once r's bucket is final:

@@ -443,7 +443,7 @@ void Fp8ConvPlan::Impl::build(void* stream) {
 
   // Every plan heuristics mode A ranks that finalizes (FALLBACK's where A has none), each timed on
   // scratch operands; the fastest is kept (with heuristics' first plan, fp8 inference ran at half
-  // fp16's rate on an H200: bench/RESULTS.md).
+  // fp16's rate on an H200: bench/HISTORY.md).
   std::string refusals;
   std::vector<Candidate> candidates;
   try_heuristics(CUDNN_HEUR_MODE_A, refusals, candidates);

@@ -389,7 +389,7 @@ void CudaKernels::time_bn_fusion(BnFusion& f, const Tensor& x, bool residual, st
   AB_CUDA(cudaStreamSynchronize(stream_), what);
   // cuDNN's fused kernels are cooperative: beside any other kernel (a data-parallel averaging, an
   // all-reduce) they wait for SMs, and a shape where the two time alike flipped between runs (a
-  // 2-GPU ResNet-50 step lost 0.14 ms to it, bench/RESULTS.md). They run only where clearly faster.
+  // 2-GPU ResNet-50 step lost 0.14 ms to it, bench/HISTORY.md). They run only where clearly faster.
   f.usable = fused_s < (1.0 - kCooperativeMargin) * unfused_s;
   f.note += std::string(f.usable ? "" : "; not clearly faster than the project's forward + separate backward, unfused") +
             " (forward + backward: fused " + format_us(fused_s) + " us, unfused " + format_us(unfused_s) + " us)";

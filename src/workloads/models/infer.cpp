@@ -46,7 +46,7 @@ class Infer final : public Workload {
           "with precision=fp8: faster = a convolution runs e4m3 only where its whole fp8 call (quantization "
           "included) timed faster than its 16-bit call on this device (the CUDA engine; the reference runs every "
           "one in fp8); all = every convolution the backend can run in fp8"},
-         // auto: fused for the ResNets (checked on an H200 and fastest there, bench/RESULTS.md), off
+         // auto: fused for the ResNets (checked on an H200 and fastest there, bench/HISTORY.md), off
          // for models without batch norm, which refuse an explicit on or fused.
          {"fold", AxisKind::text, one("auto"), {"auto", "off", "on", "fused"},
           "fold each batch norm into its convolution: on = weights scaled, then one bias + residual + ReLU "

@@ -324,7 +324,7 @@ void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g, const 
   }
   // How the activations are scaled, since it decides what the point says about fp8 hardware: each
   // fp8 convolution first reads its 16-bit input twice (amax, then quantize), which costs more than
-  // the narrower convolution saves on many of a ResNet's layers on an H200 (bench/RESULTS.md).
+  // the narrower convolution saves on many of a ResNet's layers on an H200 (bench/HISTORY.md).
   state.add_metric("fp8", {{"layers", layers},
                            {"fallback_layers", fallback},
                            {"fallback_slower_layers", slower},

@@ -120,7 +120,7 @@ class Train final : public Workload {
          {"lr", AxisKind::real, one("0"), {},
           "learning rate; 0 = sgd 0.1 x batch/256 (autoencoders: 10), lars 0.8 x batch/256"},
          {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
-         // auto: on for the ResNets (checked on an H200 and faster there, bench/RESULTS.md), off for
+         // auto: on for the ResNets (checked on an H200 and faster there, bench/HISTORY.md), off for
          // models without batch norm, which refuse an explicit on.
          {"fuse", AxisKind::text, one("auto"), {"auto", "off", "on"},
           "ResNets: each batch norm, the residual add and the ReLU after it as one op (cuDNN's fused NHWC "
@@ -136,7 +136,7 @@ class Train final : public Workload {
           "weak: batch is per GPU; strong: batch is global, split over the GPUs"},
          {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
          // 1 MiB: in a traced 2-GPU ResNet-50 step the last copy shrank from 17 MB to 1.6 MB and the
-         // step's growth over one GPU from 0.41 to 0.27 ms (bench/RESULTS.md, tenth session).
+         // step's growth over one GPU from 0.41 to 0.27 ms (bench/HISTORY.md).
          {"tail_bucket_mib", AxisKind::real, one("1"), {},
           "data parallelism: the first layers' gradients (backward's last) in a bucket of their own of at least "
           "this many MiB (at most bucket_mib), so that little is left to average after backward (0: none; the "
