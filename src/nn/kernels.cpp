@@ -30,6 +30,43 @@ void Kernels::sgd_update_many(const SgdStep& s, const std::vector<SgdTensors>& p
   }
 }
 
+namespace {
+[[noreturn]] void no_transformer_kernel(std::string_view backend, const char* kernel) {
+  throw Unsupported(std::string(backend) + " kernels have no " + kernel + " (transformer ops)");
+}
+}  // namespace
+
+void Kernels::embedding_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "embedding_forward");
+}
+void Kernels::embedding_backward(const Tensor&, const Tensor&, const Tensor&, bool, const Tensor&) {
+  no_transformer_kernel(name(), "embedding_backward");
+}
+void Kernels::layernorm_forward(const LayerNormDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "layernorm_forward");
+}
+void Kernels::layernorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, bool, const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "layernorm_backward");
+}
+void Kernels::gelu_forward(const Tensor&, const Tensor&) { no_transformer_kernel(name(), "gelu_forward"); }
+void Kernels::gelu_backward(const Tensor&, const Tensor&, const Tensor&, bool) {
+  no_transformer_kernel(name(), "gelu_backward");
+}
+void Kernels::attention_forward(const AttentionDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&) {
+  no_transformer_kernel(name(), "attention_forward");
+}
+void Kernels::attention_backward(const AttentionDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "attention_backward");
+}
+void Kernels::sum_squares(const std::vector<Tensor>&, const Tensor&) { no_transformer_kernel(name(), "sum_squares"); }
+void Kernels::adamw_update(const AdamWStep&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "adamw_update");
+}
+
 std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
   const std::string label = "fp8 convolution of x " + x.to_string() + ", w " + w.to_string() + ": ";
   if (d.groups != 1) return label + "groups = 1 only, got " + std::to_string(d.groups);

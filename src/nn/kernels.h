@@ -94,6 +94,42 @@ struct LossScaleRule {
   std::int64_t growth_interval = 2000;
 };
 
+// LayerNorm over the last dimension of x [rows, C] (Ba et al. 2016): y = (x - mean) * rstd * gamma
+// + beta with rstd = 1 / sqrt(var + epsilon), var the biased variance; the statistics (mean, rstd:
+// f32 [rows]) are kept for backward, in f32 whatever x's precision (GPT-2 and BERT use 1e-5, 1e-12).
+struct LayerNormDesc {
+  double epsilon = 1e-5;
+};
+
+// Scaled dot-product attention over q, k, v [B, H, T, D] (any strides, so views into one fused
+// QKV projection): o = softmax(q k^T * scale + mask) v, scale 0 meaning 1 / sqrt(D). causal masks
+// key j > query i (GPT); key_lengths (i32 [B], may be undefined) masks keys j >= length of each
+// sequence (BERT's padding). stats (f32 [B, H, T]) keeps each query row's log-sum-exp of its
+// scaled, masked scores: what backward needs to rebuild the probabilities (flash attention's).
+struct AttentionDesc {
+  double scale = 0.0;
+  bool causal = false;
+  Tensor key_lengths{};
+};
+
+// AdamW (Loshchilov & Hutter 2019; PyTorch's AdamW and llm.c's update): with g' = g * clip,
+// m = beta1 m + (1 - beta1) g';  v = beta2 v + (1 - beta2) g'^2;
+// w -= lr * (m / (1 - beta1^step) / (sqrt(v / (1 - beta2^step)) + epsilon) + weight_decay * w).
+// clip = min(1, max_grad_norm / |g|_global) where max_grad_norm > 0 and grad_norm_squared (f32 [1],
+// the sum of squares over every parameter's gradient, from Kernels::sum_squares) is defined, else 1.
+// skip_if as in SgdStep.
+struct AdamWStep {
+  double learning_rate = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double epsilon = 1e-8;
+  double weight_decay = 0.0;
+  std::int64_t step = 1;  // 1 for the first update: the bias corrections' exponent
+  double max_grad_norm = 0.0;
+  Tensor grad_norm_squared{};
+  Tensor skip_if{};
+};
+
 // A recorded sequence of kernel launches replayed with no host work: a CUDA graph on the GPU; on
 // the reference backend, the recorded kernel calls with their arguments.
 class Replayable {
@@ -334,6 +370,33 @@ class Kernels {
   virtual void set_deterministic(bool on) = 0;
   // fp32 convolutions and matmuls may use TF32 tensor cores (Precision::tf32); off by default.
   virtual void set_tf32(bool allowed) = 0;
+
+  // Transformer kernels. Backends without them refuse (Unsupported), so a model that needs them
+  // is skipped there with the reason. Token ids are i32; gradients of parameters are written
+  // (or added to, where `accumulate` says), in the parameters' dtype.
+  // y [B*T, C] = wte[tokens[b, t]] + wpe[t] for tokens [B, T], wte [V, C], wpe [P, C] (T <= P).
+  virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& y);
+  // dwte (+)= the scatter of dy's rows by token, dwpe = dy summed over the batch per position; each
+  // sum in a fixed order (deterministic), tied embeddings accumulate onto the classifier's dwte.
+  virtual void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte, bool accumulate_wte,
+                                  const Tensor& dwpe);
+  virtual void layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                 const Tensor& y, const Tensor& mean, const Tensor& rstd);
+  virtual void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                                  const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
+                                  const Tensor& dbeta);
+  // GELU, tanh form (GPT-2, BERT): y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  virtual void gelu_forward(const Tensor& x, const Tensor& y);
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate);
+  virtual void attention_forward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& o, const Tensor& stats);
+  // dq, dk, dv written (not accumulated): they are views into one QKV gradient.
+  virtual void attention_backward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& o, const Tensor& dout, const Tensor& stats, const Tensor& dq,
+                                  const Tensor& dk, const Tensor& dv);
+  // out (f32 [1]) = the sum of squares of every element of `tensors`: the global gradient norm's square.
+  virtual void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out);
+  virtual void adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v);
 
   // How many distinct shapes of the fused calls above (conv2d_bias_activation_*,
   // batchnorm_activation_*) run a backend's own fused kernels and how many run the separate

@@ -245,6 +245,88 @@ class SoftmaxCrossEntropy final : public Op {
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
 };
 
+// ---- transformer layers (ops_transformer.cpp)
+
+// (tokens [B, T] i32) -> [B*T, C] in `dtype`: the token's row of wte [V, C] plus the position's row of
+// wpe [P, C] (GPT-2's wte and wpe; BERT adds its token-type row elsewhere). T <= P.
+class Embedding final : public Op {
+ public:
+  Embedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t channels,
+            DType dtype = DType::f32)
+      : Op(std::move(name)), vocab_(vocab), positions_(positions), channels_(channels), dtype_(dtype) {}
+  std::string_view kind() const override { return "embedding"; }
+  std::vector<ParamSpec> parameters() const override;
+  bool backward_reads_input(int i) const override { return i == 0; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  std::int64_t vocab_, positions_, channels_;
+  DType dtype_;  // of the rows and tables: the graph's activation dtype
+};
+
+// [N, C] -> [N, C] normalised over C with a learned scale and shift; mean and 1/std [N] kept (f32
+// beside 16-bit data, the data's own type otherwise).
+class LayerNorm final : public Op {
+ public:
+  LayerNorm(std::string name, double epsilon = 1e-5) : Op(std::move(name)), desc_{epsilon} {}
+  std::string_view kind() const override { return "layernorm"; }
+  std::vector<ParamSpec> parameters() const override;
+  std::vector<Tensor> saved() const override;
+  bool backward_reads_input(int i) const override { return i == 0; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  LayerNormDesc desc_;
+};
+
+// GELU, tanh form, elementwise; backward reads the input.
+class Gelu final : public Op {
+ public:
+  using Op::Op;
+  std::string_view kind() const override { return "gelu"; }
+  bool backward_reads_input(int i) const override { return i == 0; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+};
+
+// Multi-head self-attention core: (qkv [B*T, 3C], the fused projection's output laid out as
+// [B, T, 3, H, D], optional key_lengths [B] i32) -> [B*T, C] laid out as [B, T, H, D]; the
+// softmax's log-sum-exp [B, H, T] kept for backward (f32, or f64 in an f64 graph). `seq` is T; C = heads x head_dim.
+class Attention final : public Op {
+ public:
+  Attention(std::string name, std::int64_t heads, std::int64_t seq, bool causal)
+      : Op(std::move(name)), heads_(heads), seq_(seq), causal_(causal) {}
+  std::string_view kind() const override { return "attention"; }
+  std::vector<Tensor> saved() const override;
+  bool backward_reads_input(int) const override { return true; }
+  bool backward_reads_output(int) const override { return true; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+  // Query-key pairs the masks leave per head and sequence: T^2, or T(T+1)/2 when causal.
+  std::int64_t visible_pairs() const;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  AttentionDesc desc(const OpTensors& t) const;
+  std::int64_t heads_, seq_;
+  bool causal_;
+};
+
 // ---- learned compression (ops_compress.cpp; models/compression.h)
 
 struct ConvTranspose2dAttrs {
@@ -340,6 +422,12 @@ Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out
 Value softmax_cross_entropy(GraphBuilder& b, const std::string& name, Value logits, Value labels);
 Value conv_transpose2d(GraphBuilder& b, const std::string& name, Value x, const ConvTranspose2dAttrs& a);
 Value quantize_ste(GraphBuilder& b, const std::string& name, Value x, double step = 1.0);
+// Transformer layers (GPT-2, BERT); attention's qkv is the fused projection's [B*T, 3C] output.
+Value embedding(GraphBuilder& b, const std::string& name, Value tokens, std::int64_t vocab, std::int64_t positions,
+                std::int64_t channels);
+Value layernorm(GraphBuilder& b, const std::string& name, Value x, double epsilon = 1e-5);
+Value gelu(GraphBuilder& b, const std::string& name, Value x);
+Value attention(GraphBuilder& b, const std::string& name, Value qkv, std::int64_t heads, std::int64_t seq, bool causal);
 struct RateDistortion {
   Value loss, mse;
 };

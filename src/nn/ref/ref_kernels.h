@@ -206,6 +206,24 @@ class RefKernels : public Kernels {
                                 const Tensor& dloss, const Tensor& dx_hat, bool accumulate_x_hat, const Tensor& dlatent,
                                 bool accumulate_latent) override;
 
+  // Transformer kernels (ref_transformer.cpp); attention materialises each query row's scores.
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& y) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte, bool accumulate_wte,
+                          const Tensor& dwpe) override;
+  void layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dx, bool accumulate, const Tensor& dgamma, const Tensor& dbeta) override;
+  void gelu_forward(const Tensor& x, const Tensor& y) override;
+  void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate) override;
+  void attention_forward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                         const Tensor& stats) override;
+  void attention_backward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                          const Tensor& dout, const Tensor& stats, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) override;
+  void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) override;
+  void adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v) override;
+
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
 
