@@ -27,7 +27,7 @@
 #include "dist/comm.h"
 #include "dist/launcher.h"
 #include "dist/lockstep.h"
-#include "nn/device/device_kernels.h"
+#include "nn/cuda/device_kernels.h"
 #include "system/topology.h"
 #include "test_support.h"
 #include "workloads/axes.h"

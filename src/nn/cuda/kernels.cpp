@@ -1,18 +1,18 @@
 // The CUDA engine kernels: construction, memory and host copies, the project's own kernels
 // (cuda_pointwise) behind the elementwise and loss entry points, and CUDA-graph capture.
-// Optimizers and mixed precision (cuda_kernels_optim.cpp), convolution, batch norm, pooling and
+// Optimizers and mixed precision (kernels_optim.cpp), convolution, batch norm, pooling and
 // linear live in their own files.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "backend/cuda/cuda_backend.h"
-#include "nn/device/cuda_kernels_impl.h"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/kernels_impl.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 
-// ---- shared helpers (cuda_common.h)
+// ---- shared helpers (common.h)
 
 std::string cudnn_status_text(cudnnStatus_t status) {
   char last[1024] = {};
@@ -103,7 +103,7 @@ class GraphReplay final : public Replayable {
 
 }  // namespace
 
-// ---- operand checks (cuda_kernels_impl.h)
+// ---- operand checks (kernels_impl.h)
 
 void require_flat(const char* kernel, const Tensor& a, const Tensor& b) {
   if (!(a.shape == b.shape) || !(a.strides == b.strides) || !a.is_contiguous() || a.dtype != b.dtype)

@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "nn/device/cuda_kernels_impl.h"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/kernels_impl.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 

@@ -1,4 +1,4 @@
-// Internal to the CUDA convolution (cuda_conv.cpp: the algorithm search; cuda_conv_epilogue.cpp:
+// Internal to the CUDA convolution (conv.cpp: the algorithm search; conv_epilogue.cpp:
 // the fused bias + residual + activation call): timing GPU work free of host overhead, and the
 // descriptor helpers both build with.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "backend/cuda/check.h"
-#include "nn/device/cuda_kernels_impl.h"
+#include "nn/cuda/kernels_impl.h"
 
 namespace ab::nn::cuda {
 

@@ -7,7 +7,7 @@
 // f32 computes in f32 (TF32 when allowed), f16/bf16 in f32. One heuristic choice per shape, cached.
 #include <algorithm>
 
-#include "nn/device/cuda_kernels_impl.h"
+#include "nn/cuda/kernels_impl.h"
 
 namespace ab::nn::cuda {
 namespace {

@@ -1,14 +1,14 @@
 // The folded batch norm's epilogue inside the convolution: y = act(conv(x, w) + bias (+ z)) through
 // cudnnConvolutionBiasActivationForward where it timed faster than the plain forward (searched by
-// cuda_conv.cpp) followed by the bias_act kernel, else those two (docs/ENGINE.md, fold=fused).
+// conv.cpp) followed by the bias_act kernel, else those two (docs/ENGINE.md, fold=fused).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 
-#include "nn/device/cuda_conv_search.h"
-#include "nn/device/cuda_kernels_impl.h"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/conv_search.h"
+#include "nn/cuda/kernels_impl.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 

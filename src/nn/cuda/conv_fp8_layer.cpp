@@ -1,6 +1,6 @@
 // Kernels::conv2d_fp8_* on the GPU: per call, x's amax and its e4m3 image (the scale computed on the
 // device, so a captured graph replays with each batch's own scale), then cuDNN's fp8 convolution
-// graph with the descale, bias, residual and ReLU inside it (cuda_conv_fp8.h). The weights' e4m3
+// graph with the descale, bias, residual and ReLU inside it (conv_fp8.h). The weights' e4m3
 // image, descale and the bias widened to f32 are made once per parameter state and kept by the
 // weight's address. Where cuDNN refuses the residual inside its graph, the graph stops after the
 // descale and the bias_act kernel adds bias and residual and applies the ReLU.
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "nn/device/cuda_conv_fp8.h"
-#include "nn/device/cuda_conv_search.h"
-#include "nn/device/cuda_kernels_impl.h"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/conv_fp8.h"
+#include "nn/cuda/conv_search.h"
+#include "nn/cuda/kernels_impl.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 namespace {

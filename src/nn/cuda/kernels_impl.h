@@ -1,6 +1,6 @@
-// Internal to the CUDA engine kernels: the Kernels implementation split over cuda_kernels.cpp
-// (memory, elementwise, capture), cuda_kernels_optim.cpp (optimizers, mixed precision),
-// cuda_conv.cpp, cuda_norm_pool.cpp and cuda_linear.cpp. Every
+// Internal to the CUDA engine kernels: the Kernels implementation split over kernels.cpp
+// (memory, elementwise, capture), kernels_optim.cpp (optimizers, mixed precision),
+// conv.cpp, norm_pool.cpp and linear.cpp. Every
 // per-shape object (cuDNN descriptors, chosen algorithms, cuBLASLt layouts) is built once and
 // cached by a key of dtypes, shapes, strides and attributes, so a step only looks plans up.
 #pragma once
@@ -17,10 +17,10 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/check.h"
-#include "nn/device/cuda_allocator.h"
-#include "nn/device/cuda_common.h"
-#include "nn/device/cuda_conv_fp8.h"
-#include "nn/device/cuda_kernels.h"
+#include "nn/cuda/allocator.h"
+#include "nn/cuda/common.h"
+#include "nn/cuda/conv_fp8.h"
+#include "nn/cuda/kernels.h"
 #include "nn/kernels.h"
 
 namespace ab::nn::cuda {
@@ -252,7 +252,7 @@ class CudaKernels final : public Kernels {
   std::vector<std::string> conv_choices() const;
 
  private:
-  // cuda_conv.cpp
+  // conv.cpp
   Key conv_key(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) const;
   // For a kernel call: the cached plan, or where none is (a direct call without conv2d_prepare)
   // one searched now for every pass.
@@ -274,7 +274,7 @@ class CudaKernels final : public Kernels {
   // down to none, where memory is short); returns its base.
   unsigned char* search_operands(std::int64_t operand_bytes, std::int64_t& cap_bytes, const std::string& label);
   std::int64_t conv_workspace_cap() const;
-  // cuda_conv_fp8_layer.cpp: the cached fp8 configuration (built now outside a capture; throws
+  // conv_fp8_layer.cpp: the cached fp8 configuration (built now outside a capture; throws
   // Unsupported, also for a cached refusal) and the weights' e4m3 image, quantized where stale.
   Fp8Layer& fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& residual, const Tensor& y, bool relu);
@@ -291,7 +291,7 @@ class CudaKernels final : public Kernels {
     for (auto& [address, fw] : fp8_weights_)
       if (address == data || fw.bias_source == data) fw.fresh = false;
   }
-  // cuda_norm_pool.cpp
+  // norm_pool.cpp
   BnPlan& bn_plan(const Tensor& x);
   std::int64_t bn_ex_workspace_bytes(const Tensor& x);
   std::int64_t bn_scratch_bytes(const Tensor& x) const;  // the project's batch-norm kernels' scratch
@@ -304,7 +304,7 @@ class CudaKernels final : public Kernels {
   // the faster stays (f.usable).
   void time_bn_fusion(BnFusion& f, const Tensor& x, bool residual, std::int64_t mask_bytes);
   PoolPlan& pool_plan(const Pool2dDesc& d, const Tensor& x, const Tensor& y);
-  // cuda_linear.cpp
+  // linear.cpp
   LtPlan& lt_plan(const GemmShape& g);
   void matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias);
   void column_sums(const Tensor& dy, const Tensor& dbias);

@@ -11,10 +11,10 @@
 #include <limits>
 #include <utility>
 
-#include "nn/device/cuda_batchnorm.h"
-#include "nn/device/cuda_conv_search.h"
-#include "nn/device/cuda_kernels_impl.h"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/batchnorm.h"
+#include "nn/cuda/conv_search.h"
+#include "nn/cuda/kernels_impl.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 namespace {
