@@ -21,7 +21,7 @@
 
 #include "core/error.h"
 #include "nn/cuda/common.h"
-#include "nn/cuda/conv_search.h"
+#include "nn/cuda/gpu_sampler.h"
 
 namespace ab::nn::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// fp8 (e4m3) convolution; CudaKernels::conv2d_fp8_* (conv_fp8_layer.cpp) runs it:
+// fp8 (e4m3) convolution; ConvEngine::conv2d_fp8_* (conv_fp8_layer.cpp) runs it:
 // - Fp8ConvPlan: one NHWC convolution on cuDNN's backend (graph) API,
 //     y = act(conv(x, w) * descale (+ bias)),
 //   x [N, H, W, C] and w [K, R, S, C] e4m3, accumulated in f32, y [N, P, Q, K] f16 or bf16.

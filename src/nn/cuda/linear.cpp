@@ -7,7 +7,8 @@
 // f32 computes in f32 (TF32 when allowed), f16/bf16 in f32. One heuristic choice per shape, cached.
 #include <algorithm>
 
-#include "nn/cuda/kernels_impl.h"
+#include "nn/cuda/linear_engine.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -30,14 +31,38 @@ void require_matrix(const char* kernel, const Tensor& t, const char* what, DType
                       std::string(to_string(dtype)) + " matrix, got " + t.to_string());
 }
 
+constexpr std::int64_t kLtWorkspaceBytes = std::int64_t{32} << 20;
+constexpr std::int64_t kOnesCount = std::int64_t{1} << 16;  // rows reduced per bias-gradient GEMM
+
 }  // namespace
 
-LtPlan& CudaKernels::lt_plan(const GemmShape& g) {
-  const bool tf32 = g.allow_tf32 && tf32_ && g.dtype == DType::f32;
+LinearEngine::LinearEngine(EngineContext& ctx) : ctx_(ctx) {
+  lt_ = backend::cuda::create_lt_handle(ctx_.label + " engine cuBLASLt handle");
+  lt_workspace_ = backend::cuda::DeviceBuffer(kLtWorkspaceBytes, ctx_.label + " engine cuBLASLt workspace");
+  ones_count_ = kOnesCount;
+  ones_ = backend::cuda::DeviceBuffer(ones_count_ * (4 + 2 + 2), ctx_.label + " ones");
+  auto* base = ones_.as<unsigned char>();
+  cuda_pointwise::fill(ctx_.stream, DType::f32, base, ones_count_, 1.0);
+  cuda_pointwise::fill(ctx_.stream, DType::f16, base + 4 * ones_count_, ones_count_, 1.0);
+  cuda_pointwise::fill(ctx_.stream, DType::bf16, base + 6 * ones_count_, ones_count_, 1.0);
+}
+
+const void* LinearEngine::ones(DType t) const {
+  const auto* base = ones_.as<const unsigned char>();
+  switch (t) {
+    case DType::f32: return base;
+    case DType::f16: return base + 4 * ones_count_;
+    case DType::bf16: return base + 6 * ones_count_;
+    default: throw Unsupported("cuda: no ones vector for " + std::string(to_string(t)));
+  }
+}
+
+LtPlan& LinearEngine::lt_plan(const GemmShape& g) {
+  const bool tf32 = g.allow_tf32 && ctx_.modes.tf32 && g.dtype == DType::f32;
   Key key;
   for (std::int64_t v : {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n,
                          g.k, g.lda, g.ldb, g.ldc, std::int64_t{g.bias}, std::int64_t{tf32},
-                         std::int64_t{deterministic_}})
+                         std::int64_t{ctx_.modes.deterministic}})
     key.add(v);
   if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return *it->second;
 
@@ -74,7 +99,7 @@ LtPlan& CudaKernels::lt_plan(const GemmShape& g) {
   const auto ws = static_cast<std::uint64_t>(lt_workspace_.bytes());
   AB_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
             label);
-  if (deterministic_) {
+  if (ctx_.modes.deterministic) {
     // cuBLASLt is bit-reproducible run to run by design; deterministic mode also rules out
     // split-K reductions so no partial-sum order can depend on scheduling.
     const std::uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
@@ -89,12 +114,12 @@ LtPlan& CudaKernels::lt_plan(const GemmShape& g) {
   if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
     backend::cuda::throw_cublas(st, "cublasLtMatmulAlgoGetHeuristic", label);
   if (st != CUBLAS_STATUS_SUCCESS || returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-    throw Unsupported("cuBLASLt offers no algorithm for " + label + " on " + label_);
+    throw Unsupported("cuBLASLt offers no algorithm for " + label + " on " + ctx_.label);
   plan->algo = result.algo;
   return *lt_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-void CudaKernels::matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias) {
+void LinearEngine::matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias) {
   LtPlan& p = lt_plan(g);
   if (g.bias)  // host-side attribute, read when the call is enqueued (and recorded by a capture)
     AB_LT(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
@@ -102,11 +127,11 @@ void CudaKernels::matmul(const GemmShape& g, const void* a, const void* b, void*
   const float alpha = 1.0f;
   AB_LT(cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c,
                            p.c.get(), &p.algo, lt_workspace_.get(), static_cast<std::size_t>(lt_workspace_.bytes()),
-                           stream_),
+                           ctx_.stream),
             p.label);
 }
 
-void CudaKernels::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+void LinearEngine::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
   const char* k = "linear_forward";
   require_matrix(k, x, "x", x.dtype);
   require_matrix(k, w, "w", x.dtype);
@@ -127,7 +152,7 @@ void CudaKernels::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   matmul(g, w.data, x.data, y.data, 0.0f, bias.data);
 }
 
-void CudaKernels::linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
+void LinearEngine::linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
   const char* k = "linear_backward_data";
   require_matrix(k, dy, "dy", dy.dtype);
   require_matrix(k, w, "w", dy.dtype);
@@ -143,7 +168,7 @@ void CudaKernels::linear_backward_data(const Tensor& dy, const Tensor& w, const 
   matmul(g, w.data, dy.data, dx.data, accumulate ? 1.0f : 0.0f, nullptr);
 }
 
-void CudaKernels::linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) {
+void LinearEngine::linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) {
   const char* k = "linear_backward_weights";
   require_matrix(k, x, "x", x.dtype);
   require_matrix(k, dy, "dy", x.dtype);
@@ -161,7 +186,7 @@ void CudaKernels::linear_backward_weights(const Tensor& x, const Tensor& dy, con
   if (dbias.defined()) column_sums(dy, dbias);
 }
 
-void CudaKernels::column_sums(const Tensor& dy, const Tensor& dbias) {
+void LinearEngine::column_sums(const Tensor& dy, const Tensor& dbias) {
   const std::int64_t n = dy.shape[0], out = dy.shape[1];
   if (dbias.dtype != dy.dtype || dbias.numel() != out || !dbias.is_contiguous())
     throw Unsupported("cuda linear_backward_weights: dbias must be a contiguous " + std::string(to_string(dy.dtype)) +
