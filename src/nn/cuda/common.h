@@ -34,21 +34,12 @@ inline void check_cudnn(cudnnStatus_t status, const char* call, const std::strin
   if (status != CUDNN_STATUS_SUCCESS) throw_cudnn(status, call, what);
 }
 // Checked calls whose message (`what`) is built only on failure: the per-step kernels run these
-// thousands of times a second and must not format strings on the way.
+// thousands of times a second and must not format strings on the way (AB_CUDA_LAZY and
+// AB_CUBLAS_LAZY are the foundation's, backend/cuda/check.h).
 #define AB_CUDNN(call, what)                                                                   \
   do {                                                                                         \
     if (const cudnnStatus_t ab_status_ = (call); ab_status_ != CUDNN_STATUS_SUCCESS)           \
       ::ab::nn::cuda::throw_cudnn(ab_status_, #call, (what));                                  \
-  } while (0)
-#define AB_LT(call, what)                                                                      \
-  do {                                                                                         \
-    if (const cublasStatus_t ab_status_ = (call); ab_status_ != CUBLAS_STATUS_SUCCESS)         \
-      ::ab::backend::cuda::throw_cublas(ab_status_, #call, (what));                            \
-  } while (0)
-#define AB_CUDA_LAZY(call, what)                                                               \
-  do {                                                                                         \
-    if (const cudaError_t ab_error_ = (call); ab_error_ != cudaSuccess)                        \
-      ::ab::backend::cuda::throw_cuda(ab_error_, #call, (what));                               \
   } while (0)
 
 struct CudnnHandleDeleter {

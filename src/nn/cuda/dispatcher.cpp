@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "nn/cuda/pointwise.h"
 
@@ -12,19 +13,13 @@ namespace {
 
 class GraphReplay final : public Replayable {
  public:
-  GraphReplay(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream, std::string label)
-      : graph_(graph), exec_(exec), stream_(stream), label_(std::move(label)) {}
-  ~GraphReplay() override {
-    cudaGraphExecDestroy(exec_);
-    cudaGraphDestroy(graph_);
-  }
-  GraphReplay(const GraphReplay&) = delete;
-  GraphReplay& operator=(const GraphReplay&) = delete;
-  void replay() override { AB_CUDA_LAZY(cudaGraphLaunch(exec_, stream_), label_ + " graph replay"); }
+  GraphReplay(backend::cuda::GraphPtr graph, backend::cuda::GraphExecPtr exec, cudaStream_t stream, std::string label)
+      : graph_(std::move(graph)), exec_(std::move(exec)), stream_(stream), label_(std::move(label)) {}
+  void replay() override { AB_CUDA_LAZY(cudaGraphLaunch(exec_.get(), stream_), label_ + " graph replay"); }
 
  private:
-  cudaGraph_t graph_;
-  cudaGraphExec_t exec_;
+  backend::cuda::GraphPtr graph_;
+  backend::cuda::GraphExecPtr exec_;  // destroyed before the graph it was made from
   cudaStream_t stream_;
   std::string label_;
 };
@@ -149,22 +144,17 @@ std::unique_ptr<Replayable> CudaKernels::capture(const std::function<void()>& bo
     cudaGetLastError();
     throw;
   }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(ctx_.stream, &graph);
-  if (end != cudaSuccess) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    AB_CUDA(end, ctx_.label + " end capture: the captured work made a call that cannot be recorded "
-                          "(an allocation, a host synchronisation or a copy from pageable memory)");
-  }
+  cudaGraph_t raw_graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(ctx_.stream, &raw_graph);
+  backend::cuda::GraphPtr graph(raw_graph);
+  AB_CUDA(end, ctx_.label + " end capture: the captured work made a call that cannot be recorded "
+                            "(an allocation, a host synchronisation or a copy from pageable memory)");
   cudaGraphExec_t exec = nullptr;
   // Node priorities, copied from their streams' during capture (a high-priority gradient
   // all-reduce), stay in force; otherwise every node would run at the launch stream's.
-  const cudaError_t inst = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
-  if (inst != cudaSuccess) {
-    cudaGraphDestroy(graph);
-    AB_CUDA(inst, ctx_.label + " instantiate captured graph");
-  }
-  return std::make_unique<GraphReplay>(graph, exec, ctx_.stream, ctx_.label);
+  AB_CUDA(cudaGraphInstantiateWithFlags(&exec, graph.get(), cudaGraphInstantiateFlagUseNodePriority),
+          ctx_.label + " instantiate captured graph");
+  return std::make_unique<GraphReplay>(std::move(graph), backend::cuda::GraphExecPtr(exec), ctx_.stream, ctx_.label);
 }
 
 }  // namespace ab::nn::cuda

@@ -13,8 +13,6 @@
 namespace ab::nn::cuda {
 namespace {
 
-using backend::cuda::check_cublas;
-
 cudaDataType_t lt_dtype(DType t) {
   switch (t) {
     case DType::f32: return CUDA_R_32F;
@@ -72,60 +70,44 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g) {
                 (g.trans_a ? " T" : " N") + (g.trans_b ? "T" : "N") + (g.bias ? " +bias" : "");
   const std::string& label = plan->label;
   const cudaDataType_t t = lt_dtype(g.dtype);
-  cublasLtMatmulDesc_t op = nullptr;
-  AB_LT(cublasLtMatmulDescCreate(&op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F), label);
-  plan->op.reset(op);
-  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), label);
-  AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), label);
+  plan->op = backend::cuda::make_lt_matmul(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                                           g.trans_a, g.trans_b, label);
   if (g.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // bias in D's dtype, one per row of D
-    AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), label);
+    AB_CUBLAS_LAZY(cublasLtMatmulDescSetAttribute(plan->op.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                                  sizeof(epilogue)),
+                   label);
   }
-  auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    cublasLtMatrixLayout_t l = nullptr;
-    AB_LT(cublasLtMatrixLayoutCreate(&l, t, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld),
-              label);
-    return LtLayoutPtr(l);
+  const auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    return backend::cuda::make_lt_layout(t, rows, cols, ld, label);
   };
   plan->a = g.trans_a ? layout(g.k, g.m, g.lda) : layout(g.m, g.k, g.lda);
   plan->b = g.trans_b ? layout(g.n, g.k, g.ldb) : layout(g.k, g.n, g.ldb);
   plan->c = layout(g.m, g.n, g.ldc);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  AB_LT(cublasLtMatmulPreferenceCreate(&pref), label);
-  const std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)>
-      pref_owner(pref, &cublasLtMatmulPreferenceDestroy);
-  const auto ws = static_cast<std::uint64_t>(lt_workspace_.bytes());
-  AB_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
-            label);
-  if (ctx_.modes.deterministic) {
-    // cuBLASLt is bit-reproducible run to run by design; deterministic mode also rules out
-    // split-K reductions so no partial-sum order can depend on scheduling.
-    const std::uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-    AB_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
-                                                   sizeof(mask)),
-              label);
-  }
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_.get(), op, plan->a.get(), plan->b.get(), plan->c.get(),
-                                                           plan->c.get(), pref, 1, &result, &returned);
-  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
-    backend::cuda::throw_cublas(st, "cublasLtMatmulAlgoGetHeuristic", label);
-  if (st != CUBLAS_STATUS_SUCCESS || returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-    throw Unsupported("cuBLASLt offers no algorithm for " + label + " on " + ctx_.label);
-  plan->algo = result.algo;
+  backend::cuda::LtQuery q;
+  q.op = plan->op.get();
+  q.a = plan->a.get();
+  q.b = plan->b.get();
+  q.c = plan->c.get();
+  q.workspace_bytes = lt_workspace_.bytes();
+  // cuBLASLt is bit-reproducible run to run by design; deterministic mode also rules out split-K
+  // reductions so no partial-sum order can depend on scheduling.
+  q.no_split_reduction = ctx_.modes.deterministic;
+  q.max_candidates = 1;
+  const auto found = backend::cuda::lt_heuristic(lt_.get(), q, label);
+  if (found.empty()) throw Unsupported("cuBLASLt offers no algorithm for " + label + " on " + ctx_.label);
+  plan->algo = found.front().algo;
   return *lt_plans_.emplace(key, std::move(plan)).first->second;
 }
 
 void LinearEngine::matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias) {
   LtPlan& p = lt_plan(g);
   if (g.bias)  // host-side attribute, read when the call is enqueued (and recorded by a capture)
-    AB_LT(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+    AB_CUBLAS_LAZY(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
               p.label);
   const float alpha = 1.0f;
-  AB_LT(cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c,
+  AB_CUBLAS_LAZY(cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c,
                            p.c.get(), &p.algo, lt_workspace_.get(), static_cast<std::size_t>(lt_workspace_.bytes()),
                            ctx_.stream),
             p.label);

@@ -1,5 +1,5 @@
-// The linear family: y = x w^T (+ bias) and its gradients through cuBLASLt (linear.cpp), one
-// heuristic choice per GEMM shape, cached. Owns the cuBLASLt handle and workspace and the ones
+// The linear family: y = x w^T (+ bias) and its gradients through cuBLASLt (linear.cpp, on the
+// foundation's plans, backend/cuda/lt_plan.h), one heuristic choice per GEMM shape, cached. Owns the cuBLASLt handle and workspace and the ones
 // vectors the bias gradient's reduction GEMM reads. The entry points are nn::Kernels'.
 #pragma once
 
@@ -8,28 +8,19 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <unordered_map>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/lt_plan.h"
 #include "nn/cuda/common.h"
 #include "nn/cuda/context.h"
 
 namespace ab::nn::cuda {
 
-struct LtMatmulDeleter {
-  void operator()(cublasLtMatmulDesc_t d) const noexcept { cublasLtMatmulDescDestroy(d); }
-};
-struct LtLayoutDeleter {
-  void operator()(cublasLtMatrixLayout_t l) const noexcept { cublasLtMatrixLayoutDestroy(l); }
-};
-using LtMatmulPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, LtMatmulDeleter>;
-using LtLayoutPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LtLayoutDeleter>;
-
 // A column-major D[m, n] = op(A) op(B) (+ bias over rows) with its heuristic's first algorithm.
 struct LtPlan {
-  LtMatmulPtr op;
-  LtLayoutPtr a, b, c;
+  backend::cuda::LtMatmulPtr op;
+  backend::cuda::LtLayoutPtr a, b, c;
   cublasLtMatmulAlgo_t algo{};
   std::string label;
 };
