@@ -18,9 +18,9 @@ LtMatmulPtr make_lt_matmul(cublasComputeType_t compute, cudaDataType_t scale, bo
 LtLayoutPtr make_lt_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                            const std::string& what) {
   cublasLtMatrixLayout_t raw = nullptr;
-  AB_CUBLAS(cublasLtMatrixLayoutCreate(&raw, type, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols),
-                                       ld),
-            what);
+  AB_CUBLAS(
+      cublasLtMatrixLayoutCreate(&raw, type, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld),
+      what);
   return LtLayoutPtr(raw);
 }
 
@@ -33,14 +33,14 @@ std::vector<cublasLtMatmulHeuristicResult_t> lt_heuristic(cublasLtHandle_t lt, c
   AB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), what);
   if (q.no_split_reduction) {
     const std::uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-    AB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
-                                                   sizeof(mask)),
-              what);
+    AB_CUBLAS(
+        cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)),
+        what);
   }
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(q.max_candidates));
   int returned = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, q.op, q.a, q.b, q.c, q.c, raw, q.max_candidates,
-                                                               results.data(), &returned);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt, q.op, q.a, q.b, q.c, q.c, raw, q.max_candidates, results.data(), &returned);
   if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
     throw_cublas(status, "cublasLtMatmulAlgoGetHeuristic", what);
   std::vector<cublasLtMatmulHeuristicResult_t> usable;

@@ -30,8 +30,8 @@ struct ConvPass {
   ConvDescPtr conv;
   int algo = -1;
   std::int64_t workspace_bytes = 0;
-  double time_s = 0;    // the chosen algorithm's timed GPU time per call
-  std::string choice;   // the chosen algorithm and every candidate's time, for reports
+  double time_s = 0;   // the chosen algorithm's timed GPU time per call
+  std::string choice;  // the chosen algorithm and every candidate's time, for reports
   std::string refusal;
 };
 
@@ -41,10 +41,10 @@ struct ConvPass {
 // separate kernels, or slower ones, for some shapes).
 struct ConvEpilogue {
   bool searched = false, fused = false;
-  ConvPass pass;             // the fused call's descriptor, algorithm and workspace
-  TensorDescPtr bias;        // [1, C, 1, 1] in y's dtype
-  ActivationDescPtr act;     // ReLU, or identity
-  double unfused_s = 0;      // the plain forward plus bias_act, timed the same way
+  ConvPass pass;          // the fused call's descriptor, algorithm and workspace
+  TensorDescPtr bias;     // [1, C, 1, 1] in y's dtype
+  ActivationDescPtr act;  // ReLU, or identity
+  double unfused_s = 0;   // the plain forward plus bias_act, timed the same way
 };
 
 struct ConvPlan {
@@ -92,8 +92,8 @@ class ConvEngine {
                             Workspace ws);
   void conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw, Workspace ws);
 
-  std::int64_t conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                              const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu);
+  std::int64_t conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                              const Tensor& residual, const Tensor& y, bool relu);
   void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
                                       const Tensor& residual, const Tensor& y, bool relu, Workspace ws);
 
@@ -133,8 +133,8 @@ class ConvEngine {
                               bool relu, bool residual);
   // conv_fp8_layer.cpp: the cached fp8 configuration (built now outside a capture; throws
   // Unsupported, also for a cached refusal) and the weights' e4m3 image, quantized where stale.
-  Fp8Layer& fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
-                      const Tensor& residual, const Tensor& y, bool relu);
+  Fp8Layer& fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
+                      const Tensor& y, bool relu);
   Fp8Weights& fp8_weights(const Tensor& w, const Tensor& bias, const Fp8Layer& layer);
   // Why the layer should run in 16 bits: its whole fp8 call (amax, quantize, convolution, epilogue)
   // timed on scratch operands no faster than the 16-bit call the op would run instead (the

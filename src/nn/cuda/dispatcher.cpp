@@ -147,8 +147,9 @@ std::unique_ptr<Replayable> CudaKernels::capture(const std::function<void()>& bo
   cudaGraph_t raw_graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(ctx_.stream, &raw_graph);
   backend::cuda::GraphPtr graph(raw_graph);
-  AB_CUDA(end, ctx_.label + " end capture: the captured work made a call that cannot be recorded "
-                            "(an allocation, a host synchronisation or a copy from pageable memory)");
+  AB_CUDA(end, ctx_.label +
+                   " end capture: the captured work made a call that cannot be recorded "
+                   "(an allocation, a host synchronisation or a copy from pageable memory)");
   cudaGraphExec_t exec = nullptr;
   // Node priorities, copied from their streams' during capture (a high-priority gradient
   // all-reduce), stay in force; otherwise every node would run at the launch stream's.
@@ -169,7 +170,8 @@ namespace {
 
 const cuda::CudaKernels& as_cuda(const Kernels& k, const char* caller) {
   const auto* c = dynamic_cast<const cuda::CudaKernels*>(&k);
-  if (c == nullptr) throw Error(std::string(caller) + ": kernels '" + std::string(k.name()) + "' are not the CUDA kernels");
+  if (c == nullptr)
+    throw Error(std::string(caller) + ": kernels '" + std::string(k.name()) + "' are not the CUDA kernels");
   return *c;
 }
 

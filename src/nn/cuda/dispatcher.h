@@ -68,9 +68,8 @@ class CudaKernels final : public Kernels {
                               Workspace ws) override {
     conv_.conv2d_backward_filter(d, x, dy, dw, ws);
   }
-  std::int64_t conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                              const Tensor& bias, const Tensor& residual, const Tensor& y,
-                                              bool relu) override {
+  std::int64_t conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                              const Tensor& residual, const Tensor& y, bool relu) override {
     return conv_.conv2d_bias_activation_prepare(d, x, w, bias, residual, y, relu);
   }
   void conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,

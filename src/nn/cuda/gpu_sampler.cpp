@@ -31,9 +31,8 @@ double GpuSampler::sample(const std::function<bool()>& run, int calls, const std
     for (int i = 0; i < calls; ++i)
       if (!run()) throw Error(what + ": a timed run failed after its warm-up succeeded");
     AB_CUDA(cudaEventRecord(stop_.get(), stream_), what);
-    const auto host_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now() - host_start)
-                             .count();
+    const auto host_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - host_start).count();
     AB_CUDA(cudaEventSynchronize(stop_.get()), what);
     float ms = 0;
     AB_CUDA(cudaEventElapsedTime(&ms, start_.get(), stop_.get()), what);

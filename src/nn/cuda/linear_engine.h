@@ -1,6 +1,7 @@
 // The linear family: y = x w^T (+ bias) and its gradients through cuBLASLt (linear.cpp, on the
-// foundation's plans, backend/cuda/lt_plan.h), one heuristic choice per GEMM shape, cached. Owns the cuBLASLt handle and workspace and the ones
-// vectors the bias gradient's reduction GEMM reads. The entry points are nn::Kernels'.
+// foundation's plans, backend/cuda/lt_plan.h), one heuristic choice per GEMM shape, cached. Owns
+// the cuBLASLt handle and workspace and the ones vectors the bias gradient's reduction GEMM reads.
+// The entry points are nn::Kernels'.
 #pragma once
 
 #include <cublasLt.h>
@@ -31,8 +32,8 @@ struct GemmShape {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldc = 0;
-  bool bias = false;        // epilogue: D += bias broadcast over columns (length m)
-  bool allow_tf32 = true;   // f32 may use TF32 when set_tf32(true)
+  bool bias = false;       // epilogue: D += bias broadcast over columns (length m)
+  bool allow_tf32 = true;  // f32 may use TF32 when set_tf32(true)
 };
 
 class LinearEngine {

@@ -32,13 +32,13 @@ struct BnFusion {
 };
 
 struct BnPlan {
-  TensorDescPtr x;      // x, y, dy and dx share one shape and strides
-  TensorDescPtr param;  // [1, C, 1, 1] in float (double for f64 activations)
+  TensorDescPtr x;                                      // x, y, dy and dx share one shape and strides
+  TensorDescPtr param;                                  // [1, C, 1, 1] in float (double for f64 activations)
   cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;  // of the *Ex path; the plain API runs spatial
-  bool use_ex = false;  // the *Ex API with a workspace from bn_workspace_
+  bool use_ex = false;                                  // the *Ex API with a workspace from bn_workspace_
   std::int64_t fwd_workspace_bytes = 0, bwd_workspace_bytes = 0;
-  ActivationDescPtr relu;           // for the fused variants
-  std::array<BnFusion, 2> fusion;   // index: with a residual
+  ActivationDescPtr relu;          // for the fused variants
+  std::array<BnFusion, 2> fusion;  // index: with a residual
   std::string label;
 };
 

@@ -28,8 +28,7 @@ class PointwiseEngine {
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool accumulate);
   void add_forward(const Tensor& a, const Tensor& b, const Tensor& y);
   void copy_gradient(const Tensor& dy, const Tensor& dx, bool accumulate);
-  void bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y,
-                               bool relu);
+  void bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu);
   void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                      const Tensor& loss);
   void softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
