@@ -29,15 +29,15 @@ inline void check_cublas(cublasStatus_t status, const char* call, const std::str
 #define AB_CUBLAS(call, what) ::ab::backend::cuda::check_cublas((call), #call, (what))
 // The same, with the message (`what`) built only on failure: for calls made thousands of times a
 // second (a training step's kernels), which must not format strings on the way.
-#define AB_CUDA_LAZY(call, what)                                                               \
-  do {                                                                                         \
-    if (const cudaError_t ab_error_ = (call); ab_error_ != cudaSuccess)                        \
-      ::ab::backend::cuda::throw_cuda(ab_error_, #call, (what));                               \
+#define AB_CUDA_LAZY(call, what)                                        \
+  do {                                                                  \
+    if (const cudaError_t ab_error_ = (call); ab_error_ != cudaSuccess) \
+      ::ab::backend::cuda::throw_cuda(ab_error_, #call, (what));        \
   } while (0)
-#define AB_CUBLAS_LAZY(call, what)                                                             \
-  do {                                                                                         \
-    if (const cublasStatus_t ab_status_ = (call); ab_status_ != CUBLAS_STATUS_SUCCESS)         \
-      ::ab::backend::cuda::throw_cublas(ab_status_, #call, (what));                            \
+#define AB_CUBLAS_LAZY(call, what)                                                     \
+  do {                                                                                 \
+    if (const cublasStatus_t ab_status_ = (call); ab_status_ != CUBLAS_STATUS_SUCCESS) \
+      ::ab::backend::cuda::throw_cublas(ab_status_, #call, (what));                    \
   } while (0)
 
 // Deleters never throw: teardown runs in destructors and during unwinding.

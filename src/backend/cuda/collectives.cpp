@@ -151,7 +151,7 @@ class NcclPlan final : public CollectivePlan {
   void enqueue(std::size_t local);
   void enqueue_group();
   void capture();
-  void launch_local(std::size_t local);  // one iteration on one local rank, without fork or join
+  void launch_local(std::size_t local);      // one iteration on one local rank, without fork or join
   std::int64_t send_offset(int rank) const;  // elements into `buf` where the input starts (in place)
   std::int64_t recv_offset(int rank) const;
   int global(std::size_t local) const { return g_.first_rank_ + static_cast<int>(local); }
@@ -161,9 +161,9 @@ class NcclPlan final : public CollectivePlan {
   const CollectiveTraits& traits_;
   ncclDataType_t type_;
   std::int64_t es_;
-  CollectiveBuffers len_;  // per-rank send and recv lengths
+  CollectiveBuffers len_;                  // per-rank send and recv lengths
   std::vector<DeviceBuffer> send_, recv_;  // per local rank; in place: recv_ only
-  CheckInputs check_in_;  // what expected() needs: the lengths and the sums over ranks
+  CheckInputs check_in_;                   // what expected() needs: the lengths and the sums over ranks
   std::vector<cudaGraphExec_t> graphs_;  // per local rank, once captured
 };
 

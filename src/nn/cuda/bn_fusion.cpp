@@ -38,15 +38,16 @@ BnFusion* NormPoolEngine::bn_fusion(const Tensor& x, bool residual, std::int64_t
       p.relu.reset(ad);
       AB_CUDNN(cudnnSetActivationDescriptor(ad, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), p.label);
     }
-    const cudnnBatchNormOps_t ops = residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    const cudnnBatchNormOps_t ops =
+        residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
     const cudnnTensorDescriptor_t xd = p.x.get(), zd = residual ? xd : nullptr;
     std::size_t fwd = 0, bwd = 0, reserve = 0;
     const cudnnStatus_t sf = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
         h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, xd, zd, xd, p.param.get(), p.relu.get(), &fwd);
     const cudnnStatus_t sb = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
         h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, xd, xd, xd, zd, xd, p.param.get(), p.relu.get(), &bwd);
-    const cudnnStatus_t sr = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-        h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, p.relu.get(), xd, &reserve);
+    const cudnnStatus_t sr = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+                                                                                  ops, p.relu.get(), xd, &reserve);
     f.fwd_workspace_bytes = static_cast<std::int64_t>(fwd);
     f.bwd_workspace_bytes = static_cast<std::int64_t>(bwd);
     f.reserve_bytes = static_cast<std::int64_t>(reserve);
@@ -103,7 +104,8 @@ std::int64_t NormPoolEngine::batchnorm_activation_prepare(const Tensor& x, const
   }
   if (BnFusion* f = bn_fusion(x, residual, mask.size_bytes())) {
     const std::int64_t need = std::max(f->fwd_workspace_bytes, f->bwd_workspace_bytes);
-    if (need > bn_workspace_.bytes()) bn_workspace_ = backend::cuda::DeviceBuffer(need, ctx_.label + " batch-norm workspace");
+    if (need > bn_workspace_.bytes())
+      bn_workspace_ = backend::cuda::DeviceBuffer(need, ctx_.label + " batch-norm workspace");
     if (!f->timed) time_bn_fusion(*f, x, residual, mask.size_bytes());
   }
   return unfused_bytes;
@@ -129,13 +131,15 @@ void NormPoolEngine::time_bn_fusion(BnFusion& f, const Tensor& x, bool residual,
   const auto at = [&](int i) { return x.with_data(base + i * xb); };
   const Tensor tx = at(0), tz = at(1), ty = at(2), tdy = at(3), tdx = at(4), tdz = at(5);
   const Workspace ws{base + 6 * xb, xb};
-  const Tensor mask = Tensor::describe(DType::i32, Shape{mask_bytes / 4}, Layout::nchw, DeviceKind::cuda)
-                          .with_data(base + 7 * xb);
+  const Tensor mask =
+      Tensor::describe(DType::i32, Shape{mask_bytes / 4}, Layout::nchw, DeviceKind::cuda).with_data(base + 7 * xb);
   std::vector<Tensor> v;
   for (int i = 0; i < 8; ++i)
-    v.push_back(Tensor::describe(DType::f32, Shape{C}, Layout::nchw, DeviceKind::cuda).with_data(base + 7 * xb + mb + i * cb));
+    v.push_back(
+        Tensor::describe(DType::f32, Shape{C}, Layout::nchw, DeviceKind::cuda).with_data(base + 7 * xb + mb + i * cb));
   for (int i = 0; i < 4; ++i)
-    cuda_pointwise::fill_uniform(ctx_.stream, x.dtype, base + i * xb, x.numel(), 61 + static_cast<std::uint64_t>(i), -1.0, 1.0);
+    cuda_pointwise::fill_uniform(ctx_.stream, x.dtype, base + i * xb, x.numel(), 61 + static_cast<std::uint64_t>(i),
+                                 -1.0, 1.0);
   cuda_pointwise::fill(ctx_.stream, DType::f32, v[0].data, C, 1.0);  // gamma
   cuda_pointwise::fill(ctx_.stream, DType::f32, v[1].data, C, 0.0);  // beta
   cuda_pointwise::fill(ctx_.stream, DType::f32, v[2].data, C, 0.0);  // running mean
@@ -154,7 +158,7 @@ void NormPoolEngine::time_bn_fusion(BnFusion& f, const Tensor& x, bool residual,
     forward_backward();  // with f.usable: cuDNN's fused kernels (a refusal switches f off)
     AB_CUDA(cudaStreamSynchronize(ctx_.stream), what);
     if (f.usable) fused_s = time_candidate(sampler, forward_backward, std::numeric_limits<double>::infinity(), what);
-  } catch (const Error& e) {  // an error where the query had agreed: this shape runs unfused
+  } catch (const Error& e) {             // an error where the query had agreed: this shape runs unfused
     cudaStreamSynchronize(ctx_.stream);  // queued work on the scratch ends before it may be freed
     cudaGetLastError();
     f.usable = false;
@@ -169,15 +173,16 @@ void NormPoolEngine::time_bn_fusion(BnFusion& f, const Tensor& x, bool residual,
   // all-reduce) they wait for SMs, and a shape where the two time alike flipped between runs (a
   // 2-GPU ResNet-50 step lost 0.14 ms to it, bench/RESULTS.md). They run only where clearly faster.
   f.usable = fused_s < (1.0 - kCooperativeMargin) * unfused_s;
-  f.note += std::string(f.usable ? "" : "; not clearly faster than the project's forward + separate backward, unfused") +
-            " (forward + backward: fused " + format_us(fused_s) + " us, unfused " + format_us(unfused_s) + " us)";
+  f.note +=
+      std::string(f.usable ? "" : "; not clearly faster than the project's forward + separate backward, unfused") +
+      " (forward + backward: fused " + format_us(fused_s) + " us, unfused " + format_us(unfused_s) + " us)";
 }
 
 void NormPoolEngine::batchnorm_activation_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& z,
-                                                        const Tensor& gamma, const Tensor& beta,
-                                                        const Tensor& running_mean, const Tensor& running_var,
-                                                        const Tensor& y, const Tensor& saved_mean,
-                                                        const Tensor& saved_invstd, const Tensor& mask) {
+                                                           const Tensor& gamma, const Tensor& beta,
+                                                           const Tensor& running_mean, const Tensor& running_var,
+                                                           const Tensor& y, const Tensor& saved_mean,
+                                                           const Tensor& saved_invstd, const Tensor& mask) {
   const char* k = "batchnorm_activation_forward_training";
   BnFusion* f = bn_fusion(x, z.defined(), mask.size_bytes());
   if (f != nullptr && f->fwd_workspace_bytes > bn_workspace_.bytes()) {
@@ -192,9 +197,9 @@ void NormPoolEngine::batchnorm_activation_forward_training(const BatchNormDesc& 
   if (f != nullptr || own) {
     require_like(k, x, y, "y");
     if (z.defined()) require_like(k, x, z, "z");
-    for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
-                                  Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"},
-                                  Named{&saved_invstd, "saved_invstd"}})
+    for (const auto& [t, what] :
+         {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
+          Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"}, Named{&saved_invstd, "saved_invstd"}})
       require_channel_vector(k, x, *t, what);
   }
   if (f != nullptr) {
@@ -215,22 +220,22 @@ void NormPoolEngine::batchnorm_activation_forward_training(const BatchNormDesc& 
     f->note += "; refused at its first call (NOT_SUPPORTED), unfused";
   }
   if (own) {
-    cuda_batchnorm::forward_training(ctx_.stream, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma), f32(beta),
-                                     f32_out(running_mean), f32_out(running_var), f32_out(saved_mean),
+    cuda_batchnorm::forward_training(ctx_.stream, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma),
+                                     f32(beta), f32_out(running_mean), f32_out(running_var), f32_out(saved_mean),
                                      f32_out(saved_invstd), d.epsilon, d.momentum, bn_scratch_.get(),
                                      bn_scratch_.bytes(), z.defined() ? z.data : nullptr, true);
     return;
   }
-  ctx_.kernels.Kernels::batchnorm_activation_forward_training(d, x, z, gamma, beta, running_mean, running_var, y, saved_mean,
-                                                 saved_invstd, mask);
+  ctx_.kernels.Kernels::batchnorm_activation_forward_training(d, x, z, gamma, beta, running_mean, running_var, y,
+                                                              saved_mean, saved_invstd, mask);
 }
 
 void NormPoolEngine::batchnorm_activation_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& y,
-                                                const Tensor& dy, const Tensor& gamma, const Tensor& beta,
-                                                const Tensor& saved_mean, const Tensor& saved_invstd,
-                                                const Tensor& mask, bool residual, const Tensor& dx,
-                                                bool dx_accumulate, const Tensor& dz, bool dz_accumulate,
-                                                const Tensor& dgamma, const Tensor& dbeta, Workspace ws) {
+                                                   const Tensor& dy, const Tensor& gamma, const Tensor& beta,
+                                                   const Tensor& saved_mean, const Tensor& saved_invstd,
+                                                   const Tensor& mask, bool residual, const Tensor& dx,
+                                                   bool dx_accumulate, const Tensor& dz, bool dz_accumulate,
+                                                   const Tensor& dgamma, const Tensor& dbeta, Workspace ws) {
   // cuDNN's fused backward overwrites dx, dz (with a residual), dgamma and dbeta: anything else (an
   // accumulating gradient, a residual without one) runs the separate kernels, which read y only.
   BnFusion* f = bn_fusion(x, residual, mask.size_bytes());
@@ -240,9 +245,9 @@ void NormPoolEngine::batchnorm_activation_backward(const BatchNormDesc& d, const
     const char* k = "batchnorm_activation_backward";
     for (const auto& [t, what] : {Named{&y, "y"}, Named{&dy, "dy"}, Named{&dx, "dx"}}) require_like(k, x, *t, what);
     if (residual) require_like(k, x, dz, "dz");
-    for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&saved_mean, "saved_mean"},
-                                  Named{&saved_invstd, "saved_invstd"}, Named{&dgamma, "dgamma"},
-                                  Named{&dbeta, "dbeta"}})
+    for (const auto& [t, what] :
+         {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&saved_mean, "saved_mean"},
+          Named{&saved_invstd, "saved_invstd"}, Named{&dgamma, "dgamma"}, Named{&dbeta, "dbeta"}})
       require_channel_vector(k, x, *t, what);
     const BnPlan& p = bn_plan(x);
     const float one = 1.0f, zero = 0.0f;
@@ -250,16 +255,17 @@ void NormPoolEngine::batchnorm_activation_backward(const BatchNormDesc& d, const
         ctx_.cudnn.get(), CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
         residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION, &one, &zero, &one, &zero,
         p.x.get(), x.data, p.x.get(), y.data, p.x.get(), dy.data, residual ? p.x.get() : nullptr,
-        residual ? dz.data : nullptr, p.x.get(), dx.data, p.param.get(), gamma.data, beta.data, dgamma.data,
-        dbeta.data, bn_epsilon(d), saved_mean.data, saved_invstd.data, p.relu.get(), bn_workspace_.get(),
+        residual ? dz.data : nullptr, p.x.get(), dx.data, p.param.get(), gamma.data, beta.data, dgamma.data, dbeta.data,
+        bn_epsilon(d), saved_mean.data, saved_invstd.data, p.relu.get(), bn_workspace_.get(),
         static_cast<std::size_t>(f->bwd_workspace_bytes), mask.data, static_cast<std::size_t>(f->reserve_bytes));
     if (st == CUDNN_STATUS_SUCCESS) return;
     if (!cudnn_not_supported(st)) check_cudnn(st, "cudnnBatchNormalizationBackwardEx (fused)", p.label);
     f->usable = false;
     f->note += "; backward refused at its first call (NOT_SUPPORTED), unfused";
   }
-  ctx_.kernels.Kernels::batchnorm_activation_backward(d, x, y, dy, gamma, beta, saved_mean, saved_invstd, mask, residual, dx,
-                                         dx_accumulate, dz, dz_accumulate, dgamma, dbeta, ws);
+  ctx_.kernels.Kernels::batchnorm_activation_backward(d, x, y, dy, gamma, beta, saved_mean, saved_invstd, mask,
+                                                      residual, dx, dx_accumulate, dz, dz_accumulate, dgamma, dbeta,
+                                                      ws);
 }
 
 }  // namespace ab::nn::cuda

@@ -36,10 +36,10 @@ inline void check_cudnn(cudnnStatus_t status, const char* call, const std::strin
 // Checked calls whose message (`what`) is built only on failure: the per-step kernels run these
 // thousands of times a second and must not format strings on the way (AB_CUDA_LAZY and
 // AB_CUBLAS_LAZY are the foundation's, backend/cuda/check.h).
-#define AB_CUDNN(call, what)                                                                   \
-  do {                                                                                         \
-    if (const cudnnStatus_t ab_status_ = (call); ab_status_ != CUDNN_STATUS_SUCCESS)           \
-      ::ab::nn::cuda::throw_cudnn(ab_status_, #call, (what));                                  \
+#define AB_CUDNN(call, what)                                                         \
+  do {                                                                               \
+    if (const cudnnStatus_t ab_status_ = (call); ab_status_ != CUDNN_STATUS_SUCCESS) \
+      ::ab::nn::cuda::throw_cudnn(ab_status_, #call, (what));                        \
   } while (0)
 
 struct CudnnHandleDeleter {

@@ -92,10 +92,9 @@ ConvDescPtr make_conv_desc(const Conv2dDesc& d, cudnnMathType_t math, const std:
   cudnnConvolutionDescriptor_t cd = nullptr;
   AB_CUDNN(cudnnCreateConvolutionDescriptor(&cd), label);
   ConvDescPtr owned(cd);
-  AB_CUDNN(cudnnSetConvolution2dDescriptor(cd, narrow(d.pad_h, label), narrow(d.pad_w, label),
-                                           narrow(d.stride_h, label), narrow(d.stride_w, label),
-                                           narrow(d.dilation_h, label), narrow(d.dilation_w, label),
-                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+  AB_CUDNN(cudnnSetConvolution2dDescriptor(
+               cd, narrow(d.pad_h, label), narrow(d.pad_w, label), narrow(d.stride_h, label), narrow(d.stride_w, label),
+               narrow(d.dilation_h, label), narrow(d.dilation_w, label), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
            label);
   AB_CUDNN(cudnnSetConvolutionGroupCount(cd, narrow(d.groups, label)), label);
   AB_CUDNN(cudnnSetConvolutionMathType(cd, math), label);
@@ -141,14 +140,13 @@ Key ConvEngine::conv_key(const Conv2dDesc& d, const Tensor& x, const Tensor& w, 
 }
 
 std::unique_ptr<ConvPlan> ConvEngine::build_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                                       const Tensor& y) {
+                                                      const Tensor& y) {
   auto plan = std::make_unique<ConvPlan>();
   plan->label = conv_label(d, x, w, y);
   const std::string& label = plan->label;
   if (x.shape.rank() != 4 || w.shape.rank() != 4 || y.shape.rank() != 4)
     throw Error(label + ": operands must be rank 4");
-  if (x.dtype != w.dtype || x.dtype != y.dtype)
-    throw Unsupported(label + ": x, w and y must share one dtype");
+  if (x.dtype != w.dtype || x.dtype != y.dtype) throw Unsupported(label + ": x, w and y must share one dtype");
   if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16)
     throw Unsupported(label + ": the CUDA convolution runs f32, f16 or bf16, not " + std::string(to_string(x.dtype)));
   for (const Tensor* t : {&x, &w, &y})
@@ -182,7 +180,7 @@ std::unique_ptr<ConvPlan> ConvEngine::build_conv_plan(const Conv2dDesc& d, const
 }
 
 void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                     const Tensor& y, ConvPasses passes) {
+                                    const Tensor& y, ConvPasses passes) {
   const bool want_fwd = !plan.fwd.searched, want_data = passes.backward_data && !plan.bwd_data.searched,
              want_filter = passes.backward_filter && !plan.bwd_filter.searched;
   if (!want_fwd && !want_data && !want_filter) return;
@@ -209,8 +207,8 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
   };
   randomise(1);
   const auto ws_size = static_cast<std::size_t>(cap);
-  const std::string limits = std::string(ctx_.modes.deterministic ? " deterministic" : "") + " algorithm within a workspace of " +
-                             std::to_string(cap >> 20) + " MiB for " + label;
+  const std::string limits = std::string(ctx_.modes.deterministic ? " deterministic" : "") +
+                             " algorithm within a workspace of " + std::to_string(cap >> 20) + " MiB for " + label;
   GpuSampler sampler(ctx_.stream, label + ", algorithm timing");
 
   // Runs each candidate once (a failure drops it; the run also loads or compiles its kernel), then
@@ -231,8 +229,8 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
         log += std::string("refused (") + cudnnGetErrorString(warm) + ")";
         continue;
       }
-      const double median_s =
-          time_candidate(sampler, [&] { return launch(c, conv.get()) == CUDNN_STATUS_SUCCESS; }, best_s, what);
+      const double median_s = time_candidate(
+          sampler, [&] { return launch(c, conv.get()) == CUDNN_STATUS_SUCCESS; }, best_s, what);
       log += format_us(median_s) + "us(find " + format_us(c.find_ms * 1e-3) + ")";
       if (median_s < best_s) {
         best_s = median_s;
@@ -255,13 +253,14 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
     AB_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(ctx_.cudnn.get(), plan.x.get(), sx, plan.w.get(), sw, search.get(),
                                                     plan.y.get(), sy, count, &returned, found.data(), sws, ws_size),
              label + ", forward algorithm search");
-    choose(usable(found, returned, cap, ctx_.modes.deterministic), "forward", 11,
-           [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-             return cudnnConvolutionForward(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.w.get(), sw, cd,
-                                            static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), sws,
-                                            static_cast<std::size_t>(c.workspace_bytes), &zero, plan.y.get(), sy);
-           },
-           plan.fwd);
+    choose(
+        usable(found, returned, cap, ctx_.modes.deterministic), "forward", 11,
+        [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+          return cudnnConvolutionForward(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.w.get(), sw, cd,
+                                         static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), sws,
+                                         static_cast<std::size_t>(c.workspace_bytes), &zero, plan.y.get(), sy);
+        },
+        plan.fwd);
     if (plan.fwd.algo < 0) plan.fwd.refusal = "cuDNN has no forward" + limits;
     plan.fwd.searched = true;
     ++stats_.conv_pass_searches;
@@ -278,14 +277,14 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
                                                            search.get(), plan.x.get(), sx, count, &returned,
                                                            found.data(), sws, ws_size),
                label + ", backward-data algorithm search");
-      choose(usable(found, returned, cap, ctx_.modes.deterministic), "backward-data", 22,
-             [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-               return cudnnConvolutionBackwardData(ctx_.cudnn.get(), &one, plan.w.get(), sw, plan.y.get(), sy, cd,
-                                                   static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), sws,
-                                                   static_cast<std::size_t>(c.workspace_bytes), &zero, plan.x.get(),
-                                                   sx);
-             },
-             plan.bwd_data);
+      choose(
+          usable(found, returned, cap, ctx_.modes.deterministic), "backward-data", 22,
+          [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+            return cudnnConvolutionBackwardData(ctx_.cudnn.get(), &one, plan.w.get(), sw, plan.y.get(), sy, cd,
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), sws,
+                                                static_cast<std::size_t>(c.workspace_bytes), &zero, plan.x.get(), sx);
+          },
+          plan.bwd_data);
       if (plan.bwd_data.algo < 0) plan.bwd_data.refusal = "cuDNN has no backward-data" + limits;
     } catch (const Unsupported& e) {
       plan.bwd_data.refusal = e.what();
@@ -303,14 +302,14 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
                                                              search.get(), plan.w.get(), sw, count, &returned,
                                                              found.data(), sws, ws_size),
                label + ", backward-filter algorithm search");
-      choose(usable(found, returned, cap, ctx_.modes.deterministic), "backward-filter", 32,
-             [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-               return cudnnConvolutionBackwardFilter(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.y.get(), sy, cd,
-                                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), sws,
-                                                     static_cast<std::size_t>(c.workspace_bytes), &zero, plan.w.get(),
-                                                     sw);
-             },
-             plan.bwd_filter);
+      choose(
+          usable(found, returned, cap, ctx_.modes.deterministic), "backward-filter", 32,
+          [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+            return cudnnConvolutionBackwardFilter(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.y.get(), sy, cd,
+                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), sws,
+                                                  static_cast<std::size_t>(c.workspace_bytes), &zero, plan.w.get(), sw);
+          },
+          plan.bwd_filter);
       if (plan.bwd_filter.algo < 0) plan.bwd_filter.refusal = "cuDNN has no backward-filter" + limits;
     } catch (const Unsupported& e) {
       plan.bwd_filter.refusal = e.what();
@@ -320,8 +319,8 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
   }
   AB_CUDA(cudaStreamSynchronize(ctx_.stream), label + ", algorithm search");
   if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
-    for (const auto& [pass, now] : {std::pair{&plan.fwd, want_fwd}, {&plan.bwd_data, want_data},
-                                    {&plan.bwd_filter, want_filter}})
+    for (const auto& [pass, now] :
+         {std::pair{&plan.fwd, want_fwd}, {&plan.bwd_data, want_data}, {&plan.bwd_filter, want_filter}})
       if (now && !pass->choice.empty()) std::fprintf(stderr, "%s: %s\n", label.c_str(), pass->choice.c_str());
 }
 
@@ -333,7 +332,7 @@ ConvPlan& ConvEngine::conv_plan(const Conv2dDesc& d, const Tensor& x, const Tens
 
 // A cached plan always has its forward pass searched: a new plan enters the cache only after that.
 ConvPlan& ConvEngine::prepared_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
-                                          ConvPasses passes) {
+                                         ConvPasses passes) {
   const Key key = conv_key(d, x, w, y);
   const auto it = conv_plans_.find(key);
   ConvPlan* plan = it != conv_plans_.end() ? it->second.get() : nullptr;
@@ -372,7 +371,7 @@ void ConvEngine::count_fusions(Kernels::FusionCounts& counts) const {
 }
 
 std::int64_t ConvEngine::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
-                                         ConvPasses passes) {
+                                        ConvPasses passes) {
   AB_CUDA(cudaSetDevice(ctx_.device), ctx_.label + " conv2d_prepare");
   const std::int64_t searched_before = stats_.conv_pass_searches;
   const ConvPlan& p = prepared_conv_plan(d, x, w, y, passes);
@@ -385,7 +384,6 @@ std::int64_t ConvEngine::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, co
   return bytes;
 }
 
-
 void ConvEngine::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) {
   const ConvPlan& p = conv_plan(d, x, w, y);
   const ConvPass& pass = usable_pass(p.fwd, p, ws, "forward");
@@ -397,7 +395,7 @@ void ConvEngine::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tens
 }
 
 void ConvEngine::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx,
-                                       bool accumulate, Workspace ws) {
+                                      bool accumulate, Workspace ws) {
   const ConvPlan& p = conv_plan(d, dx, w, dy);
   const ConvPass& pass = usable_pass(p.bwd_data, p, ws, "backward-data");
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -408,14 +406,15 @@ void ConvEngine::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, con
 }
 
 void ConvEngine::conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
-                                         Workspace ws) {
+                                        Workspace ws) {
   const ConvPlan& p = conv_plan(d, x, dw, dy);
   const ConvPass& pass = usable_pass(p.bwd_filter, p, ws, "backward-filter");
   const float one = 1.0f, zero = 0.0f;
-  AB_CUDNN(cudnnConvolutionBackwardFilter(ctx_.cudnn.get(), &one, p.x.get(), x.data, p.y.get(), dy.data, pass.conv.get(),
-                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(pass.algo), ws.data,
-                                          static_cast<std::size_t>(pass.workspace_bytes), &zero, p.w.get(), dw.data),
-           p.label + ", backward filter");
+  AB_CUDNN(
+      cudnnConvolutionBackwardFilter(ctx_.cudnn.get(), &one, p.x.get(), x.data, p.y.get(), dy.data, pass.conv.get(),
+                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(pass.algo), ws.data,
+                                     static_cast<std::size_t>(pass.workspace_bytes), &zero, p.w.get(), dw.data),
+      p.label + ", backward filter");
 }
 
 }  // namespace ab::nn::cuda

@@ -13,23 +13,23 @@
 namespace ab::nn::cuda {
 
 ConvEpilogue& ConvEngine::conv_epilogue(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                         const Tensor& y, bool relu, bool residual) {
+                                        const Tensor& y, bool relu, bool residual) {
   ConvEpilogue& e = plan.epilogue[(relu ? 1 : 0) + (residual ? 2 : 0)];
   if (e.searched) return e;
   if (ctx_.capturing())
-    throw Error(plan.label + ": the fused epilogue was not prepared; call conv2d_bias_activation_prepare (bind the "
+    throw Error(plan.label +
+                ": the fused epilogue was not prepared; call conv2d_bias_activation_prepare (bind the "
                 "graph) before capturing");
   search_conv_epilogue(plan, e, d, x, w, y, relu, residual);
   return e;
 }
 
 void ConvEngine::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Conv2dDesc& d, const Tensor& x,
-                                       const Tensor& w, const Tensor& y, bool relu, bool residual) {
+                                      const Tensor& w, const Tensor& y, bool relu, bool residual) {
   e.searched = true;
   e.pass.searched = true;
   if (plan.fwd.algo < 0) return;  // no plain forward either: the composition refuses, naming why
-  const std::string label =
-      plan.label + ", epilogue bias" + (residual ? " + residual" : "") + (relu ? " + ReLU" : "");
+  const std::string label = plan.label + ", epilogue bias" + (residual ? " + residual" : "") + (relu ? " + ReLU" : "");
   const std::int64_t channels = y.shape[1];
   cudnnTensorDescriptor_t bd = nullptr;
   AB_CUDNN(cudnnCreateTensorDescriptor(&bd), label);
@@ -95,8 +95,8 @@ void ConvEngine::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Con
     }
     // Without a residual, alpha2 = 0 and cuDNN does not read z: y stands in for it.
     const auto launch = [&] {
-      return cudnnConvolutionBiasActivationForward(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.w.get(), sw, conv.get(),
-                                                   algo, sws, ws, &alpha2, plan.y.get(), residual ? sz : sy,
+      return cudnnConvolutionBiasActivationForward(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.w.get(), sw,
+                                                   conv.get(), algo, sws, ws, &alpha2, plan.y.get(), residual ? sz : sy,
                                                    e.bias.get(), sb, e.act.get(), plan.y.get(), sy);
     };
     log += " " + std::to_string(a) + ":";
@@ -105,7 +105,8 @@ void ConvEngine::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Con
       log += std::string("refused (") + cudnnGetErrorString(st) + ")";
       continue;
     }
-    const double t = time_candidate(sampler, [&] { return launch() == CUDNN_STATUS_SUCCESS; }, best_s, what);
+    const double t = time_candidate(
+        sampler, [&] { return launch() == CUDNN_STATUS_SUCCESS; }, best_s, what);
     log += format_us(t) + "us";
     if (t < best_s) {
       best_s = t;
@@ -117,19 +118,21 @@ void ConvEngine::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Con
   }
   AB_CUDA(cudaStreamSynchronize(ctx_.stream), label);
   e.fused = e.pass.algo >= 0 && best_s < e.unfused_s;
-  e.pass.choice = std::string("epilogue") + (residual ? " + residual" : "") + (relu ? " + ReLU" : "") + ": " +
-                  (e.fused ? "fused" : "unfused") + " (conv + bias_act " + format_us(e.unfused_s) + " us, fused " +
-                  (e.pass.algo >= 0 ? "algo " + std::to_string(e.pass.algo) + " " + format_us(best_s) + " us" : "refused") +
-                  "); timed" + log;
+  e.pass.choice =
+      std::string("epilogue") + (residual ? " + residual" : "") + (relu ? " + ReLU" : "") + ": " +
+      (e.fused ? "fused" : "unfused") + " (conv + bias_act " + format_us(e.unfused_s) + " us, fused " +
+      (e.pass.algo >= 0 ? "algo " + std::to_string(e.pass.algo) + " " + format_us(best_s) + " us" : "refused") +
+      "); timed" + log;
   if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
     std::fprintf(stderr, "%s: %s\n", plan.label.c_str(), e.pass.choice.c_str());
 }
 
 std::int64_t ConvEngine::conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                                         const Tensor& bias, const Tensor& residual, const Tensor& y,
-                                                         bool relu) {
+                                                        const Tensor& bias, const Tensor& residual, const Tensor& y,
+                                                        bool relu) {
   // The plain forward first: the fallback, and the time the fused call must beat.
-  const std::int64_t plain_bytes = ctx_.kernels.Kernels::conv2d_bias_activation_prepare(d, x, w, bias, residual, y, relu);
+  const std::int64_t plain_bytes =
+      ctx_.kernels.Kernels::conv2d_bias_activation_prepare(d, x, w, bias, residual, y, relu);
   if (bias.dtype != y.dtype) return plain_bytes;  // cuDNN's fused call takes the bias in y's type only
   ConvPlan& p = prepared_conv_plan(d, x, w, y, ConvPasses{false, false});
   const ConvEpilogue& e = conv_epilogue(p, d, x, w, y, relu, residual.shape.rank() != 0);
@@ -137,26 +140,26 @@ std::int64_t ConvEngine::conv2d_bias_activation_prepare(const Conv2dDesc& d, con
 }
 
 void ConvEngine::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                                 const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu,
-                                                 Workspace ws) {
+                                                const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu,
+                                                Workspace ws) {
   const bool has_residual = residual.defined();
   if (bias.dtype == y.dtype) {
     ConvPlan& p = conv_plan(d, x, w, y);
     const ConvEpilogue& e = conv_epilogue(p, d, x, w, y, relu, has_residual);
     if (e.fused) {
-      if (has_residual && (!(residual.shape == y.shape) || !(residual.strides == y.strides) ||
-                           residual.dtype != y.dtype))
+      if (has_residual &&
+          (!(residual.shape == y.shape) || !(residual.strides == y.strides) || residual.dtype != y.dtype))
         throw Unsupported(p.label + ": the residual " + residual.to_string() + " must match y " + y.to_string());
       if (bias.numel() != y.shape[1] || !bias.is_contiguous())
         throw Unsupported(p.label + ": the bias must be a contiguous [" + std::to_string(y.shape[1]) + "], got " +
                           bias.to_string());
       const ConvPass& pass = usable_pass(e.pass, p, ws, "fused forward");
       const float one = 1.0f, alpha2 = has_residual ? 1.0f : 0.0f;
-      AB_CUDNN(cudnnConvolutionBiasActivationForward(
-                   ctx_.cudnn.get(), &one, p.x.get(), x.data, p.w.get(), w.data, pass.conv.get(),
-                   static_cast<cudnnConvolutionFwdAlgo_t>(pass.algo), ws.data,
-                   static_cast<std::size_t>(pass.workspace_bytes), &alpha2, p.y.get(),
-                   has_residual ? residual.data : y.data, e.bias.get(), bias.data, e.act.get(), p.y.get(), y.data),
+      AB_CUDNN(cudnnConvolutionBiasActivationForward(ctx_.cudnn.get(), &one, p.x.get(), x.data, p.w.get(), w.data,
+                                                     pass.conv.get(), static_cast<cudnnConvolutionFwdAlgo_t>(pass.algo),
+                                                     ws.data, static_cast<std::size_t>(pass.workspace_bytes), &alpha2,
+                                                     p.y.get(), has_residual ? residual.data : y.data, e.bias.get(),
+                                                     bias.data, e.act.get(), p.y.get(), y.data),
                p.label + ", fused epilogue");
       return;
     }

@@ -32,8 +32,7 @@ std::string cudnn_operand_refusal(const Tensor& x, const Tensor& w, const Tensor
   for (const Tensor* t : {&x, &w, &y})
     if (t->layout != Layout::nhwc || !t->is_contiguous())
       return "the fp8 convolution runs contiguous NHWC tensors only, got " + t->to_string();
-  if (bias.numel() != y.shape[1] || !bias.is_contiguous() ||
-      (bias.dtype != y.dtype && bias.dtype != DType::f32))
+  if (bias.numel() != y.shape[1] || !bias.is_contiguous() || (bias.dtype != y.dtype && bias.dtype != DType::f32))
     return "the bias must be a contiguous [" + std::to_string(y.shape[1]) + "] of y's type or f32, got " +
            bias.to_string();
   if (residual.shape.rank() != 0 &&
@@ -45,7 +44,7 @@ std::string cudnn_operand_refusal(const Tensor& x, const Tensor& w, const Tensor
 }  // namespace
 
 Fp8Layer& ConvEngine::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
-                                 const Tensor& residual, const Tensor& y, bool relu) {
+                                const Tensor& residual, const Tensor& y, bool relu) {
   const bool has_residual = residual.shape.rank() != 0;
   Key key = conv_key(d, x, w, y);
   key.add(relu ? 1 : 0);
@@ -57,7 +56,8 @@ Fp8Layer& ConvEngine::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tens
     return *it->second;
   }
   const std::string label = "fp8 conv of x " + x.to_string() + ", w " + w.to_string();
-  if (ctx_.capturing()) throw Error(label + ": not prepared; call conv2d_fp8_prepare (bind the graph) before capturing");
+  if (ctx_.capturing())
+    throw Error(label + ": not prepared; call conv2d_fp8_prepare (bind the graph) before capturing");
   auto layer = std::make_unique<Fp8Layer>();
   Fp8ConvShape s;
   s.n = x.shape[0];
@@ -98,9 +98,8 @@ Fp8Layer& ConvEngine::fp8_layer(const Conv2dDesc& d, const Tensor& x, const Tens
   return *fp8_layers_.emplace(key, std::move(layer)).first->second;
 }
 
-std::string ConvEngine::fp8_slower_than_16bit(Fp8Layer& layer, const Conv2dDesc& d, const Tensor& x,
-                                               const Tensor& w, const Tensor& bias, const Tensor& residual,
-                                               const Tensor& y, bool relu) {
+std::string ConvEngine::fp8_slower_than_16bit(Fp8Layer& layer, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                              const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu) {
   // The 16-bit side: what ConvBiasActivation runs on refusal, searched (and timed) by its prepare
   // (for a linear layer's [N, in, 1, 1] view, the 1x1 convolution standing in for its GEMM).
   const bool has_residual = residual.shape.rank() != 0;
@@ -140,8 +139,9 @@ std::string ConvEngine::fp8_slower_than_16bit(Fp8Layer& layer, const Conv2dDesc&
       return true;
     }
     l.plan->execute(qx, qw, descale, nullptr, sy, ws);
-    cuda_pointwise::bias_activation_forward(ctx_.stream, y.dtype, y.layout, sy, sbias, false, has_residual ? sres : nullptr,
-                                            sy, y.shape[0], k, y.shape[2] * y.shape[3], relu);
+    cuda_pointwise::bias_activation_forward(ctx_.stream, y.dtype, y.layout, sy, sbias, false,
+                                            has_residual ? sres : nullptr, sy, y.shape[0], k, y.shape[2] * y.shape[3],
+                                            relu);
     return true;
   };
   fp8_call();  // warm
@@ -161,7 +161,7 @@ Fp8Weights& ConvEngine::fp8_weights(const Tensor& w, const Tensor& bias, const F
   const std::int64_t k = w.shape[0];
   const bool sized = fw.weight_bytes == w.numel() && fw.bias_count == k;
   if (fw.fresh && sized && fw.bias_source == bias.data) return fw;
-  if (!sized) {  // new, or the address now holds another tensor
+  if (!sized) {                                                 // new, or the address now holds another tensor
     const std::string label = layer.plan->shape().to_string();  // named only here: not per call
     if (ctx_.capturing()) {
       fp8_weights_.erase(it);
@@ -200,14 +200,14 @@ void ConvEngine::parameters_changed() {
 }
 
 std::int64_t ConvEngine::conv2d_fp8_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
-                                             const Tensor& residual, const Tensor& y, bool relu) {
+                                            const Tensor& residual, const Tensor& y, bool relu) {
   const Fp8Layer& l = fp8_layer(d, x, w, bias, residual, y, relu);
   // The plan's workspace, x's e4m3 image, then two scalars.
   return align_up(l.plan->workspace_bytes()) + align_up(x.numel()) + 2 * kScalarSlot;
 }
 
 void ConvEngine::conv2d_fp8_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& bias,
-                                     const Tensor& residual, const Tensor& y, bool relu, Workspace ws) {
+                                    const Tensor& residual, const Tensor& y, bool relu, Workspace ws) {
   const Fp8Layer& l = fp8_layer(d, x, w, bias, residual, y, relu);
   const std::int64_t plan_bytes = align_up(l.plan->workspace_bytes()), qx_bytes = align_up(x.numel());
   if (ws.bytes < plan_bytes + qx_bytes + 2 * kScalarSlot || ws.data == nullptr)

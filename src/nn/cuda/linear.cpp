@@ -58,15 +58,15 @@ const void* LinearEngine::ones(DType t) const {
 LtPlan& LinearEngine::lt_plan(const GemmShape& g) {
   const bool tf32 = g.allow_tf32 && ctx_.modes.tf32 && g.dtype == DType::f32;
   Key key;
-  for (std::int64_t v : {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n,
-                         g.k, g.lda, g.ldb, g.ldc, std::int64_t{g.bias}, std::int64_t{tf32},
-                         std::int64_t{ctx_.modes.deterministic}})
+  for (std::int64_t v :
+       {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n, g.k, g.lda,
+        g.ldb, g.ldc, std::int64_t{g.bias}, std::int64_t{tf32}, std::int64_t{ctx_.modes.deterministic}})
     key.add(v);
   if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return *it->second;
 
   auto plan = std::make_unique<LtPlan>();
-  plan->label = "linear gemm " + std::string(to_string(g.dtype)) + (tf32 ? " (tf32)" : "") + " m=" +
-                std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+  plan->label = "linear gemm " + std::string(to_string(g.dtype)) + (tf32 ? " (tf32)" : "") +
+                " m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
                 (g.trans_a ? " T" : " N") + (g.trans_b ? "T" : "N") + (g.bias ? " +bias" : "");
   const std::string& label = plan->label;
   const cudaDataType_t t = lt_dtype(g.dtype);
@@ -74,9 +74,9 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g) {
                                            g.trans_a, g.trans_b, label);
   if (g.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // bias in D's dtype, one per row of D
-    AB_CUBLAS_LAZY(cublasLtMatmulDescSetAttribute(plan->op.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                  sizeof(epilogue)),
-                   label);
+    AB_CUBLAS_LAZY(
+        cublasLtMatmulDescSetAttribute(plan->op.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+        label);
   }
   const auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
     return backend::cuda::make_lt_layout(t, rows, cols, ld, label);
@@ -105,12 +105,12 @@ void LinearEngine::matmul(const GemmShape& g, const void* a, const void* b, void
   LtPlan& p = lt_plan(g);
   if (g.bias)  // host-side attribute, read when the call is enqueued (and recorded by a capture)
     AB_CUBLAS_LAZY(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-              p.label);
+                   p.label);
   const float alpha = 1.0f;
-  AB_CUBLAS_LAZY(cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c,
-                           p.c.get(), &p.algo, lt_workspace_.get(), static_cast<std::size_t>(lt_workspace_.bytes()),
-                           ctx_.stream),
-            p.label);
+  AB_CUBLAS_LAZY(
+      cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c, p.c.get(),
+                     &p.algo, lt_workspace_.get(), static_cast<std::size_t>(lt_workspace_.bytes()), ctx_.stream),
+      p.label);
 }
 
 void LinearEngine::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {

@@ -26,7 +26,8 @@ void NormPoolEngine::reserve_for(const Tensor& t) {
   if (need > bn_workspace_.bytes())
     bn_workspace_ = backend::cuda::DeviceBuffer(need, ctx_.label + " batch-norm workspace");
   const std::int64_t scratch = bn_scratch_bytes(t);
-  if (scratch > bn_scratch_.bytes()) bn_scratch_ = backend::cuda::DeviceBuffer(scratch, ctx_.label + " batch-norm scratch");
+  if (scratch > bn_scratch_.bytes())
+    bn_scratch_ = backend::cuda::DeviceBuffer(scratch, ctx_.label + " batch-norm scratch");
 }
 
 std::int64_t NormPoolEngine::bn_scratch_bytes(const Tensor& x) const {
@@ -72,8 +73,8 @@ BnPlan& NormPoolEngine::bn_plan(const Tensor& x) {
         cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(h, plan->mode, CUDNN_BATCHNORM_OPS_BN, plan->x.get(),
                                                                  nullptr, plan->x.get(), pd, nullptr,
                                                                  &fwd) == CUDNN_STATUS_SUCCESS &&
-        cudnnGetBatchNormalizationBackwardExWorkspaceSize(h, plan->mode, CUDNN_BATCHNORM_OPS_BN, plan->x.get(),
-                                                          nullptr, plan->x.get(), nullptr, plan->x.get(), pd, nullptr,
+        cudnnGetBatchNormalizationBackwardExWorkspaceSize(h, plan->mode, CUDNN_BATCHNORM_OPS_BN, plan->x.get(), nullptr,
+                                                          plan->x.get(), nullptr, plan->x.get(), pd, nullptr,
                                                           &bwd) == CUDNN_STATUS_SUCCESS &&
         cudnnGetBatchNormalizationTrainingExReserveSpaceSize(h, plan->mode, CUDNN_BATCHNORM_OPS_BN, nullptr,
                                                              plan->x.get(), &reserve) == CUDNN_STATUS_SUCCESS;
@@ -95,19 +96,19 @@ std::int64_t NormPoolEngine::bn_ex_workspace_bytes(const Tensor& x) {
 }
 
 void NormPoolEngine::batchnorm_forward_training(const BatchNormDesc& d, const Tensor& x, const Tensor& gamma,
-                                             const Tensor& beta, const Tensor& running_mean,
-                                             const Tensor& running_var, const Tensor& y, const Tensor& saved_mean,
-                                             const Tensor& saved_invstd) {
+                                                const Tensor& beta, const Tensor& running_mean,
+                                                const Tensor& running_var, const Tensor& y, const Tensor& saved_mean,
+                                                const Tensor& saved_invstd) {
   const char* k = "batchnorm_forward_training";
   require_like(k, x, y, "y");
-  for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
-                                Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"},
-                                Named{&saved_invstd, "saved_invstd"}})
+  for (const auto& [t, what] :
+       {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
+        Named{&running_var, "running_var"}, Named{&saved_mean, "saved_mean"}, Named{&saved_invstd, "saved_invstd"}})
     require_channel_vector(k, x, *t, what);
   if (own_batchnorm(x, true, ctx_.modes.cooperative)) {
     void* scratch = bn_scratch(x, k);
-    cuda_batchnorm::forward_training(ctx_.stream, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma), f32(beta),
-                                     f32_out(running_mean), f32_out(running_var), f32_out(saved_mean),
+    cuda_batchnorm::forward_training(ctx_.stream, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma),
+                                     f32(beta), f32_out(running_mean), f32_out(running_var), f32_out(saved_mean),
                                      f32_out(saved_invstd), d.epsilon, d.momentum, scratch, bn_scratch_.bytes());
     return;
   }
@@ -131,16 +132,16 @@ void NormPoolEngine::batchnorm_forward_training(const BatchNormDesc& d, const Te
 }
 
 void NormPoolEngine::batchnorm_forward_inference(const BatchNormDesc& d, const Tensor& x, const Tensor& gamma,
-                                              const Tensor& beta, const Tensor& running_mean,
-                                              const Tensor& running_var, const Tensor& y) {
+                                                 const Tensor& beta, const Tensor& running_mean,
+                                                 const Tensor& running_var, const Tensor& y) {
   const char* k = "batchnorm_forward_inference";
   require_like(k, x, y, "y");
   for (const auto& [t, what] : {Named{&gamma, "gamma"}, Named{&beta, "beta"}, Named{&running_mean, "running_mean"},
                                 Named{&running_var, "running_var"}})
     require_channel_vector(k, x, *t, what);
   if (own_batchnorm(x, false, ctx_.modes.cooperative)) {
-    cuda_batchnorm::forward_inference(ctx_.stream, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma), f32(beta),
-                                      f32(running_mean), f32(running_var), d.epsilon);
+    cuda_batchnorm::forward_inference(ctx_.stream, x.dtype, x.data, y.data, bn_rows(x), x.shape[1], f32(gamma),
+                                      f32(beta), f32(running_mean), f32(running_var), d.epsilon);
     return;
   }
   const BnPlan& p = bn_plan(x);
@@ -153,8 +154,8 @@ void NormPoolEngine::batchnorm_forward_inference(const BatchNormDesc& d, const T
 }
 
 void NormPoolEngine::batchnorm_backward(const BatchNormDesc& d, const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                     const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& dx,
-                                     bool accumulate, const Tensor& dgamma, const Tensor& dbeta) {
+                                        const Tensor& saved_mean, const Tensor& saved_invstd, const Tensor& dx,
+                                        bool accumulate, const Tensor& dgamma, const Tensor& dbeta) {
   const char* k = "batchnorm_backward";
   require_like(k, x, dy, "dy");
   if (own_batchnorm(x, true, ctx_.modes.cooperative)) {
@@ -237,7 +238,7 @@ void NormPoolEngine::maxpool_forward(const Pool2dDesc& d, const Tensor& x, const
 }
 
 void NormPoolEngine::maxpool_backward(const Pool2dDesc& d, const Tensor& x, const Tensor& y, const Tensor& dy,
-                                   const Tensor& dx, bool accumulate) {
+                                      const Tensor& dx, bool accumulate) {
   require_like("maxpool_backward", y, dy, "dy");
   require_like("maxpool_backward", x, dx, "dx");
   const PoolPlan& p = pool_plan(d, x, y);

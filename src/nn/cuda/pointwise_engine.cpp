@@ -9,8 +9,8 @@
 namespace ab::nn::cuda {
 
 PointwiseEngine::PointwiseEngine(EngineContext& ctx) : ctx_(ctx) {
-  lars_scratch_ = backend::cuda::DeviceBuffer(
-      std::max<std::int64_t>(cuda_pointwise::lars_scratch_floats(), 1) * 4, ctx_.label + " LARS scratch");
+  lars_scratch_ = backend::cuda::DeviceBuffer(std::max<std::int64_t>(cuda_pointwise::lars_scratch_floats(), 1) * 4,
+                                              ctx_.label + " LARS scratch");
   xent_scratch_ = backend::cuda::DeviceBuffer(
       std::max<std::int64_t>(cuda_pointwise::softmax_xent_scratch_floats(1024), 1) * 4, ctx_.label + " loss scratch");
   rd_scratch_ = backend::cuda::DeviceBuffer(cuda_pointwise::rate_distortion_scratch_floats() * 4,
@@ -47,8 +47,8 @@ void PointwiseEngine::copy_gradient(const Tensor& dy, const Tensor& dx, bool acc
   cuda_pointwise::copy_gradient(ctx_.stream, dy.dtype, dy.data, dx.data, dy.numel(), accumulate);
 }
 
-void PointwiseEngine::bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& y,
-                                          bool relu) {
+void PointwiseEngine::bias_activation_forward(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                              const Tensor& y, bool relu) {
   require_flat("bias_activation_forward", x, y);
   if (residual.defined()) require_flat("bias_activation_forward", x, residual);
   // The bias is stored as batch-norm parameters are (f32 beside f32/f16/bf16 data, f64 beside
@@ -57,20 +57,21 @@ void PointwiseEngine::bias_activation_forward(const Tensor& x, const Tensor& bia
   if (x.shape.rank() != 4 || (bias.dtype != bias_t && bias.dtype != x.dtype) || bias.shape.rank() != 1 ||
       bias.shape[0] != x.shape[1] || !bias.is_contiguous())
     throw Unsupported("cuda bias_activation_forward: needs x [N, C, H, W] and a contiguous " +
-                      std::string(to_string(bias_t)) + " or " + std::string(to_string(x.dtype)) +
-                      " bias [C], got x " + x.to_string() + ", bias " + bias.to_string());
+                      std::string(to_string(bias_t)) + " or " + std::string(to_string(x.dtype)) + " bias [C], got x " +
+                      x.to_string() + ", bias " + bias.to_string());
   cuda_pointwise::bias_activation_forward(ctx_.stream, x.dtype, x.layout, x.data, bias.data, bias.dtype == x.dtype,
-                                          residual.defined() ? residual.data : nullptr, y.data, x.shape[0],
-                                          x.shape[1], x.shape[2] * x.shape[3], relu);
+                                          residual.defined() ? residual.data : nullptr, y.data, x.shape[0], x.shape[1],
+                                          x.shape[2] * x.shape[3], relu);
 }
 
 void PointwiseEngine::softmax_cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
-                                                const Tensor& loss) {
+                                                    const Tensor& loss) {
   if (logits.shape.rank() != 2 || !(probs.shape == logits.shape) || !logits.is_contiguous() || !probs.is_contiguous() ||
       labels.dtype != DType::i32 || labels.numel() != logits.shape[0] || !labels.is_contiguous() || loss.numel() != 1)
-    throw Unsupported("cuda softmax_cross_entropy_forward: needs contiguous logits and probs [N, K], i32 labels [N] "
-                      "and a loss [1]; got " + logits.to_string() + ", " + labels.to_string() + ", " +
-                      probs.to_string() + ", " + loss.to_string());
+    throw Unsupported(
+        "cuda softmax_cross_entropy_forward: needs contiguous logits and probs [N, K], i32 labels [N] "
+        "and a loss [1]; got " +
+        logits.to_string() + ", " + labels.to_string() + ", " + probs.to_string() + ", " + loss.to_string());
   const std::int64_t n = logits.shape[0];
   const std::int64_t need = cuda_pointwise::softmax_xent_scratch_floats(n) * 4;
   if (need > xent_scratch_.bytes()) {
@@ -79,21 +80,22 @@ void PointwiseEngine::softmax_cross_entropy_forward(const Tensor& logits, const 
                   " rows during capture (bind the graph first: check_tensor sizes it)");
     xent_scratch_ = backend::cuda::DeviceBuffer(need, ctx_.label + " loss scratch");
   }
-  cuda_pointwise::softmax_xent_forward(ctx_.stream, logits.dtype, logits.data, labels.as<const std::int32_t>(), probs.dtype,
-                                       probs.data, loss.dtype, loss.data, n, logits.shape[1],
+  cuda_pointwise::softmax_xent_forward(ctx_.stream, logits.dtype, logits.data, labels.as<const std::int32_t>(),
+                                       probs.dtype, probs.data, loss.dtype, loss.data, n, logits.shape[1],
                                        xent_scratch_.as<float>());
 }
 
 void PointwiseEngine::softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,
-                                                 const Tensor& dlogits, bool accumulate) {
+                                                     const Tensor& dlogits, bool accumulate) {
   if (probs.shape.rank() != 2 || !(probs.shape == dlogits.shape) || !probs.is_contiguous() ||
       !dlogits.is_contiguous() || labels.dtype != DType::i32 || labels.numel() != probs.shape[0] || dloss.numel() != 1)
-    throw Unsupported("cuda softmax_cross_entropy_backward: needs contiguous probs and dlogits [N, K], i32 labels [N] "
-                      "and dloss [1]; got " + probs.to_string() + ", " + labels.to_string() + ", " +
-                      dloss.to_string() + ", " + dlogits.to_string());
-  cuda_pointwise::softmax_xent_backward(ctx_.stream, probs.dtype, probs.data, labels.as<const std::int32_t>(), dloss.dtype,
-                                        dloss.data, dlogits.dtype, dlogits.data, probs.shape[0], probs.shape[1],
-                                        accumulate);
+    throw Unsupported(
+        "cuda softmax_cross_entropy_backward: needs contiguous probs and dlogits [N, K], i32 labels [N] "
+        "and dloss [1]; got " +
+        probs.to_string() + ", " + labels.to_string() + ", " + dloss.to_string() + ", " + dlogits.to_string());
+  cuda_pointwise::softmax_xent_backward(ctx_.stream, probs.dtype, probs.data, labels.as<const std::int32_t>(),
+                                        dloss.dtype, dloss.data, dlogits.dtype, dlogits.data, probs.shape[0],
+                                        probs.shape[1], accumulate);
 }
 
 // ---- learned compression
@@ -105,20 +107,22 @@ void PointwiseEngine::round_forward(const Tensor& x, const Tensor& y, double ste
 }
 
 void PointwiseEngine::rate_distortion_forward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
-                                          const Tensor& latent, const Tensor& loss, const Tensor& mse) {
+                                              const Tensor& latent, const Tensor& loss, const Tensor& mse) {
   require_flat("rate_distortion_forward", x_hat, x);
   if (!latent.is_contiguous() || latent.dtype != x.dtype || loss.numel() != 1 || mse.numel() != 1 ||
       loss.dtype != mse.dtype)
-    throw Unsupported("cuda rate_distortion_forward: needs a contiguous latent of the images' dtype and loss, mse [1] "
-                      "of one dtype; got " + latent.to_string() + ", " + loss.to_string() + ", " + mse.to_string());
+    throw Unsupported(
+        "cuda rate_distortion_forward: needs a contiguous latent of the images' dtype and loss, mse [1] "
+        "of one dtype; got " +
+        latent.to_string() + ", " + loss.to_string() + ", " + mse.to_string());
   cuda_pointwise::rate_distortion_forward(ctx_.stream, x.dtype, x_hat.data, x.data, x.numel(), latent.data,
                                           latent.numel(), d.lambda, loss.dtype, loss.data, mse.data,
                                           rd_scratch_.as<float>());
 }
 
 void PointwiseEngine::rate_distortion_backward(const RateDistortionDesc& d, const Tensor& x_hat, const Tensor& x,
-                                           const Tensor& latent, const Tensor& dloss, const Tensor& dx_hat,
-                                           bool accumulate_x_hat, const Tensor& dlatent, bool accumulate_latent) {
+                                               const Tensor& latent, const Tensor& dloss, const Tensor& dx_hat,
+                                               bool accumulate_x_hat, const Tensor& dlatent, bool accumulate_latent) {
   require_flat("rate_distortion_backward", x_hat, x);
   if (dx_hat.defined()) require_flat("rate_distortion_backward", x_hat, dx_hat);
   if (dlatent.defined()) require_flat("rate_distortion_backward", latent, dlatent);

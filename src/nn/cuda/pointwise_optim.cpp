@@ -64,7 +64,7 @@ void PointwiseEngine::unscale_and_check(const Tensor& g, const Tensor& scale, co
 }
 
 void PointwiseEngine::update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
-                                    const Tensor& found_nonfinite) {
+                                        const Tensor& found_nonfinite) {
   require_scalar("update_loss_scale", "scale", scale, DType::f32);
   require_scalar("update_loss_scale", "good_steps", good_steps, DType::i32);
   require_scalar("update_loss_scale", "found_nonfinite", found_nonfinite, DType::i32);
