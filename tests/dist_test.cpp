@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/collective_traits.h"
 #include "backend/collectives.h"
 #include "core/error.h"
 #include "dist/collective_math.h"
@@ -30,7 +31,7 @@
 #include "harness/axes.h"
 #include "harness/runner.h"
 #include "harness/workload.h"
-#include "nn/device/device_kernels.h"
+#include "nn/cuda/device_kernels.h"
 #include "system/topology.h"
 #include "test_support.h"
 #include "workloads/models/models.h"
@@ -291,6 +292,97 @@ TEST(CollectiveMath, CountsAndBuffers) {
     }
   }
   EXPECT_THROW(collective_buffers(CollectiveOp::all_gather, 10, 4), UsageError);
+}
+
+// The NCCL calls one rank's run() makes, as "name count peer send+offset recv+offset" lines (offsets
+// in elements from the buffers' starts).
+class RecordedCalls final : public backend::CollectiveCalls {
+ public:
+  RecordedCalls(const char* send, const char* recv, std::int64_t element_bytes)
+      : send_(send), recv_(recv), es_(element_bytes) {}
+  void all_reduce(const void* s, void* r, std::int64_t n) override { add("all_reduce", n, -1, s, r); }
+  void all_gather(const void* s, void* r, std::int64_t n) override { add("all_gather", n, -1, s, r); }
+  void reduce_scatter(const void* s, void* r, std::int64_t n) override { add("reduce_scatter", n, -1, s, r); }
+  void broadcast(const void* s, void* r, std::int64_t n, int root) override { add("broadcast", n, root, s, r); }
+  void reduce(const void* s, void* r, std::int64_t n, int root) override { add("reduce", n, root, s, r); }
+  void send(const void* d, std::int64_t n, int peer) override { add("send", n, peer, d, nullptr); }
+  void recv(void* d, std::int64_t n, int peer) override { add("recv", n, peer, nullptr, d); }
+  std::vector<std::string> lines;
+
+ private:
+  void add(const char* name, std::int64_t n, int peer, const void* s, const void* r) {
+    const auto at = [&](const void* p, const char* base) {
+      return p == nullptr ? std::string("-") : std::to_string((static_cast<const char*>(p) - base) / es_);
+    };
+    lines.push_back(std::string(name) + " " + std::to_string(n) + " " + std::to_string(peer) + " " + at(s, send_) +
+                    " " + at(r, recv_));
+  }
+  const char* send_;
+  const char* recv_;
+  std::int64_t es_;
+};
+
+TEST(CollectiveTraits, EachRunMakesItsNcclCallsOnRankOneOfFour) {
+  std::vector<char> send(64 * 4), recv(64 * 4);
+  const auto calls_of = [&](CollectiveOp op) {
+    const backend::CollectiveTraits& t = backend::collective_traits(op);
+    EXPECT_EQ(t.op, op);
+    backend::RankCall call;
+    call.send = send.data();
+    call.recv = recv.data();
+    call.element_bytes = 4;
+    call.count = 64;
+    call.lengths = t.buffers(64, 4);
+    call.rank = 1;
+    call.ranks = 4;
+    RecordedCalls calls(send.data(), recv.data(), 4);
+    t.run(calls, call);
+    return calls.lines;
+  };
+  using Lines = std::vector<std::string>;
+  EXPECT_EQ(calls_of(CollectiveOp::all_reduce), (Lines{"all_reduce 64 -1 0 0"}));
+  EXPECT_EQ(calls_of(CollectiveOp::all_gather), (Lines{"all_gather 16 -1 0 0"}));
+  EXPECT_EQ(calls_of(CollectiveOp::reduce_scatter), (Lines{"reduce_scatter 16 -1 0 0"}));
+  EXPECT_EQ(calls_of(CollectiveOp::broadcast), (Lines{"broadcast 64 0 0 0"}));
+  EXPECT_EQ(calls_of(CollectiveOp::reduce), (Lines{"reduce 64 0 0 0"}));
+  EXPECT_EQ(calls_of(CollectiveOp::all_to_all),
+            (Lines{"send 16 0 0 -", "recv 16 0 - 0", "send 16 1 16 -", "recv 16 1 - 16", "send 16 2 32 -",
+                   "recv 16 2 - 32", "send 16 3 48 -", "recv 16 3 - 48"}));
+  EXPECT_EQ(calls_of(CollectiveOp::send_recv), (Lines{"send 64 2 0 -", "recv 64 0 - 0"}));
+}
+
+TEST(CollectiveTraits, InPlaceOffsetsAndExpectedValues) {
+  // In place on 4 ranks with count 64: all_gather's input is the rank's chunk of the output,
+  // reduce_scatter's output the rank's chunk of the input; the others share the buffer's start.
+  const backend::CollectiveBuffers ag = backend::collective_traits(CollectiveOp::all_gather).buffers(64, 4);
+  EXPECT_EQ(backend::collective_traits(CollectiveOp::all_gather).in_place_send_offset(3, ag), 48);
+  EXPECT_EQ(backend::collective_traits(CollectiveOp::all_gather).in_place_recv_offset(3, ag), 0);
+  const backend::CollectiveBuffers rs = backend::collective_traits(CollectiveOp::reduce_scatter).buffers(64, 4);
+  EXPECT_EQ(backend::collective_traits(CollectiveOp::reduce_scatter).in_place_send_offset(3, rs), 0);
+  EXPECT_EQ(backend::collective_traits(CollectiveOp::reduce_scatter).in_place_recv_offset(3, rs), 48);
+  EXPECT_EQ(backend::collective_traits(CollectiveOp::all_reduce).in_place_send_offset(3, {64, 64}), 0);
+
+  // Two ranks: inputs 1 + (rank + i) % 4, so rank 0 holds 1 2 3 4 ..., rank 1 holds 2 3 4 1 ...
+  EXPECT_EQ(backend::collective_input_value(0, 0), 1.0);
+  EXPECT_EQ(backend::collective_input_value(1, 3), 1.0);
+  backend::CheckInputs in;
+  in.count = 8;
+  in.ranks = 2;
+  for (std::int64_t j = 0; j < 4; ++j)
+    in.rank_sums[static_cast<std::size_t>(j)] =
+        backend::collective_input_value(0, j) + backend::collective_input_value(1, j);
+  const auto expected = [&](CollectiveOp op, int rank, std::int64_t i) {
+    in.lengths = backend::collective_traits(op).buffers(8, 2);
+    return backend::collective_traits(op).expected(in, rank, i);
+  };
+  EXPECT_EQ(expected(CollectiveOp::all_reduce, 1, 5), 2.0 + 3.0);      // element 5 of ranks 0 and 1
+  EXPECT_EQ(expected(CollectiveOp::all_gather, 0, 5), 3.0);            // rank 1's element 1
+  EXPECT_EQ(expected(CollectiveOp::reduce_scatter, 1, 0), 1.0 + 2.0);  // element 4 of ranks 0 and 1
+  EXPECT_EQ(expected(CollectiveOp::broadcast, 1, 2), 3.0);             // rank 0's element 2
+  EXPECT_EQ(expected(CollectiveOp::all_to_all, 0, 5), 3.0);            // rank 1's chunk for rank 0, element 1
+  EXPECT_EQ(expected(CollectiveOp::send_recv, 0, 1), 3.0);             // from rank 1: its element 1
+  EXPECT_TRUE(backend::collective_traits(CollectiveOp::reduce).root_output_only);
+  EXPECT_FALSE(backend::collective_traits(CollectiveOp::all_reduce).root_output_only);
 }
 
 TEST(CollectiveNames, ParseAndList) {

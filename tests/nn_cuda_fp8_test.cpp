@@ -1,4 +1,4 @@
-// Tests for the fp8 (e4m3) groundwork (nn/device/cuda_conv_fp8.h): the device amax and
+// Tests for the fp8 (e4m3) groundwork (nn/cuda/conv_fp8.h): the device amax and
 // quantization kernels against the host's float_to_e4m3_bits byte for byte (f32, f16 and bf16
 // inputs, an outlier, a calibrated amax that saturates, the fallback scale, rounding ties), and
 // cuDNN's fp8 convolution graph (conv -> descale -> bias -> ReLU) against an f64 convolution of
@@ -25,8 +25,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "nn/device/cuda_conv_fp8.h"
-#include "nn/device/cuda_kernels.h"
+#include "nn/cuda/conv_fp8.h"
+#include "nn/cuda/kernels.h"
 #include "test_support.h"
 
 namespace ab::nn::cuda {

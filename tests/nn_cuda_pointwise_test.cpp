@@ -1,4 +1,4 @@
-// The engine's own CUDA kernels (nn/device/cuda_pointwise) against the reference kernels in f64 on
+// The engine's own CUDA kernels (nn/cuda/pointwise) against the reference kernels in f64 on
 // the same (dtype-rounded) random inputs, or against a plain host computation: every float dtype,
 // both accumulate modes, sizes off the vector width, both avgpool layouts, stable softmax, device-
 // side skip flags, rounding cases, loss scaling, run-to-run bit equality and CUDA graph capture;
@@ -23,7 +23,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/pointwise.h"
 #include "nn/kernels.h"
 
 namespace ab::nn {

@@ -1,4 +1,4 @@
-// Tests for the CUDA engine kernels (nn/device): cuDNN convolution (strides, padding, dilation,
+// Tests for the CUDA engine kernels (nn/cuda): cuDNN convolution (strides, padding, dilation,
 // groups, 1x1, NCHW and NHWC), batch norm (cuDNN and the project's NHWC kernels: training,
 // inference, backward), max pooling and the cuBLASLt linear layer against the reference kernels
 // in f64 on the same dtype-rounded random inputs; the algorithm cache and its timed choices,
@@ -25,8 +25,8 @@
 #include "core/rng.h"
 #include "models/compression.h"
 #include "models/resnet.h"
-#include "nn/device/cuda_kernels.h"
-#include "nn/device/device_kernels.h"
+#include "nn/cuda/kernels.h"
+#include "nn/cuda/device_kernels.h"
 #include "nn/ops.h"
 #include "nn/optim.h"
 #include "nn/ref/ref_kernels.h"

@@ -3,6 +3,7 @@
 #include <array>
 #include <utility>
 
+#include "backend/collective_traits.h"
 #include "core/error.h"
 #ifdef ACCELBENCH_WITH_CUDA
 #include "backend/cuda/collectives.h"
@@ -12,13 +13,6 @@
 namespace ab::backend {
 namespace {
 
-constexpr std::array<std::pair<CollectiveOp, const char*>, 7> kOps{{{CollectiveOp::all_reduce, "all_reduce"},
-                                                                    {CollectiveOp::all_gather, "all_gather"},
-                                                                    {CollectiveOp::reduce_scatter, "reduce_scatter"},
-                                                                    {CollectiveOp::broadcast, "broadcast"},
-                                                                    {CollectiveOp::reduce, "reduce"},
-                                                                    {CollectiveOp::all_to_all, "all_to_all"},
-                                                                    {CollectiveOp::send_recv, "send_recv"}}};
 constexpr std::array<std::pair<AveragerEngine, const char*>, 2> kEngines{
     {{AveragerEngine::nccl, "nccl"}, {AveragerEngine::copy_engines, "copy"}}};
 
@@ -42,16 +36,23 @@ std::vector<std::string> names_of(const std::array<std::pair<E, const char*>, N>
 
 }  // namespace
 
-std::string collective_op_name(CollectiveOp op) {
-  for (const auto& [value, name] : kOps)
-    if (value == op) return name;
-  return "?";
+std::string collective_op_name(CollectiveOp op) { return collective_traits(op).name; }
+
+CollectiveOp parse_collective_op(const std::string& name) {
+  std::string valid;
+  for (const CollectiveTraits& t : all_collective_traits()) {
+    if (t.name == name) return t.op;
+    valid += valid.empty() ? t.name : std::string(", ") + t.name;
+  }
+  throw UsageError("unknown collective '" + name + "'; valid: " + valid);
 }
 
-CollectiveOp parse_collective_op(const std::string& name) { return parse_by_name(kOps, name, "collective"); }
-
 const std::vector<std::string>& collective_op_names() {
-  static const std::vector<std::string> names = names_of(kOps);
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const CollectiveTraits& t : all_collective_traits()) v.emplace_back(t.name);
+    return v;
+  }();
   return names;
 }
 
@@ -64,9 +65,7 @@ AveragerEngine parse_averager_engine(const std::string& name) {
   return parse_by_name(kEngines, name, "gradient averaging engine");
 }
 
-bool collective_has_in_place(CollectiveOp op) {
-  return op != CollectiveOp::all_to_all && op != CollectiveOp::send_recv;
-}
+bool collective_has_in_place(CollectiveOp op) { return collective_traits(op).in_place; }
 
 const std::vector<std::string>& collective_dtype_names() {
   static const std::vector<std::string> names{"f32", "f16", "bf16", "i32"};

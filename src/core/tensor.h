@@ -92,7 +92,7 @@ inline constexpr std::int64_t kAllocAlignment = 256;
 std::int64_t align_up(std::int64_t bytes, std::int64_t alignment = kAllocAlignment);
 
 // Where a backend's memory comes from. The host allocator below is plain aligned new; the engine's
-// CUDA kernels (nn/device) provide a pooling allocator (cached blocks by size, freed at teardown)
+// CUDA kernels (nn/cuda) provide a pooling allocator (cached blocks by size, freed at teardown)
 // that graphs and optimizers use through this same interface.
 class Allocator {
  public:

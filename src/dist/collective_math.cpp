@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "backend/collective_traits.h"
 #include "core/error.h"
 
 namespace ab::dist {
@@ -9,9 +10,7 @@ namespace {
 
 using backend::CollectiveOp;
 
-bool splits_per_rank(CollectiveOp op) {
-  return op == CollectiveOp::all_gather || op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_to_all;
-}
+bool splits_per_rank(CollectiveOp op) { return backend::collective_traits(op).splits_per_rank; }
 
 void require_ranks(int ranks) {
   if (ranks < 1) throw UsageError("a collective needs at least one rank, not " + std::to_string(ranks));
@@ -21,17 +20,7 @@ void require_ranks(int ranks) {
 
 double bus_factor(CollectiveOp op, int ranks) {
   require_ranks(ranks);
-  const double n = ranks;
-  switch (op) {
-    case CollectiveOp::all_reduce: return 2.0 * (n - 1.0) / n;
-    case CollectiveOp::all_gather:
-    case CollectiveOp::reduce_scatter:
-    case CollectiveOp::all_to_all: return (n - 1.0) / n;
-    case CollectiveOp::broadcast:
-    case CollectiveOp::reduce:
-    case CollectiveOp::send_recv: return 1.0;
-  }
-  return 1.0;
+  return backend::collective_traits(op).bus_factor(ranks);
 }
 
 std::int64_t collective_count(CollectiveOp op, std::int64_t bytes, std::int64_t element_bytes, int ranks) {
@@ -48,11 +37,7 @@ CollectiveBuffers collective_buffers(CollectiveOp op, std::int64_t count, int ra
   if (splits_per_rank(op) && count % ranks != 0)
     throw UsageError(collective_op_name(op) + " needs a count that is a multiple of the " + std::to_string(ranks) +
                      " ranks, not " + std::to_string(count));
-  switch (op) {
-    case CollectiveOp::all_gather: return {count / ranks, count};
-    case CollectiveOp::reduce_scatter: return {count, count / ranks};
-    default: return {count, count};
-  }
+  return backend::collective_traits(op).buffers(count, ranks);
 }
 
 }  // namespace ab::dist

@@ -1,6 +1,7 @@
-// Error checking and RAII owners for the CUDA backend. Every CUDA and cuBLASLt call is checked
-// where it is made; a failure becomes ab::Error (ab::OutOfMemory for allocations) naming the call,
-// what it was for, and the CUDA error string.
+// The CUDA foundation the backend (backend/cuda) and the engine (nn/cuda) share: error checking
+// and RAII owners. Every CUDA and cuBLASLt call is checked where it is made; a failure becomes
+// ab::Error (ab::OutOfMemory for allocations) naming the call, what it was for, and the CUDA error
+// string. cuBLASLt's plans are lt_plan.h's.
 #pragma once
 
 #include <cublasLt.h>
@@ -26,6 +27,18 @@ inline void check_cublas(cublasStatus_t status, const char* call, const std::str
 // The call's text is kept for the message; `what` names the op and shape it served.
 #define AB_CUDA(call, what) ::ab::backend::cuda::check_cuda((call), #call, (what))
 #define AB_CUBLAS(call, what) ::ab::backend::cuda::check_cublas((call), #call, (what))
+// The same, with the message (`what`) built only on failure: for calls made thousands of times a
+// second (a training step's kernels), which must not format strings on the way.
+#define AB_CUDA_LAZY(call, what)                                        \
+  do {                                                                  \
+    if (const cudaError_t ab_error_ = (call); ab_error_ != cudaSuccess) \
+      ::ab::backend::cuda::throw_cuda(ab_error_, #call, (what));        \
+  } while (0)
+#define AB_CUBLAS_LAZY(call, what)                                                     \
+  do {                                                                                 \
+    if (const cublasStatus_t ab_status_ = (call); ab_status_ != CUBLAS_STATUS_SUCCESS) \
+      ::ab::backend::cuda::throw_cublas(ab_status_, #call, (what));                    \
+  } while (0)
 
 // Deleters never throw: teardown runs in destructors and during unwinding.
 struct StreamDeleter {
@@ -33,6 +46,12 @@ struct StreamDeleter {
 };
 struct EventDeleter {
   void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+};
+struct GraphDeleter {
+  void operator()(cudaGraph_t g) const noexcept { cudaGraphDestroy(g); }
+};
+struct GraphExecDeleter {
+  void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
 };
 struct LtHandleDeleter {
   void operator()(cublasLtHandle_t h) const noexcept { cublasLtDestroy(h); }
@@ -46,6 +65,8 @@ struct HostFree {
 
 using StreamPtr = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
 using EventPtr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
+using GraphPtr = std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, GraphDeleter>;
+using GraphExecPtr = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, GraphExecDeleter>;
 using LtHandlePtr = std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, LtHandleDeleter>;
 
 // Non-blocking (no implicit sync with stream 0); with highest_priority at the device's top priority.

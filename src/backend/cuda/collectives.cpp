@@ -17,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/collective_traits.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nccl_calls.h"
 #include "backend/cuda/nccl_common.h"
 #include "core/error.h"
 
@@ -44,10 +46,6 @@ ncclDataType_t nccl_type(DType t) {
 }
 
 namespace {
-
-// Input element i of rank r: a small positive integer, exact in every dtype, and so is any sum of
-// up to 64 of them (at most 4 × 64 = 256, bf16's last exact integer).
-double input_value(int rank, std::int64_t i) { return 1.0 + static_cast<double>((rank + i) % 4); }
 
 void encode(DType t, const std::vector<double>& v, std::vector<unsigned char>& out) {
   const std::size_t es = size_bytes(t);
@@ -153,18 +151,19 @@ class NcclPlan final : public CollectivePlan {
   void enqueue(std::size_t local);
   void enqueue_group();
   void capture();
-  void launch_local(std::size_t local);  // one iteration on one local rank, without fork or join
-  double expected(int rank, std::int64_t i) const;
+  void launch_local(std::size_t local);      // one iteration on one local rank, without fork or join
   std::int64_t send_offset(int rank) const;  // elements into `buf` where the input starts (in place)
   std::int64_t recv_offset(int rank) const;
   int global(std::size_t local) const { return g_.first_rank_ + static_cast<int>(local); }
 
   NcclGroup& g_;
   CollectiveDesc d_;
+  const CollectiveTraits& traits_;
   ncclDataType_t type_;
-  std::int64_t es_, send_len_ = 0, recv_len_ = 0;
+  std::int64_t es_;
+  CollectiveBuffers len_;                  // per-rank send and recv lengths
   std::vector<DeviceBuffer> send_, recv_;  // per local rank; in place: recv_ only
-  std::array<double, 4> sums_{};  // sum over all ranks of input_value(rank, j); it depends on j % 4 only
+  CheckInputs check_in_;                   // what expected() needs: the lengths and the sums over ranks
   std::vector<cudaGraphExec_t> graphs_;  // per local rank, once captured
 };
 
@@ -173,30 +172,34 @@ std::unique_ptr<CollectivePlan> NcclGroup::make_plan(const CollectiveDesc& desc)
 }
 
 NcclPlan::NcclPlan(NcclGroup& group, const CollectiveDesc& desc)
-    : g_(group), d_(desc), type_(nccl_type(desc.dtype)), es_(static_cast<std::int64_t>(size_bytes(desc.dtype))) {
-  const std::int64_t n = g_.size();
-  const std::string name = collective_op_name(d_.op);
+    : g_(group),
+      d_(desc),
+      traits_(collective_traits(desc.op)),
+      type_(nccl_type(desc.dtype)),
+      es_(static_cast<std::int64_t>(size_bytes(desc.dtype))) {
+  const int n = g_.size();
+  const std::string name = traits_.name;
   if (d_.count < 1) throw UsageError(name + " needs a count >= 1");
   if (d_.graph_collectives < 0) throw UsageError(name + ": graph_collectives must not be negative");
-  const bool split = d_.op == CollectiveOp::all_gather || d_.op == CollectiveOp::reduce_scatter ||
-                     d_.op == CollectiveOp::all_to_all;
-  if (split && d_.count % n != 0)
+  if (traits_.splits_per_rank && d_.count % n != 0)
     throw UsageError(name + " needs a count that is a multiple of the " + std::to_string(n) + " ranks");
-  if (d_.in_place && !collective_has_in_place(d_.op)) throw Unsupported(name + " has no in-place form in NCCL");
+  if (d_.in_place && !traits_.in_place) throw Unsupported(name + " has no in-place form in NCCL");
   if (d_.graph_collectives > 0 && g_.ranks_.size() > 1)
     throw Unsupported(kGraphOneGpu);
-  send_len_ = d_.op == CollectiveOp::all_gather ? d_.count / n : d_.count;
-  recv_len_ = d_.op == CollectiveOp::reduce_scatter ? d_.count / n : d_.count;
+  len_ = traits_.buffers(d_.count, n);
+  check_in_.count = d_.count;
+  check_in_.lengths = len_;
+  check_in_.ranks = n;
   for (std::int64_t j = 0; j < 4; ++j)
-    for (int q = 0; q < g_.size(); ++q) sums_[static_cast<std::size_t>(j)] += input_value(q, j);
+    for (int q = 0; q < n; ++q) check_in_.rank_sums[static_cast<std::size_t>(j)] += collective_input_value(q, j);
   for (const Rank& rank : g_.ranks_) {
     const std::string what = name + " buffer on cuda:" + std::to_string(rank.device);
     AB_CUDA(cudaSetDevice(rank.device), what);
     if (d_.in_place) {
       recv_.emplace_back(d_.count * es_, what);  // the larger of the two is `count` for every op
     } else {
-      send_.emplace_back(send_len_ * es_, what + " (input)");
-      recv_.emplace_back(recv_len_ * es_, what + " (output)");
+      send_.emplace_back(len_.send * es_, what + " (input)");
+      recv_.emplace_back(len_.recv * es_, what + " (output)");
     }
   }
   AB_CUDA(cudaSetDevice(g_.ranks_[0].device), "collective rank 0");
@@ -213,54 +216,26 @@ NcclPlan::~NcclPlan() {
 }
 
 std::int64_t NcclPlan::send_offset(int rank) const {
-  return d_.in_place && d_.op == CollectiveOp::all_gather ? rank * send_len_ : 0;
+  return d_.in_place ? traits_.in_place_send_offset(rank, len_) : 0;
 }
 std::int64_t NcclPlan::recv_offset(int rank) const {
-  return d_.in_place && d_.op == CollectiveOp::reduce_scatter ? rank * recv_len_ : 0;
+  return d_.in_place ? traits_.in_place_recv_offset(rank, len_) : 0;
 }
 
 void NcclPlan::enqueue(std::size_t ri) {
   const Rank& rank = g_.ranks_[ri];
   const int r = global(ri);
-  const int n = g_.size();
   auto* base_recv = static_cast<char*>(recv_[ri].get());
-  const char* sendp = d_.in_place ? base_recv + send_offset(r) * es_ : static_cast<const char*>(send_[ri].get());
-  char* recvp = base_recv + recv_offset(r) * es_;
-  const auto count = static_cast<std::size_t>(d_.count);
-  const std::string what = collective_op_name(d_.op) + " on rank " + std::to_string(r);
-  switch (d_.op) {
-    case CollectiveOp::all_reduce:
-      AB_NCCL(ncclAllReduce(sendp, recvp, count, type_, ncclSum, rank.comm, rank.stream), what);
-      break;
-    case CollectiveOp::all_gather:
-      AB_NCCL(ncclAllGather(sendp, recvp, static_cast<std::size_t>(send_len_), type_, rank.comm, rank.stream), what);
-      break;
-    case CollectiveOp::reduce_scatter:
-      AB_NCCL(ncclReduceScatter(sendp, recvp, static_cast<std::size_t>(recv_len_), type_, ncclSum, rank.comm,
-                                rank.stream),
-              what);
-      break;
-    case CollectiveOp::broadcast:
-      AB_NCCL(ncclBroadcast(sendp, recvp, count, type_, 0, rank.comm, rank.stream), what);
-      break;
-    case CollectiveOp::reduce:
-      AB_NCCL(ncclReduce(sendp, recvp, count, type_, ncclSum, 0, rank.comm, rank.stream), what);
-      break;
-    case CollectiveOp::all_to_all: {
-      const std::int64_t chunk = d_.count / n;
-      for (int p = 0; p < n; ++p) {
-        AB_NCCL(ncclSend(sendp + p * chunk * es_, static_cast<std::size_t>(chunk), type_, p, rank.comm, rank.stream),
-                what);
-        AB_NCCL(ncclRecv(recvp + p * chunk * es_, static_cast<std::size_t>(chunk), type_, p, rank.comm, rank.stream),
-                what);
-      }
-      break;
-    }
-    case CollectiveOp::send_recv:
-      AB_NCCL(ncclSend(sendp, count, type_, (r + 1) % n, rank.comm, rank.stream), what);
-      AB_NCCL(ncclRecv(recvp, count, type_, (r + n - 1) % n, rank.comm, rank.stream), what);
-      break;
-  }
+  RankCall call;
+  call.send = d_.in_place ? base_recv + send_offset(r) * es_ : static_cast<const char*>(send_[ri].get());
+  call.recv = base_recv + recv_offset(r) * es_;
+  call.element_bytes = es_;
+  call.count = d_.count;
+  call.lengths = len_;
+  call.rank = r;
+  call.ranks = g_.size();
+  NcclCalls calls(rank, type_, std::string(traits_.name) + " on rank " + std::to_string(r));
+  traits_.run(calls, call);
 }
 
 void NcclPlan::enqueue_group() {
@@ -335,24 +310,6 @@ void NcclPlan::run() {
   if (n > 1) AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");
 }
 
-double NcclPlan::expected(int rank, std::int64_t i) const {
-  const int n = g_.size();
-  auto sum_over_ranks = [this](std::int64_t j) { return sums_[static_cast<std::size_t>(j % 4)]; };
-  switch (d_.op) {
-    case CollectiveOp::all_reduce:
-    case CollectiveOp::reduce: return sum_over_ranks(i);
-    case CollectiveOp::all_gather: return input_value(static_cast<int>(i / send_len_), i % send_len_);
-    case CollectiveOp::reduce_scatter: return sum_over_ranks(rank * recv_len_ + i);
-    case CollectiveOp::broadcast: return input_value(0, i);
-    case CollectiveOp::all_to_all: {
-      const std::int64_t chunk = d_.count / n;
-      return input_value(static_cast<int>(i / chunk), rank * chunk + i % chunk);
-    }
-    case CollectiveOp::send_recv: return input_value((rank + n - 1) % n, i);
-  }
-  return 0;
-}
-
 std::int64_t NcclPlan::check() {
   constexpr std::int64_t kChunk = std::int64_t{1} << 22;  // elements moved to and from the host at a time
   auto& ranks = g_.ranks_;
@@ -367,10 +324,10 @@ std::int64_t NcclPlan::check() {
             "collective check");
     char* sendp = d_.in_place ? static_cast<char*>(recv_[ri].get()) + send_offset(r) * es_
                               : static_cast<char*>(send_[ri].get());
-    for (std::int64_t c = 0; c < send_len_; c += kChunk) {
-      const std::int64_t len = std::min(kChunk, send_len_ - c);
+    for (std::int64_t c = 0; c < len_.send; c += kChunk) {
+      const std::int64_t len = std::min(kChunk, len_.send - c);
       values.resize(static_cast<std::size_t>(len));
-      for (std::int64_t j = 0; j < len; ++j) values[static_cast<std::size_t>(j)] = input_value(r, c + j);
+      for (std::int64_t j = 0; j < len; ++j) values[static_cast<std::size_t>(j)] = collective_input_value(r, c + j);
       encode(d_.dtype, values, bytes);
       AB_CUDA(cudaMemcpyAsync(sendp + c * es_, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, rank.stream),
               "collective check input");
@@ -386,16 +343,16 @@ std::int64_t NcclPlan::check() {
   std::int64_t wrong = 0;
   for (std::size_t ri = 0; ri < ranks.size(); ++ri) {
     const int r = global(ri);
-    if (d_.op == CollectiveOp::reduce && r != 0) continue;  // only the root's output is defined
+    if (traits_.root_output_only && r != 0) continue;  // only the root's output is defined
     AB_CUDA(cudaSetDevice(ranks[ri].device), "collective check");
     const char* recvp = static_cast<const char*>(recv_[ri].get()) + recv_offset(r) * es_;
-    for (std::int64_t c = 0; c < recv_len_; c += kChunk) {
-      const std::int64_t len = std::min(kChunk, recv_len_ - c);
+    for (std::int64_t c = 0; c < len_.recv; c += kChunk) {
+      const std::int64_t len = std::min(kChunk, len_.recv - c);
       bytes.resize(static_cast<std::size_t>(len * es_));
       AB_CUDA(cudaMemcpy(bytes.data(), recvp + c * es_, bytes.size(), cudaMemcpyDeviceToHost), "collective check output");
       const std::vector<double> got = to_doubles(d_.dtype, bytes.data(), static_cast<std::size_t>(len));
       for (std::int64_t j = 0; j < len; ++j)
-        if (got[static_cast<std::size_t>(j)] != expected(r, c + j)) ++wrong;
+        if (got[static_cast<std::size_t>(j)] != traits_.expected(check_in_, r, c + j)) ++wrong;
     }
   }
   AB_CUDA(cudaSetDevice(ranks[0].device), "collective rank 0");

@@ -12,6 +12,7 @@
 #include "backend/cuda/context.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/lt_names.h"
+#include "backend/cuda/lt_plan.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -22,19 +23,6 @@ constexpr int kMaxCandidates = 16;
 constexpr int kWarmupRuns = 2;
 constexpr int kTimedRuns = 5;
 constexpr double kSearchBudgetS = 2.0;  // stop timing further candidates after this much wall time
-
-struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDesc_t d) const noexcept { cublasLtMatmulDescDestroy(d); }
-};
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayout_t l) const noexcept { cublasLtMatrixLayoutDestroy(l); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreference_t p) const noexcept { cublasLtMatmulPreferenceDestroy(p); }
-};
-using MatmulDescPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, MatmulDescDeleter>;
-using LayoutPtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutDeleter>;
-using PreferencePtr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
 
 // Storage and compute types per precision, as the precision table in the design fixes them.
 struct LtTypes {
@@ -143,52 +131,27 @@ class LtGemm final : public GemmPlan {
   const void* beta() const { return types_.scale == CUDA_R_32I ? static_cast<const void*>(&beta_i_) : &beta_f_; }
 
   void create_descriptors() {
-    cublasLtMatmulDesc_t op = nullptr;
-    AB_CUBLAS(cublasLtMatmulDescCreate(&op, types_.compute, types_.scale), label_);
-    op_.reset(op);
-    const cublasOperation_t ta = desc_.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t tb = desc_.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    AB_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), label_);
-    AB_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), label_);
+    op_ = make_lt_matmul(types_.compute, types_.scale, desc_.trans_a, desc_.trans_b, label_);
     // fp8: CUBLASLT_MATMUL_DESC_FAST_ACCUM stays at its default 0, as torch._scaled_mm leaves it;
     // no scale pointers, so A and B scales are 1.
     const std::int64_t a_rows = desc_.trans_a ? desc_.k : desc_.m;
     const std::int64_t a_cols = desc_.trans_a ? desc_.m : desc_.k;
     const std::int64_t b_rows = desc_.trans_b ? desc_.n : desc_.k;
     const std::int64_t b_cols = desc_.trans_b ? desc_.k : desc_.n;
-    a_layout_ = make_layout(types_.ab_cuda, a_rows, a_cols, "A layout");
-    b_layout_ = make_layout(types_.ab_cuda, b_rows, b_cols, "B layout");
-    c_layout_ = make_layout(types_.c_cuda, desc_.m, desc_.n, "C layout");
-  }
-
-  LayoutPtr make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, const char* what) {
-    cublasLtMatrixLayout_t layout = nullptr;
-    AB_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, static_cast<std::uint64_t>(rows),
-                                         static_cast<std::uint64_t>(cols), rows),
-              label_ + ", " + what);
-    return LayoutPtr(layout);
+    a_layout_ = make_lt_layout(types_.ab_cuda, a_rows, a_cols, a_rows, label_ + ", A layout");
+    b_layout_ = make_lt_layout(types_.ab_cuda, b_rows, b_cols, b_rows, label_ + ", B layout");
+    c_layout_ = make_lt_layout(types_.c_cuda, desc_.m, desc_.n, desc_.m, label_ + ", C layout");
   }
 
   std::vector<cublasLtMatmulHeuristicResult_t> candidates() {
-    cublasLtMatmulPreference_t raw = nullptr;
-    AB_CUBLAS(cublasLtMatmulPreferenceCreate(&raw), label_);
-    const PreferencePtr pref(raw);
-    const auto ws_bytes = static_cast<std::uint64_t>(ctx_->workspace.bytes());
-    AB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                   sizeof(ws_bytes)),
-              label_);
-    std::vector<cublasLtMatmulHeuristicResult_t> results(kMaxCandidates);
-    int returned = 0;
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(ctx_->lt.get(), op_.get(), a_layout_.get(), b_layout_.get(), c_layout_.get(),
-                                       c_layout_.get(), raw, kMaxCandidates, results.data(), &returned);
-    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
-      throw_cublas(status, "cublasLtMatmulAlgoGetHeuristic", label_);
-    std::vector<cublasLtMatmulHeuristicResult_t> usable;
-    if (status == CUBLAS_STATUS_SUCCESS)
-      for (int i = 0; i < returned; ++i)
-        if (results[static_cast<std::size_t>(i)].state == CUBLAS_STATUS_SUCCESS)
-          usable.push_back(results[static_cast<std::size_t>(i)]);
+    LtQuery q;
+    q.op = op_.get();
+    q.a = a_layout_.get();
+    q.b = b_layout_.get();
+    q.c = c_layout_.get();
+    q.workspace_bytes = ctx_->workspace.bytes();
+    q.max_candidates = kMaxCandidates;
+    std::vector<cublasLtMatmulHeuristicResult_t> usable = lt_heuristic(ctx_->lt.get(), q, label_);
     if (usable.empty())
       throw Unsupported("cuBLASLt offers no algorithm for " + describe(desc_) + " on " + ctx_->label +
                         " (compute capability " + std::to_string(ctx_->cc_major) + "." +
@@ -255,8 +218,8 @@ class LtGemm final : public GemmPlan {
   GemmDesc desc_;
   LtTypes types_;
   std::string label_;
-  MatmulDescPtr op_;
-  LayoutPtr a_layout_, b_layout_, c_layout_;
+  LtMatmulPtr op_;
+  LtLayoutPtr a_layout_, b_layout_, c_layout_;
   DeviceBuffer a_, b_, c_;
   cublasLtMatmulAlgo_t algo_{};
   std::string algorithm_;

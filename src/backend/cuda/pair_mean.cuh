@@ -1,7 +1,7 @@
 // The pairwise mean of data parallelism's two-rank averaging, in f32: (a + b) / 2 with each step
 // rounded to f32 (the _rn intrinsics are never contracted into an FMA with what follows them, which
 // a plain (a + b) * 0.5f beside a weight-decay term was). One definition for the copy-engine mean
-// kernel (wire_cast.cu) and SGD's update with a partner gradient (nn/device/cuda_optim.cu), so both
+// kernel (wire_cast.cu) and SGD's update with a partner gradient (nn/cuda/optim.cu), so both
 // give the same bits, on both ranks (a + b is b + a). Device code only.
 #pragma once
 

@@ -11,7 +11,7 @@
 
 #include "backend/ref/ref.h"
 #include "core/error.h"
-#include "nn/device/device_kernels.h"
+#include "nn/cuda/device_kernels.h"
 #include "workloads/models/models.h"
 
 namespace ab::workloads::zoo {

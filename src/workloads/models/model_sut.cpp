@@ -7,7 +7,7 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "nn/device/device_kernels.h"
+#include "nn/cuda/device_kernels.h"
 #include "workloads/models/models.h"
 
 namespace ab::workloads::zoo {

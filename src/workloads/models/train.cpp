@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "dist/lockstep.h"
-#include "nn/device/device_kernels.h"
+#include "nn/cuda/device_kernels.h"
 #include "nn/optim.h"
 #include "workloads/models/models.h"
 

@@ -1,4 +1,4 @@
-#include "nn/device/cuda_batchnorm.h"
+#include "nn/cuda/batchnorm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,8 +11,8 @@
 
 #include "backend/cuda/check.h"
 #include "core/error.h"
-#include "nn/device/cuda_device_common.cuh"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/device_common.cuh"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda_batchnorm {
 namespace {

@@ -1,5 +1,5 @@
 // The engine's kernels on an NVIDIA GPU: cuDNN (convolution, batch norm, max pooling), cuBLASLt
-// (linear) and the project's own kernels (nn/device/cuda_pointwise), all on the cuda backend's
+// (linear) and the project's own kernels (nn/cuda/pointwise), all on the cuda backend's
 // stream, so the backend's event timer measures them. Built only with ACCELBENCH_CUDA.
 //
 // Differences from the reference a caller must know:

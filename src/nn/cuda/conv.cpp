@@ -12,7 +12,6 @@
 // before any step. The chosen algorithm's math type (FMA, TF32 or tensor ops) is fixed in that
 // pass's descriptor.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,9 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "nn/device/cuda_conv_search.h"
-#include "nn/device/cuda_kernels_impl.h"
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/conv_engine.h"
+#include "nn/cuda/conv_search.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -66,13 +65,6 @@ std::vector<Candidate> usable(const std::vector<Perf>& found, int returned, std:
   return out;
 }
 
-// Samples per candidate and the GPU time a sample should span (event resolution is ~0.5 us).
-constexpr int kSamples = 5, kLongSamples = 3;
-constexpr double kLongRunS = 1e-3, kSampleSpanS = 50e-6;
-constexpr int kMaxCallsPerSample = 16;
-// A candidate whose first sample is this much slower than the best median so far is dropped.
-constexpr double kAbortFactor = 1.5;
-
 const char* math_name(cudnnMathType_t m) {
   switch (m) {
     case CUDNN_DEFAULT_MATH: return "default";
@@ -91,49 +83,6 @@ int narrow(std::int64_t v, const std::string& what) {
   return static_cast<int>(v);
 }
 
-double GpuSampler::sample(const std::function<bool()>& run, int calls, const std::string& what) {
-  double seconds = 0;
-  for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
-    AB_CUDA(cudaStreamSynchronize(stream_), what);
-    cuda_pointwise::spin(stream_, spin_ns_);
-    const auto host_start = std::chrono::steady_clock::now();
-    AB_CUDA(cudaEventRecord(start_.get(), stream_), what);
-    for (int i = 0; i < calls; ++i)
-      if (!run()) throw Error(what + ": a timed run failed after its warm-up succeeded");
-    AB_CUDA(cudaEventRecord(stop_.get(), stream_), what);
-    const auto host_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now() - host_start)
-                             .count();
-    AB_CUDA(cudaEventSynchronize(stop_.get()), what);
-    float ms = 0;
-    AB_CUDA(cudaEventElapsedTime(&ms, start_.get(), stop_.get()), what);
-    seconds = static_cast<double>(ms) * 1e-3 / calls;
-    if (2 * host_ns < spin_ns_) break;
-    spin_ns_ = std::min<std::int64_t>(std::max<std::int64_t>(2 * spin_ns_, 4 * host_ns), kMaxSpinNs);
-  }
-  return seconds;
-}
-
-// The median GPU time of `run` (one call already warmed it), or its first sample where that was
-// already kAbortFactor slower than `best_s`, the fastest so far.
-double time_candidate(GpuSampler& sampler, const std::function<bool()>& run, double best_s, const std::string& what) {
-  const double first_s = sampler.sample(run, 1, what);
-  if (first_s > kAbortFactor * best_s) return first_s;
-  const int calls = static_cast<int>(
-      std::clamp(std::ceil(kSampleSpanS / std::max(first_s, 1e-9)), 1.0, static_cast<double>(kMaxCallsPerSample)));
-  std::vector<double> samples;
-  for (int i = 0, n = first_s < kLongRunS ? kSamples : kLongSamples; i < n; ++i)
-    samples.push_back(sampler.sample(run, calls, what));
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
-}
-
-std::string format_us(double seconds) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", seconds * 1e6);
-  return buf;
-}
-
 // f32 stays in FMA math unless TF32 is allowed; f16/bf16 use tensor cores, accumulating in f32.
 cudnnMathType_t search_math(DType t, bool tf32) {
   return t == DType::f32 ? (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) : CUDNN_TENSOR_OP_MATH;
@@ -143,10 +92,9 @@ ConvDescPtr make_conv_desc(const Conv2dDesc& d, cudnnMathType_t math, const std:
   cudnnConvolutionDescriptor_t cd = nullptr;
   AB_CUDNN(cudnnCreateConvolutionDescriptor(&cd), label);
   ConvDescPtr owned(cd);
-  AB_CUDNN(cudnnSetConvolution2dDescriptor(cd, narrow(d.pad_h, label), narrow(d.pad_w, label),
-                                           narrow(d.stride_h, label), narrow(d.stride_w, label),
-                                           narrow(d.dilation_h, label), narrow(d.dilation_w, label),
-                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+  AB_CUDNN(cudnnSetConvolution2dDescriptor(
+               cd, narrow(d.pad_h, label), narrow(d.pad_w, label), narrow(d.stride_h, label), narrow(d.stride_w, label),
+               narrow(d.dilation_h, label), narrow(d.dilation_w, label), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
            label);
   AB_CUDNN(cudnnSetConvolutionGroupCount(cd, narrow(d.groups, label)), label);
   AB_CUDNN(cudnnSetConvolutionMathType(cd, math), label);
@@ -166,25 +114,11 @@ const ConvPass& usable_pass(const ConvPass& pass, const ConvPlan& plan, const Wo
   return pass;
 }
 
-unsigned char* CudaKernels::search_operands(std::int64_t operand_bytes, std::int64_t& cap_bytes,
-                                            const std::string& label) {
-  for (;;) {
-    const std::int64_t need = operand_bytes + cap_bytes;
-    if (search_scratch_.bytes() >= need) break;
-    try {
-      search_scratch_ = backend::cuda::DeviceBuffer();
-      search_scratch_ = backend::cuda::DeviceBuffer(need, label + ", algorithm search operands");
-      break;
-    } catch (const OutOfMemory&) {
-      if (cap_bytes == 0) throw;
-      cap_bytes /= 8;  // less workspace (fewer algorithms) before giving up
-      if (cap_bytes < (std::int64_t{1} << 20)) cap_bytes = 0;
-    }
-  }
-  return search_scratch_.as<unsigned char>();
+ConvEngine::ConvEngine(EngineContext& ctx) : ctx_(ctx) {
+  ctx_.add_write_hook([this](const void* data) { fp8_weights_written(data); });
 }
 
-std::int64_t CudaKernels::conv_workspace_cap() const {
+std::int64_t ConvEngine::conv_workspace_cap() const {
   // At most 1 GiB, and at most a quarter of what is free now (the graph's arena comes later).
   std::size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
@@ -194,26 +128,25 @@ std::int64_t CudaKernels::conv_workspace_cap() const {
   return std::min(kMaxWorkspaceBytes, static_cast<std::int64_t>(free_bytes) / 4);
 }
 
-Key CudaKernels::conv_key(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) const {
+Key ConvEngine::conv_key(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) const {
   Key k;
   k.add(x);
   k.add(w);
   k.add(y);
   for (std::int64_t v : {d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h, d.dilation_w, d.groups}) k.add(v);
-  k.add(deterministic_ ? 1 : 0);
-  k.add(tf32_ ? 1 : 0);
+  k.add(ctx_.modes.deterministic ? 1 : 0);
+  k.add(ctx_.modes.tf32 ? 1 : 0);
   return k;
 }
 
-std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                                       const Tensor& y) {
+std::unique_ptr<ConvPlan> ConvEngine::build_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                                      const Tensor& y) {
   auto plan = std::make_unique<ConvPlan>();
   plan->label = conv_label(d, x, w, y);
   const std::string& label = plan->label;
   if (x.shape.rank() != 4 || w.shape.rank() != 4 || y.shape.rank() != 4)
     throw Error(label + ": operands must be rank 4");
-  if (x.dtype != w.dtype || x.dtype != y.dtype)
-    throw Unsupported(label + ": x, w and y must share one dtype");
+  if (x.dtype != w.dtype || x.dtype != y.dtype) throw Unsupported(label + ": x, w and y must share one dtype");
   if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16)
     throw Unsupported(label + ": the CUDA convolution runs f32, f16 or bf16, not " + std::string(to_string(x.dtype)));
   for (const Tensor* t : {&x, &w, &y})
@@ -236,7 +169,7 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
                                       narrow(w.shape[1], label), narrow(w.shape[2], label), narrow(w.shape[3], label)),
            label);
 
-  const ConvDescPtr search = make_conv_desc(d, search_math(x.dtype, tf32_), label);
+  const ConvDescPtr search = make_conv_desc(d, search_math(x.dtype, ctx_.modes.tf32), label);
   int on = 0, oc = 0, oh = 0, ow = 0;
   AB_CUDNN(cudnnGetConvolution2dForwardOutputDim(search.get(), plan->x.get(), plan->w.get(), &on, &oc, &oh, &ow),
            label);
@@ -246,13 +179,13 @@ std::unique_ptr<ConvPlan> CudaKernels::build_conv_plan(const Conv2dDesc& d, cons
   return plan;
 }
 
-void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
-                                     const Tensor& y, ConvPasses passes) {
+void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                    const Tensor& y, ConvPasses passes) {
   const bool want_fwd = !plan.fwd.searched, want_data = passes.backward_data && !plan.bwd_data.searched,
              want_filter = passes.backward_filter && !plan.bwd_filter.searched;
   if (!want_fwd && !want_data && !want_filter) return;
   const std::string& label = plan.label;
-  const cudnnMathType_t math = search_math(x.dtype, tf32_);
+  const cudnnMathType_t math = search_math(x.dtype, ctx_.modes.tf32);
   const ConvDescPtr search = make_conv_desc(d, math, label);
   // The math a chosen algorithm runs with: its own, except that f32 without TF32 stays in FMA
   // math whatever cuDNN reports, so no TF32 kernel can slip in.
@@ -262,21 +195,21 @@ void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const 
   // random values in [-1, 1) before each pass is timed.
   const std::int64_t xb = align_up(x.size_bytes()), wb = align_up(w.size_bytes()), yb = align_up(y.size_bytes());
   std::int64_t cap = conv_workspace_cap();
-  unsigned char* base = search_operands(xb + wb + yb, cap, label);
+  unsigned char* base = ctx_.search_operands(xb + wb + yb, cap, label);
   void* sx = base;
   void* sw = base + xb;
   void* sy = base + xb + wb;
   void* sws = cap > 0 ? base + xb + wb + yb : nullptr;
   auto randomise = [&](std::uint64_t seed) {
-    cuda_pointwise::fill_uniform(stream_, x.dtype, sx, x.numel(), seed, -1.0, 1.0);
-    cuda_pointwise::fill_uniform(stream_, w.dtype, sw, w.numel(), seed + 1, -1.0, 1.0);
-    cuda_pointwise::fill_uniform(stream_, y.dtype, sy, y.numel(), seed + 2, -1.0, 1.0);
+    cuda_pointwise::fill_uniform(ctx_.stream, x.dtype, sx, x.numel(), seed, -1.0, 1.0);
+    cuda_pointwise::fill_uniform(ctx_.stream, w.dtype, sw, w.numel(), seed + 1, -1.0, 1.0);
+    cuda_pointwise::fill_uniform(ctx_.stream, y.dtype, sy, y.numel(), seed + 2, -1.0, 1.0);
   };
   randomise(1);
   const auto ws_size = static_cast<std::size_t>(cap);
-  const std::string limits = std::string(deterministic_ ? " deterministic" : "") + " algorithm within a workspace of " +
-                             std::to_string(cap >> 20) + " MiB for " + label;
-  GpuSampler sampler(stream_, label + ", algorithm timing");
+  const std::string limits = std::string(ctx_.modes.deterministic ? " deterministic" : "") +
+                             " algorithm within a workspace of " + std::to_string(cap >> 20) + " MiB for " + label;
+  GpuSampler sampler(ctx_.stream, label + ", algorithm timing");
 
   // Runs each candidate once (a failure drops it; the run also loads or compiles its kernel), then
   // times it; the fastest median wins. `launch` queues one call and returns cuDNN's status.
@@ -296,8 +229,8 @@ void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const 
         log += std::string("refused (") + cudnnGetErrorString(warm) + ")";
         continue;
       }
-      const double median_s =
-          time_candidate(sampler, [&] { return launch(c, conv.get()) == CUDNN_STATUS_SUCCESS; }, best_s, what);
+      const double median_s = time_candidate(
+          sampler, [&] { return launch(c, conv.get()) == CUDNN_STATUS_SUCCESS; }, best_s, what);
       log += format_us(median_s) + "us(find " + format_us(c.find_ms * 1e-3) + ")";
       if (median_s < best_s) {
         best_s = median_s;
@@ -315,18 +248,19 @@ void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const 
   const float one = 1.0f, zero = 0.0f;
   if (want_fwd) {
     int count = 0, returned = 0;
-    AB_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(cudnn_.get(), &count), label);
+    AB_CUDNN(cudnnGetConvolutionForwardAlgorithmMaxCount(ctx_.cudnn.get(), &count), label);
     std::vector<cudnnConvolutionFwdAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
-    AB_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(cudnn_.get(), plan.x.get(), sx, plan.w.get(), sw, search.get(),
+    AB_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(ctx_.cudnn.get(), plan.x.get(), sx, plan.w.get(), sw, search.get(),
                                                     plan.y.get(), sy, count, &returned, found.data(), sws, ws_size),
              label + ", forward algorithm search");
-    choose(usable(found, returned, cap, deterministic_), "forward", 11,
-           [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-             return cudnnConvolutionForward(cudnn_.get(), &one, plan.x.get(), sx, plan.w.get(), sw, cd,
-                                            static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), sws,
-                                            static_cast<std::size_t>(c.workspace_bytes), &zero, plan.y.get(), sy);
-           },
-           plan.fwd);
+    choose(
+        usable(found, returned, cap, ctx_.modes.deterministic), "forward", 11,
+        [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+          return cudnnConvolutionForward(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.w.get(), sw, cd,
+                                         static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), sws,
+                                         static_cast<std::size_t>(c.workspace_bytes), &zero, plan.y.get(), sy);
+        },
+        plan.fwd);
     if (plan.fwd.algo < 0) plan.fwd.refusal = "cuDNN has no forward" + limits;
     plan.fwd.searched = true;
     ++stats_.conv_pass_searches;
@@ -336,21 +270,21 @@ void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const 
   if (want_data) {
     try {
       int count = 0, returned = 0;
-      AB_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnn_.get(), &count), label);
+      AB_CUDNN(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(ctx_.cudnn.get(), &count), label);
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
       randomise(21);
-      AB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(cudnn_.get(), plan.w.get(), sw, plan.y.get(), sy,
+      AB_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(ctx_.cudnn.get(), plan.w.get(), sw, plan.y.get(), sy,
                                                            search.get(), plan.x.get(), sx, count, &returned,
                                                            found.data(), sws, ws_size),
                label + ", backward-data algorithm search");
-      choose(usable(found, returned, cap, deterministic_), "backward-data", 22,
-             [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-               return cudnnConvolutionBackwardData(cudnn_.get(), &one, plan.w.get(), sw, plan.y.get(), sy, cd,
-                                                   static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), sws,
-                                                   static_cast<std::size_t>(c.workspace_bytes), &zero, plan.x.get(),
-                                                   sx);
-             },
-             plan.bwd_data);
+      choose(
+          usable(found, returned, cap, ctx_.modes.deterministic), "backward-data", 22,
+          [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+            return cudnnConvolutionBackwardData(ctx_.cudnn.get(), &one, plan.w.get(), sw, plan.y.get(), sy, cd,
+                                                static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo), sws,
+                                                static_cast<std::size_t>(c.workspace_bytes), &zero, plan.x.get(), sx);
+          },
+          plan.bwd_data);
       if (plan.bwd_data.algo < 0) plan.bwd_data.refusal = "cuDNN has no backward-data" + limits;
     } catch (const Unsupported& e) {
       plan.bwd_data.refusal = e.what();
@@ -361,21 +295,21 @@ void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const 
   if (want_filter) {
     try {
       int count = 0, returned = 0;
-      AB_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn_.get(), &count), label);
+      AB_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(ctx_.cudnn.get(), &count), label);
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> found(static_cast<std::size_t>(std::max(count, 1)));
       randomise(31);
-      AB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnn_.get(), plan.x.get(), sx, plan.y.get(), sy,
+      AB_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(ctx_.cudnn.get(), plan.x.get(), sx, plan.y.get(), sy,
                                                              search.get(), plan.w.get(), sw, count, &returned,
                                                              found.data(), sws, ws_size),
                label + ", backward-filter algorithm search");
-      choose(usable(found, returned, cap, deterministic_), "backward-filter", 32,
-             [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
-               return cudnnConvolutionBackwardFilter(cudnn_.get(), &one, plan.x.get(), sx, plan.y.get(), sy, cd,
-                                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), sws,
-                                                     static_cast<std::size_t>(c.workspace_bytes), &zero, plan.w.get(),
-                                                     sw);
-             },
-             plan.bwd_filter);
+      choose(
+          usable(found, returned, cap, ctx_.modes.deterministic), "backward-filter", 32,
+          [&](const Candidate& c, cudnnConvolutionDescriptor_t cd) {
+            return cudnnConvolutionBackwardFilter(ctx_.cudnn.get(), &one, plan.x.get(), sx, plan.y.get(), sy, cd,
+                                                  static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo), sws,
+                                                  static_cast<std::size_t>(c.workspace_bytes), &zero, plan.w.get(), sw);
+          },
+          plan.bwd_filter);
       if (plan.bwd_filter.algo < 0) plan.bwd_filter.refusal = "cuDNN has no backward-filter" + limits;
     } catch (const Unsupported& e) {
       plan.bwd_filter.refusal = e.what();
@@ -383,22 +317,22 @@ void CudaKernels::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const 
     plan.bwd_filter.searched = true;
     ++stats_.conv_pass_searches;
   }
-  AB_CUDA(cudaStreamSynchronize(stream_), label + ", algorithm search");
+  AB_CUDA(cudaStreamSynchronize(ctx_.stream), label + ", algorithm search");
   if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
-    for (const auto& [pass, now] : {std::pair{&plan.fwd, want_fwd}, {&plan.bwd_data, want_data},
-                                    {&plan.bwd_filter, want_filter}})
+    for (const auto& [pass, now] :
+         {std::pair{&plan.fwd, want_fwd}, {&plan.bwd_data, want_data}, {&plan.bwd_filter, want_filter}})
       if (now && !pass->choice.empty()) std::fprintf(stderr, "%s: %s\n", label.c_str(), pass->choice.c_str());
 }
 
-ConvPlan& CudaKernels::conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
+ConvPlan& ConvEngine::conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
   if (auto it = conv_plans_.find(conv_key(d, x, w, y)); it != conv_plans_.end()) return *it->second;
   // Not prepared (a direct call, or the mode changed since binding): search every pass now.
   return prepared_conv_plan(d, x, w, y, ConvPasses{});
 }
 
 // A cached plan always has its forward pass searched: a new plan enters the cache only after that.
-ConvPlan& CudaKernels::prepared_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
-                                          ConvPasses passes) {
+ConvPlan& ConvEngine::prepared_conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                                         ConvPasses passes) {
   const Key key = conv_key(d, x, w, y);
   const auto it = conv_plans_.find(key);
   ConvPlan* plan = it != conv_plans_.end() ? it->second.get() : nullptr;
@@ -406,7 +340,7 @@ ConvPlan& CudaKernels::prepared_conv_plan(const Conv2dDesc& d, const Tensor& x, 
       (!passes.backward_filter || plan->bwd_filter.searched))
     return *plan;
   // The search's allocations and synchronisation cannot happen inside a capture.
-  if (capturing())
+  if (ctx_.capturing())
     throw Error(conv_label(d, x, w, y) + ": not prepared; call conv2d_prepare (bind the graph) before capturing");
   if (plan != nullptr) {  // cached for fewer passes (an inference or first layer): extend it
     search_conv_passes(*plan, d, x, w, y, passes);
@@ -418,7 +352,7 @@ ConvPlan& CudaKernels::prepared_conv_plan(const Conv2dDesc& d, const Tensor& x, 
   return *conv_plans_.emplace(key, std::move(built)).first->second;
 }
 
-std::vector<std::string> CudaKernels::conv_choices() const {
+std::vector<std::string> ConvEngine::conv_choices() const {
   std::vector<std::string> lines;
   for (const auto& [key, plan] : conv_plans_) {
     for (const ConvPass* pass : {&plan->fwd, &plan->bwd_data, &plan->bwd_filter})
@@ -430,9 +364,15 @@ std::vector<std::string> CudaKernels::conv_choices() const {
   return lines;
 }
 
-std::int64_t CudaKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
-                                         ConvPasses passes) {
-  AB_CUDA(cudaSetDevice(device_), label_ + " conv2d_prepare");
+void ConvEngine::count_fusions(Kernels::FusionCounts& counts) const {
+  for (const auto& [key, plan] : conv_plans_)
+    for (const ConvEpilogue& e : plan->epilogue)
+      if (e.searched) ++(e.fused ? counts.fused : counts.unfused);
+}
+
+std::int64_t ConvEngine::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                                        ConvPasses passes) {
+  AB_CUDA(cudaSetDevice(ctx_.device), ctx_.label + " conv2d_prepare");
   const std::int64_t searched_before = stats_.conv_pass_searches;
   const ConvPlan& p = prepared_conv_plan(d, x, w, y, passes);
   if (stats_.conv_pass_searches == searched_before) ++stats_.conv_cache_hits;
@@ -444,37 +384,37 @@ std::int64_t CudaKernels::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, c
   return bytes;
 }
 
-
-void CudaKernels::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) {
+void ConvEngine::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) {
   const ConvPlan& p = conv_plan(d, x, w, y);
   const ConvPass& pass = usable_pass(p.fwd, p, ws, "forward");
   const float one = 1.0f, zero = 0.0f;
-  AB_CUDNN(cudnnConvolutionForward(cudnn_.get(), &one, p.x.get(), x.data, p.w.get(), w.data, pass.conv.get(),
+  AB_CUDNN(cudnnConvolutionForward(ctx_.cudnn.get(), &one, p.x.get(), x.data, p.w.get(), w.data, pass.conv.get(),
                                    static_cast<cudnnConvolutionFwdAlgo_t>(pass.algo), ws.data,
                                    static_cast<std::size_t>(pass.workspace_bytes), &zero, p.y.get(), y.data),
            p.label);
 }
 
-void CudaKernels::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx,
-                                       bool accumulate, Workspace ws) {
+void ConvEngine::conv2d_backward_data(const Conv2dDesc& d, const Tensor& dy, const Tensor& w, const Tensor& dx,
+                                      bool accumulate, Workspace ws) {
   const ConvPlan& p = conv_plan(d, dx, w, dy);
   const ConvPass& pass = usable_pass(p.bwd_data, p, ws, "backward-data");
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  AB_CUDNN(cudnnConvolutionBackwardData(cudnn_.get(), &one, p.w.get(), w.data, p.y.get(), dy.data, pass.conv.get(),
+  AB_CUDNN(cudnnConvolutionBackwardData(ctx_.cudnn.get(), &one, p.w.get(), w.data, p.y.get(), dy.data, pass.conv.get(),
                                         static_cast<cudnnConvolutionBwdDataAlgo_t>(pass.algo), ws.data,
                                         static_cast<std::size_t>(pass.workspace_bytes), &beta, p.x.get(), dx.data),
            p.label + ", backward data");
 }
 
-void CudaKernels::conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
-                                         Workspace ws) {
+void ConvEngine::conv2d_backward_filter(const Conv2dDesc& d, const Tensor& x, const Tensor& dy, const Tensor& dw,
+                                        Workspace ws) {
   const ConvPlan& p = conv_plan(d, x, dw, dy);
   const ConvPass& pass = usable_pass(p.bwd_filter, p, ws, "backward-filter");
   const float one = 1.0f, zero = 0.0f;
-  AB_CUDNN(cudnnConvolutionBackwardFilter(cudnn_.get(), &one, p.x.get(), x.data, p.y.get(), dy.data, pass.conv.get(),
-                                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(pass.algo), ws.data,
-                                          static_cast<std::size_t>(pass.workspace_bytes), &zero, p.w.get(), dw.data),
-           p.label + ", backward filter");
+  AB_CUDNN(
+      cudnnConvolutionBackwardFilter(ctx_.cudnn.get(), &one, p.x.get(), x.data, p.y.get(), dy.data, pass.conv.get(),
+                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(pass.algo), ws.data,
+                                     static_cast<std::size_t>(pass.workspace_bytes), &zero, p.w.get(), dw.data),
+      p.label + ", backward filter");
 }
 
 }  // namespace ab::nn::cuda

@@ -1,4 +1,4 @@
-#include "nn/device/cuda_allocator.h"
+#include "nn/cuda/allocator.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,5 +1,7 @@
-// Internal to the CUDA engine kernels: cuDNN error checking, RAII owners for cuDNN descriptors,
-// dtype mapping, and the hashable keys the per-shape caches use. Not part of any public header.
+// Internal to the CUDA engine: cuDNN error checking, RAII owners for cuDNN descriptors, dtype
+// mapping, the hashable keys the per-shape caches use, and the operand checks every family's entry
+// points share. Not part of any public header. (CUDA and cuBLASLt checks and handles are the CUDA
+// foundation's, backend/cuda/check.h.)
 #pragma once
 
 #include <cudnn.h>
@@ -32,21 +34,12 @@ inline void check_cudnn(cudnnStatus_t status, const char* call, const std::strin
   if (status != CUDNN_STATUS_SUCCESS) throw_cudnn(status, call, what);
 }
 // Checked calls whose message (`what`) is built only on failure: the per-step kernels run these
-// thousands of times a second and must not format strings on the way.
-#define AB_CUDNN(call, what)                                                                   \
-  do {                                                                                         \
-    if (const cudnnStatus_t ab_status_ = (call); ab_status_ != CUDNN_STATUS_SUCCESS)           \
-      ::ab::nn::cuda::throw_cudnn(ab_status_, #call, (what));                                  \
-  } while (0)
-#define AB_LT(call, what)                                                                      \
-  do {                                                                                         \
-    if (const cublasStatus_t ab_status_ = (call); ab_status_ != CUBLAS_STATUS_SUCCESS)         \
-      ::ab::backend::cuda::throw_cublas(ab_status_, #call, (what));                            \
-  } while (0)
-#define AB_CUDA_LAZY(call, what)                                                               \
-  do {                                                                                         \
-    if (const cudaError_t ab_error_ = (call); ab_error_ != cudaSuccess)                        \
-      ::ab::backend::cuda::throw_cuda(ab_error_, #call, (what));                               \
+// thousands of times a second and must not format strings on the way (AB_CUDA_LAZY and
+// AB_CUBLAS_LAZY are the foundation's, backend/cuda/check.h).
+#define AB_CUDNN(call, what)                                                         \
+  do {                                                                               \
+    if (const cudnnStatus_t ab_status_ = (call); ab_status_ != CUDNN_STATUS_SUCCESS) \
+      ::ab::nn::cuda::throw_cudnn(ab_status_, #call, (what));                        \
   } while (0)
 
 struct CudnnHandleDeleter {
@@ -78,6 +71,13 @@ using ActivationDescPtr = std::unique_ptr<std::remove_pointer_t<cudnnActivationD
 cudnnDataType_t cudnn_dtype(DType t);
 // A 4-d tensor descriptor from the tensor's own strides (NCHW or NHWC alike).
 TensorDescPtr make_tensor_desc(const Tensor& t);
+
+// Operand checks of the entry points, naming the kernel. require_flat: one shape, strides and
+// dtype, contiguous (the kernels walk flat arrays; else Unsupported); require_scalar: `dtype` [1]
+// (else Error); skip_flag: an optimizer's skip_if as the device pointer its kernels read, or null.
+void require_flat(const char* kernel, const Tensor& a, const Tensor& b);
+void require_scalar(const char* kernel, const char* what, const Tensor& t, DType dtype);
+const std::int32_t* skip_flag(const Tensor& skip_if);
 
 // A fixed-size, hashable fingerprint of the descriptor fields a cached plan depends on.
 struct Key {

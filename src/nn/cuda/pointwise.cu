@@ -1,6 +1,6 @@
 // Activations, the residual add and the folded epilogue, gradient copies, global average pooling,
-// fills and the timing spin (cuda_pointwise.h). The shared engine: cuda_pointwise_engine.cuh.
-#include "nn/device/cuda_pointwise_engine.cuh"
+// fills and the timing spin (pointwise.h). The shared engine: pointwise_common.cuh.
+#include "nn/cuda/pointwise_common.cuh"
 
 namespace ab::nn::cuda_pointwise {
 

@@ -1,8 +1,8 @@
-// fp8 (e4m3) convolution; CudaKernels::conv2d_fp8_* (cuda_conv_fp8_layer.cpp) runs it:
+// fp8 (e4m3) convolution; ConvEngine::conv2d_fp8_* (conv_fp8_layer.cpp) runs it:
 // - Fp8ConvPlan: one NHWC convolution on cuDNN's backend (graph) API,
 //     y = act(conv(x, w) * descale (+ bias)),
 //   x [N, H, W, C] and w [K, R, S, C] e4m3, accumulated in f32, y [N, P, Q, K] f16 or bf16.
-// - The quantization kernels (cuda_fp8_quant.cu): amax of a tensor and its e4m3 image with the
+// - The quantization kernels (fp8_quant.cu): amax of a tensor and its e4m3 image with the
 //   per-tensor scale 448 / amax computed on the device, plus the descale the convolution takes.
 // Free of CUDA and cuDNN headers (streams travel as void*, as backend::cuda::native_stream gives
 // them), so tests and later callers need neither include path. Device pointers throughout.
@@ -80,7 +80,7 @@ class Fp8ConvPlan {
   std::unique_ptr<Impl> impl_;
 };
 
-// ---- quantization kernels (cuda_fp8_quant.cu); every call enqueues on `stream` and returns: no
+// ---- quantization kernels (fp8_quant.cu); every call enqueues on `stream` and returns: no
 // allocation, no host sync, so a sequence can be captured into a CUDA graph. x: n elements of
 // dtype t (f32, f16 or bf16; others throw Unsupported). A failed launch throws Error.
 

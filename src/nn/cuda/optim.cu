@@ -1,9 +1,9 @@
 // Optimizer steps (SGD, LARS) and mixed precision (casts, unscale-and-check, the loss-scale rule)
-// (cuda_pointwise.h). The shared engine: cuda_pointwise_engine.cuh.
+// (pointwise.h). The shared engine: pointwise_common.cuh.
 #include <limits>
 
 #include "backend/cuda/pair_mean.cuh"
-#include "nn/device/cuda_pointwise_engine.cuh"
+#include "nn/cuda/pointwise_common.cuh"
 
 namespace ab::nn::cuda_pointwise {
 namespace {

@@ -1,9 +1,9 @@
-#include "nn/device/device_kernels.h"
+#include "nn/cuda/device_kernels.h"
 
 #include "core/error.h"
 
 #ifdef ACCELBENCH_WITH_CUDA
-#include "nn/device/cuda_kernels.h"
+#include "nn/cuda/kernels.h"
 #endif
 
 namespace ab::nn {

@@ -1,4 +1,4 @@
-// The fp8 (e4m3) quantization kernels of cuda_conv_fp8.h: a tensor's amax, its e4m3 image with the
+// The fp8 (e4m3) quantization kernels of conv_fp8.h: a tensor's amax, its e4m3 image with the
 // per-tensor scale 448 / amax computed on the device, and the product of two descales.
 //
 // Rounding must match the host's float_to_e4m3_bits (core/dtype.cpp), which the tests and the
@@ -17,8 +17,8 @@
 
 #include <cstdint>
 
-#include "nn/device/cuda_conv_fp8.h"
-#include "nn/device/cuda_pointwise_engine.cuh"
+#include "nn/cuda/conv_fp8.h"
+#include "nn/cuda/pointwise_common.cuh"
 
 namespace ab::nn::cuda {
 namespace {

@@ -1,6 +1,6 @@
 // Softmax cross-entropy and the learned-compression losses (rounding, rate-distortion) with their
-// gradients (cuda_pointwise.h). The shared engine: cuda_pointwise_engine.cuh.
-#include "nn/device/cuda_pointwise_engine.cuh"
+// gradients (pointwise.h). The shared engine: pointwise_common.cuh.
+#include "nn/cuda/pointwise_common.cuh"
 
 namespace ab::nn::cuda_pointwise {
 namespace {

@@ -7,12 +7,11 @@
 // f32 computes in f32 (TF32 when allowed), f16/bf16 in f32. One heuristic choice per shape, cached.
 #include <algorithm>
 
-#include "nn/device/cuda_kernels_impl.h"
+#include "nn/cuda/linear_engine.h"
+#include "nn/cuda/pointwise.h"
 
 namespace ab::nn::cuda {
 namespace {
-
-using backend::cuda::check_cublas;
 
 cudaDataType_t lt_dtype(DType t) {
   switch (t) {
@@ -30,83 +29,91 @@ void require_matrix(const char* kernel, const Tensor& t, const char* what, DType
                       std::string(to_string(dtype)) + " matrix, got " + t.to_string());
 }
 
+constexpr std::int64_t kLtWorkspaceBytes = std::int64_t{32} << 20;
+constexpr std::int64_t kOnesCount = std::int64_t{1} << 16;  // rows reduced per bias-gradient GEMM
+
 }  // namespace
 
-LtPlan& CudaKernels::lt_plan(const GemmShape& g) {
-  const bool tf32 = g.allow_tf32 && tf32_ && g.dtype == DType::f32;
+LinearEngine::LinearEngine(EngineContext& ctx) : ctx_(ctx) {
+  lt_ = backend::cuda::create_lt_handle(ctx_.label + " engine cuBLASLt handle");
+  lt_workspace_ = backend::cuda::DeviceBuffer(kLtWorkspaceBytes, ctx_.label + " engine cuBLASLt workspace");
+  ones_count_ = kOnesCount;
+  ones_ = backend::cuda::DeviceBuffer(ones_count_ * (4 + 2 + 2), ctx_.label + " ones");
+  auto* base = ones_.as<unsigned char>();
+  cuda_pointwise::fill(ctx_.stream, DType::f32, base, ones_count_, 1.0);
+  cuda_pointwise::fill(ctx_.stream, DType::f16, base + 4 * ones_count_, ones_count_, 1.0);
+  cuda_pointwise::fill(ctx_.stream, DType::bf16, base + 6 * ones_count_, ones_count_, 1.0);
+}
+
+const void* LinearEngine::ones(DType t) const {
+  const auto* base = ones_.as<const unsigned char>();
+  switch (t) {
+    case DType::f32: return base;
+    case DType::f16: return base + 4 * ones_count_;
+    case DType::bf16: return base + 6 * ones_count_;
+    default: throw Unsupported("cuda: no ones vector for " + std::string(to_string(t)));
+  }
+}
+
+LtPlan& LinearEngine::lt_plan(const GemmShape& g) {
+  const bool tf32 = g.allow_tf32 && ctx_.modes.tf32 && g.dtype == DType::f32;
   Key key;
-  for (std::int64_t v : {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n,
-                         g.k, g.lda, g.ldb, g.ldc, std::int64_t{g.bias}, std::int64_t{tf32},
-                         std::int64_t{deterministic_}})
+  for (std::int64_t v :
+       {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n, g.k, g.lda,
+        g.ldb, g.ldc, std::int64_t{g.bias}, std::int64_t{tf32}, std::int64_t{ctx_.modes.deterministic}})
     key.add(v);
   if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return *it->second;
 
   auto plan = std::make_unique<LtPlan>();
-  plan->label = "linear gemm " + std::string(to_string(g.dtype)) + (tf32 ? " (tf32)" : "") + " m=" +
-                std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+  plan->label = "linear gemm " + std::string(to_string(g.dtype)) + (tf32 ? " (tf32)" : "") +
+                " m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
                 (g.trans_a ? " T" : " N") + (g.trans_b ? "T" : "N") + (g.bias ? " +bias" : "");
   const std::string& label = plan->label;
   const cudaDataType_t t = lt_dtype(g.dtype);
-  cublasLtMatmulDesc_t op = nullptr;
-  AB_LT(cublasLtMatmulDescCreate(&op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F), label);
-  plan->op.reset(op);
-  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), label);
-  AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), label);
+  plan->op = backend::cuda::make_lt_matmul(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
+                                           g.trans_a, g.trans_b, label);
   if (g.bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // bias in D's dtype, one per row of D
-    AB_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), label);
+    AB_CUBLAS_LAZY(
+        cublasLtMatmulDescSetAttribute(plan->op.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+        label);
   }
-  auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-    cublasLtMatrixLayout_t l = nullptr;
-    AB_LT(cublasLtMatrixLayoutCreate(&l, t, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld),
-              label);
-    return LtLayoutPtr(l);
+  const auto layout = [&](std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    return backend::cuda::make_lt_layout(t, rows, cols, ld, label);
   };
   plan->a = g.trans_a ? layout(g.k, g.m, g.lda) : layout(g.m, g.k, g.lda);
   plan->b = g.trans_b ? layout(g.n, g.k, g.ldb) : layout(g.k, g.n, g.ldb);
   plan->c = layout(g.m, g.n, g.ldc);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  AB_LT(cublasLtMatmulPreferenceCreate(&pref), label);
-  const std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)>
-      pref_owner(pref, &cublasLtMatmulPreferenceDestroy);
-  const auto ws = static_cast<std::uint64_t>(lt_workspace_.bytes());
-  AB_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
-            label);
-  if (deterministic_) {
-    // cuBLASLt is bit-reproducible run to run by design; deterministic mode also rules out
-    // split-K reductions so no partial-sum order can depend on scheduling.
-    const std::uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-    AB_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
-                                                   sizeof(mask)),
-              label);
-  }
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_.get(), op, plan->a.get(), plan->b.get(), plan->c.get(),
-                                                           plan->c.get(), pref, 1, &result, &returned);
-  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
-    backend::cuda::throw_cublas(st, "cublasLtMatmulAlgoGetHeuristic", label);
-  if (st != CUBLAS_STATUS_SUCCESS || returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-    throw Unsupported("cuBLASLt offers no algorithm for " + label + " on " + label_);
-  plan->algo = result.algo;
+  backend::cuda::LtQuery q;
+  q.op = plan->op.get();
+  q.a = plan->a.get();
+  q.b = plan->b.get();
+  q.c = plan->c.get();
+  q.workspace_bytes = lt_workspace_.bytes();
+  // cuBLASLt is bit-reproducible run to run by design; deterministic mode also rules out split-K
+  // reductions so no partial-sum order can depend on scheduling.
+  q.no_split_reduction = ctx_.modes.deterministic;
+  q.max_candidates = 1;
+  const auto found = backend::cuda::lt_heuristic(lt_.get(), q, label);
+  if (found.empty()) throw Unsupported("cuBLASLt offers no algorithm for " + label + " on " + ctx_.label);
+  plan->algo = found.front().algo;
   return *lt_plans_.emplace(key, std::move(plan)).first->second;
 }
 
-void CudaKernels::matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias) {
+void LinearEngine::matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias) {
   LtPlan& p = lt_plan(g);
   if (g.bias)  // host-side attribute, read when the call is enqueued (and recorded by a capture)
-    AB_LT(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-              p.label);
+    AB_CUBLAS_LAZY(cublasLtMatmulDescSetAttribute(p.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                   p.label);
   const float alpha = 1.0f;
-  AB_LT(cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c,
-                           p.c.get(), &p.algo, lt_workspace_.get(), static_cast<std::size_t>(lt_workspace_.bytes()),
-                           stream_),
-            p.label);
+  AB_CUBLAS_LAZY(
+      cublasLtMatmul(lt_.get(), p.op.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c, p.c.get(), c, p.c.get(),
+                     &p.algo, lt_workspace_.get(), static_cast<std::size_t>(lt_workspace_.bytes()), ctx_.stream),
+      p.label);
 }
 
-void CudaKernels::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+void LinearEngine::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
   const char* k = "linear_forward";
   require_matrix(k, x, "x", x.dtype);
   require_matrix(k, w, "w", x.dtype);
@@ -127,7 +134,7 @@ void CudaKernels::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   matmul(g, w.data, x.data, y.data, 0.0f, bias.data);
 }
 
-void CudaKernels::linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
+void LinearEngine::linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) {
   const char* k = "linear_backward_data";
   require_matrix(k, dy, "dy", dy.dtype);
   require_matrix(k, w, "w", dy.dtype);
@@ -143,7 +150,7 @@ void CudaKernels::linear_backward_data(const Tensor& dy, const Tensor& w, const 
   matmul(g, w.data, dy.data, dx.data, accumulate ? 1.0f : 0.0f, nullptr);
 }
 
-void CudaKernels::linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) {
+void LinearEngine::linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) {
   const char* k = "linear_backward_weights";
   require_matrix(k, x, "x", x.dtype);
   require_matrix(k, dy, "dy", x.dtype);
@@ -161,7 +168,7 @@ void CudaKernels::linear_backward_weights(const Tensor& x, const Tensor& dy, con
   if (dbias.defined()) column_sums(dy, dbias);
 }
 
-void CudaKernels::column_sums(const Tensor& dy, const Tensor& dbias) {
+void LinearEngine::column_sums(const Tensor& dy, const Tensor& dbias) {
   const std::int64_t n = dy.shape[0], out = dy.shape[1];
   if (dbias.dtype != dy.dtype || dbias.numel() != out || !dbias.is_contiguous())
     throw Unsupported("cuda linear_backward_weights: dbias must be a contiguous " + std::string(to_string(dy.dtype)) +

@@ -1,4 +1,4 @@
-// Pieces the engine's own CUDA kernel files share (cuda_pointwise.cu, cuda_batchnorm.cu): vector
+// Pieces the engine's own CUDA kernel files share (pointwise.cu, batchnorm.cu): vector
 // chunks for 16-byte loads and stores, the dtype-to-storage-type dispatch, and the launch check.
 #pragma once
 

@@ -1,9 +1,9 @@
-// The fp8 (e4m3) convolution of cuda_conv_fp8.h on cuDNN's backend (graph) API, built from the raw
+// The fp8 (e4m3) convolution of conv_fp8.h on cuDNN's backend (graph) API, built from the raw
 // descriptors of cudnn.h (no cudnn_frontend). Every descriptor has one RAII owner; every cuDNN
 // call is checked where it is made, and a failure names the call, the descriptor and attribute it
 // was for, the shape, cuDNN's status (cudnnGetErrorString) and cuDNN's own last message.
 // Tensors are described in cuDNN's logical NCHW order with NHWC strides (KRSC for the filter).
-#include "nn/device/cuda_conv_fp8.h"
+#include "nn/cuda/conv_fp8.h"
 
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "nn/device/cuda_common.h"
-#include "nn/device/cuda_conv_search.h"
+#include "nn/cuda/common.h"
+#include "nn/cuda/gpu_sampler.h"
 
 namespace ab::nn::cuda {
 namespace {

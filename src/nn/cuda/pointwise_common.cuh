@@ -1,11 +1,11 @@
-// Internal to the project's own elementwise and reduction kernels (cuda_pointwise.cu: activations,
-// pooling, fills; cuda_losses.cu: softmax cross-entropy and the compression losses; cuda_optim.cu:
+// Internal to the project's own elementwise and reduction kernels (pointwise.cu: activations,
+// pooling, fills; losses.cu: softmax cross-entropy and the compression losses; optim.cu:
 // optimizers and mixed precision): launch constants, dtype dispatch, storage <-> math conversions,
 // fixed-order reductions and the elementwise engine every family builds on. Everything has internal
 // linkage, one copy per translation unit; host helpers are inline so a family need not use each.
 #pragma once
 
-#include "nn/device/cuda_pointwise.h"
+#include "nn/cuda/pointwise.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,7 +20,7 @@
 
 #include "backend/cuda/check.h"
 #include "core/error.h"
-#include "nn/device/cuda_device_common.cuh"
+#include "nn/cuda/device_common.cuh"
 
 namespace ab::nn::cuda_pointwise {
 namespace {
