@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -180,6 +181,42 @@ TEST(Cli, WarmupIsBoundedByTheTimeoutAndRecorded) {
   const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
   ASSERT_EQ(read.records.size(), 1u);
   EXPECT_DOUBLE_EQ(read.records[0]["context"]["measurement"]["warmup_s"].get<double>(), 0.2);
+}
+
+TEST(Cli, SettingsThatAreNotFiniteOrOutOfRangeAreRefusedBeforeRunning) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> refused{
+      {"--min-time", {"nan", "inf", "-1", "-0.5"}},
+      {"--timeout", {"nan", "inf", "-1", "0"}},
+      {"--max-noise", {"nan", "inf", "-1", "0"}},
+      {"--warmup", {"nan", "inf", "-1"}},
+      {"--telemetry-period", {"nan", "inf", "-1", "0"}}};
+  for (const auto& [option, values] : refused)
+    for (const auto& value : values) {
+      const Outcome o = run({"run", "stream", "--device", "cpu", option, value, "--out", dir.path().string()});
+      EXPECT_EQ(o.code, 2) << option << " " << value << ": " << o.output;
+      EXPECT_NE(o.output.find("accelbench run: " + option + " must be a finite number"), std::string::npos)
+          << option << " " << value << ": " << o.output;
+    }
+  // A minimum measured time the timeout would cut short.
+  Outcome o = run({"run", "stream", "--device", "cpu", "--min-time", "5", "--timeout", "3", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("above the timeout"), std::string::npos) << o.output;
+  // A suite's settings are held to the same rules, and the message names the setting.
+  const fs::path suite = dir.path() / "nan.yaml";
+  std::ofstream(suite) << "name: nan\nsettings:\n  min_time: .nan\nsteps:\n  - workload: stream\n";
+  o = run({"run", suite.string(), "--device", "cpu", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("suite 'nan': setting 'min_time' must be a finite number"), std::string::npos) << o.output;
+  EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--interval", "nan"}, {"--interval", "inf"}, {"--interval", "0"}, {"--interval", "-5"},
+           {"--duration", "nan"}, {"--duration", "inf"}, {"--duration", "-1"}}) {
+    o = run({"monitor", option, value});
+    EXPECT_EQ(o.code, 2) << option << " " << value << ": " << o.output;
+    EXPECT_NE(o.output.find("accelbench monitor: " + option + " must be a finite number"), std::string::npos)
+        << option << " " << value << ": " << o.output;
+  }
 }
 
 TEST(Cli, UnwritableOutputFailsBeforeRunning) {
@@ -466,5 +503,11 @@ TEST(RunSession, SettingsAreTheRequestsOverTheSuitesOverTheDefaults) {
   EXPECT_EQ(s.warmup_s, 0.5);
   EXPECT_EQ(s.mode, ab::measure::TimingMode::batch);
   request.timeout_s = 0.8;  // a warm-up of half the timeout or more is refused
+  EXPECT_THROW(ab::harness::merge_settings(request, suite), ab::UsageError);
+  request.warmup_s = 0.1, request.min_time_s = 0.9;  // a minimum time beyond the timeout is refused
+  EXPECT_THROW(ab::harness::merge_settings(request, suite), ab::UsageError);
+  request.min_time_s = 0.0;  // 0 is a minimum time (stop on noise alone)
+  EXPECT_EQ(ab::harness::merge_settings(request, suite).min_time_s, 0.0);
+  request.min_time_s = std::numeric_limits<double>::quiet_NaN();
   EXPECT_THROW(ab::harness::merge_settings(request, suite), ab::UsageError);
 }

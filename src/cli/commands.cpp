@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <fstream>
 #include <iomanip>
@@ -237,6 +238,15 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
 }
 
 int monitor(double interval_ms, double duration_s) {
+  const auto refuse = [](const std::string& why) {
+    std::cerr << "accelbench monitor: " << why << '\n';
+    return 2;
+  };
+  if (!std::isfinite(interval_ms) || interval_ms <= 0)
+    return refuse("--interval must be a finite number of milliseconds above 0, not " + std::to_string(interval_ms));
+  if (!std::isfinite(duration_s) || duration_s < 0)
+    return refuse("--duration must be a finite number of seconds of at least 0 (0: until Ctrl-C), not " +
+                  std::to_string(duration_s));
   std::signal(SIGINT, on_interrupt);
   try {
     return telemetry::run_monitor(interval_ms / 1000.0, duration_s, std::cout);

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "backend/collectives.h"
@@ -58,26 +59,40 @@ const char* const kOneCpuNote =
     "sampling beside the workload corrupted the heap (bench/RESULTS.md); launch with --bind-to none or "
     "--bind-to socket for power and energy";
 
+// One setting: the request's value over the suite's over `fallback`, each checked where it came
+// from, so the message names what to change.
+double pick(const std::optional<double>& asked, const std::optional<double>& suited, double fallback,
+            const char* option, const char* suite_key, bool zero_allowed, const std::optional<Suite>& suite) {
+  const auto check = [zero_allowed](double v, const std::string& name) {
+    if (!std::isfinite(v) || v < 0 || (v == 0 && !zero_allowed))
+      throw UsageError(name + " must be a finite number " + (zero_allowed ? "of at least 0" : "above 0") + ", not " +
+                       std::to_string(v));
+    return v;
+  };
+  if (asked) return check(*asked, option);
+  if (suited) return check(*suited, "suite '" + suite->name + "': setting '" + suite_key + "'");
+  return fallback;
+}
+
 }  // namespace
 
 measure::Settings merge_settings(const RunRequest& o, const std::optional<Suite>& suite) {
+  const Suite none;
+  const Suite& s = suite ? *suite : none;
   measure::Settings settings;
-  if (suite) {
-    if (suite->min_time_s) settings.min_time_s = *suite->min_time_s;
-    if (suite->max_noise_pct) settings.max_noise_pct = *suite->max_noise_pct;
-    if (suite->timeout_s) settings.timeout_s = *suite->timeout_s;
-    if (suite->warmup_s) settings.warmup_s = *suite->warmup_s;
-    if (suite->mode) settings.mode = measure::parse_timing_mode(*suite->mode);
-  }
-  if (o.min_time_s >= 0) settings.min_time_s = o.min_time_s;
-  if (o.max_noise_pct >= 0) settings.max_noise_pct = o.max_noise_pct;
-  if (o.timeout_s >= 0) settings.timeout_s = o.timeout_s;
-  const bool warmup_asked = o.warmup_s >= 0 || (suite && suite->warmup_s);
-  if (o.warmup_s >= 0) settings.warmup_s = o.warmup_s;
+  settings.min_time_s = pick(o.min_time_s, s.min_time_s, settings.min_time_s, "--min-time", "min_time", true, suite);
+  settings.max_noise_pct = pick(o.max_noise_pct, s.max_noise_pct, settings.max_noise_pct, "--max-noise", "max_noise", false, suite);
+  settings.timeout_s = pick(o.timeout_s, s.timeout_s, settings.timeout_s, "--timeout", "timeout", false, suite);
+  settings.warmup_s = pick(o.warmup_s, s.warmup_s, settings.warmup_s, "--warmup", "warmup", true, suite);
+  if (s.mode) settings.mode = measure::parse_timing_mode(*s.mode);
   if (!o.mode.empty()) settings.mode = measure::parse_timing_mode(o.mode);
-  if (settings.max_noise_pct <= 0 || settings.timeout_s <= 0) throw UsageError("--max-noise and --timeout must be positive");
+  // A point stops at its timeout: a minimum measured time beyond it could never be met.
+  if (settings.min_time_s > settings.timeout_s)
+    throw UsageError("min-time " + std::to_string(settings.min_time_s) + " s is above the timeout (" +
+                     std::to_string(settings.timeout_s) + " s): lower --min-time or raise --timeout");
   // The timeout bounds the whole point: a warm-up of half of it or more would leave little to measure.
-  if (warmup_asked && (settings.warmup_s < 0 || settings.warmup_s >= settings.timeout_s * measure::kMaxWarmupShare))
+  const bool warmup_asked = o.warmup_s || s.warmup_s;
+  if (warmup_asked && settings.warmup_s >= settings.timeout_s * measure::kMaxWarmupShare)
     throw UsageError("warm-up " + std::to_string(settings.warmup_s) + " s must be at least 0 and under half the timeout (" +
                      std::to_string(settings.timeout_s) + " s): raise --timeout too");
   return settings;
@@ -107,6 +122,9 @@ int RunSession::join_launch() {
 
 // The request's checks, the plan, the backend and the context block; throws on the first problem.
 void RunSession::prepare(const Registry& registry, const Planner& planner) {
+  if (!std::isfinite(request_.telemetry_period_ms) || request_.telemetry_period_ms <= 0)
+    throw UsageError("--telemetry-period must be a finite number of milliseconds above 0, not " +
+                     std::to_string(request_.telemetry_period_ms));
   if (looks_like_suite(request_.target)) suite_ = load_suite(request_.target, registry);
   else registry.find(request_.target);
   const std::string device = resolve_device(request_.device, launch_->launch(), dist::world().size());

@@ -34,18 +34,20 @@ namespace ab::harness {
 struct RunRequest {
   std::string target;  // workload name or suite file
   std::string device;  // empty = best present
-  double min_time_s = -1, max_noise_pct = -1, timeout_s = -1, warmup_s = -1;  // < 0: default or suite's
-  std::string mode;
+  std::optional<double> min_time_s, max_noise_pct, timeout_s, warmup_s;  // none: the suite's or the default
+  std::string mode;                                                       // empty: the suite's or the default
   std::string out_dir = ".";
   bool telemetry_trace = false;
-  double telemetry_period_ms = 20;
+  double telemetry_period_ms = 20;  // finite and above 0
   bool no_gpu_telemetry = false;
   bool quiet = false;
   std::string command_line;
 };
 
 // The measurement settings of a run: the request's over the suite's over measure::Settings'
-// defaults. Throws UsageError for a value no run can use (the message names the option).
+// defaults. Throws UsageError, naming the option or the suite's setting, for a value that is not a
+// finite number in its range (min_time and warmup at least 0, max_noise and timeout above 0), a
+// min_time above the timeout, or a warm-up asked for that is not under half the timeout.
 measure::Settings merge_settings(const RunRequest& request, const std::optional<Suite>& suite);
 
 // Builds the plan for the run's device kind ("cpu" | "cuda") and suite (none for one workload).
