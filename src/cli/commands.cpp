@@ -178,23 +178,25 @@ int run(const RunOptions& o) {
   if (const int code = session.open(workloads::registry(), planner); code != 0) return code;
   std::signal(SIGINT, on_interrupt);  // from here a Ctrl-C ends the run after the point in flight
   std::signal(SIGTERM, on_interrupt);
-  const std::optional<harness::RunTotals> totals = session.run(g_cancel);
-  if (!totals) return 1;
-  if (const int code = session.close(*totals); code != 0) return code;
-  if (!session.leader()) return totals->interrupted ? 130 : exit_code(*totals);
+  const std::optional<harness::RunTotals> ran = session.run(g_cancel);
+  if (!ran) return 1;
+  const harness::RunTotals& totals = *ran;
+  if (const int code = session.close(totals); code != 0) return code;
+  if (!session.leader()) return totals.interrupted ? 130 : exit_code(totals);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
 
+  const std::string& run_id = session.run_id();
   std::cout << '\n';
-  harness::print_summary(std::cout, totals->records);
-  std::cout << "\nrun " << session.run_id() << ":";
-  for (const auto& [status, n] : totals->by_status) std::cout << " " << n << " " << status;
+  harness::print_summary(std::cout, totals.records);
+  std::cout << "\nrun " << run_id << ":";
+  for (const auto& [status, n] : totals.by_status) std::cout << " " << n << " " << status;
   std::cout << "\nrecords: " << session.points_path().string() << "\n";
-  if (totals->interrupted) {
+  if (totals.interrupted) {
     std::cerr << "accelbench run: interrupted; every point measured before it was kept\n";
     return 130;
   }
-  return exit_code(*totals);
+  return exit_code(totals);
 }
 
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file) {
