@@ -224,11 +224,17 @@ int RunSession::open(const Registry& registry, const Planner& planner) {
     if (leader_ || setup.code != 0) err_ << kWho << all.message << '\n';
     return all.code;
   }
-  if (const int code = agree_plan(); code != 0) return code;
-  if (const int code = open_store(); code != 0) return code;
-  start_telemetry();
-  wire_hooks();
-  return 0;
+  try {  // what fails from here on fails on one rank: it ends the launch, as a failed run does
+    if (const int code = agree_plan(); code != 0) return code;
+    if (const int code = open_store(); code != 0) return code;
+    start_telemetry();
+    wire_hooks();
+    return 0;
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  dist::abort_launch(1);
+  return 1;
 }
 
 std::optional<RunTotals> RunSession::run(const std::atomic<bool>& cancel) {
