@@ -9,16 +9,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "harness/session.h"
 #include "harness/workload.h"
 #include "results/results.h"
 #include "workloads/registry.h"
@@ -176,6 +183,42 @@ TEST(Cli, WarmupIsBoundedByTheTimeoutAndRecorded) {
   EXPECT_DOUBLE_EQ(read.records[0]["context"]["measurement"]["warmup_s"].get<double>(), 0.2);
 }
 
+TEST(Cli, SettingsThatAreNotFiniteOrOutOfRangeAreRefusedBeforeRunning) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> refused{
+      {"--min-time", {"nan", "inf", "-1", "-0.5"}},
+      {"--timeout", {"nan", "inf", "-1", "0"}},
+      {"--max-noise", {"nan", "inf", "-1", "0"}},
+      {"--warmup", {"nan", "inf", "-1"}},
+      {"--telemetry-period", {"nan", "inf", "-1", "0"}}};
+  for (const auto& [option, values] : refused)
+    for (const auto& value : values) {
+      const Outcome o = run({"run", "stream", "--device", "cpu", option, value, "--out", dir.path().string()});
+      EXPECT_EQ(o.code, 2) << option << " " << value << ": " << o.output;
+      EXPECT_NE(o.output.find("accelbench run: " + option + " must be a finite number"), std::string::npos)
+          << option << " " << value << ": " << o.output;
+    }
+  // A minimum measured time the timeout would cut short.
+  Outcome o = run({"run", "stream", "--device", "cpu", "--min-time", "5", "--timeout", "3", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("above the timeout"), std::string::npos) << o.output;
+  // A suite's settings are held to the same rules, and the message names the setting.
+  const fs::path suite = dir.path() / "nan.yaml";
+  std::ofstream(suite) << "name: nan\nsettings:\n  min_time: .nan\nsteps:\n  - workload: stream\n";
+  o = run({"run", suite.string(), "--device", "cpu", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("suite 'nan': setting 'min_time' must be a finite number"), std::string::npos) << o.output;
+  EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
+  for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--interval", "nan"}, {"--interval", "inf"}, {"--interval", "0"}, {"--interval", "-5"},
+           {"--duration", "nan"}, {"--duration", "inf"}, {"--duration", "-1"}}) {
+    o = run({"monitor", option, value});
+    EXPECT_EQ(o.code, 2) << option << " " << value << ": " << o.output;
+    EXPECT_NE(o.output.find("accelbench monitor: " + option + " must be a finite number"), std::string::npos)
+        << option << " " << value << ": " << o.output;
+  }
+}
+
 TEST(Cli, UnwritableOutputFailsBeforeRunning) {
   TempDir dir;
   const fs::path file = dir.path() / "a_file";
@@ -322,4 +365,165 @@ TEST(Cli, ResultsFieldsPrintsChosenFieldsOfEachPoint) {
   const Outcome text = run({"results", "--out", dir.path().string(), "--fields", "params.m,context.devices.0.id"});
   ASSERT_EQ(text.code, 0) << text.output;
   EXPECT_EQ(text.output, "params.m  context.devices.0.id\n64        cpu\n96        cpu\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run session in-process: its steps against a registry of test workloads.
+
+namespace {
+
+using ab::harness::AxisKind;
+using ab::harness::RunRequest;
+using ab::harness::RunSession;
+using ab::harness::State;
+
+// Each value of `outcome` ends the point one way; "ok" measures a trivial loop, "fatal" throws
+// what the runner does not turn into a status, after removing the run's folder when asked.
+class OutcomeWorkload final : public ab::harness::Workload {
+ public:
+  std::string name() const override { return "outcomes"; }
+  std::string description() const override { return "test double"; }
+  std::vector<ab::harness::AxisSpec> axes(const std::string&) const override {
+    const std::vector<std::string> all{"ok", "skip", "check", "diverged", "oom", "fatal"};
+    return {{"outcome", AxisKind::text, {"ok", "skip", "check", "diverged", "oom"}, all, "how the point ends"}};
+  }
+  void run(State& state) override {
+    const std::string c = state.get_text("outcome");
+    if (c == "skip") state.skip("not here");
+    if (c == "check") state.check(0.5, 1e-3, "test check");
+    if (c == "diverged") throw ab::Diverged("loss is nan");
+    if (c == "oom") throw ab::OutOfMemory("device full");
+    if (c == "fatal") {
+      if (remove_run_dir) fs::remove_all(state.artifact_dir().parent_path().parent_path());
+      throw 42;  // not an exception the runner records: the run itself fails
+    }
+    state.set_counts({1.0, 0, 64});
+    state.exec([this] { sink = sink + 1.0; });
+  }
+  bool remove_run_dir = false;
+  volatile double sink = 0;
+};
+
+ab::harness::Registry outcome_registry(OutcomeWorkload** out) {
+  auto w = std::make_unique<OutcomeWorkload>();
+  *out = w.get();
+  std::vector<std::unique_ptr<ab::harness::Workload>> all;
+  all.push_back(std::move(w));
+  return ab::harness::Registry(std::move(all));
+}
+
+RunRequest fast_request(const fs::path& out) {
+  RunRequest r;
+  r.target = "outcomes";
+  r.device = "cpu";
+  r.min_time_s = 0.01, r.max_noise_pct = 50, r.timeout_s = 5;
+  r.out_dir = out.string();
+  r.quiet = true;
+  return r;
+}
+
+ab::harness::Planner plan_with(std::vector<ab::harness::AxisOverride> overrides, const ab::harness::Registry& reg) {
+  return [overrides, &reg](const std::string& kind, const std::optional<ab::harness::Suite>&) {
+    return ab::harness::plan_for(reg.find("outcomes"), kind, overrides);
+  };
+}
+
+}  // namespace
+
+TEST(RunSession, OpensRunsAndClosesIntoTheStoreWithEachOutcomesStatus) {
+  TempDir dir;
+  OutcomeWorkload* w = nullptr;
+  const auto reg = outcome_registry(&w);
+  std::ostringstream err;
+  RunSession session(fast_request(dir.path()), err);
+  ASSERT_EQ(session.open(reg, plan_with({}, reg)), 0) << err.str();
+  EXPECT_TRUE(session.leader());
+  const std::atomic<bool> cancel{false};
+  const auto totals = session.run(cancel);
+  ASSERT_TRUE(totals.has_value()) << err.str();
+  EXPECT_EQ(session.close(*totals), 0) << err.str();
+  EXPECT_EQ(totals->by_status, (std::map<std::string, int>{{"ok", 1}, {"skipped", 1}, {"error", 1}, {"diverged", 1}, {"oom", 1}}));
+  const auto read = ab::results::read_jsonl(session.points_path());
+  ASSERT_EQ(read.records.size(), 5u);
+  EXPECT_EQ(read.records[1]["reason"], "not here");  // the reason is the error's what()
+  EXPECT_EQ(read.records[3]["reason"], "loss is nan");
+  EXPECT_DOUBLE_EQ(read.records[0]["context"]["measurement"]["min_time_s"].get<double>(), 0.01);
+  const auto runs = ab::results::list_runs(dir.path() / "runs" / "accelbench.db");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].run_id, session.run_id());
+  EXPECT_EQ(runs[0].status, "complete");
+  EXPECT_TRUE(err.str().empty()) << "quiet: " << err.str();
+}
+
+TEST(RunSession, RefusedRequestReturnsTwoAndWritesNothing) {
+  TempDir dir;
+  OutcomeWorkload* w = nullptr;
+  const auto reg = outcome_registry(&w);
+  std::ostringstream err;
+  RunRequest request = fast_request(dir.path());
+  request.target = "nope";
+  RunSession session(request, err);
+  EXPECT_EQ(session.open(reg, plan_with({}, reg)), 2);
+  EXPECT_NE(err.str().find("accelbench run: "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("outcomes"), std::string::npos) << "the valid names are listed: " << err.str();
+  EXPECT_TRUE(run_dirs(dir.path()).empty());
+}
+
+TEST(RunSession, AFailedRunIsMarkedFailedAndAFailureToMarkItStillReportsTheFirstError) {
+  for (const bool remove_run_dir : {false, true}) {
+    TempDir dir;
+    OutcomeWorkload* w = nullptr;
+    const auto reg = outcome_registry(&w);
+    w->remove_run_dir = remove_run_dir;
+    std::ostringstream err;
+    RunSession session(fast_request(dir.path()), err);
+    ASSERT_EQ(session.open(reg, plan_with({{{"outcome"}, "ok,fatal"}}, reg)), 0) << err.str();
+    const std::atomic<bool> cancel{false};
+    std::optional<ab::harness::RunTotals> totals;
+    ASSERT_NO_THROW(totals = session.run(cancel));
+    EXPECT_FALSE(totals.has_value());
+    const std::string text = err.str();
+    EXPECT_EQ(text.find("accelbench run: unknown exception"), 0u) << "the first error comes first: " << text;
+    const auto runs = ab::results::list_runs(dir.path() / "runs" / "accelbench.db");
+    ASSERT_EQ(runs.size(), 1u);
+    EXPECT_EQ(runs[0].points, 1) << "the point measured before the failure is kept";
+    if (!remove_run_dir) {
+      EXPECT_EQ(runs[0].status, "failed");
+      EXPECT_EQ(text.find("then "), std::string::npos) << text;
+    } else {  // run.json cannot be rewritten: said beside the first error, with where the points are
+      EXPECT_NE(text.find("then marking the run failed: "), std::string::npos) << text;
+      EXPECT_NE(text.find("the measured points are in " + session.points_path().string()), std::string::npos) << text;
+    }
+  }
+}
+
+TEST(RunSession, SettingsAreTheRequestsOverTheSuitesOverTheDefaults) {
+  const ab::measure::Settings defaults;
+  RunRequest request;
+  ab::measure::Settings s = ab::harness::merge_settings(request, std::nullopt);
+  EXPECT_EQ(s.min_time_s, defaults.min_time_s);
+  EXPECT_EQ(s.timeout_s, defaults.timeout_s);
+  EXPECT_EQ(s.warmup_s, defaults.warmup_s);
+  ab::harness::Suite suite;
+  suite.min_time_s = 2.0, suite.timeout_s = 30.0, suite.warmup_s = 1.0, suite.mode = "cold";
+  s = ab::harness::merge_settings(request, suite);
+  EXPECT_EQ(s.min_time_s, 2.0);
+  EXPECT_EQ(s.timeout_s, 30.0);
+  EXPECT_EQ(s.warmup_s, 1.0);
+  EXPECT_EQ(s.mode, ab::measure::TimingMode::cold);
+  EXPECT_EQ(s.max_noise_pct, defaults.max_noise_pct);
+  request.min_time_s = 0.25, request.warmup_s = 0.5, request.mode = "batch";
+  s = ab::harness::merge_settings(request, suite);
+  EXPECT_EQ(s.min_time_s, 0.25);
+  EXPECT_EQ(s.timeout_s, 30.0);
+  EXPECT_EQ(s.warmup_s, 0.5);
+  EXPECT_EQ(s.mode, ab::measure::TimingMode::batch);
+  request.timeout_s = 0.8;  // a warm-up of half the timeout or more is refused
+  EXPECT_THROW(ab::harness::merge_settings(request, suite), ab::UsageError);
+  request.warmup_s = 0.1, request.min_time_s = 0.9;  // a minimum time beyond the timeout is refused
+  EXPECT_THROW(ab::harness::merge_settings(request, suite), ab::UsageError);
+  request.min_time_s = 0.0;  // 0 is a minimum time (stop on noise alone)
+  EXPECT_EQ(ab::harness::merge_settings(request, suite).min_time_s, 0.0);
+  request.min_time_s = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(ab::harness::merge_settings(request, suite), ab::UsageError);
 }

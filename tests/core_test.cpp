@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -390,6 +392,44 @@ TEST(Names, ParsePrecisionErrorListsValidNames) {
   ab::test::usage_error([] { parse_precision("f32"); });  // a dtype name is not a precision
   // UsageError is an ab::Error, so generic handlers catch it too.
   EXPECT_THROW(parse_precision("x"), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+TEST(Errors, OneFamilyWhoseKindsSurviveBeingCarriedAsNumbers) {
+  const std::vector<ErrorKind> kinds{ErrorKind::error,      ErrorKind::usage,       ErrorKind::out_of_memory,
+                                     ErrorKind::unsupported, ErrorKind::skip_point, ErrorKind::check_failed,
+                                     ErrorKind::diverged};
+  for (const ErrorKind kind : kinds) {
+    const auto number = static_cast<std::int64_t>(kind);
+    EXPECT_NE(number, 0) << "0 means no error";
+    try {
+      throw_error(static_cast<ErrorKind>(number), "why " + std::to_string(number));
+      ADD_FAILURE() << "throw_error returned";
+    } catch (const Error& e) {  // every kind is an ab::Error, so generic handlers catch them all
+      EXPECT_EQ(error_kind(e), kind) << number;
+      EXPECT_EQ(std::string(e.what()), "why " + std::to_string(number));
+    }
+  }
+  EXPECT_THROW(throw_error(ErrorKind::skip_point, "n/a"), SkipPoint);
+  EXPECT_THROW(throw_error(ErrorKind::check_failed, "wrong"), CheckFailed);
+  EXPECT_THROW(throw_error(ErrorKind::diverged, "nan"), Diverged);
+  // Brace initialisation from the reason, as the workloads throw them.
+  try {
+    throw SkipPoint{"not for this point"};
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "not for this point");
+    EXPECT_EQ(error_kind(e), ErrorKind::skip_point);
+  }
+  EXPECT_EQ(error_kind(std::runtime_error("other")), ErrorKind::error);
+  EXPECT_EQ(error_kind(std::bad_alloc()), ErrorKind::error);
+  EXPECT_THROW(throw_error(static_cast<ErrorKind>(99), "from a newer build"), Error);
+  try {
+    throw_error(static_cast<ErrorKind>(99), "x");
+  } catch (const Error& e) {
+    EXPECT_EQ(error_kind(e), ErrorKind::error);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "dist/launcher.h"
 #include "dist/lockstep.h"
 #include "harness/axes.h"
+#include "harness/ranks.h"
 #include "harness/runner.h"
 #include "harness/workload.h"
 #include "nn/cuda/device_kernels.h"
@@ -736,6 +738,40 @@ TEST(Lockstep, WorldOfOneMeasuresLikeTheHarness) {
   EXPECT_GE(r.result.measured_s, s.min_time_s);
   ASSERT_EQ(r.ranks.size(), 1u);
   EXPECT_DOUBLE_EQ(r.ranks[0].median_s, r.result.summary.median);  // one rank: its own times are the samples
+}
+
+TEST(Lockstep, AFailedBatchIsRethrownAsTheSameKind) {
+  measure::SteadyClockTimer timer;
+  measure::Settings s;
+  s.min_time_s = 0.01;
+  s.max_noise_pct = 50;
+  EXPECT_THROW(measure_lockstep(world(), timer, [] { throw OutOfMemory("device full"); }, s, nullptr), OutOfMemory);
+  EXPECT_THROW(measure_lockstep(world(), timer, [] { throw SkipPoint("not here"); }, s, nullptr), SkipPoint);
+  EXPECT_EQ(test::error_message<CheckFailed>(
+                [&] { measure_lockstep(world(), timer, [] { throw CheckFailed("wrong sum"); }, s, nullptr); }),
+            "wrong sum");
+  EXPECT_EQ(test::error_message<Error>(
+                [&] { measure_lockstep(world(), timer, [] { throw std::runtime_error("other"); }, s, nullptr); }),
+            "other");
+}
+
+TEST(Ranks, AFailureOnAnotherRankIsRethrownHereAsItsOwnKind) {
+  for (const ErrorKind kind : {ErrorKind::error, ErrorKind::usage, ErrorKind::out_of_memory, ErrorKind::unsupported,
+                               ErrorKind::skip_point, ErrorKind::check_failed, ErrorKind::diverged}) {
+    // Rank 1's outcome as dist::agree receives it; this rank (0) succeeded.
+    ReplayComm comm(0, {Packer().put(static_cast<std::int64_t>(kind)).put(std::string("no GPU here")).bytes()});
+    try {
+      harness::on_all_ranks(comm, [] {});
+      ADD_FAILURE() << "rank 1 failed, so every rank must throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(error_kind(e), kind) << static_cast<int>(kind);
+      EXPECT_EQ(std::string(e.what()), "rank 1: no GPU here");
+    }
+  }
+  // This rank's own failure, the other rank's alike: the kind and the message are kept as they are.
+  ReplayComm comm(0, {Packer().put(static_cast<std::int64_t>(ErrorKind::diverged)).put(std::string("loss is nan")).bytes()});
+  EXPECT_EQ(test::error_message<Diverged>([&] { harness::on_all_ranks(comm, [] { throw Diverged("loss is nan"); }); }),
+            "loss is nan");
 }
 
 TEST(Session, OneProcessNeedsNoMpiAndSeveralNeedALauncherThatBootstrapsIt) {

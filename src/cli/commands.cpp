@@ -1,17 +1,15 @@
 #include "cli/commands.h"
 
-#include <sched.h>
-
+#include <atomic>
+#include <cmath>
 #include <csignal>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 
 #include "backend/backend.h"
-#include "backend/collectives.h"
 #include "core/error.h"
-#include "dist/comm.h"
-#include "dist/launcher.h"
 #include "harness/runner.h"
 #include "harness/suite.h"
 #include "results/fields.h"
@@ -24,13 +22,6 @@
 
 namespace ab::cli {
 namespace {
-
-// CPUs this process may run on (its affinity mask); 0 if unknown.
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-}
 
 std::atomic<bool> g_cancel{false};
 
@@ -181,176 +172,27 @@ static int exit_code(const harness::RunTotals& totals) {
 }
 
 int run(const RunOptions& o) {
-  // Under mpirun or srun every process runs this same command: they join MPI here, each drives its
-  // own GPU, every point runs on all of them in lock step, and rank 0 alone writes the results.
-  std::unique_ptr<dist::Session> session;
-  try {
-    session = std::make_unique<dist::Session>(dist::parse_launcher_env(dist::process_environment()));
-  } catch (const std::exception& e) {
-    std::cerr << "accelbench run: " << e.what() << '\n';
-    return dynamic_cast<const UsageError*>(&e) || dynamic_cast<const Unsupported*>(&e) ? 2 : 1;
-  }
-  dist::Comm& world = dist::world();
-  const bool leader = world.rank() == 0;
-  const bool quiet = o.quiet || !leader;
-  dist::Outcome setup;  // what went wrong here before anything runs; all ranks agree on it below
-  std::unique_ptr<backend::Backend> be;
-  std::optional<harness::Suite> suite;
-  std::vector<harness::PlanEntry> plan;
-  measure::Settings settings;
-  std::unique_ptr<results::ResultStore> store;
-  const std::string run_id = results::new_run_id();
-  const std::string started_at = results::utc_now_iso8601();
-  nlohmann::json context;
-  // Everything that can be wrong with the request is found before anything runs.
-  try {
-    if (harness::looks_like_suite(o.target)) suite = harness::load_suite(o.target, workloads::registry());
-    else workloads::find_workload(o.target);
-    std::string device = o.device.empty() ? backend::best_device() : o.device;
-    if (o.device.empty() && world.size() > 1 && device != "cpu")  // one GPU per process: local rank -> device
-      device = "cuda:" + std::to_string(dist::device_for_rank(session->launch(), backend::collective_device_count()));
-    if (device != "cpu" && device.rfind("cuda:", 0) != 0)
-      throw UsageError("unknown device '" + device + "'; valid: cpu, cuda:N");
-    if (suite) {
-      if (suite->min_time_s) settings.min_time_s = *suite->min_time_s;
-      if (suite->max_noise_pct) settings.max_noise_pct = *suite->max_noise_pct;
-      if (suite->timeout_s) settings.timeout_s = *suite->timeout_s;
-      if (suite->warmup_s) settings.warmup_s = *suite->warmup_s;
-      if (suite->mode) settings.mode = measure::parse_timing_mode(*suite->mode);
-    }
-    if (o.min_time_s >= 0) settings.min_time_s = o.min_time_s;
-    if (o.max_noise_pct >= 0) settings.max_noise_pct = o.max_noise_pct;
-    if (o.timeout_s >= 0) settings.timeout_s = o.timeout_s;
-    const bool warmup_asked = o.warmup_s >= 0 || (suite && suite->warmup_s);
-    if (o.warmup_s >= 0) settings.warmup_s = o.warmup_s;
-    if (!o.mode.empty()) settings.mode = measure::parse_timing_mode(o.mode);
-    if (settings.max_noise_pct <= 0 || settings.timeout_s <= 0)
-      throw UsageError("--max-noise and --timeout must be positive");
-    // The timeout bounds the whole point: a warm-up of half of it or more would leave little to measure.
-    if (warmup_asked && (settings.warmup_s < 0 || settings.warmup_s >= settings.timeout_s * measure::kMaxWarmupShare))
-      throw UsageError("warm-up " + std::to_string(settings.warmup_s) + " s must be at least 0 and under half the timeout (" +
-                       std::to_string(settings.timeout_s) + " s): raise --timeout too");
-    plan = build_plan(o, device.rfind("cuda:", 0) == 0 ? "cuda" : "cpu", suite);
-    be = backend::make_backend(device);
-    context = system::make_context(backend::list_devices(), o.command_line, started_at);
-    context["measurement"] = {{"min_time_s", settings.min_time_s}, {"max_noise_pct", settings.max_noise_pct},
-                              {"timeout_s", settings.timeout_s}, {"warmup_s", settings.warmup_s}, {"mode", std::string(measure::to_string(settings.mode))}};
-    if (suite) context["suite"] = suite->name;
-  } catch (const UsageError& e) {
-    setup = {2, e.what()};
-  } catch (const std::exception& e) {
-    setup = {1, e.what()};
-  }
-  // From here on every rank takes the same branch: a failure on one stops all of them.
-  if (const dist::Outcome all = dist::agree(world, setup); all.code != 0) {
-    if (leader || setup.code != 0) std::cerr << "accelbench run: " << all.message << '\n';
-    return all.code;
-  }
-  std::string plan_text;
-  for (const auto& e : plan) plan_text += e.workload->name() + " " + e.point.label() + "\n";
-  if (!dist::same_on_all_ranks(world, plan_text)) {
-    if (leader)
-      std::cerr << "accelbench run: the ranks built different sweeps; every process needs the same command line and "
-                   "the same number of visible GPUs\n";
-    return 2;
-  }
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& r : dist::gather_places(world, be->info().id, be->info().pci_bus_id))
-    ranks.push_back({{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host}, {"device", r.device},
-                     {"pci_bus_id", r.pci_bus_id}});
-  context["dist"] = {{"launcher", session->launch().launcher}, {"processes", world.size()}, {"ranks", ranks}};
-  // GPU counters: only rank 0's records are kept, so only rank 0 reads them. Not on a rank confined to
-  // one CPU in a multi-process run (OpenMPI binds 2 ranks to a core each by default): there NVML's
-  // sampling beside the workload corrupted the heap on the H200s (3 of 3 runs; none with
-  // --bind-to none, none without GPU sampling; bench/HISTORY.md). Cause not found.
-  const bool sample_gpu = be->info().kind == "cuda" && !o.no_gpu_telemetry;
-  const bool one_cpu_rank = sample_gpu && world.size() > 1 && usable_cpus() == 1;
-  const std::string one_cpu_note =
-      "GPU counters off: this rank may use only one CPU (mpirun's default --bind-to core for 2 ranks), where NVML "
-      "sampling beside the workload corrupted the heap (bench/HISTORY.md); launch with --bind-to none or "
-      "--bind-to socket for power and energy";
-  if (one_cpu_rank) context["telemetry_note"] = one_cpu_note;
-  if (leader) {
-    try {
-      store = std::make_unique<results::ResultStore>(o.out_dir, results::RunInfo{run_id, started_at, o.command_line, context});
-    } catch (const std::exception& e) {
-      setup = {2, std::string("cannot write results: ") + e.what()};
-    }
-  }
-  if (const dist::Outcome all = dist::agree(world, setup); all.code != 0) {
-    if (leader) std::cerr << "accelbench run: " << all.message << '\n';
-    return all.code;
-  }
-
-  // Telemetry: NVML for the GPU under test (absent driver -> noted, never fatal), /proc for the host.
-  std::string nvml_note;
-  std::vector<std::string> bus_ids;
-  if (sample_gpu && !one_cpu_rank && leader) bus_ids.push_back(be->info().pci_bus_id);
-  if (one_cpu_rank && leader && !quiet) std::cerr << "telemetry: " << one_cpu_note << '\n';
-  auto gpus = bus_ids.empty() ? std::vector<std::unique_ptr<telemetry::GpuSource>>{}
-                              : telemetry::open_nvml_devices(bus_ids, &nvml_note);
-  telemetry::Sampler sampler(std::move(gpus), std::make_unique<telemetry::HostSource>(),
-                             o.telemetry_period_ms / 1000.0);
-  sampler.start();
-  if (sampler.has_power()) settings.min_window_s = 1.0;  // energy needs a window the power sensor can resolve
-  if (!nvml_note.empty() && !quiet) std::cerr << "telemetry: GPU counters unavailable: " << nvml_note << '\n';
-
-  harness::RunnerHooks hooks;
-  const std::string device_name = be->info().name;
-  const auto db = leader ? store->db_path() : std::filesystem::path();
-  if (leader) hooks.find_stored_ceiling = [db, device_name](const std::string& key) -> std::optional<harness::Ceiling> {
-    try {
-      const auto p = results::latest_point(db, "ceilings", device_name, {{"target", key}});
-      if (!p || !(*p)["rates"].contains("ceiling")) return std::nullopt;
-      const auto& c = (*p)["rates"]["ceiling"];
-      return harness::Ceiling{c["value"].get<double>(), c["unit"].get<std::string>(),
-                                "run " + (*p)["run_id"].get<std::string>() + " seq " + std::to_string((*p)["seq"].get<int>())};
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
+  harness::RunSession session(o, std::cerr);
+  const auto planner = [&o](const std::string& device_kind, const std::optional<harness::Suite>& suite) {
+    return build_plan(o, device_kind, suite);
   };
-  hooks.telemetry = [&sampler, keep = o.telemetry_trace](double t0, double t1, double samples) {
-    nlohmann::json summary = sampler.summarize(t0, t1, samples);
-    if (!keep) sampler.discard_before(t1);  // bounded memory on long runs unless the trace is wanted
-    return summary;
-  };
-  if (leader) {  // the other ranks' records are the same points: rank 0's carry every rank's times
-    hooks.sink = [&store](const nlohmann::json& record) { store->append(record); };
-    hooks.artifact_dir = store->run_dir();
-  }
-
-  std::signal(SIGINT, on_interrupt);
+  if (const int code = session.open(workloads::registry(), planner); code != 0) return code;
+  std::signal(SIGINT, on_interrupt);  // from here a Ctrl-C ends the run after the point in flight
   std::signal(SIGTERM, on_interrupt);
-  if (!quiet)
-    std::cerr << "accelbench run " << run_id << ": " << plan.size() << " point(s) on " << be->info().id << " ("
-              << be->info().name << (world.size() > 1 ? ") and " + std::to_string(world.size() - 1) + " more rank(s)" : ")")
-              << ", results in " << store->run_dir().string() << '\n';
-  harness::Runner runner(*be, settings, context, run_id, hooks, quiet ? nullptr : &std::cerr);
-  harness::RunTotals totals;
-  try {
-    totals = runner.run(plan, g_cancel);
-  } catch (const std::exception& e) {
-    sampler.stop();
-    if (store) store->finish("failed");
-    std::cerr << "accelbench run: " << e.what() << '\n';
-    dist::abort_launch(1);  // the other ranks would wait for this one at the next point
-    return 1;
-  }
-  sampler.stop();
-  if (!leader) return totals.interrupted ? 130 : exit_code(totals);
-  if (o.telemetry_trace) {
-    std::ofstream trace(store->run_dir() / "telemetry.json");
-    trace << sampler.trace().dump() << '\n';
-  }
-  store->finish(totals.interrupted ? "interrupted" : "complete");
+  const std::optional<harness::RunTotals> ran = session.run(g_cancel);
+  if (!ran) return 1;
+  const harness::RunTotals& totals = *ran;
+  if (const int code = session.close(totals); code != 0) return code;
+  if (!session.leader()) return totals.interrupted ? 130 : exit_code(totals);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
 
+  const std::string& run_id = session.run_id();
   std::cout << '\n';
   harness::print_summary(std::cout, totals.records);
   std::cout << "\nrun " << run_id << ":";
   for (const auto& [status, n] : totals.by_status) std::cout << " " << n << " " << status;
-  std::cout << "\nrecords: " << store->points_path().string() << "\n";
+  std::cout << "\nrecords: " << session.points_path().string() << "\n";
   if (totals.interrupted) {
     std::cerr << "accelbench run: interrupted; every point measured before it was kept\n";
     return 130;
@@ -405,6 +247,15 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
 }
 
 int monitor(double interval_ms, double duration_s) {
+  const auto refuse = [](const std::string& why) {
+    std::cerr << "accelbench monitor: " << why << '\n';
+    return 2;
+  };
+  if (!std::isfinite(interval_ms) || interval_ms <= 0)
+    return refuse("--interval must be a finite number of milliseconds above 0, not " + std::to_string(interval_ms));
+  if (!std::isfinite(duration_s) || duration_s < 0)
+    return refuse("--duration must be a finite number of seconds of at least 0 (0: until Ctrl-C), not " +
+                  std::to_string(duration_s));
   std::signal(SIGINT, on_interrupt);
   try {
     return telemetry::run_monitor(interval_ms / 1000.0, duration_s, std::cout);

@@ -5,20 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "harness/session.h"
+
 namespace ab::cli {
 
-struct RunOptions {
-  std::string target;  // workload name or suite file
-  std::string device;  // empty = best present
+// `run`'s command line: the session's request (target, device, measurement settings, output,
+// telemetry) and the sweep's axis overrides.
+struct RunOptions : harness::RunRequest {
   std::vector<std::string> axes;
-  double min_time_s = -1, max_noise_pct = -1, timeout_s = -1, warmup_s = -1;  // < 0: default or suite's
-  std::string mode;
-  std::string out_dir = ".";
-  bool telemetry_trace = false;
-  double telemetry_period_ms = 20;
-  bool no_gpu_telemetry = false;
-  bool quiet = false;
-  std::string command_line;
 };
 
 int sysinfo(bool json);

@@ -30,8 +30,7 @@ int main(int argc, char** argv) {
   run->add_option("--timeout", run_opts.timeout_s, "hard limit per point, seconds, warm-up included (default 60)");
   run->add_option("--warmup", run_opts.warmup_s,
                   "seconds of untimed iterations before each point's samples, under half of --timeout (default 0.1; "
-                  "tens of seconds bring a GPU to the clocks and temperature of sustained load)")
-      ->check(CLI::NonNegativeNumber);
+                  "tens of seconds bring a GPU to the clocks and temperature of sustained load)");
   run->add_option("--mode", run_opts.mode, "GPU timing: batch (back-to-back) or cold (L2 flushed per sample)")
       ->check(CLI::IsMember({"batch", "cold"}));
   run->add_option("--out", run_opts.out_dir, "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db");
@@ -54,8 +53,8 @@ int main(int argc, char** argv) {
 
   double monitor_interval_ms = 1000, monitor_duration_s = 0;
   auto* monitor = app.add_subcommand("monitor", "Print live power, clocks, utilisation and host CPU, like nvidia-smi dmon");
-  monitor->add_option("--interval", monitor_interval_ms, "milliseconds between lines (default 1000)")->check(CLI::PositiveNumber);
-  monitor->add_option("--duration", monitor_duration_s, "seconds to run (default: until Ctrl-C)")->check(CLI::NonNegativeNumber);
+  monitor->add_option("--interval", monitor_interval_ms, "milliseconds between lines (default 1000)");
+  monitor->add_option("--duration", monitor_duration_s, "seconds to run (default: until Ctrl-C)");
 
   ab::cli::ReportOptions report_opts;
   auto* report = app.add_subcommand("report", "One offline HTML file (or Markdown) with charts and tables of runs");

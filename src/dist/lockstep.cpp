@@ -27,7 +27,7 @@ double run_batch(Comm& comm, Batches& b, std::int64_t count, const std::function
   try {
     t = timed();
   } catch (const std::exception& e) {
-    mine = {1, e.what()};
+    mine = {static_cast<int>(error_kind(e)), e.what()};  // rethrown below as the same kind
   }
   const double end = measure::monotonic_seconds();
   const auto all = comm.allgather(Packer().put(static_cast<std::int64_t>(mine.code)).put(t).put(mine.message).bytes());
@@ -36,7 +36,8 @@ double run_batch(Comm& comm, Batches& b, std::int64_t count, const std::function
     Unpacker in(all[r]);
     const std::int64_t code = in.get_int();
     const double rt = in.get_double();
-    if (code != 0) throw Error((comm.size() > 1 ? "rank " + std::to_string(r) + ": " : "") + in.get_string());
+    if (code != 0)
+      throw_error(static_cast<ErrorKind>(code), (comm.size() > 1 ? "rank " + std::to_string(r) + ": " : "") + in.get_string());
     slowest = std::max(slowest, rt);
   }
   b.slowest_s.push_back(slowest);

@@ -27,8 +27,8 @@ struct LockstepResult {
 
 // Measures `iteration` on every rank of `comm` with `local` timing this rank's batches. Every rank
 // calls it with the same settings; only rank 0's `cancel` is read. An exception thrown by one
-// rank's batch is rethrown on every rank as ab::Error ("rank R: ..."), after the batch, so no rank
-// is left waiting. (A rank whose device hangs inside a collective cannot be rescued from here: the
+// rank's batch is rethrown on every rank as the same kind of ab::Error ("rank R: ..."), after the
+// batch, so no rank is left waiting and every rank records the same status. (A rank whose device hangs inside a collective cannot be rescued from here: the
 // launcher's time limit ends such a job.)
 LockstepResult measure_lockstep(Comm& comm, measure::IterationTimer& local, const std::function<void()>& iteration,
                                 const measure::Settings& settings, const std::atomic<bool>* cancel);

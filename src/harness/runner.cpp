@@ -138,12 +138,12 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
       status = "invalid";
       reason = "interrupted before the stopping rule ended the point";
     }
-  } catch (const SkipPoint& e) {
-    status = "skipped", reason = e.reason;
+  } catch (const SkipPoint& e) {  // the family's subclasses before ab::Error and std::exception
+    status = "skipped", reason = e.what();
   } catch (const CheckFailed& e) {
-    status = "error", reason = e.reason;
+    status = "error", reason = e.what();
   } catch (const Diverged& e) {
-    status = "diverged", reason = e.reason;
+    status = "diverged", reason = e.what();
   } catch (const OutOfMemory& e) {
     status = "oom", reason = e.what();
   } catch (const Unsupported& e) {

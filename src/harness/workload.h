@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "measure/measure.h"
 #include "harness/axes.h"
 
@@ -27,16 +28,10 @@ struct Counts {
 };
 
 // A thrown SkipPoint becomes status "skipped"; CheckFailed becomes "error"; Diverged (a training
-// loss that became non-finite) becomes "diverged".
-struct SkipPoint {
-  std::string reason;
-};
-struct CheckFailed {
-  std::string reason;
-};
-struct Diverged {
-  std::string reason;
-};
+// loss that became non-finite) becomes "diverged". They are ab::Error's (core/error.h).
+using ab::CheckFailed;
+using ab::Diverged;
+using ab::SkipPoint;
 
 // What a workload that drives the load generator (src/scenarios) measures instead of exec()'s
 // iteration times: one scenario run, copied into the record as `scenario`.
