@@ -19,6 +19,7 @@
 #include "results/results.h"
 #include "workloads/runner.h"
 #include "workloads/suite.h"
+#include "test_support.h"
 
 namespace ab::report {
 namespace {
@@ -215,7 +216,7 @@ TEST(ReportEscaping, MarkupInRecordsIsInert) {
   EXPECT_EQ(md.find("<script>"), std::string::npos);
   EXPECT_NE(md.find("\\<script\\>alert(1)\\</script\\>"), std::string::npos);
   std::string why;
-  if (!html_available(&why)) GTEST_SKIP() << "HTML: " << why;
+  if (!html_available(&why)) AB_SKIP_OR_REQUIRE("charts", "HTML: " << why);
   const std::string html = render_html(doc);
   EXPECT_EQ(html.find("<script>alert"), std::string::npos);
   EXPECT_EQ(html.find("</script>\"'&"), std::string::npos);
