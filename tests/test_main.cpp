@@ -20,9 +20,9 @@ class SeedListener final : public ::testing::EmptyTestEventListener {
   void OnTestEnd(const ::testing::TestInfo& info) override {
     const ab::test::TestSeeds& s = ab::test::test_seeds();
     if (info.result()->Failed() && s.drawn > 0)
-      std::printf("[   SEED   ] %s.%s drew %llu seed(s) from base %llu: replay with AB_TEST_SEED=%llu\n",
-                  info.test_suite_name(), info.name(), static_cast<unsigned long long>(s.drawn),
-                  static_cast<unsigned long long>(s.base), static_cast<unsigned long long>(s.base));
+      std::printf("[   SEED   ] %s.%s: AB_TEST_SEED=%llu replays its random inputs (%llu seed(s) drawn)\n",
+                  info.test_suite_name(), info.name(), static_cast<unsigned long long>(s.base),
+                  static_cast<unsigned long long>(s.drawn));
   }
 
  private:

@@ -32,12 +32,15 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// These tests check what a point records, not how steady the machine is: a point stops after its
+// minimum time and samples whatever its spread (under a 20% rule a loaded two-core CI machine held
+// training points for their whole 5 s timeout).
 measure::Settings fast_settings() {
   measure::Settings s;
   s.min_time_s = 0.02;
   s.warmup_s = 0;
   s.timeout_s = 5;
-  s.max_noise_pct = 20;
+  s.max_noise_pct = 100;
   s.min_samples = 5;
   s.target_sample_s = 1e-3;
   return s;
@@ -641,7 +644,7 @@ test::Ran run_cli(const std::string& args) { return test::shell(test::quote(test
 TEST(Cli, RunTrainWritesAnOkRecord) {
   if (!fs::exists(test::accelbench_path())) GTEST_SKIP() << "accelbench not built";
   test::TempDir dir;
-  const test::Ran o = run_cli("run train --device cpu --min-time 0.05 --max-noise 20 --axis batch=4 --axis image_size=8 "
+  const test::Ran o = run_cli("run train --device cpu --min-time 0.05 --max-noise 100 --axis batch=4 --axis image_size=8 "
                             "--axis trajectory_steps=3 --out " + dir.path().string());
   ASSERT_EQ(o.code, 0) << o.output;
   std::vector<json> records;
