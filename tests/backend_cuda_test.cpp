@@ -22,6 +22,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "test_support.h"
 
 namespace ab::backend {
 namespace {
@@ -204,7 +205,7 @@ TEST(CudaCollectives, PairwiseMeanMatchesTheHostBitForBit) {
   SKIP_WITHOUT_GPU();
   auto* stream = static_cast<cudaStream_t>(cuda::native_stream(gpu()));
   const int sm_count = 132;  // only sizes the grid
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   constexpr std::int64_t n = 10007;  // odd: the vector loop leaves a remainder
   for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
@@ -280,7 +281,7 @@ TEST(CudaCollectives, AveragerInA16BitWireTypeRoundsToNearestEven) {
   SKIP_WITHOUT_GPU();
   const auto group = make_collective_rank(gpu(), 0, 1, collective_unique_id());
   auto* stream = static_cast<cudaStream_t>(cuda::native_stream(gpu()));
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   constexpr std::int64_t n = 100003;  // odd: the vector loop leaves a remainder
   std::vector<float> x(static_cast<std::size_t>(n));

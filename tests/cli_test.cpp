@@ -36,34 +36,11 @@ namespace fs = std::filesystem;
 namespace {
 
 using ab::test::TempDir;
+namespace test = ab::test;
 
-const std::string kBinary = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench";
-
-struct Outcome {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Outcome run(const std::vector<std::string>& args) {
-  std::string cmd = quote(kBinary);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " 2>&1";
-  Outcome o;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return o;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
-  const int status = pclose(pipe);
-  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return o;
-}
+using test::Ran;
+const std::string& kBinary = test::accelbench_path();
+Ran run(const std::vector<std::string>& args) { return test::accelbench(args); }
 
 // Starts accelbench in the background (output discarded) and returns its pid.
 pid_t spawn(const std::vector<std::string>& args) {
@@ -122,17 +99,17 @@ TEST(Cli, HelpAndUsageErrors) {
 }
 
 TEST(Cli, ListShowsWorkloadsAndAxes) {
-  const Outcome o = run({"list"});
+  const Ran o = run({"list"});
   ASSERT_EQ(o.code, 0) << o.output;
   for (const char* w : {"gemm", "stream", "copy", "ceilings", "precision", "@deepbench-train"})
     EXPECT_NE(o.output.find(w), std::string::npos) << w;
-  const Outcome j = run({"list", "--json"});
+  const Ran j = run({"list", "--json"});
   ASSERT_EQ(j.code, 0);
   EXPECT_EQ(nlohmann::json::parse(j.output).size(), ab::workloads::registry().all().size());  // every registered workload
 }
 
 TEST(Cli, SysinfoNamesTheCpu) {
-  const Outcome o = run({"sysinfo", "--json"});
+  const Ran o = run({"sysinfo", "--json"});
   ASSERT_EQ(o.code, 0) << o.output;
   const auto j = nlohmann::json::parse(o.output);
   EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
@@ -142,7 +119,7 @@ TEST(Cli, SysinfoNamesTheCpu) {
 
 TEST(Cli, UnknownNamesListTheValidOnes) {
   TempDir dir;
-  Outcome o = run({"run", "gemmm", "--out", dir.path().string()});
+  Ran o = run({"run", "gemmm", "--out", dir.path().string()});
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.output.find("valid: ceilings, gemm, stream, copy"), std::string::npos) << o.output;
   o = run({"run", "gemm", "--device", "cpu", "--axis", "batch=4", "--out", dir.path().string()});
@@ -162,7 +139,7 @@ TEST(Cli, UnknownNamesListTheValidOnes) {
 TEST(Cli, WarmupIsBoundedByTheTimeoutAndRecorded) {
   TempDir dir;
   // A warm-up of half the timeout or more is refused before anything runs, from the command line or a suite.
-  Outcome o = run({"run", "stream", "--device", "cpu", "--warmup", "30", "--out", dir.path().string()});
+  Ran o = run({"run", "stream", "--device", "cpu", "--warmup", "30", "--out", dir.path().string()});
   EXPECT_EQ(o.code, 2) << o.output;
   EXPECT_NE(o.output.find("under half the timeout"), std::string::npos) << o.output;
   EXPECT_EQ(run({"run", "stream", "--device", "cpu", "--warmup", "-1", "--out", dir.path().string()}).code, 2);
@@ -223,7 +200,7 @@ TEST(Cli, UnwritableOutputFailsBeforeRunning) {
   TempDir dir;
   const fs::path file = dir.path() / "a_file";
   std::ofstream(file) << "x";
-  const Outcome o = run({"run", "stream", "--device", "cpu", "--out", (file / "sub").string()});
+  const Ran o = run({"run", "stream", "--device", "cpu", "--out", (file / "sub").string()});
   EXPECT_EQ(o.code, 2) << o.output;
   EXPECT_EQ(o.output.find("[1/"), std::string::npos) << "no point may start: " << o.output;
 }
@@ -232,7 +209,7 @@ TEST(Cli, MalformedSuiteNamesFileAndLine) {
   TempDir dir;
   const fs::path suite = dir.path() / "bad.yaml";
   std::ofstream(suite) << "name: bad\nsteps:\n  - workload: gemm\n    axes:\n      nope: [1]\n";
-  Outcome o = run({"run", suite.string(), "--out", dir.path().string()});
+  Ran o = run({"run", suite.string(), "--out", dir.path().string()});
   EXPECT_EQ(o.code, 2);
   EXPECT_NE(o.output.find("bad.yaml:5"), std::string::npos) << o.output;
   std::ofstream(suite) << "name: bad\nsteps: [\n";
@@ -243,7 +220,7 @@ TEST(Cli, MalformedSuiteNamesFileAndLine) {
 
 TEST(Cli, RunWritesRecordsToJsonlAndStore) {
   TempDir dir;
-  const Outcome o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--axis", "precision=fp32,bf16",
+  const Ran o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--axis", "precision=fp32,bf16",
                          "--min-time", "0.05", "--max-noise", "50", "--out", dir.path().string()});
   ASSERT_EQ(o.code, 0) << o.output;
   const auto dirs = run_dirs(dir.path());
@@ -272,10 +249,10 @@ TEST(Cli, RunWritesRecordsToJsonlAndStore) {
   EXPECT_EQ(runs[0].status, "complete");
   EXPECT_EQ(runs[0].points, 4);
 
-  const Outcome list = run({"results", "--out", dir.path().string()});
+  const Ran list = run({"results", "--out", dir.path().string()});
   EXPECT_EQ(list.code, 0);
   EXPECT_NE(list.output.find(runs[0].run_id), std::string::npos);
-  const Outcome csv = run({"results", "--csv", "--out", dir.path().string()});
+  const Ran csv = run({"results", "--csv", "--out", dir.path().string()});
   EXPECT_EQ(csv.code, 0);
   EXPECT_EQ(std::count(csv.output.begin(), csv.output.end(), '\n'), 5) << csv.output;
   EXPECT_EQ(run({"results", "no-such-run", "--out", dir.path().string()}).code, 2);

@@ -454,14 +454,22 @@ TEST(Rng, UniformStaysInRangeAndCoversIt) {
   EXPECT_NEAR(static_cast<double>(below_zero) / kN, 0.4, 0.01);
 }
 
-TEST(Rng, DeterministicPerSeedAndIndex) {
-  for (std::uint64_t i = 0; i < 1000; ++i) {
-    ASSERT_EQ(mix64(7, i), mix64(7, i));
-    ASSERT_EQ(uniform(7, i, 0.0, 1.0), uniform(7, i, 0.0, 1.0));
-  }
+// mix64(seed, i) is SplitMix64's (i+1)-th output from state `seed`: Vigna's reference outputs (seeds
+// 0 and 1234567), and uniform's 53 top bits scaled, so a changed constant or shift cannot pass.
+TEST(Rng, KnownValuesOfSplitMix64AndUniform) {
+  EXPECT_EQ(mix64(0, 0), 0xE220A8397B1DCDAFULL);
+  EXPECT_EQ(mix64(0, 1), 0x6E789E6AA1B965F4ULL);
+  EXPECT_EQ(mix64(0, 2), 0x06C45D188009454FULL);
+  const std::uint64_t seed_1234567[] = {6457827717110365317ULL, 3203168211198807973ULL, 9817491932198370423ULL,
+                                        4593380528125082431ULL, 16408922859458223821ULL};
+  for (std::uint64_t i = 0; i < 5; ++i) EXPECT_EQ(mix64(1234567, i), seed_1234567[i]) << "index " << i;
+  EXPECT_EQ(mix64(7, 999), 0x9793FB91046FFFEEULL);
+  EXPECT_EQ(uniform(7, 0, 0.0, 1.0), 0.3898297483912715);
+  EXPECT_EQ(uniform(7, 1, 0.0, 1.0), 0.01678829452815611);
+  EXPECT_EQ(uniform(7, 999, 0.0, 1.0), 0.5921017865225052);
+  EXPECT_EQ(uniform(7, 0, -2.0, 2.0), -2.0 + 4.0 * 0.3898297483912715);
   // Usable at compile time, so tables of inputs can be built there.
-  static_assert(mix64(1, 2) == mix64(1, 2));
-  static_assert(mix64(1, 2) != mix64(1, 3));
+  static_assert(mix64(0, 0) == 0xE220A8397B1DCDAFULL);
   static_assert(uniform(1, 2, 0.0, 1.0) >= 0.0 && uniform(1, 2, 0.0, 1.0) < 1.0);
 }
 

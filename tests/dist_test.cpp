@@ -184,12 +184,13 @@ TEST(Launcher, ProcessEnvironmentIsRead) {
   EXPECT_FALSE(env.empty());
 }
 
+using test::quote;
+using test::Ran;
+
 // The example sbatch script (examples/slurm/accelbench-multinode.sbatch): bash accepts it, every
 // srun launches with --mpi=pmix (MPI refuses singletons otherwise), it turns NVLink SHARP off, and
 // each accelbench command in it, the commented mpirun variant included, names only options `run`
 // has and axes and values its workload plans on CUDA.
-std::string quote(const std::string& s);  // shell quoting, defined with the mpirun helpers below
-
 TEST(SlurmExample, ScriptIsValidBashAndItsCommandsPlan) {
   const std::string path = std::string(AB_SOURCE_DIR) + "/examples/slurm/accelbench-multinode.sbatch";
   ASSERT_EQ(std::system(("bash -n " + quote(path)).c_str()), 0) << path;
@@ -214,15 +215,9 @@ TEST(SlurmExample, ScriptIsValidBashAndItsCommandsPlan) {
   EXPECT_TRUE(exports_nvls);
   ASSERT_EQ(commands.size(), 3u);  // srun collectives, srun train, mpirun collectives
 
-  std::string help;
-  {
-    FILE* pipe = popen((quote(std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench") + " run --help 2>&1").c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    char buf[4096];
-    std::size_t n = 0;
-    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) help.append(buf, n);
-    ASSERT_EQ(pclose(pipe), 0) << help;
-  }
+  const Ran help_run = test::accelbench({"run", "--help"});
+  ASSERT_EQ(help_run.code, 0) << help_run.output;
+  const std::string& help = help_run.output;
   const std::map<std::string, std::size_t> points{{"collectives", 31u * 7u * 2u},  // 8 B..8 GiB x ops x in_place
                                                   {"train", 3u}};                  // gpus=1,8,16
   std::map<std::string, int> seen;
@@ -545,7 +540,7 @@ TEST(Agreement, SumsMaximaAndSameness) {
 }
 
 TEST(Agreement, PackerRoundTripsAndRejectsShortMessages) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   const double d = uniform(seed, 0, -1e9, 1e9);
   const auto i = static_cast<std::int64_t>(mix64(seed, 1) >> 2);
   const std::string text = "rank " + std::to_string(mix64(seed, 2));
@@ -612,7 +607,7 @@ double nearest_in_wire(double v, DType wire) {
 // exchange, in the gradients' own f32 or rounded through bf16 / f16 (PyTorch DDP's compress hooks).
 TEST(DataParallel, HostAveragingInA16BitWireTypeRoundsEachRankAndTheMean) {
   auto be = backend::make_backend("cpu");
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   workloads::zoo::ModelSpec spec;
   spec.model = "tiny_resnet";
@@ -729,7 +724,7 @@ TEST(Lockstep, WorldOfOneMeasuresLikeTheHarness) {
   s.max_noise_pct = 50;
   s.target_sample_s = 1e-3;
   volatile double sink = 0;
-  const double x = uniform(fresh_seed(), 0, 1, 2);
+  const double x = uniform(test::seed(), 0, 1, 2);
   const LockstepResult r = measure_lockstep(world(), timer, [&] {
     for (int i = 0; i < 20000; ++i) sink = sink + x * i;
   }, s, nullptr);
@@ -787,35 +782,16 @@ TEST(Session, OneProcessNeedsNoMpiAndSeveralNeedALauncherThatBootstrapsIt) {
 
 // --- Two processes under mpirun (OpenMPI from Debian on the CI machine; no GPU involved) ---
 
-struct Ran {
-  int code = -1;
-  std::string output;  // stdout; stderr follows it when `with_stderr`
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // mpirun with the settings CI needs: root is allowed, two ranks may share two cores, messages stay
 // in shared memory. `timeout` turns a deadlock into a failure instead of a hung test. In the
 // sanitize build the children skip LeakSanitizer: OpenMPI leaves its own allocations (in plugins
 // it has unloaded) at MPI_Finalize; our code's leaks are checked by every in-process test.
-Ran mpirun(const std::string& args, bool with_stderr = true) {
+test::Ran mpirun(const std::string& args, bool with_stderr = true) {
   const std::string cmd = "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "
                           "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
                           "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
                           "timeout -k 5 120 mpirun " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  Ran r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::shell(cmd);
 }
 
 // These tests check what a run records, not how fast: a point stops after its minimum time whatever
@@ -826,11 +802,11 @@ constexpr const char* kQuickPoints = " --min-time 0.05 --max-noise 100 --timeout
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 #define SKIP_WITHOUT_MPI()                                                                                    \
-  if (!mpi_built()) GTEST_SKIP() << "this build has no MPI (libopenmpi-dev missing at configure time)";       \
-  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found: install openmpi-bin (scripts/install-deps.sh)"
+  if (!mpi_built()) AB_SKIP_OR_REQUIRE("mpi", "this build has no MPI (libopenmpi-dev missing at configure time)"); \
+  if (!have_mpirun()) AB_SKIP_OR_REQUIRE("mpi", "mpirun not found: install openmpi-bin (scripts/install-deps.sh)")
 
 const std::string kProbe = std::string(AB_TEST_BINARY_DIR) + "/tests/dist_probe";
-const std::string kAccelbench = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench";
+const std::string& kAccelbench = test::accelbench_path();
 
 TEST(MpiBootstrap, TwoRanksExchangeAgreeAndMeasureInLockStep) {
   SKIP_WITHOUT_MPI();
@@ -1032,7 +1008,7 @@ TEST(DataParallel, TrainUnderMpirunAveragesInTheCommDtype) {
     ASSERT_EQ(narrow.size(), f32.size());
     EXPECT_EQ(narrow.front(), f32.front()) << axis;
     EXPECT_NE(narrow.back(), f32.back()) << axis << ": rounded gradients took the trajectory elsewhere";
-    expect_trajectory_near(narrow, f32, 1e-2, axis);
+    ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(narrow, f32, 1e-2, axis));
   }
 }
 
@@ -1059,7 +1035,7 @@ TEST(DataParallel, StrongScalingFollowsTheSingleProcessTrajectory) {
   const auto one = losses(by.at(1)), two = losses(by.at(2));
   ASSERT_EQ(one.size(), 5u);
   EXPECT_NE(one.front(), one.back());  // it trains: the comparison below is not of a constant
-  expect_trajectory_near(two, one, 1e-5, "two ranks");
+  ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(two, one, 1e-5, "two ranks"));
   EXPECT_NEAR(by.at(2)["metrics"]["mse"].get<double>(), by.at(1)["metrics"]["mse"].get<double>(),
               1e-5 * by.at(1)["metrics"]["mse"].get<double>());
 }
@@ -1104,7 +1080,7 @@ TEST(DataParallel, TwoGpusStrongScalingFollowsOneGpu) {
     const auto one = losses(by.at({1, graph}));
     const auto two = losses(by.at({2, graph}));
     EXPECT_NE(one.front(), one.back());
-    expect_trajectory_near(two, one, 1e-4, "graph=" + graph);
+    ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(two, one, 1e-4, "graph=" + graph));
   }
 }
 
@@ -1152,7 +1128,7 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverNccl) {
     EXPECT_GT(two["metrics"]["scaling_efficiency"].get<double>(), 0.0) << two.dump();
   }
   // The captured step (all-reduces inside the CUDA graph) trains like the eager one.
-  expect_trajectory_near(losses(by.at({2, "on"})), losses(by.at({2, "off"})), 1e-4, "captured vs eager");
+  ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(losses(by.at({2, "on"})), losses(by.at({2, "off"})), 1e-4, "captured vs eager"));
 }
 
 // comm_dtype=bf16 on two GPUs: each bucket cast to bf16 on the side stream, all-reduced and cast
@@ -1176,10 +1152,10 @@ TEST(DataParallel, TrainOnTwoGpusAveragesInBf16) {
               f32.at({2, graph})["metrics"]["data_parallel"]["allreduce_bytes_per_step"].get<std::int64_t>());
     const auto want = losses(f32.at({2, graph})), got = losses(bf16.at({2, graph}));
     EXPECT_NE(got.back(), want.back()) << "graph=" << graph << ": the bf16 gradients changed nothing";
-    expect_trajectory_near(got, want, 1e-2, "graph=" + graph);
+    ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(got, want, 1e-2, "graph=" + graph));
   }
   // The captured step (casts and all-reduces inside the CUDA graph) trains like the eager one.
-  expect_trajectory_near(losses(bf16.at({2, "on"})), losses(bf16.at({2, "off"})), 1e-4, "captured vs eager");
+  ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(losses(bf16.at({2, "on"})), losses(bf16.at({2, "off"})), 1e-4, "captured vs eager"));
 }
 
 // Copy engines on two GPUs (comm_engine=auto chooses them here: 2 GPUs, one host, f32 on the
@@ -1208,8 +1184,8 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
       EXPECT_GT(dp["buckets"].get<int>(), 3);
       const auto want = losses(nccl.at({2, graph}));
       EXPECT_NE(want.front(), want.back());
-      expect_trajectory_near(losses(copy->at({2, graph})), want, 1e-5,
-                             std::string(update ? "mean in the update" : "mean kernel") + ", graph=" + graph);
+      ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(losses(copy->at({2, graph})), want, 1e-5,
+                             std::string(update ? "mean in the update" : "mean kernel") + ", graph=" + graph));
     }
   }
   for (const std::string refused : {"copy --axis comm_dtype=bf16", "nccl --axis comm_mean=update"}) {

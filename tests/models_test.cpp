@@ -152,7 +152,7 @@ TrainRun train_tiny(std::uint64_t data_seed, std::uint64_t init_seed, int steps,
 }
 
 TEST(Learnability, TinyResnetLearnsASyntheticFourClassTaskWithSgd) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const auto start = std::chrono::steady_clock::now();
   const TrainRun r = train_tiny(seed, seed + 1, kSgdSteps, false, 4);
@@ -169,7 +169,7 @@ TEST(Learnability, TinyResnetLearnsASyntheticFourClassTaskWithSgd) {
 }
 
 TEST(Learnability, LarsAlsoLearns) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const TrainRun r = train_tiny(seed, seed + 1, 100, true);
   EXPECT_LT(mean_tail(r.losses, 10), 0.25 * std::log(static_cast<double>(kClasses)));
@@ -178,7 +178,7 @@ TEST(Learnability, LarsAlsoLearns) {
 TEST(Determinism, TwoRunsGiveBitIdenticalLosses) {
   // The reference kernels sum every output in a fixed order (nn_test checks that the thread
   // count does not change a bit), so a rerun must reproduce every loss exactly.
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   const TrainRun a = train_tiny(seed, 7, 12);
   const TrainRun b = train_tiny(seed, 7, 12);
   EXPECT_EQ(a.losses, b.losses);  // exact: same bits
@@ -189,7 +189,7 @@ TEST(Determinism, TwoRunsGiveBitIdenticalLosses) {
 TEST(Determinism, NhwcTrainsBitIdenticallyToNchw) {
   // Same logical values and the same order of every sum: only the strides differ, so any
   // difference in a loss is a layout bug somewhere in the graph or the kernels.
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   const TrainRun nchw = train_tiny(seed, 3, 6, false, 0, Layout::nchw);
   const TrainRun nhwc = train_tiny(seed, 3, 6, false, 0, Layout::nhwc);
   EXPECT_EQ(nchw.losses, nhwc.losses);
@@ -259,7 +259,7 @@ void for_each_inference_options(std::uint64_t seed, const std::function<void(con
 }
 
 TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   for_each_inference_options(seed, [&](const nn::GraphOptions& o) {
     const DType t = o.dtype;
@@ -272,7 +272,7 @@ TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
     unfolded.bind(*k);
     folded.bind(*k);
     nn::ParameterValues values = unfolded.parameter_values();
-    test::randomise_batchnorms(values, seed);
+    ASSERT_NO_FATAL_FAILURE(test::randomise_batchnorms(values, seed));
     unfolded.set_parameter_values(values);
     const nn::ParameterValues f = fold_batchnorm_parameters(values);
     // The folded weights are the unfolded ones scaled per output channel, by more than rounding.
@@ -286,7 +286,7 @@ TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
     unfolded.forward(false);
     folded.forward(false);
     const auto want = unfolded.read(us.y), got = folded.read(fs.y);
-    expect_close(got, want, t == DType::f64 ? 1e-12 : 2e-6, "block output");
+    ASSERT_NO_FATAL_FAILURE(expect_close(got, want, t == DType::f64 ? 1e-12 : 2e-6, "block output"));
     const auto zeros = std::count(want.begin(), want.end(), 0.0);
     EXPECT_GT(zeros, 0);  // the ReLU clamps some elements and passes others
     EXPECT_LT(zeros, static_cast<std::ptrdiff_t>(want.size() * 9 / 10));
@@ -294,7 +294,7 @@ TEST(FoldBatchnorm, ConvBnAddReluBlockComputesTheSameFunctionFolded) {
 }
 
 TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   for_each_inference_options(seed, [&](const nn::GraphOptions& o) {
     const DType t = o.dtype;
@@ -325,7 +325,7 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
     folded.bind(*k);
     fused.bind(*k);
     nn::ParameterValues values = unfolded.parameter_values();
-    test::randomise_batchnorms(values, seed);
+    ASSERT_NO_FATAL_FAILURE(test::randomise_batchnorms(values, seed));
     unfolded.set_parameter_values(values);
     folded.set_parameter_values(fold_batchnorm_parameters(values));
     const nn::ParameterValues on_conv = fold_batchnorm_parameters(values, FoldedBias::on_convolution);
@@ -339,7 +339,7 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
     unfolded.forward(false);
     folded.forward(false);
     fused.forward(false);
-    expect_close(folded.read(fl), unfolded.read(ul), t == DType::f64 ? 1e-11 : 1e-5, "logits");
+    ASSERT_NO_FATAL_FAILURE(expect_close(folded.read(fl), unfolded.read(ul), t == DType::f64 ? 1e-11 : 1e-5, "logits"));
     // The same kernels in the same order on the reference: the same bits.
     EXPECT_EQ(fused.read(el), folded.read(fl));
   });
@@ -350,7 +350,7 @@ TEST(FoldBatchnorm, TinyResnetInferenceLogitsMatchTheUnfoldedNetwork) {
 // parameter gradients bit for bit, with 9 ops fewer (the stem's ReLU; per block three ReLUs and the
 // add), in both layouts and in bf16.
 TEST(FuseBatchnormRelu, TinyResnetTrainingStepIsTheUnfusedOne) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   for (Layout layout : {Layout::nchw, Layout::nhwc})
     for (Precision p : {Precision::fp32, Precision::bf16}) {
@@ -373,7 +373,7 @@ TEST(FuseBatchnormRelu, TinyResnetTrainingStepIsTheUnfusedOne) {
       unfused.bind(*k);
       fused.bind(*k);
       nn::ParameterValues values = unfused.parameter_values();
-      test::randomise_batchnorms(values, seed);
+      ASSERT_NO_FATAL_FAILURE(test::randomise_batchnorms(values, seed));
       unfused.set_parameter_values(values);
       fused.set_parameter_values(values);
       const std::vector<double> images = random_values(4 * 3 * 8 * 8, seed);

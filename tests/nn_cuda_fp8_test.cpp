@@ -209,7 +209,7 @@ class Fp8Test : public ::testing::Test {
   std::unique_ptr<backend::Backend> backend_;
   std::unique_ptr<Kernels> cuda_;
   void* stream_ = nullptr;
-  std::uint64_t seed_ = fresh_seed();
+  std::uint64_t seed_ = test::seed();
   std::uint64_t counter_ = 0;
 
   std::vector<double> random(std::size_t n, double lo, double hi) {

@@ -25,6 +25,7 @@
 #include "core/tensor.h"
 #include "nn/cuda/pointwise.h"
 #include "nn/kernels.h"
+#include "test_support.h"
 
 namespace ab::nn {
 namespace {
@@ -99,7 +100,7 @@ std::vector<double> quantize(DType t, const std::vector<double>& v) {
 }
 
 struct Rng {
-  std::uint64_t seed = fresh_seed();
+  std::uint64_t seed = test::seed();
   std::mt19937_64 gen{seed};
   std::vector<double> uniform(int64_t n, double lo = -1.0, double hi = 1.0) {
     std::uniform_real_distribution<double> d(lo, hi);
@@ -210,11 +211,11 @@ TEST(CudaPointwise, ReluAddCopyMatchReference) {
       pw::relu_forward(nullptr, t, da.get(), dy.get(), n);
       std::vector<double> want(a.size());
       ref().relu_forward(host(a, s), host(want, s));
-      expect_near(dy.download(), want, 0, 0, "relu_forward");  // exact: a max with 0
+      ASSERT_NO_FATAL_FAILURE(expect_near(dy.download(), want, 0, 0, "relu_forward"));  // exact: a max with 0
 
       pw::add_forward(nullptr, t, da.get(), db.get(), dy.get(), n);
       ref().add_forward(host(a, s), host(b, s), host(want, s));
-      expect_near(dy.download(), want, rel_tol(t), 0, "add_forward");
+      ASSERT_NO_FATAL_FAILURE(expect_near(dy.download(), want, rel_tol(t), 0, "add_forward"));
 
       for (bool acc : {false, true}) {
         SCOPED_TRACE(acc ? "accumulate" : "overwrite");
@@ -223,13 +224,13 @@ TEST(CudaPointwise, ReluAddCopyMatchReference) {
         want = old;
         pw::relu_backward(nullptr, t, da.get(), db.get(), dx.get(), n, acc);
         ref().relu_backward(host(a, s), host(b, s), host(want, s), acc);
-        expect_near(dx.download(), want, rel_tol(t), 0, "relu_backward");
+        ASSERT_NO_FATAL_FAILURE(expect_near(dx.download(), want, rel_tol(t), 0, "relu_backward"));
 
         dx.upload(old);
         want = old;
         pw::copy_gradient(nullptr, t, db.get(), dx.get(), n, acc);
         ref().copy_gradient(host(b, s), host(want, s), acc);
-        expect_near(dx.download(), want, acc ? rel_tol(t) : 0, 0, "copy_gradient");
+        ASSERT_NO_FATAL_FAILURE(expect_near(dx.download(), want, acc ? rel_tol(t) : 0, 0, "copy_gradient"));
       }
     }
 }
@@ -291,7 +292,7 @@ TEST(CudaPointwise, BiasActivationMatchesReferenceInBothLayouts) {
             ref().bias_activation_forward(host(x, xs, layout), host(b, Shape{k.c}),
                                           residual ? host(r, xs, layout) : Tensor{}, host(want, xs, layout), relu);
             // Absolute slack for cancellation: the device sums in f32 before rounding once.
-            expect_near(dy.download(), want, rel_tol(t), t == DType::f64 ? 1e-14 : abs_tol(t, 1e-6), "y");
+            ASSERT_NO_FATAL_FAILURE(expect_near(dy.download(), want, rel_tol(t), t == DType::f64 ? 1e-14 : abs_tol(t, 1e-6), "y"));
           }
   // Unaligned operands (one element in): the scalar path, NHWC with an odd channel count.
   for (DType t : {DType::f32, DType::bf16}) {
@@ -336,7 +337,7 @@ TEST(CudaPointwise, GlobalAvgpoolMatchesReferenceInBothLayouts) {
         pw::global_avgpool_forward(nullptr, t, layout, dx_in.get(), dy_out.get(), k.n, k.c, hw);
         std::vector<double> want(static_cast<std::size_t>(ny));
         ref().global_avgpool_forward(host(x, xs, layout), host(want, ys));
-        expect_near(dy_out.download(), want, rel_tol(t), 1e-6, "forward");
+        ASSERT_NO_FATAL_FAILURE(expect_near(dy_out.download(), want, rel_tol(t), 1e-6, "forward"));
 
         for (bool acc : {false, true}) {
           SCOPED_TRACE(acc ? "accumulate" : "overwrite");
@@ -344,7 +345,7 @@ TEST(CudaPointwise, GlobalAvgpoolMatchesReferenceInBothLayouts) {
           auto want_dx = old;
           pw::global_avgpool_backward(nullptr, t, layout, ddy.get(), ddx.get(), k.n, k.c, hw, acc);
           ref().global_avgpool_backward(host(dyv, ys), host(want_dx, xs, layout), acc);
-          expect_near(ddx.download(), want_dx, rel_tol(t), 1e-7, "backward");
+          ASSERT_NO_FATAL_FAILURE(expect_near(ddx.download(), want_dx, rel_tol(t), 1e-7, "backward"));
         }
       }
 }
@@ -381,7 +382,7 @@ TEST(CudaPointwise, SoftmaxCrossEntropyForwardMatchesReference) {
       const double loss = dloss.download()[0];
       EXPECT_TRUE(std::isfinite(loss));
       EXPECT_NEAR(loss, want_loss[0], 2e-5 * std::fabs(want_loss[0]) + 2e-6);
-      expect_near(dp.download(), want_p, std::max(rel_tol(t), 2e-5), 1e-7, "probs");
+      ASSERT_NO_FATAL_FAILURE(expect_near(dp.download(), want_p, std::max(rel_tol(t), 2e-5), 1e-7, "probs"));
     }
 }
 
@@ -402,7 +403,7 @@ TEST(CudaPointwise, SoftmaxCrossEntropyMixedDtypesAndBadLabel) {
   ref().softmax_cross_entropy_forward(host(z, Shape{n, k}), host_i32(labels), host(want_p, Shape{n, k}),
                                       host(want_loss, Shape{1}));
   EXPECT_NEAR(dloss.download()[0], want_loss[0], 2e-5 * std::fabs(want_loss[0]));
-  expect_near(dp.download(), want_p, 2e-5, 1e-8, "f32 probs from bf16 logits");
+  ASSERT_NO_FATAL_FAILURE(expect_near(dp.download(), want_p, 2e-5, 1e-8, "f32 probs from bf16 logits"));
 
   // A label outside [0, K) cannot throw on the device: the loss reads NaN ("diverged").
   lv[5] = double(k);
@@ -434,7 +435,7 @@ TEST(CudaPointwise, SoftmaxCrossEntropyBackwardMatchesReference) {
                                   acc);
         ref().softmax_cross_entropy_backward(host(p, Shape{c.n, c.k}), host_i32(labels), host(dl, Shape{1}),
                                              host(want, Shape{c.n, c.k}), acc);
-        expect_near(dg.download(), want, rel_tol(t), abs_tol(t, 1e-9), "dlogits");
+        ASSERT_NO_FATAL_FAILURE(expect_near(dg.download(), want, rel_tol(t), abs_tol(t, 1e-9), "dlogits"));
       }
     }
 }
@@ -481,7 +482,7 @@ TEST(CudaPointwise, RoundMatchesReferenceWithTiesToEven) {
         pw::round_forward(nullptr, t, dx.get(), dy.get(), n, step);
         std::vector<double> want(x.size());
         ref().round_forward(host(x, Shape{n}), host(want, Shape{n}), step);
-        expect_near(dy.download(), want, 0, 0, "round_forward");  // exact
+        ASSERT_NO_FATAL_FAILURE(expect_near(dy.download(), want, 0, 0, "round_forward"));  // exact
         if (n >= 6) {
           EXPECT_EQ(dy.download()[1], 2 * step);  // 1.5 steps: the even neighbour
         }
@@ -522,8 +523,8 @@ TEST(CudaPointwise, RateDistortionForwardAndBackwardMatchReference) {
         ref().rate_distortion_backward({lambda}, host(xh, Shape{n_x}), host(x, Shape{n_x}), host(l, Shape{n_l}),
                                        host(dloss, Shape{1}), host(want_x, Shape{n_x}), acc, host(want_l, Shape{n_l}),
                                        acc);
-        expect_near(gx.download(), want_x, rel_tol(t), abs_tol(t, 1e-12), "dx_hat");
-        expect_near(gl.download(), want_l, rel_tol(t), abs_tol(t, 1e-12), "dlatent");
+        ASSERT_NO_FATAL_FAILURE(expect_near(gx.download(), want_x, rel_tol(t), abs_tol(t, 1e-12), "dx_hat"));
+        ASSERT_NO_FATAL_FAILURE(expect_near(gl.download(), want_l, rel_tol(t), abs_tol(t, 1e-12), "dlatent"));
       }
       // An absent gradient is skipped: only dlatent written.
       gx.upload(old_x);
@@ -585,8 +586,8 @@ TEST(CudaPointwise, SgdMatchesReferenceAndSkipsOnFlag) {
         pw::sgd_update(nullptr, t, dw.get(), dg.get(), dv.get(), n, step, skip);
         ref().sgd_update(step, host(w, s), host(g, s), host(v, s));
         const auto got_w = dw.download(), got_v = dv.download();
-        expect_near(got_w, w, 2 * rel_tol(t), 1e-6, "w");
-        expect_near(got_v, v, 2 * rel_tol(t), 1e-6, "v");
+        ASSERT_NO_FATAL_FAILURE(expect_near(got_w, w, 2 * rel_tol(t), 1e-6, "w"));
+        ASSERT_NO_FATAL_FAILURE(expect_near(got_v, v, 2 * rel_tol(t), 1e-6, "v"));
         w = got_w;  // the next step starts where the device is, so rounding does not compound
         v = got_v;
       }
@@ -700,8 +701,8 @@ TEST(CudaPointwise, LarsMatchesReferenceAndSkipsOnFlag) {
         flag.upload({0.0});
         pw::lars_update(nullptr, t, dw.get(), dg.get(), dv.get(), n, step, flag.as<int32_t>(), scratch.as<float>());
         ref().lars_update(step, host(w, s), host(g, s), host(v, s));
-        expect_near(dw.download(), w, 2 * rel_tol(t), 1e-7, "w");
-        expect_near(dv.download(), v, 4 * rel_tol(t), abs_tol(t, 1e-9), "v");
+        ASSERT_NO_FATAL_FAILURE(expect_near(dw.download(), w, 2 * rel_tol(t), 1e-7, "w"));
+        ASSERT_NO_FATAL_FAILURE(expect_near(dv.download(), v, 4 * rel_tol(t), abs_tol(t, 1e-9), "v"));
       }
 }
 
@@ -809,7 +810,7 @@ TEST(CudaPointwise, UnscaleAndCheckFindsPlantedNonFinite) {
       auto want = g;
       for (auto& x : want) x /= scale;
       want = quantize(t, want);  // exact in f32; small f16 values land on subnormals
-      expect_near(dg.download(), want, 0, 0, "unscaled");
+      ASSERT_NO_FATAL_FAILURE(expect_near(dg.download(), want, 0, 0, "unscaled"));
       EXPECT_EQ(found.download()[0], 0);
 
       for (double bad : {std::numeric_limits<double>::infinity(), std::nan("")}) {

@@ -138,7 +138,7 @@ double relative_l2(const std::vector<double>& a, const std::vector<double>& b) {
 
 TEST(Fp8ConvRef, MatchesTheNaiveQuantizedConvolutionInEveryConfiguration) {
   auto k = make_ref_kernels();
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Tensors make(*k, seed);
   int cases = 0;
@@ -181,7 +181,7 @@ TEST(Fp8ConvRef, MatchesTheNaiveQuantizedConvolutionInEveryConfiguration) {
 // The e4m3 rounding is real (the result is not the 16-bit one) and small (a few percent).
 TEST(Fp8ConvRef, DiffersFromThe16BitConvolutionByTheQuantizationErrorOnly) {
   auto k = make_ref_kernels();
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Tensors make(*k, seed);
   for (Layout layout : {Layout::nchw, Layout::nhwc}) {
@@ -202,7 +202,7 @@ TEST(Fp8ConvRef, DiffersFromThe16BitConvolutionByTheQuantizationErrorOnly) {
 
 TEST(Fp8ConvRef, RefusesWhatTheCudaKernelsRefuseNamingWhy) {
   auto k = make_ref_kernels();
-  Tensors make(*k, fresh_seed());
+  Tensors make(*k, test::seed());
   const auto expect_refused = [&](const Problem& p, DType t, const std::string& why) {
     SCOPED_TRACE(why);
     const Tensor x = make.random(t, p.xs, Layout::nhwc, -1, 1), w = make.random(t, p.ws, Layout::nhwc, -1, 1);
@@ -233,7 +233,7 @@ TEST(Fp8ConvRef, RefusesWhatTheCudaKernelsRefuseNamingWhy) {
 // exactly, with bias and residual multiples of 1/8 so that their sum is exact in f16.
 TEST(Fp8ConvRef, AllZeroInputGivesTheEpilogueExactly) {
   auto k = make_ref_kernels();
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Tensors make(*k, seed);
   const Problem p = problem(16, 16, 5, 3, 2, 1);
@@ -265,7 +265,7 @@ TEST(Fp8ConvRef, AllZeroInputGivesTheEpilogueExactly) {
 // naive one and within the quantization error of the f16 convolution, and finite.
 TEST(Fp8ConvRef, LargeInputIsScaledNotSaturated) {
   auto k = make_ref_kernels();
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Tensors make(*k, seed);
   const Problem p = problem(16, 16, 6, 3, 1, 1);
@@ -297,7 +297,7 @@ TEST(Fp8ConvRef, LargeInputIsScaledNotSaturated) {
 // Captured, the call runs on replay only and gives the same bits as a direct call.
 TEST(Fp8ConvRef, CaptureDefersTheCallAndReplaysTheSameBits) {
   auto k = make_ref_kernels();
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Tensors make(*k, seed);
   const Problem p = problem(16, 16, 6, 3, 1, 1);

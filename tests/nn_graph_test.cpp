@@ -48,7 +48,7 @@ void expect_valid_plan(const std::vector<BufferLifetime>& bufs, const MemoryPlan
 TEST(Planner, ReusesMemoryOfBuffersThatAreNeverAliveTogether) {
   const std::vector<BufferLifetime> bufs{{1000, 0, 1, "a"}, {1000, 2, 3, "b"}, {500, 1, 2, "c"}};
   const MemoryPlan plan = plan_memory(bufs);
-  expect_valid_plan(bufs, plan);
+  ASSERT_NO_FATAL_FAILURE(expect_valid_plan(bufs, plan));
   EXPECT_EQ(plan.offsets_bytes[0], plan.offsets_bytes[1]);  // a and b share bytes
   EXPECT_EQ(plan.peak_bytes, 1024 + 512);
   EXPECT_EQ(plan.total_bytes, 1024 + 1024 + 512);
@@ -56,7 +56,7 @@ TEST(Planner, ReusesMemoryOfBuffersThatAreNeverAliveTogether) {
 }
 
 TEST(Planner, RandomLifetimesNeverOverlapWhileAlive) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::vector<BufferLifetime> bufs;
   for (std::uint64_t i = 0; i < 300; ++i) {
@@ -66,7 +66,7 @@ TEST(Planner, RandomLifetimesNeverOverlapWhileAlive) {
     bufs.push_back({bytes, first, first + len, "buffer " + std::to_string(i)});
   }
   const MemoryPlan plan = plan_memory(bufs);
-  expect_valid_plan(bufs, plan);
+  ASSERT_NO_FATAL_FAILURE(expect_valid_plan(bufs, plan));
   EXPECT_LT(plan.peak_bytes, plan.total_bytes / 2);  // short lifetimes over 120 steps: much reuse
 }
 
@@ -145,7 +145,7 @@ void check_tensor_gradient(const std::function<double()>& loss, const Tensor& va
 TEST(Graph, WholeGraphGradientsMatchFiniteDifferences) {
   GraphOptions o;
   o.dtype = DType::f64;
-  o.seed = fresh_seed();
+  o.seed = test::seed();
   Bound t(o);
   SCOPED_TRACE("seed " + std::to_string(o.seed));
   t.g.bind(*t.k);
@@ -169,7 +169,7 @@ TEST(Graph, PlanKeepsLiveBuffersApartAndReusesMemory) {
   Bound t(GraphOptions{});
   const auto& bufs = t.g.buffers();
   const MemoryPlan& plan = t.g.memory_plan();
-  expect_valid_plan(bufs, plan);
+  ASSERT_NO_FATAL_FAILURE(expect_valid_plan(bufs, plan));
   EXPECT_LT(plan.peak_bytes, plan.total_bytes);
   // The pool output is read by three layers forward and by max pool's own backward; the conv1
   // input gradient (x requires one) lives to the end of the step for the caller.
@@ -190,12 +190,12 @@ TEST(Graph, InferencePlanIsSmallerAndHasNoBackward) {
   GraphOptions o;
   o.training = false;
   Bound inf(o), train(GraphOptions{});
-  expect_valid_plan(inf.g.buffers(), inf.g.memory_plan());
+  ASSERT_NO_FATAL_FAILURE(expect_valid_plan(inf.g.buffers(), inf.g.memory_plan()));
   EXPECT_LT(inf.g.memory_plan().peak_bytes, train.g.memory_plan().peak_bytes);
   EXPECT_EQ(inf.g.backward_flops(), 0);
   for (const auto& b : inf.g.buffers()) EXPECT_EQ(b.label.rfind("grad ", 0), std::string::npos) << b.label;
   inf.g.bind(*inf.k);
-  fill_inputs(inf.g, inf.m, 4, fresh_seed());
+  fill_inputs(inf.g, inf.m, 4, test::seed());
   inf.g.forward(false);
   EXPECT_THROW(inf.g.backward(), Error);
 }
@@ -203,7 +203,7 @@ TEST(Graph, InferencePlanIsSmallerAndHasNoBackward) {
 TEST(Graph, ProfilingRecordsEveryOpsTimeAndTheTableAddsUp) {
   Bound t(GraphOptions{}, 4, /*with_batchnorm=*/false);  // batch norm's statistics move on each replay
   t.g.bind(*t.k);
-  fill_inputs(t.g, t.m, 4, fresh_seed());
+  fill_inputs(t.g, t.m, 4, test::seed());
   t.g.forward();
   t.g.backward();
   const auto logits = t.g.read(t.m.logits), dx = t.g.read(t.g.grad(t.m.x));
@@ -490,7 +490,7 @@ TEST(Precision, SixteenBitPoliciesKeepF32MastersStatisticsAndLoss) {
   for (Precision p : {Precision::bf16, Precision::fp16}) {
     const DType t = p == Precision::bf16 ? DType::bf16 : DType::f16;
     SCOPED_TRACE(std::string(to_string(p)));
-    const std::uint64_t seed = fresh_seed();
+    const std::uint64_t seed = test::seed();
     Tiny n(with_precision(p, seed));
     n.g.bind(*n.k);
     EXPECT_EQ(n.g.tensor(n.m.images).dtype, t);
@@ -506,7 +506,7 @@ TEST(Precision, SixteenBitPoliciesKeepF32MastersStatisticsAndLoss) {
                         param.spec.role == ParamRole::running_stat;
       EXPECT_EQ(param.copy.defined(), !norm) << param.name;
     }
-    expect_copies_are_rounded_masters(n.g, t);
+    ASSERT_NO_FATAL_FAILURE(expect_copies_are_rounded_masters(n.g, t));
     // Saved batch statistics are f32; each 16-bit weight gradient lives in the arena for one step.
     bool saw_saved = false, saw_grad16 = false;
     for (const auto& buf : n.g.buffers()) {
@@ -528,7 +528,7 @@ TEST(Precision, SixteenBitPoliciesKeepF32MastersStatisticsAndLoss) {
     int finer = 0;
     for (double v : after) finer += v != round_16(t, v) ? 1 : 0;
     EXPECT_GT(finer, static_cast<int>(after.size()) / 2);
-    expect_copies_are_rounded_masters(n.g, t);  // refreshed after the update
+    ASSERT_NO_FATAL_FAILURE(expect_copies_are_rounded_masters(n.g, t));  // refreshed after the update
   }
 }
 
@@ -536,7 +536,7 @@ TEST(Precision, SixteenBitActivationsHalveTheArenaAndTheBytes) {
   Tiny f32(with_precision(Precision::fp32), 32, 16), bf16(with_precision(Precision::bf16), 32, 16),
       f16(with_precision(Precision::fp16), 32, 16);
   for (const Tiny* half : {&bf16, &f16}) {
-    expect_valid_plan(half->g.buffers(), half->g.memory_plan());
+    ASSERT_NO_FATAL_FAILURE(expect_valid_plan(half->g.buffers(), half->g.memory_plan()));
     const double ratio = static_cast<double>(half->g.memory_plan().peak_bytes) /
                          static_cast<double>(f32.g.memory_plan().peak_bytes);
     EXPECT_GT(ratio, 0.45);  // f32 batch statistics and probabilities stay
@@ -555,7 +555,7 @@ TEST(Precision, SixteenBitActivationsHalveTheArenaAndTheBytes) {
 }
 
 TEST(Precision, Bf16AndFp16StepsAgreeWithFp32) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Tiny ref32(with_precision(Precision::fp32, seed), 16);
   ref32.g.bind(*ref32.k);
@@ -633,7 +633,7 @@ std::vector<std::vector<double>> trained_state(Graph& g) {
 }
 
 TEST(Precision, Fp16SkipsAStepWithANonFiniteGradientAndAdaptsTheScale) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   GraphOptions o = with_precision(Precision::fp16, seed);
   o.initial_loss_scale = 1024;
@@ -747,7 +747,7 @@ TEST(Graph, ConvolutionsArePreparedOnlyForThePassesTheyRun) {
     EXPECT_FALSE(p.backward_data);
     EXPECT_FALSE(p.backward_filter);
   }
-  inf.feed(fresh_seed(), 0);
+  inf.feed(test::seed(), 0);
   inf.g.forward(false);
 
   // Training: the stem's input (the images; convolution 0) needs no gradient, so no backward-data;
@@ -761,7 +761,7 @@ TEST(Graph, ConvolutionsArePreparedOnlyForThePassesTheyRun) {
     EXPECT_TRUE(spy.prepared[i].backward_filter) << "convolution " << i;
   }
   Sgd sgd(0.05, 0.9, 0);
-  train.feed(fresh_seed(), 0);
+  train.feed(test::seed(), 0);
   train.step(sgd);
   const auto convs = static_cast<int>(spy.prepared.size());
   EXPECT_EQ(spy.data_calls, convs - 1);
@@ -781,7 +781,7 @@ TEST(Graph, ConvolutionsArePreparedOnlyForThePassesTheyRun) {
 TEST(Capture, ReplayedStepsEqualDirectCallsInEveryPolicy) {
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     SCOPED_TRACE(std::string(to_string(p)));
-    const std::uint64_t seed = fresh_seed();
+    const std::uint64_t seed = test::seed();
     Tiny direct(with_precision(p, seed)), captured(with_precision(p, seed));
     direct.g.bind(*direct.k);
     captured.g.bind(*captured.k);
@@ -810,7 +810,7 @@ TEST(Capture, InferenceGraphReplaysItsForwardPass) {
   Tiny n(o);
   n.g.bind(*n.k);
   auto step = n.g.capture_step(nullptr);
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   n.feed(seed, 0);
   step->replay();
   const auto replayed = n.g.read(n.m.logits);
@@ -843,7 +843,7 @@ TEST(Capture, RefusesProfilingAndAStepThatAllocates) {
 // learning in bf16 on the reference kernels
 
 TEST(Learnability, TinyResnetLearnsTheSyntheticTaskInBf16) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const auto start = std::chrono::steady_clock::now();
   auto kernels = make_ref_kernels();
@@ -889,7 +889,7 @@ struct RecordingAverager final : GradientAverager {
 TEST(DataParallel, AveragedBucketsOfTwoHalfBatchesGiveTheFullBatchGradients) {
   GraphOptions o;
   o.dtype = DType::f64;
-  o.seed = fresh_seed();
+  o.seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(o.seed));
   Bound full(o, 8, /*with_batchnorm=*/false);
   full.g.bind(*full.k);
@@ -1056,7 +1056,7 @@ CodecNet codec_net(GraphBuilder& b) {
 TEST(Graph, CompressionLayersGradientsMatchFiniteDifferencesThroughBranchPoints) {
   GraphOptions o;
   o.dtype = DType::f64;
-  o.seed = fresh_seed();
+  o.seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(o.seed));
   auto k = make_ref_kernels();
   GraphBuilder b(o);
@@ -1087,7 +1087,7 @@ TEST(Graph, QuantizerSharesItsGradientBufferWhenItWritesItFirst) {
   // writes its gradient first, so the planner gives both one buffer and the backward copies nothing.
   GraphOptions o;
   o.dtype = DType::f64;
-  o.seed = fresh_seed();
+  o.seed = test::seed();
   auto k = make_ref_kernels();
   GraphBuilder b(o);
   const Value x = b.input("x", Shape{2, 2, 4, 4});

@@ -28,7 +28,7 @@ std::size_t sz(std::int64_t i) { return static_cast<std::size_t>(i); }
 // Host tensors of the reference kernels, alive as long as this object; values drawn from one seed.
 class Tensors {
  public:
-  Tensors() : kernels_(make_ref_kernels()), seed_(fresh_seed()) {}
+  Tensors() : kernels_(make_ref_kernels()), seed_(test::seed()) {}
   Kernels& k() { return *kernels_; }
   std::uint64_t seed() const { return seed_; }
   Tensor make(DType t, const Shape& s, const std::vector<double>& values) {
@@ -397,7 +397,7 @@ TEST(TransformerRef, TinyDecoderGradientsMatchFiniteDifferencesThroughTheGraph) 
   Graph g(std::move(b));
   const auto k = make_ref_kernels();
   g.bind(*k);
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::vector<double> tokens, labels;
   for (std::uint64_t i = 0; i < static_cast<std::uint64_t>(batch * seq); ++i) {

@@ -19,6 +19,7 @@
 #include "harness/suite.h"
 #include "report/report.h"
 #include "results/results.h"
+#include "test_support.h"
 #include "workloads/registry.h"
 
 namespace ab::report {
@@ -216,7 +217,7 @@ TEST(ReportEscaping, MarkupInRecordsIsInert) {
   EXPECT_EQ(md.find("<script>"), std::string::npos);
   EXPECT_NE(md.find("\\<script\\>alert(1)\\</script\\>"), std::string::npos);
   std::string why;
-  if (!html_available(&why)) GTEST_SKIP() << "HTML: " << why;
+  if (!html_available(&why)) AB_SKIP_OR_REQUIRE("charts", "HTML: " << why);
   const std::string html = render_html(doc);
   EXPECT_EQ(html.find("<script>alert"), std::string::npos);
   EXPECT_EQ(html.find("</script>\"'&"), std::string::npos);

@@ -631,14 +631,14 @@ TEST(Mllog, EveryLineParsesAsJson) {
   const LogInfo info{"accelbench test", "null", "synthetic", 64, 64, "2026-01-01T00:00:00.000Z"};
   const auto detail = mllog_detail(search.final, &search, info);
   const auto summary = mllog_summary(search.final, info);
-  expect_mllog(detail);
-  expect_mllog(summary);
+  ASSERT_NO_FATAL_FAILURE(expect_mllog(detail));
+  ASSERT_NO_FATAL_FAILURE(expect_mllog(summary));
   EXPECT_EQ(value_of(summary, "result_validity"), search.final.valid ? "VALID" : "INVALID");
   EXPECT_EQ(value_of(detail, "requested_scenario"), "Server");
   EXPECT_EQ(value_of(detail, "requested_test_mode"), "FindPeakPerformance");
   EXPECT_EQ(value_of(detail, "result_query_count"), search.final.queries_issued);
   // Awkward strings stay valid JSON.
-  expect_mllog({mllog_line("k\"ey\n", "quote \" backslash \\ tab \t \x01", 1.5, true)});
+  ASSERT_NO_FATAL_FAILURE(expect_mllog({mllog_line("k\"ey\n", "quote \" backslash \\ tab \t \x01", 1.5, true)}));
 
   FaultySut faulty(5);
   Settings s = fast(Scenario::offline, 0.05);
@@ -651,7 +651,7 @@ TEST(Mllog, EveryLineParsesAsJson) {
     std::ifstream in(dir.path() / "logs" / f);
     std::vector<std::string> lines;
     for (std::string l; std::getline(in, l);) lines.push_back(l);
-    expect_mllog(lines);
+    ASSERT_NO_FATAL_FAILURE(expect_mllog(lines));
     EXPECT_EQ(value_of(lines, "result_validity"), "INVALID") << f;
     EXPECT_EQ(value_of(lines, "accelbench_lost_samples"), lost.lost_samples) << f;
   }
@@ -764,14 +764,15 @@ TEST(LoadgenWorkload, RefusedSettingsBecomeInvalidPointsWithTheReason) {
 TEST(LoadgenCli, NullAndGemmQuickPresetProduceRecordsWithValidity) {
   const fs::path out = fs::temp_directory_path() / ("ab_lgcli_" + std::to_string(getpid()));
   fs::remove_all(out);
-  const std::string log = (fs::temp_directory_path() / ("ab_lgcli_" + std::to_string(getpid()) + ".log")).string();
-  const std::string binary = std::string("'") + AB_TEST_BINARY_DIR + "/src/cli/accelbench' run loadgen --device cpu ";
   // Every scenario on the null SUT; the gemm SUT (real work behind the batcher) where a run is
   // short even on a loaded 2-core machine: its server search runs many trials.
-  for (const char* axes : {"--axis sut=null", "--axis sut=gemm --axis scenario=single-stream,offline"}) {
-    const std::string cmd = binary + axes + " --axis preset=quick --out '" + out.string() + "' >> '" + log + "' 2>&1";
-    const int rc = std::system(cmd.c_str());
-    ASSERT_EQ(WEXITSTATUS(rc), 0) << cmd;
+  for (const std::vector<std::string>& axes : {std::vector<std::string>{"--axis", "sut=null"},
+                                               {"--axis", "sut=gemm", "--axis", "scenario=single-stream,offline"}}) {
+    std::vector<std::string> args{"run", "loadgen", "--device", "cpu"};
+    args.insert(args.end(), axes.begin(), axes.end());
+    args.insert(args.end(), {"--axis", "preset=quick", "--out", out.string()});
+    const test::Ran r = test::accelbench(args);
+    ASSERT_EQ(r.code, 0) << r.output;
   }
   std::vector<json> records;
   std::vector<fs::path> points_files;

@@ -287,7 +287,7 @@ TEST(TelemetrySampler, ScriptedGpuEnergyAndEfficiency) {
   Sampler sampler(one_gpu(s, reads), nullptr, 0.002, stepping_clock());
   sampler.start();
   EXPECT_TRUE(sampler.has_power());
-  wait_for_reads(*reads, 12);
+  ASSERT_NO_FATAL_FAILURE(wait_for_reads(*reads, 12));
   sampler.stop();
   const int after_stop = reads->load();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -330,7 +330,7 @@ TEST(TelemetrySampler, SparseCounterReadingsStillGiveTheWindowEnergy) {
   o.counter_period_s = 10;  // counters only at start() and stop()
   Sampler sampler(one_gpu(s, reads), nullptr, o, stepping_clock());
   sampler.start();
-  wait_for_reads(*reads, 15);
+  ASSERT_NO_FATAL_FAILURE(wait_for_reads(*reads, 15));
   sampler.stop();
   const json t = sampler.trace();
   const auto& samples = t["gpus"][0]["samples"];
@@ -352,7 +352,7 @@ TEST(TelemetrySampler, ReadLevelsFollowTheirCadences) {
   o.counter_period_s = 0.010;  // every 10th
   Sampler sampler(one_gpu(s, reads), nullptr, o, stepping_clock());
   sampler.start();
-  wait_for_reads(*reads, 40);
+  ASSERT_NO_FATAL_FAILURE(wait_for_reads(*reads, 40));
   sampler.stop();
   const json samples = sampler.trace()["gpus"][0]["samples"];
   int slow = 0, counters = 0;
@@ -434,7 +434,7 @@ TEST(TelemetrySampler, DestructorAndExceptionsStopTheThread) {
   try {
     Sampler sampler(one_gpu(Script{}, reads), nullptr, 0.001);
     sampler.start();
-    wait_for_reads(*reads, 3);
+    ASSERT_NO_FATAL_FAILURE(wait_for_reads(*reads, 3));
     throw std::runtime_error("workload failed");
   } catch (const std::runtime_error&) {
   }
@@ -448,7 +448,7 @@ TEST(TelemetrySampler, DiscardKeepsTheBracketingReading) {
   auto reads = std::make_shared<std::atomic<int>>(0);
   Sampler sampler(one_gpu(Script{}, reads), nullptr, 0.001, stepping_clock());
   sampler.start();
-  wait_for_reads(*reads, 15);
+  ASSERT_NO_FATAL_FAILURE(wait_for_reads(*reads, 15));
   sampler.stop();
   sampler.discard_before(0.55);
   const json t = sampler.trace();

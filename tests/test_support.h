@@ -1,18 +1,25 @@
-// Helpers shared by the test files: a scratch folder, exception-message capture, and a tiny
-// ResNet trained on a synthetic image task (the learnability tests of every kernel backend).
+// Helpers shared by the test files: replayable random seeds, skips that CI turns into failures,
+// running the accelbench binary, a scratch folder, exception-message capture, and a tiny ResNet
+// trained on a synthetic image task (the learnability tests of every kernel backend).
 #pragma once
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numbers>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -22,6 +29,110 @@
 #include "nn/optim.h"
 
 namespace ab::test {
+
+// ---------------------------------------------------------------------------------------------
+// Random seeds a failure can be replayed from. Each test has one base seed: AB_TEST_SEED where set,
+// else a fresh one (new random inputs every run). The test's first seed() is the base itself, the
+// n-th after it mix64(base, n), so AB_TEST_SEED=<base> replays every seed the test drew. The
+// listener in test_main.cpp draws the base when a test starts and prints it when the test fails.
+
+struct TestSeeds {
+  std::uint64_t base = 0;
+  std::uint64_t drawn = 0;  // seeds handed out in the current test
+};
+
+inline TestSeeds& test_seeds() {
+  static TestSeeds seeds;
+  return seeds;
+}
+
+// AB_TEST_SEED's value, or nothing where unset; a value that is not a whole number is refused.
+inline std::optional<std::uint64_t> seed_from_environment() {
+  const char* env = std::getenv("AB_TEST_SEED");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (errno != 0 || *end != '\0' || *env == '-')
+    throw std::invalid_argument(std::string("AB_TEST_SEED='") + env + "' is not an unsigned 64-bit integer");
+  return static_cast<std::uint64_t>(v);
+}
+
+// The next seed of the current test (see TestSeeds).
+inline std::uint64_t seed() {
+  TestSeeds& s = test_seeds();
+  const std::uint64_t n = s.drawn++;
+  return n == 0 ? s.base : mix64(s.base, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Skips that CI refuses. A test whose tool is missing (mpirun, the browser, the chart scripts)
+// skips with the reason; where AB_REQUIRE lists that tool (comma-separated, e.g. "mpi,browser,charts",
+// set by scripts/test.sh on CI) the same test fails instead, so a broken machine cannot pass green.
+
+inline bool required(std::string_view what) {
+  const char* env = std::getenv("AB_REQUIRE");
+  if (env == nullptr) return false;
+  std::string_view list(env);
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    if (list.substr(0, comma) == what) return true;
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
+// Skips the test (or fails it, where AB_REQUIRE names `what`) with `why`. A statement, as GTEST_SKIP.
+#define AB_SKIP_OR_REQUIRE(what, why)                                                           \
+  do {                                                                                          \
+    if (::ab::test::required(what))                                                             \
+      FAIL() << why << " (AB_REQUIRE names '" << what << "': this machine must run the test)";  \
+    else                                                                                        \
+      GTEST_SKIP() << why;                                                                      \
+  } while (false)
+
+// ---------------------------------------------------------------------------------------------
+// Running commands and the accelbench binary of this build.
+
+struct Ran {
+  int code = -1;       // the exit status; -1 where the command did not exit normally
+  std::string output;  // what the command wrote to stdout (callers add 2>&1 for stderr)
+};
+
+// `s` in single quotes for sh, its own single quotes escaped.
+inline std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `cmd` under sh and returns its exit status and stdout.
+inline Ran shell(const std::string& cmd) {
+  Ran r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[65536];
+  std::size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline const std::string& accelbench_path() {
+  static const std::string path = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench";
+  return path;
+}
+
+// accelbench with `args` (each quoted), stdout and stderr together.
+inline Ran accelbench(const std::vector<std::string>& args) {
+  std::string cmd = quote(accelbench_path());
+  for (const auto& a : args) cmd += " " + quote(a);
+  return shell(cmd + " 2>&1");
+}
+
+// ---------------------------------------------------------------------------------------------
 
 // A fresh folder under the system temp dir, removed with everything in it at scope exit.
 class TempDir {

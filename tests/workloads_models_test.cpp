@@ -34,12 +34,15 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// These tests check what a point records, not how steady the machine is: a point stops after its
+// minimum time and samples whatever its spread (under a 20% rule a loaded two-core CI machine held
+// training points for their whole 5 s timeout).
 measure::Settings fast_settings() {
   measure::Settings s;
   s.min_time_s = 0.02;
   s.warmup_s = 0;
   s.timeout_s = 5;
-  s.max_noise_pct = 20;
+  s.max_noise_pct = 100;
   s.min_samples = 5;
   s.target_sample_s = 1e-3;
   return s;
@@ -111,7 +114,7 @@ TEST(ModelZoo, AxesRefuseUnknownPrecisionAndModelWithTheValidList) {
 }
 
 TEST(SyntheticBatch, EachSampleDependsOnlyOnItsIndex) {
-  const std::uint64_t seed = fresh_seed();
+  const std::uint64_t seed = test::seed();
   const auto a = zoo::synthetic_batch(seed, 0, 4, 3, 8, 10);
   const auto b = zoo::synthetic_batch(seed, 2, 2, 3, 8, 10);
   ASSERT_EQ(a.images.size(), 4u * 3 * 8 * 8);
@@ -637,28 +640,13 @@ TEST(ModelSut, BucketsStepByEightAboveEightAndReportTheirMemory) {
 // ---------------------------------------------------------------------------------------------
 // The binary
 
-struct Outcome {
-  int code = -1;
-  std::string output;
-};
-
-Outcome run_cli(const std::string& args) {
-  const std::string cmd = std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench " + args + " 2>&1";
-  Outcome o;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return o;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
-  const int status = pclose(pipe);
-  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return o;
-}
+// accelbench with `args` (split by the shell), stdout and stderr together.
+test::Ran run_cli(const std::string& args) { return test::shell(test::quote(test::accelbench_path()) + " " + args + " 2>&1"); }
 
 TEST(Cli, RunTrainWritesAnOkRecord) {
-  if (!fs::exists(std::string(AB_TEST_BINARY_DIR) + "/src/cli/accelbench")) GTEST_SKIP() << "accelbench not built";
+  if (!fs::exists(test::accelbench_path())) GTEST_SKIP() << "accelbench not built";
   test::TempDir dir;
-  const Outcome o = run_cli("run train --device cpu --min-time 0.05 --max-noise 20 --axis batch=4 --axis image_size=8 "
+  const test::Ran o = run_cli("run train --device cpu --min-time 0.05 --max-noise 100 --axis batch=4 --axis image_size=8 "
                             "--axis trajectory_steps=3 --out " + dir.path().string());
   ASSERT_EQ(o.code, 0) << o.output;
   std::vector<json> records;
@@ -672,7 +660,7 @@ TEST(Cli, RunTrainWritesAnOkRecord) {
   EXPECT_EQ(records[0]["status"], "ok");
   EXPECT_GT(records[0]["rates"]["samples_per_s"].get<double>(), 0.0);
 
-  const Outcome bad = run_cli("run train --device cpu --axis precision=fp8 --out " + dir.path().string());
+  const test::Ran bad = run_cli("run train --device cpu --axis precision=fp8 --out " + dir.path().string());
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_TRUE(contains(bad.output, "fp8") && contains(bad.output, "fp16")) << bad.output;
 }
