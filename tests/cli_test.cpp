@@ -119,9 +119,36 @@ TEST(Cli, ListShowsWorkloadsAndAxes) {
   ASSERT_EQ(o.code, 0) << o.output;
   for (const char* w : {"gemm", "stream", "copy", "ceilings", "precision", "@deepbench-train"})
     EXPECT_NE(o.output.find(w), std::string::npos) << w;
+  // Options are listed beside the axes, with their defaults.
+  EXPECT_NE(o.output.find("--option trajectory_steps"), std::string::npos) << o.output;
   const Outcome j = run({"list", "--json"});
   ASSERT_EQ(j.code, 0);
-  EXPECT_EQ(nlohmann::json::parse(j.output).size(), ab::workloads::registry().all().size());  // every registered workload
+  const auto listed = nlohmann::json::parse(j.output);
+  EXPECT_EQ(listed.size(), ab::workloads::registry().all().size());  // every registered workload
+  bool train_options = false;
+  for (const auto& w : listed)
+    if (w["name"] == "train")
+      for (const auto& opt : w["options"])
+        if (opt["name"] == "steps_per_sample") train_options = opt["default"] == "0" && opt["kind"] == "integer";
+  EXPECT_TRUE(train_options) << j.output;
+}
+
+// --option name=value: an option no workload of the run declares, or a malformed one, is refused
+// before anything runs, listing the valid names.
+TEST(Cli, UnknownOptionsAreRefusedListingTheValidOnes) {
+  TempDir dir;
+  Outcome o = run({"run", "train", "--device", "cpu", "--option", "comm_ctas=8", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("valid: lr, trajectory_steps, steps_per_sample"), std::string::npos) << o.output;
+  o = run({"run", "train", "--device", "cpu", "--option", "trajectory_steps", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("name=value"), std::string::npos) << o.output;
+  const fs::path suite = dir.path() / "s.yaml";
+  std::ofstream(suite) << "steps:\n  - workload: stream\n";
+  o = run({"run", suite.string(), "--device", "cpu", "--option", "trajectory_steps=2", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("has option 'trajectory_steps'"), std::string::npos) << o.output;
+  EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
 }
 
 TEST(Cli, SysinfoNamesTheCpu) {

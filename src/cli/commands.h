@@ -11,6 +11,7 @@ struct RunOptions {
   std::string target;  // workload name or suite file
   std::string device;  // empty = best present
   std::vector<std::string> axes;
+  std::vector<std::string> options;  // "name=value", a workload's tuning knobs (--option)
   double min_time_s = -1, max_noise_pct = -1, timeout_s = -1, warmup_s = -1;  // < 0: default or suite's
   std::string mode;
   std::string out_dir = ".";

@@ -87,7 +87,8 @@ Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
     }
     for (const auto& kv : step) {
       const auto key = kv.first.as<std::string>();
-      if (key != "workload" && key != "axes") fail(file, kv.first.Mark(), "unknown step key '" + key + "'; valid: workload, axes");
+      if (key != "workload" && key != "axes" && key != "options")
+        fail(file, kv.first.Mark(), "unknown step key '" + key + "'; valid: workload, axes, options");
     }
     if (const auto axes = step["axes"]; axes) {
       if (!axes.IsMap()) fail(file, axes.Mark(), "'axes' must be a mapping of axis names to values");
@@ -97,6 +98,19 @@ Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
           st.overrides.push_back(parse_axis_argument(name + "=" + scalar_list(file, kv.second, name)));
           // Validate now, for both device kinds, so a typo fails before anything runs.
           for (const char* kind : {"cpu", "cuda"}) build_sweep(w->axes(kind), w->zip_groups(), {st.overrides.back()});
+        } catch (const UsageError& e) {
+          fail(file, kv.first.Mark(), e.what());
+        }
+      }
+    }
+    if (const auto options = step["options"]; options) {
+      if (!options.IsMap()) fail(file, options.Mark(), "'options' must be a mapping of option names to one value each");
+      for (const auto& kv : options) {
+        const auto name = kv.first.as<std::string>();
+        if (!kv.second.IsScalar()) fail(file, kv.second.Mark(), "option '" + name + "' takes one value");
+        st.options[name] = kv.second.as<std::string>();
+        try {
+          resolve_options(st.workload, w->options(), {{name, st.options[name]}});
         } catch (const UsageError& e) {
           fail(file, kv.first.Mark(), e.what());
         }
