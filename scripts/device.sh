@@ -124,7 +124,7 @@ if want multi || want heap; then
       [[ $variant == *no-gpu-telemetry ]] && flags=(--no-gpu-telemetry)
       [[ $variant == bind-core* ]] && bind=""
       mpirun -np 2 --allow-run-as-root $bind -x NCCL_NVLS_ENABLE $ab run train --axis model=tiny_resnet \
-        --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 --axis gpus=1,2 \
+        --axis precision=fp32 --axis batch=8 --axis image_size=16 --option trajectory_steps=4 --axis gpus=1,2 \
         --axis graph=off,on --axis bucket_mib=0.0001 --min-time 0.05 --max-noise 100 --timeout 20 "${flags[@]}" \
         --out "$logs/heap" > "$logs/heap-$variant-$i.txt" 2>&1
       echo "mpirun train gpus=1,2, $variant, try $i: exit $? $(grep -m1 -E 'free\(\)|munmap|corrupt|Segmentation fault|GPU counters off' "$logs/heap-$variant-$i.txt" | cut -c1-90)"
@@ -158,7 +158,7 @@ if want engine; then
   ./build/cuda/tests/nn_cuda_test --gtest_filter='*FusedBatchNormRelu*' 2>&1 | grep -E "fused|unfused|OK \]|FAILED"
   # ResNet-50 training with fuse off and on, accelbench alone (one step per sample, 3-step trajectory).
   $ab run train --axis model=resnet50 --axis batch=256 --axis precision=bf16,fp16 --axis layout=nhwc \
-    --axis fuse=off,on --axis trajectory_steps=3 --out "$logs/fuse" > "$logs/fuse.txt" 2>&1; echo "fuse sweep: exit $?"
+    --axis fuse=off,on --option trajectory_steps=3 --out "$logs/fuse" > "$logs/fuse.txt" 2>&1; echo "fuse sweep: exit $?"
   python3 bench/summarize_points.py "$logs/fuse" params.precision params.fuse rates.samples_per_s time.median_s \
     metrics.model.ops metrics.fusion.fused_shapes metrics.fusion.unfused_shapes
 fi
@@ -171,7 +171,7 @@ if want train; then
   # fuse on TF32 (the project's fused forward, no cuDNN fused kernels) in both layouts: the default
   # (auto = on) must not be slower where cuDNN does not fuse.
   $ab run train --axis model=resnet50 --axis batch=256 --axis precision=tf32 --axis layout=nhwc,nchw \
-    --axis fuse=off,on --axis trajectory_steps=3 --out "$logs/fuse-tf32" > "$logs/fuse-tf32.txt" 2>&1
+    --axis fuse=off,on --option trajectory_steps=3 --out "$logs/fuse-tf32" > "$logs/fuse-tf32.txt" 2>&1
   echo "tf32 fuse sweep: exit $?"
   python3 bench/summarize_points.py "$logs/fuse-tf32" params.layout params.fuse rates.samples_per_s time.median_s \
     metrics.fusion.fused_shapes
@@ -252,7 +252,7 @@ if want ddp; then
   n=$(nvidia-smi -L | wc -l)
   [[ ${KNOBS:-0} == 1 ]] && mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_ctas=0,16 --axis comm_priority=normal,high \
-    --axis trajectory_steps=3 --out "$logs/knobs" 2>&1 | tee "$logs/ddp-knobs.txt" | grep -E "ok |median|skipped|error"
+    --option trajectory_steps=3 --out "$logs/knobs" 2>&1 | tee "$logs/ddp-knobs.txt" | grep -E "ok |median|skipped|error"
   [[ ${KNOBS:-0} == 1 ]] && python3 bench/summarize_points.py "$logs/knobs" params.gpus params.comm_ctas params.comm_priority \
     rates.samples_per_s metrics.scaling_efficiency
 fi
@@ -266,7 +266,7 @@ if want overlap; then
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis tail_bucket_mib=${TAILS:-0,1} \
     --axis bucket_delay_ops=${DELAYS:-0,1} --axis comm_dtype=${COMM:-grad,bf16} ${OVERLAP_AXES:-} \
-    --axis trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "error" | head -5
+    --option trajectory_steps=3 --out "$logs/overlap" 2>&1 | tee "$logs/overlap.txt" | grep -E "error" | head -5
   python3 bench/summarize_points.py "$logs/overlap" params.gpus params.bucket_mib params.tail_bucket_mib params.bucket_delay_ops \
     params.comm_dtype rates.samples_per_s time.median_s metrics.scaling_efficiency metrics.data_parallel.buckets
   [[ ${OVERLAP_TESTS:-1} == 1 ]] && ./build/cuda/tests/dist_test --gtest_filter='DataParallel.TrainOnTwoGpus*' > "$logs/dist_test_dp2.log" 2>&1
@@ -284,7 +284,7 @@ if want coop; then
   n=$(nvidia-smi -L | wc -l)
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis cooperative_kernels=on,off \
-    --axis trajectory_steps=3 --out "$logs/coop" > "$logs/coop.txt" 2>&1
+    --option trajectory_steps=3 --out "$logs/coop" > "$logs/coop.txt" 2>&1
   echo "cooperative_kernels sweep: exit $?"
   python3 bench/summarize_points.py "$logs/coop" params.gpus params.cooperative_kernels rates.samples_per_s \
     metrics.scaling_efficiency metrics.fusion.fused_shapes
@@ -295,7 +295,7 @@ if want copy; then
   n=$(nvidia-smi -L | wc -l)
   timeout 300 mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_engine=nccl,copy ${COPY_AXES:-} \
-    --axis trajectory_steps=3 --out "$logs/copy" > "$logs/copy.txt" 2>&1
+    --option trajectory_steps=3 --out "$logs/copy" > "$logs/copy.txt" 2>&1
   echo "comm_engine sweep: exit $?"; grep -iE "error|refus" "$logs/copy.txt" | head -5
   python3 bench/summarize_points.py "$logs/copy" params.gpus params.comm_engine rates.samples_per_s time.median_s metrics.fusion.fused_shapes \
     metrics.scaling_efficiency metrics.data_parallel.averaging
@@ -304,7 +304,7 @@ if want copy; then
   # ranks, saying why. Either way the run must end, with the averaging it used in its record.
   timeout 120 mpirun -np 2 --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE bash -c \
     'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"' $ab run train --axis model=tiny_resnet \
-    --axis batch=8 --axis image_size=16 --axis gpus=2 --axis trajectory_steps=2 --out "$logs/copy-own-gpu" \
+    --axis batch=8 --axis image_size=16 --axis gpus=2 --option trajectory_steps=2 --out "$logs/copy-own-gpu" \
     > "$logs/copy-own-gpu.txt" 2>&1
   echo "one GPU per process, comm_engine=auto: exit $?"
   python3 bench/summarize_points.py "$logs/copy-own-gpu" params.gpus metrics.data_parallel.averaging \
@@ -314,7 +314,7 @@ if want copy; then
 fi
 if want alone; then
   n=$(nvidia-smi -L | wc -l)
-  one=(run train --axis model=resnet50 --axis precision=bf16 --axis batch=256 --axis gpus=1 --axis trajectory_steps=3
+  one=(run train --axis model=resnet50 --axis precision=bf16 --axis batch=256 --axis gpus=1 --option trajectory_steps=3
        --min-time ${ALONE_MIN_TIME:-4} ${ALONE_ARGS:-})
   # Each point's GPU as its telemetry saw it: clocks, power, the share of readings power-capped, temperature.
   t=telemetry.gpus.0
@@ -336,7 +336,7 @@ if want alone; then
   done
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
     --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_engine=${ALONE_ENGINES:-nccl,copy} ${ALONE_AXES:-} \
-    --axis trajectory_steps=3 --min-time ${ALONE_MIN_TIME:-4} ${ALONE_ARGS:-} --out "$logs/alone-dp" > "$logs/alone-dp.txt" 2>&1
+    --option trajectory_steps=3 --min-time ${ALONE_MIN_TIME:-4} ${ALONE_ARGS:-} --out "$logs/alone-dp" > "$logs/alone-dp.txt" 2>&1
   echo "data parallel: exit $?"
   python3 bench/summarize_points.py "$logs/alone-dp" params.gpus params.comm_engine params.comm_priority rates.samples_per_s \
     time.median_s metrics.scaling_efficiency $gpu_fields
@@ -347,7 +347,7 @@ if want sweep; then
     -lms 250 > "$logs/sweep-smi.csv" &
   smi=$!
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE $ab run train --axis model=resnet50 \
-    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis trajectory_steps=3 ${SWEEP_AXES:-} \
+    --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --option trajectory_steps=3 ${SWEEP_AXES:-} \
     --out "$logs/sweep" > "$logs/sweep.txt" 2>&1
   echo "train sweep ${SWEEP_AXES:-}: exit $?"; grep -iE "error|refus" "$logs/sweep.txt" | head -5
   kill $smi 2>/dev/null
@@ -366,7 +366,7 @@ if want verify; then
     n=$(nvidia-smi -L | wc -l)
     mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x NCCL_NTHREADS=$NTHREADS $ab run train \
       --axis model=resnet50 --axis precision=bf16 --axis batch=256 --axis gpus=1,$n --axis comm_ctas=0,8 \
-      --axis trajectory_steps=3 --out "$logs/nthreads" > "$logs/nthreads.txt" 2>&1
+      --option trajectory_steps=3 --out "$logs/nthreads" > "$logs/nthreads.txt" 2>&1
     python3 bench/summarize_points.py "$logs/nthreads" params.gpus params.comm_ctas rates.samples_per_s metrics.scaling_efficiency
   fi
 fi
@@ -376,7 +376,7 @@ if want timeline; then
   mkdir -p "$logs/trace-ab" "$logs/trace-ddp"
   mpirun -np $n --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x CUDA_INJECTION64_PATH=$tracer \
     -x AB_TRACE_DIR="$logs/trace-ab" $ab run train --axis model=resnet50 --axis precision=bf16 --axis batch=256 \
-    --axis gpus=1,$n --axis trajectory_steps=3 ${TRACE_AXES:-} --out "$logs/timeline" > "$logs/timeline.txt" 2>&1
+    --axis gpus=1,$n --option trajectory_steps=3 ${TRACE_AXES:-} --out "$logs/timeline" > "$logs/timeline.txt" 2>&1
   echo "traced train: exit $?"; grep -E "kernel_trace|skipped|error" "$logs/timeline.txt" | head
   python3 bench/summarize_points.py "$logs/timeline" params.gpus rates.samples_per_s time.median_s metrics.scaling_efficiency
   python3 bench/trace_steps.py "$logs/trace-ab" --comm "${TRACE_COMM:-nccl}" --json "$logs/trace-ab.json" 2>&1 | tee "$logs/trace-ab.txt"

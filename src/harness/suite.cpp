@@ -34,6 +34,23 @@ std::optional<double> number(const std::filesystem::path& file, const YAML::Node
   }
 }
 
+// A step's `options:` mapping, each checked against the workload's declarations at its line.
+OptionValues step_options(const std::filesystem::path& file, const YAML::Node& options, const Workload& w) {
+  if (!options.IsMap()) fail(file, options.Mark(), "'options' must be a mapping of option names to one value each");
+  OptionValues out;
+  for (const auto& kv : options) {
+    const auto name = kv.first.as<std::string>();
+    if (!kv.second.IsScalar()) fail(file, kv.second.Mark(), "option '" + name + "' takes one value");
+    out[name] = kv.second.as<std::string>();
+    try {
+      resolve_options(w.name(), w.options(), {{name, out[name]}});
+    } catch (const UsageError& e) {
+      fail(file, kv.first.Mark(), e.what());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 bool looks_like_suite(const std::string& name) {
@@ -103,19 +120,7 @@ Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
         }
       }
     }
-    if (const auto options = step["options"]; options) {
-      if (!options.IsMap()) fail(file, options.Mark(), "'options' must be a mapping of option names to one value each");
-      for (const auto& kv : options) {
-        const auto name = kv.first.as<std::string>();
-        if (!kv.second.IsScalar()) fail(file, kv.second.Mark(), "option '" + name + "' takes one value");
-        st.options[name] = kv.second.as<std::string>();
-        try {
-          resolve_options(st.workload, w->options(), {{name, st.options[name]}});
-        } catch (const UsageError& e) {
-          fail(file, kv.first.Mark(), e.what());
-        }
-      }
-    }
+    if (const auto options = step["options"]; options) st.options = step_options(file, options, *w);
     s.steps.push_back(std::move(st));
   }
   return s;

@@ -107,8 +107,6 @@ class State {
   void exec(const std::function<void()>& iteration, const measure::Settings& settings, int timed_ranks = 0);
   // Measures with another timer than the backend's (a plan that times its own streams: p2p).
   void exec(measure::IterationTimer& timer, const std::function<void()>& iteration);
-  // A result the harness measured elsewhere (a multi-process point that times its own plan).
-  void set_result(measure::Result result) { result_ = std::move(result); }
   // A scenario run measured instead of exec() (the loadgen workload).
   void set_scenario_result(ScenarioReport r) { scenario_ = std::move(r); }
   // A folder of this point's own for files it writes (created by the writer); empty when the run
@@ -154,9 +152,9 @@ class Workload {
   virtual std::vector<ZipGroup> zip_groups() const { return {}; }
   // Tuning knobs with their defaults (OptionSpec); none by default.
   virtual std::vector<OptionSpec> options() const { return {}; }
-  // The integer axis along which the workload scales over devices ("gpus"), or "": the runner then
-  // records each point's scaling efficiency against the point that differs only in it = 1
-  // (harness/scaling.h).
+  // The integer axis along which the workload scales over devices ("gpus"; "" for none): the
+  // runner records each point's scaling efficiency against the point of the run that differs from
+  // it only in that axis, at 1 (harness/scaling.h).
   virtual std::string scaling_axis() const { return ""; }
   virtual void run(State& state) = 0;
 };
