@@ -115,7 +115,6 @@ class GradientSync {
   virtual ~GradientSync() = default;
   virtual void begin() = 0;                            // before the first op's backward
   virtual void ready(std::size_t parameter_index) = 0;  // index into Graph::parameters()
-  virtual void op_done() {}                            // after each op's backward and its ready()s
   virtual void finish() = 0;
 };
 
