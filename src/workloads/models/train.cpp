@@ -226,15 +226,15 @@ class Train final : public Workload {
   static void attach_data_parallel(State& state, const TrainPoint& p, const TrainOptions& o, const Ranks& ranks,
                                    Trainer& t) {
     const bool update_can_mean = p.optimizer == "sgd" && t.spec.precision != Precision::fp16;
-    dist::DataParallelConfig config{
+    const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(p.bucket_mib * 1024 * 1024));
+    const dist::DataParallelConfig config{
         .gpus = static_cast<int>(p.gpus),
-        .bucket_bytes = std::max<std::int64_t>(1, std::llround(p.bucket_mib * 1024 * 1024)),
-        .tail_bucket_bytes = 0,
+        .bucket_bytes = bucket_bytes,
+        .tail_bucket_bytes = std::min<std::int64_t>(bucket_bytes, std::llround(o.tail_bucket_mib * 1024 * 1024)),
         .wire_dtype = comm_wire_dtype(p.comm_dtype),
         .engine = p.comm_engine,
         .mean_in_update = o.comm_mean == "auto" ? std::nullopt : std::optional<bool>(o.comm_mean == "update"),
         .update_can_mean = update_can_mean};
-    config.tail_bucket_bytes = std::min<std::int64_t>(config.bucket_bytes, std::llround(o.tail_bucket_mib * 1024 * 1024));
     on_all_ranks(ranks.comm, [&] { t.dp = std::make_unique<dist::DataParallel>(state.backend(), ranks.comm, config); });
     ranks.together([&] {
       if (o.comm_mean == "update" && !update_can_mean)
