@@ -61,7 +61,7 @@ sinfo
 sed -e 's/^#SBATCH --nodes=2/#SBATCH --nodes=1/' -e 's/^#SBATCH --ntasks-per-node=8/#SBATCH --ntasks-per-node=2/' \
   -e '/^#SBATCH --gpus-per-node/d' -e '/^#SBATCH --exclusive/d' \
   -e 's|accelbench run collectives --axis bytes=8:8589934592:pow2|accelbench run collectives --device cpu --axis bytes=8:1024:pow2|' \
-  -e 's|accelbench run train --axis model=resnet50 --axis precision=bf16 \\|accelbench run train --device cpu --axis model=tiny_resnet --axis image_size=8 --axis trajectory_steps=2 --axis graph=off --min-time 0.05 \\|' \
+  -e 's|accelbench run train --axis model=resnet50 --axis precision=bf16 \\|accelbench run train --device cpu --axis model=tiny_resnet --axis image_size=8 --option trajectory_steps=2 --axis graph=off --min-time 0.05 \\|' \
   -e 's|  --axis batch=256 --axis gpus=1,8,16 --out "$OUT"|  --axis batch=4 --axis gpus=1,2 --out "$OUT"|' \
   examples/slurm/accelbench-multinode.sbatch > "$work/check.sbatch"
 grep -q -- 'gpus=1,2 ' "$work/check.sbatch" || { echo "the example changed: update this script's substitutions"; exit 1; }

@@ -103,9 +103,36 @@ TEST(Cli, ListShowsWorkloadsAndAxes) {
   ASSERT_EQ(o.code, 0) << o.output;
   for (const char* w : {"gemm", "stream", "copy", "ceilings", "precision", "@deepbench-train"})
     EXPECT_NE(o.output.find(w), std::string::npos) << w;
+  // Options are listed beside the axes, with their defaults.
+  EXPECT_NE(o.output.find("--option trajectory_steps"), std::string::npos) << o.output;
   const Ran j = run({"list", "--json"});
   ASSERT_EQ(j.code, 0);
-  EXPECT_EQ(nlohmann::json::parse(j.output).size(), ab::workloads::registry().all().size());  // every registered workload
+  const auto listed = nlohmann::json::parse(j.output);
+  EXPECT_EQ(listed.size(), ab::workloads::registry().all().size());  // every registered workload
+  bool train_options = false;
+  for (const auto& w : listed)
+    if (w["name"] == "train")
+      for (const auto& opt : w["options"])
+        if (opt["name"] == "steps_per_sample") train_options = opt["default"] == "0" && opt["kind"] == "integer";
+  EXPECT_TRUE(train_options) << j.output;
+}
+
+// --option name=value: an option no workload of the run declares, or a malformed one, is refused
+// before anything runs, listing the valid names.
+TEST(Cli, UnknownOptionsAreRefusedListingTheValidOnes) {
+  TempDir dir;
+  Ran o = run({"run", "train", "--device", "cpu", "--option", "comm_ctas=8", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("valid: lr, trajectory_steps, steps_per_sample"), std::string::npos) << o.output;
+  o = run({"run", "train", "--device", "cpu", "--option", "trajectory_steps", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("name=value"), std::string::npos) << o.output;
+  const fs::path suite = dir.path() / "s.yaml";
+  std::ofstream(suite) << "steps:\n  - workload: stream\n";
+  o = run({"run", suite.string(), "--device", "cpu", "--option", "trajectory_steps=2", "--out", dir.path().string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("has option 'trajectory_steps'"), std::string::npos) << o.output;
+  EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
 }
 
 TEST(Cli, SysinfoNamesTheCpu) {
@@ -170,13 +197,13 @@ TEST(Cli, SettingsThatAreNotFiniteOrOutOfRangeAreRefusedBeforeRunning) {
       {"--telemetry-period", {"nan", "inf", "-1", "0"}}};
   for (const auto& [option, values] : refused)
     for (const auto& value : values) {
-      const Outcome o = run({"run", "stream", "--device", "cpu", option, value, "--out", dir.path().string()});
+      const Ran o = run({"run", "stream", "--device", "cpu", option, value, "--out", dir.path().string()});
       EXPECT_EQ(o.code, 2) << option << " " << value << ": " << o.output;
       EXPECT_NE(o.output.find("accelbench run: " + option + " must be a finite number"), std::string::npos)
           << option << " " << value << ": " << o.output;
     }
   // A minimum measured time the timeout would cut short.
-  Outcome o = run({"run", "stream", "--device", "cpu", "--min-time", "5", "--timeout", "3", "--out", dir.path().string()});
+  Ran o = run({"run", "stream", "--device", "cpu", "--min-time", "5", "--timeout", "3", "--out", dir.path().string()});
   EXPECT_EQ(o.code, 2) << o.output;
   EXPECT_NE(o.output.find("above the timeout"), std::string::npos) << o.output;
   // A suite's settings are held to the same rules, and the message names the setting.
@@ -330,16 +357,16 @@ TEST(Cli, InterruptedRunExits130AndKeepsPoints) {
 
 TEST(Cli, ResultsFieldsPrintsChosenFieldsOfEachPoint) {
   TempDir dir;
-  const Outcome measured = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--min-time", "0.05",
+  const Ran measured = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--min-time", "0.05",
                                 "--max-noise", "50", "--out", dir.path().string(), "-q"});
   ASSERT_EQ(measured.code, 0) << measured.output;
-  const Outcome table = run({"results", "--out", dir.path().string(), "--fields", "params.m,status,metrics.nothing"});
+  const Ran table = run({"results", "--out", dir.path().string(), "--fields", "params.m,status,metrics.nothing"});
   EXPECT_EQ(table.code, 2) << "a path no record has is refused, naming it";
   EXPECT_NE(table.output.find("metrics.nothing"), std::string::npos) << table.output;
-  const Outcome csv = run({"results", "--out", dir.path().string(), "--fields", "params.m,status", "--csv"});
+  const Ran csv = run({"results", "--out", dir.path().string(), "--fields", "params.m,status", "--csv"});
   ASSERT_EQ(csv.code, 0) << csv.output;
   EXPECT_EQ(csv.output, "params.m,status\n64,ok\n96,ok\n");
-  const Outcome text = run({"results", "--out", dir.path().string(), "--fields", "params.m,context.devices.0.id"});
+  const Ran text = run({"results", "--out", dir.path().string(), "--fields", "params.m,context.devices.0.id"});
   ASSERT_EQ(text.code, 0) << text.output;
   EXPECT_EQ(text.output, "params.m  context.devices.0.id\n64        cpu\n96        cpu\n");
 }

@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "dist/collective_math.h"
 #include "dist/comm.h"
+#include "dist/data_parallel/data_parallel.h"
 #include "dist/launcher.h"
 #include "dist/lockstep.h"
 #include "harness/axes.h"
@@ -662,8 +663,11 @@ TEST(DataParallel, HostAveragingInA16BitWireTypeRoundsEachRankAndTheMean) {
     const auto run = [&](int r, std::vector<Bytes> other, std::vector<std::vector<double>>& out) {
       ReplayComm comm(r, std::move(other));
       Rank& rank = ranks[static_cast<std::size_t>(r)];
-      workloads::zoo::DataParallel dp(*be, comm, 2, 4096);
-      dp.set_comm_dtype(wire);
+      DataParallelConfig config;
+      config.gpus = 2;
+      config.bucket_bytes = 4096;
+      config.wire_dtype = wire;
+      DataParallel dp(*be, comm, config);
       dp.attach(*rank.graph, *rank.kernels);
       EXPECT_GT(dp.bucket_count(), 2u);
       EXPECT_EQ(dp.wire_dtype(), wire.value_or(DType::f32));
@@ -710,8 +714,11 @@ TEST(DataParallel, HostAveragingInA16BitWireTypeRoundsEachRankAndTheMean) {
   nn::Graph g(std::move(b));
   g.bind(*kernels);
   ReplayComm comm(0, {});
-  workloads::zoo::DataParallel dp(*be, comm, 2, 4096);
-  dp.set_comm_dtype(DType::bf16);
+  DataParallelConfig config;
+  config.gpus = 2;
+  config.bucket_bytes = 4096;
+  config.wire_dtype = DType::bf16;
+  DataParallel dp(*be, comm, config);
   const std::string msg = test::usage_error([&] { dp.attach(g, *kernels); });
   EXPECT_NE(msg.find("casts f32 gradients; these are f64"), std::string::npos) << msg;
 }
@@ -888,7 +895,7 @@ TEST(DataParallel, TrainUnderMpirunAveragesGradientsOverTheTrainingRanks) {
   SKIP_WITHOUT_MPI();
   test::TempDir tmp;
   const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
-                       " run train --device cpu --axis batch=4 --axis image_size=8 --axis trajectory_steps=4 "
+                       " run train --device cpu --axis batch=4 --axis image_size=8 --option trajectory_steps=4 "
                        "--axis graph=off --axis gpus=1,2,3 --axis bucket_mib=0.0001,25" + kQuickPoints + " --out " +
                        quote(tmp.path().string()));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -922,48 +929,26 @@ TEST(DataParallel, TrainUnderMpirunAveragesGradientsOverTheTrainingRanks) {
   EXPECT_EQ(losses(by.at({2, 0.0001})), losses(by.at({2, 25.0})));
 }
 
-// comm_ctas and comm_priority configure NCCL's communicator and stream: comm_ctas outside 0..64 is
-// invalid, and either knob is skipped where averaging goes through the host (it would change
-// nothing there).
-TEST(DataParallel, CommKnobsAreCheckedAndSkippedOnHostAveraging) {
-  SKIP_WITHOUT_MPI();
-  test::TempDir tmp;
-  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
-                       " run train --device cpu --axis batch=2 --axis image_size=8 --axis trajectory_steps=1 "
-                       "--axis graph=off --axis gpus=2 --axis comm_ctas=-1,0,8 --axis comm_priority=normal,high "
-                       "--min-time 0.01 --max-noise 100 --timeout 1 --out " + quote(tmp.path().string()));
-  EXPECT_EQ(r.code, 2) << r.output;  // points refused for their values: a usage error, the sweep kept
-  const auto points = read_points(tmp.path());
-  ASSERT_EQ(points.size(), 6u);
-  std::map<std::pair<int, std::string>, nlohmann::json> by;
-  for (const auto& p : points) by[{p["params"]["comm_ctas"].get<int>(), p["params"]["comm_priority"]}] = p;
-  for (const std::string priority : {"normal", "high"}) {
-    const auto& bad = by.at({-1, priority});
-    EXPECT_EQ(bad["status"], "invalid") << bad.dump();
-    EXPECT_NE(bad.value("reason", "").find("comm_ctas in 0..64"), std::string::npos) << bad.dump();
-    EXPECT_EQ(by.at({8, priority})["status"], "skipped") << by.at({8, priority}).dump();
-  }
-  EXPECT_EQ(by.at({0, "normal"})["status"], "ok") << by.at({0, "normal"}).dump();
-  const auto& high = by.at({0, "high"});
-  EXPECT_EQ(high["status"], "skipped") << high.dump();
-  EXPECT_NE(high.value("reason", "").find("averages through the host"), std::string::npos) << high.dump();
-}
-
 // comm_engine=copy copies between GPUs and comm_mean=update averages what they copied: on host
 // averaging both are skipped saying why, and nccl with comm_mean=auto runs.
 TEST(DataParallel, CopyEnginesAreSkippedOnHostAveraging) {
   SKIP_WITHOUT_MPI();
-  test::TempDir tmp;
-  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
-                       " run train --device cpu --axis batch=2 --axis image_size=8 --axis trajectory_steps=1 "
-                       "--axis graph=off --axis gpus=2 --axis comm_engine=nccl,copy --axis comm_mean=auto,update" +
-                       kQuickPoints + " --out " + quote(tmp.path().string()));
-  ASSERT_EQ(r.code, 0) << r.output;
-  const auto points = read_points(tmp.path());
-  ASSERT_EQ(points.size(), 4u);
-  std::map<std::string, nlohmann::json> by;
-  for (const auto& p : points)
-    by[p["params"]["comm_engine"].get<std::string>() + "/" + p["params"]["comm_mean"].get<std::string>()] = p;
+  std::map<std::string, nlohmann::json> by;  // comm_engine/comm_mean
+  for (const std::string mean : {"auto", "update"}) {
+    test::TempDir tmp;
+    const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
+                         " run train --device cpu --axis batch=2 --axis image_size=8 --option trajectory_steps=1 "
+                         "--axis graph=off --axis gpus=2 --axis comm_engine=nccl,copy --option comm_mean=" + mean +
+                         kQuickPoints + " --out " + quote(tmp.path().string()));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto points = read_points(tmp.path());
+    ASSERT_EQ(points.size(), 2u);
+    for (const auto& p : points) {
+      EXPECT_EQ(p["options"]["comm_mean"], mean) << p.dump();
+      by[p["params"]["comm_engine"].get<std::string>() + "/" + p["options"]["comm_mean"].get<std::string>()] = p;
+    }
+  }
+  ASSERT_EQ(by.size(), 4u);
   EXPECT_EQ(by.at("nccl/auto")["status"], "ok") << by.at("nccl/auto").dump();
   EXPECT_EQ(by.at("nccl/auto")["metrics"]["data_parallel"]["averaging"], "host");
   for (const std::string skipped : {"copy/auto", "nccl/update", "copy/update"}) {
@@ -981,7 +966,7 @@ TEST(DataParallel, TrainUnderMpirunAveragesInTheCommDtype) {
   SKIP_WITHOUT_MPI();
   test::TempDir tmp;
   const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
-                       " run train --device cpu --axis batch=4 --axis image_size=8 --axis trajectory_steps=4 "
+                       " run train --device cpu --axis batch=4 --axis image_size=8 --option trajectory_steps=4 "
                        "--axis graph=off --axis gpus=2 --axis comm_dtype=grad,bf16,fp16" + kQuickPoints + " --out " +
                        quote(tmp.path().string()));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -1021,7 +1006,7 @@ TEST(DataParallel, StrongScalingFollowsTheSingleProcessTrajectory) {
   test::TempDir tmp;
   const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
                        " run train --device cpu --axis model=tiny_compression_ae --axis batch=8 --axis image_size=16 "
-                       "--axis scaling=strong --axis gpus=1,2 --axis trajectory_steps=5 --axis graph=off" +
+                       "--axis scaling=strong --axis gpus=1,2 --option trajectory_steps=5 --axis graph=off" +
                        kQuickPoints + " --out " + quote(tmp.path().string()));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto points = read_points(tmp.path());
@@ -1042,7 +1027,7 @@ TEST(DataParallel, StrongScalingFollowsTheSingleProcessTrajectory) {
 
 // The 2-GPU tests' model: tiny_resnet in f32, 8 images of 16x16 per GPU, 4 trajectory steps.
 constexpr const char* kTinyResnetTraining =
-    "--axis model=tiny_resnet --axis precision=fp32 --axis batch=8 --axis image_size=16 --axis trajectory_steps=4 ";
+    "--axis model=tiny_resnet --axis precision=fp32 --axis batch=8 --axis image_size=16 --option trajectory_steps=4 ";
 
 // `accelbench run train ARGS` under `mpirun -np 2` on the GPUs: its records by (gpus, graph), each
 // expected ok; empty when the run failed (the caller's size check stops there).
@@ -1074,7 +1059,7 @@ TEST(DataParallel, TwoGpusStrongScalingFollowsOneGpu) {
   if (backend::collective_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   const auto by = two_gpu_train_points(
       "--axis model=tiny_compression_ae --axis precision=fp32 --axis batch=16 --axis image_size=32 "
-      "--axis scaling=strong --axis gpus=1,2 --axis trajectory_steps=5 --axis graph=off,on");
+      "--axis scaling=strong --axis gpus=1,2 --option trajectory_steps=5 --axis graph=off,on");
   ASSERT_EQ(by.size(), 4u);
   for (const std::string graph : {"off", "on"}) {
     const auto one = losses(by.at({1, graph}));
@@ -1082,31 +1067,6 @@ TEST(DataParallel, TwoGpusStrongScalingFollowsOneGpu) {
     EXPECT_NE(one.front(), one.back());
     ASSERT_NO_FATAL_FAILURE(expect_trajectory_near(two, one, 1e-4, "graph=" + graph));
   }
-}
-
-// bucket_delay_ops moves when each bucket's all-reduce is enqueued, not what it computes: the
-// trajectories agree bit for bit (host averaging here; the buckets are averaged in the same order).
-TEST(DataParallel, ABucketDelayChangesWhenBucketsAreAveragedNotTheResult) {
-  SKIP_WITHOUT_MPI();
-  test::TempDir tmp;
-  const Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) +
-                       " run train --device cpu --axis batch=4 --axis image_size=8 --axis trajectory_steps=4 "
-                       "--axis graph=off --axis gpus=2 --axis bucket_mib=0.0001 --axis bucket_delay_ops=0,3" +
-                       kQuickPoints + " --out " + quote(tmp.path().string()));
-  ASSERT_EQ(r.code, 0) << r.output;
-  const auto points = read_points(tmp.path());
-  ASSERT_EQ(points.size(), 2u);
-  std::map<int, std::vector<double>> by_delay;
-  for (const auto& p : points) {
-    ASSERT_EQ(p["status"], "ok") << p.dump();
-    const int delay = p["params"]["bucket_delay_ops"].get<int>();
-    EXPECT_EQ(p["metrics"]["data_parallel"]["bucket_delay_ops"], delay);
-    EXPECT_GT(p["metrics"]["data_parallel"]["buckets"].get<int>(), 3);  // several buckets wait
-    by_delay[delay] = losses(p);
-  }
-  ASSERT_EQ(by_delay.size(), 2u);
-  EXPECT_NE(by_delay[0].front(), by_delay[0].back());
-  EXPECT_EQ(by_delay[0], by_delay[3]);
 }
 
 // The same on two GPUs: NCCL averaging on a side stream, eager and inside a captured step.
@@ -1172,7 +1132,7 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
       "--axis gpus=2 --axis graph=off,on --axis bucket_mib=0.0001 --axis comm_engine=";
   const auto nccl = two_gpu_train_points(args + "nccl");
   const auto in_update = two_gpu_train_points(args + "auto");
-  const auto by_kernel = two_gpu_train_points(args + "copy --axis comm_mean=kernel");
+  const auto by_kernel = two_gpu_train_points(args + "copy --option comm_mean=kernel");
   ASSERT_EQ(nccl.size(), 2u);
   for (const auto* copy : {&in_update, &by_kernel}) {
     ASSERT_EQ(copy->size(), 2u);
@@ -1188,7 +1148,7 @@ TEST(DataParallel, TrainOnTwoGpusAveragesOverCopyEngines) {
                              std::string(update ? "mean in the update" : "mean kernel") + ", graph=" + graph));
     }
   }
-  for (const std::string refused : {"copy --axis comm_dtype=bf16", "nccl --axis comm_mean=update"}) {
+  for (const std::string refused : {"copy --axis comm_dtype=bf16", "nccl --option comm_mean=update"}) {
     SCOPED_TRACE(refused);
     test::TempDir tmp;
     const Ran r = mpirun("-np 2 " + quote(kAccelbench) + " run train " + args + refused + kQuickPoints + " --out " +

@@ -18,7 +18,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "nn/data_parallel.h"
+#include "dist/data_parallel/buckets.h"
 #include "nn/graph.h"
 #include "nn/ops.h"
 #include "nn/optim.h"
@@ -875,6 +875,9 @@ TEST(Learnability, TinyResnetLearnsTheSyntheticTaskInBf16) {
 // ---------------------------------------------------------------------------------------------
 // data parallelism: gradient buckets
 
+using dist::BucketedGradientSync;
+using dist::GradientAverager;
+
 // Records the blocks it is asked to average, in order; averaging is left to the test.
 struct RecordingAverager final : GradientAverager {
   std::vector<Tensor> blocks;
@@ -995,35 +998,6 @@ TEST(DataParallel, ABucketIsAveragedWhenItsLastGradientIsReadyAndTheRestAtFinish
   BucketedGradientSync everything(params, avg, 128, 1 << 20);  // the tail takes all: one bucket
   ASSERT_EQ(everything.buckets().size(), 1u);
   EXPECT_THROW(BucketedGradientSync(params, avg, 128, -1), UsageError);
-
-  // A delay: a complete bucket waits for that many more ops' backward, then goes in order; finish()
-  // sends whatever still waits.
-  EXPECT_THROW(BucketedGradientSync(params, avg, 128, 0, -1), UsageError);
-  BucketedGradientSync delayed(params, avg, 64, 0, 2);  // one gradient per bucket: {p3}, {p2}, {p1}, {p0}
-  ASSERT_EQ(delayed.buckets().size(), 4u);
-  for (int step = 0; step < 2; ++step) {
-    avg.blocks.clear();
-    delayed.begin();
-    delayed.ready(3);  // op A makes p3
-    delayed.op_done();
-    delayed.ready(2);  // op B makes p2
-    delayed.op_done();
-    EXPECT_TRUE(avg.blocks.empty()) << "p3's bucket waits for two more ops, B and C";
-    delayed.op_done();  // op C makes no gradient
-    ASSERT_EQ(avg.blocks.size(), 1u);
-    EXPECT_EQ(avg.blocks[0].data, params[3].grad.data);
-    delayed.ready(1);  // op D
-    delayed.op_done();
-    ASSERT_EQ(avg.blocks.size(), 2u);
-    EXPECT_EQ(avg.blocks[1].data, params[2].grad.data);
-    delayed.ready(0);  // op E
-    delayed.op_done();
-    EXPECT_EQ(avg.blocks.size(), 2u);
-    delayed.finish();  // p1's and p0's buckets still waited: sent in the order they completed
-    ASSERT_EQ(avg.blocks.size(), 4u);
-    EXPECT_EQ(avg.blocks[2].data, params[1].grad.data);
-    EXPECT_EQ(avg.blocks[3].data, params[0].grad.data);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "backend/collectives.h"
 #include "core/error.h"
 #include "harness/runner.h"
 #include "test_support.h"
@@ -48,12 +49,8 @@ measure::Settings fast_settings() {
   return s;
 }
 
-std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& axis_args,
-                             const fs::path& artifact_dir = {}) {
+std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& artifact_dir = {}) {
   auto be = backend::make_backend("cpu");
-  std::vector<AxisOverride> overrides;
-  for (const auto& a : axis_args) overrides.push_back(parse_axis_argument(a));
-  const std::vector<PlanEntry> plan = plan_for(find_workload(workload), "cpu", overrides);
   std::vector<json> records;
   RunnerHooks hooks;
   hooks.sink = [&records](const json& r) { records.push_back(r); };
@@ -62,6 +59,28 @@ std::vector<json> run_points(const std::string& workload, const std::vector<std:
   const std::atomic<bool> cancel{false};
   runner.run(plan, cancel);
   return records;
+}
+
+// `args` are "name=values": a name the workload declares as an option sets it (one value, as
+// --option does), any other overrides an axis (as --axis does).
+std::vector<PlanEntry> plan_of(const std::string& workload, const std::vector<std::string>& args) {
+  Workload& w = find_workload(workload);
+  std::vector<AxisOverride> overrides;
+  OptionValues options;
+  for (const auto& a : args) {
+    const auto [name, value] = parse_option_argument(a);
+    const auto specs = w.options();
+    if (std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& o) { return o.name == name; }))
+      options[name] = value;
+    else
+      overrides.push_back(parse_axis_argument(a));
+  }
+  return plan_for(w, "cpu", overrides, options);
+}
+
+std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& args,
+                             const fs::path& artifact_dir = {}) {
+  return run_plan(plan_of(workload, args), artifact_dir);
 }
 
 std::vector<double> trajectory(const json& r) { return r["metrics"]["loss_trajectory"].get<std::vector<double>>(); }
@@ -243,7 +262,10 @@ TEST(Train, FusedBatchNormReluGivesTheSameTrajectoryWithFewerOps) {
 }
 
 TEST(Train, NonFiniteLossIsDivergedAndTheSweepGoesOn) {
-  const auto records = run_points("train", {"batch=8", "image_size=8", "trajectory_steps=8", "lr=1e38,0.01"});
+  std::vector<PlanEntry> plan = plan_of("train", {"batch=8", "image_size=8", "trajectory_steps=8", "lr=1e38"});
+  const auto next = plan_of("train", {"batch=8", "image_size=8", "trajectory_steps=8", "lr=0.01"});
+  plan.insert(plan.end(), next.begin(), next.end());
+  const auto records = run_plan(plan);
   ASSERT_EQ(records.size(), 2u);
   const json& bad = records[0];
   EXPECT_EQ(bad["status"], "diverged") << bad.dump();
@@ -263,8 +285,8 @@ TEST(Train, OutOfMemoryIsOomAndTheSweepGoesOn) {
   auto plan = plan_for(find_workload("train"), "cpu",
                        {parse_axis_argument("batch=1048576"), parse_axis_argument("image_size=4096")});
   const auto small = plan_for(find_workload("train"), "cpu",
-                              {parse_axis_argument("batch=2"), parse_axis_argument("image_size=8"),
-                               parse_axis_argument("trajectory_steps=2")});
+                              {parse_axis_argument("batch=2"), parse_axis_argument("image_size=8")},
+                              {{"trajectory_steps", "2"}});
   plan.insert(plan.end(), small.begin(), small.end());
   std::vector<json> records;
   RunnerHooks hooks;
@@ -333,8 +355,44 @@ TEST(Train, CommEngineAxisDefaultsToAutoAndRefusesUnknownValues) {
   EXPECT_EQ(backend::parse_averager_engine("copy"), backend::AveragerEngine::copy_engines);
 }
 
-TEST(Train, CommMeanAxisDefaultsToAutoAndRefusesUnknownValues) {
-  expect_text_axis("comm_mean", "auto", "host", "auto, kernel, update");
+// comm_mean (where copy engines' two gradients are averaged) is an option: auto by default, an
+// unknown value refused listing the valid ones, and the record's options block says what ran.
+TEST(Train, CommMeanOptionDefaultsToAutoAndRefusesUnknownValues) {
+  const std::string msg =
+      test::usage_error([] { plan_for(find_workload("train"), "cpu", {}, {{"comm_mean", "host"}}); });
+  EXPECT_TRUE(contains(msg, "comm_mean 'host'") && contains(msg, "valid: auto, kernel, update")) << msg;
+  int found = 0;
+  for (const auto& o : find_workload("train").options())
+    if (o.name == "comm_mean") {
+      ++found;
+      EXPECT_EQ(o.default_value, "auto");
+    }
+  EXPECT_EQ(found, 1);
+  for (const auto& a : find_workload("train").axes("cuda")) EXPECT_NE(a.name, "comm_mean") << "an option, not an axis";
+  const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
+                                            "comm_mean=kernel"});
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["options"]["comm_mean"], "kernel") << records[0].dump();
+  EXPECT_EQ(records[0]["options"]["trajectory_steps"], 1) << records[0].dump();
+  EXPECT_EQ(records[0]["options"]["tail_bucket_mib"], 1.0) << records[0].dump();
+}
+
+// An option the workload does not declare is refused, listing the ones it does; so is a value
+// not of the option's kind, and a list (an option has one value per run).
+TEST(Train, UnknownOptionsAndMalformedValuesAreRefused) {
+  const std::string unknown =
+      test::usage_error([] { plan_for(find_workload("train"), "cpu", {}, {{"comm_ctas", "8"}}); });
+  EXPECT_TRUE(contains(unknown, "train has no option 'comm_ctas'") &&
+              contains(unknown, "valid: lr, trajectory_steps, steps_per_sample, tail_bucket_mib, comm_mean"))
+      << unknown;
+  const std::string kind = test::usage_error([] { plan_for(find_workload("train"), "cpu", {}, {{"trajectory_steps", "2.5"}}); });
+  EXPECT_TRUE(contains(kind, "'2.5' is not an integer (option trajectory_steps)")) << kind;
+  const std::string list = test::usage_error([] { plan_for(find_workload("train"), "cpu", {}, {{"lr", "0.1,0.2"}}); });
+  EXPECT_TRUE(contains(list, "is not a number (option lr)")) << list;
+  // The tuning knobs that never beat their defaults are gone, as axes and as options.
+  for (const char* removed : {"comm_ctas", "comm_priority", "bucket_delay_ops", "cooperative_kernels"})
+    EXPECT_THROW(plan_for(find_workload("train"), "cpu", {parse_axis_argument(std::string(removed) + "=1")}), UsageError)
+        << removed;
 }
 
 // steps_per_sample: the timed samples' floor of back-to-back steps (0 = the device's default);
@@ -348,29 +406,30 @@ TEST(Train, StepsPerSampleSetsTheSamplesStepsAndRefusesBadCounts) {
     EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
     EXPECT_TRUE(contains(records[0].dump(), "steps_per_sample in 0..1000")) << records[0].dump();
   }
-  const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
-                                            "steps_per_sample=0,40"});
+  std::vector<PlanEntry> plan;
+  for (const std::string steps : {"0", "40"}) {
+    const auto part = plan_of("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
+                                        "steps_per_sample=" + steps});
+    plan.insert(plan.end(), part.begin(), part.end());
+  }
+  const auto records = run_plan(plan);
   ASSERT_EQ(records.size(), 2u);
   for (const auto& r : records) ASSERT_EQ(r["status"], "ok") << r.dump();
   EXPECT_LT(records[0]["time"]["iterations_per_sample"].get<int>(), 40) << records[0].dump();
   EXPECT_GE(records[1]["time"]["iterations_per_sample"].get<int>(), 40) << records[1].dump();
 }
 
-TEST(Train, CooperativeKernelsOffIsSkippedOnTheReferenceSayingWhy) {
-  const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
-                                            "cooperative_kernels=on,off"});
-  ASSERT_EQ(records.size(), 2u);
-  EXPECT_EQ(records[0]["status"], "ok") << records[0].dump();
-  EXPECT_EQ(records[1]["status"], "skipped") << records[1].dump();
-  EXPECT_TRUE(contains(records[1]["reason"].get<std::string>(), "CUDA engine")) << records[1].dump();
-}
-
-TEST(Train, ANegativeBucketDelayIsInvalid) {
-  const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", "trajectory_steps=1",
-                                            "bucket_delay_ops=-1"});
-  ASSERT_EQ(records.size(), 1u);
-  EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
-  EXPECT_TRUE(contains(records[0].dump(), "bucket_delay_ops in 0..")) << records[0].dump();
+// trajectory_steps, tail_bucket_mib and lr out of range are invalid points, each named with its range.
+TEST(Train, OptionsOutOfRangeAreInvalidSayingWhy) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"trajectory_steps=0", "trajectory_steps >= 1"}, {"tail_bucket_mib=-1", "tail_bucket_mib >= 0"},
+      {"lr=-0.5", "a finite lr >= 0"}};
+  for (const auto& [arg, why] : cases) {
+    const auto records = run_points("train", {"model=tiny_resnet", "batch=2", "image_size=8", arg});
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
+    EXPECT_TRUE(contains(records[0].value("reason", ""), why)) << arg << ": " << records[0].dump();
+  }
 }
 
 TEST(Train, NonPositiveSizesAreInvalid) {
@@ -647,7 +706,7 @@ TEST(Cli, RunTrainWritesAnOkRecord) {
   if (!fs::exists(test::accelbench_path())) GTEST_SKIP() << "accelbench not built";
   test::TempDir dir;
   const test::Ran o = run_cli("run train --device cpu --min-time 0.05 --max-noise 100 --axis batch=4 --axis image_size=8 "
-                            "--axis trajectory_steps=3 --out " + dir.path().string());
+                            "--option trajectory_steps=3 --out " + dir.path().string());
   ASSERT_EQ(o.code, 0) << o.output;
   std::vector<json> records;
   for (const auto& e : fs::directory_iterator(dir.path() / "runs"))
@@ -659,6 +718,8 @@ TEST(Cli, RunTrainWritesAnOkRecord) {
   EXPECT_EQ(records[0]["workload"], "train");
   EXPECT_EQ(records[0]["status"], "ok");
   EXPECT_GT(records[0]["rates"]["samples_per_s"].get<double>(), 0.0);
+  EXPECT_EQ(records[0]["options"]["trajectory_steps"], 3) << records[0].dump();
+  EXPECT_EQ(records[0]["metrics"]["loss_trajectory"].size(), 3u);
 
   const test::Ran bad = run_cli("run train --device cpu --axis precision=fp8 --out " + dir.path().string());
   EXPECT_EQ(bad.code, 2) << bad.output;

@@ -421,6 +421,44 @@ TEST_F(SuiteTest, UnknownKeys) {
                   4, {"unknown step key 'axis'"});
 }
 
+// A step's `options:` block: one value per option, checked against the workload's declarations
+// when the suite loads, errors at the option's line.
+TEST_F(SuiteTest, StepOptionsAreCheckedAtTheirLine) {
+  const Suite s = load_suite(write("opts.yaml",
+                                   "steps:\n"                        // 1
+                                   "  - workload: train\n"           // 2
+                                   "    options:\n"                  // 3
+                                   "      trajectory_steps: 3\n"     // 4
+                                   "      comm_mean: kernel\n"),     // 5
+                             registry());
+  ASSERT_EQ(s.steps.size(), 1u);
+  EXPECT_EQ(s.steps[0].options, (OptionValues{{"comm_mean", "kernel"}, {"trajectory_steps", "3"}}));
+  expect_error_at("steps:\n"
+                  "  - workload: train\n"
+                  "    options:\n"
+                  "      trajectory_steps: 3\n"
+                  "      comm_ctas: 8\n",
+                  5, {"train has no option 'comm_ctas'", "valid: lr, trajectory_steps"});
+  expect_error_at("steps:\n"
+                  "  - workload: train\n"
+                  "    options:\n"
+                  "      trajectory_steps: three\n",
+                  4, {"'three' is not an integer (option trajectory_steps)"});
+  expect_error_at("steps:\n"
+                  "  - workload: train\n"
+                  "    options:\n"
+                  "      lr: [0.1, 0.2]\n",
+                  4, {"option 'lr' takes one value"});
+  expect_error_at("steps:\n"
+                  "  - workload: gemm\n"
+                  "    options: {trajectory_steps: 3}\n",
+                  3, {"gemm has no option 'trajectory_steps'", "valid: none"});
+  expect_error_at("steps:\n"
+                  "  - workload: train\n"
+                  "    options: [trajectory_steps]\n",
+                  3, {"'options' must be a mapping"});
+}
+
 TEST_F(SuiteTest, StructuralErrors) {
   expect_error_at("name: x\n"
                   "settings:\n"
@@ -693,6 +731,67 @@ TEST(Runner, OtherFailuresAreRecorded) {
   EXPECT_TRUE(contains(cap.records[2]["reason"], "something broke"));
   EXPECT_EQ(cap.records[3]["status"], "ok");
   EXPECT_EQ(totals.by_status.at("error"), 2);
+}
+
+// Scales over `gpus` (its declared scaling axis): an iteration processes 8 x gpus samples and takes
+// 2^-10 s x (1 + gpus / 8) on the scripted clock, so each rate is exact. Its option `knob` is
+// echoed into the record by the runner and read back through State::option_int.
+class ScalingWorkload final : public Workload {
+ public:
+  explicit ScalingWorkload(ScriptedClockBackend& be) : be_(be) {}
+  std::string name() const override { return "scaler"; }
+  std::string description() const override { return "test double"; }
+  std::vector<AxisSpec> axes(const std::string&) const override {
+    return {{"model", AxisKind::text, {"a"}, {}, "any"}, {"gpus", AxisKind::integer, {"1", "2", "4"}, {}, "devices"}};
+  }
+  std::vector<OptionSpec> options() const override {
+    return {{"knob", AxisKind::integer, "7", {}, "a tuning knob"}, {"mode", AxisKind::text, "x", {"x", "y"}, "a choice"}};
+  }
+  std::string scaling_axis() const override { return "gpus"; }
+  void run(State& state) override {
+    const auto gpus = static_cast<double>(state.get_int("gpus"));
+    state.add_metric("knob_seen", state.option_int("knob"));
+    state.set_counts({8.0 * gpus, 0.0, 0.0});
+    be_.per_iteration_s = 0x1.0p-10 * (1.0 + gpus / 8.0);
+    state.exec([] {});
+  }
+
+ private:
+  ScriptedClockBackend& be_;
+};
+
+TEST(Runner, ScalingEfficiencyIsDerivedAgainstTheOneDeviceTwin) {
+  ScriptedClockBackend be;
+  ScalingWorkload w(be);
+  Captured cap;
+  Runner runner(be, fast_settings(), json::object(), "run-scaling", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{false};
+  auto plan = plan_for(w, "cpu", {{{"model"}, "a"}}, {{"knob", "3"}});
+  const auto other = plan_for(w, "cpu", {{{"model"}, "b"}, {{"gpus"}, "2"}});  // no gpus=1 twin
+  plan.insert(plan.end(), other.begin(), other.end());
+  runner.run(plan, cancel);
+  ASSERT_EQ(cap.records.size(), 4u);
+  const auto rate = [](double gpus) { return 8.0 * gpus / (0x1.0p-10 * (1.0 + gpus / 8.0)); };
+  EXPECT_FALSE(cap.records[0]["metrics"].contains("scaling_efficiency"));
+  for (std::size_t i = 1; i < 3; ++i) {
+    const json& r = cap.records[i];
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    const double k = r["params"]["gpus"].get<double>();
+    EXPECT_DOUBLE_EQ(r["metrics"]["scaling_efficiency"].get<double>(), rate(k) / (k * rate(1))) << r.dump();
+    EXPECT_DOUBLE_EQ(r["metrics"]["single_gpu_samples_per_s"].get<double>(), rate(1));
+  }
+  EXPECT_FALSE(cap.records[3]["metrics"].contains("scaling_efficiency")) << cap.records[3].dump();
+  // The options as run: the one given and the defaults, typed as declared.
+  EXPECT_EQ(cap.records[0]["options"], (json{{"knob", 3}, {"mode", "x"}}));
+  EXPECT_EQ(cap.records[0]["metrics"]["knob_seen"], 3);
+  EXPECT_EQ(cap.records[3]["options"]["knob"], 7);
+  // Unknown names and values outside a text option's choices are refused when the plan is built.
+  const std::string unknown = ab::test::usage_error([&] { plan_for(w, "cpu", {}, {{"nob", "1"}}); });
+  EXPECT_TRUE(contains(unknown, "scaler has no option 'nob'; valid: knob, mode")) << unknown;
+  const std::string choice = ab::test::usage_error([&] { plan_for(w, "cpu", {}, {{"mode", "z"}}); });
+  EXPECT_TRUE(contains(choice, "unknown mode 'z'; valid: x, y")) << choice;
+  EXPECT_EQ(parse_option_argument("a=b=c"), (std::pair<std::string, std::string>{"a", "b=c"}));
+  EXPECT_THROW(parse_option_argument("=1"), UsageError);
 }
 
 // Publishes a ceiling, uses it, or uses a stored one: per-iteration time set through the backend.

@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <optional>
+#include <set>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -44,11 +45,17 @@ std::vector<harness::PlanEntry> build_plan(const RunOptions& o, const std::strin
                                              const std::optional<harness::Suite>& suite) {
   std::vector<harness::AxisOverride> cli;
   for (const auto& a : o.axes) cli.push_back(harness::parse_axis_argument(a));
+  harness::OptionValues cli_options;
+  for (const auto& a : o.options) {
+    auto [name, value] = harness::parse_option_argument(a);
+    cli_options.insert_or_assign(std::move(name), std::move(value));
+  }
   std::vector<harness::PlanEntry> plan;
   if (!suite) {
-    return harness::plan_for(workloads::find_workload(o.target), device_kind, cli);
+    return harness::plan_for(workloads::find_workload(o.target), device_kind, cli, cli_options);
   }
   std::vector<bool> used(cli.size(), false);
+  std::set<std::string> used_options;
   for (const auto& step : suite->steps) {
     auto& w = workloads::find_workload(step.workload);
     auto overrides = step.overrides;
@@ -60,11 +67,19 @@ std::vector<harness::PlanEntry> build_plan(const RunOptions& o, const std::strin
         used[i] = true;
       }
     }
-    auto part = harness::plan_for(w, device_kind, overrides);
+    harness::OptionValues options = step.options;  // --option wins over the step's
+    for (const auto& spec : w.options())
+      if (const auto it = cli_options.find(spec.name); it != cli_options.end()) {
+        options[spec.name] = it->second;
+        used_options.insert(spec.name);
+      }
+    auto part = harness::plan_for(w, device_kind, overrides, options);
     plan.insert(plan.end(), part.begin(), part.end());
   }
   for (std::size_t i = 0; i < cli.size(); ++i)
     if (!used[i]) throw UsageError("no workload in suite '" + suite->name + "' has axis '" + cli[i].names[0] + "'");
+  for (const auto& [name, value] : cli_options)
+    if (!used_options.contains(name)) throw UsageError("no workload in suite '" + suite->name + "' has option '" + name + "'");
   return plan;
 }
 
@@ -139,7 +154,14 @@ int list(bool json) {
       for (const auto& [name, rows] : g.tables) tables.push_back("@" + name + " (" + std::to_string(rows.size()) + " rows)");
       groups.push_back({{"axes", g.names}, {"tables", tables}});
     }
-    out.push_back({{"name", w->name()}, {"description", w->description()}, {"axes", axes}, {"zipped", groups}});
+    nlohmann::json options = nlohmann::json::array();
+    for (const auto& o : w->options()) {
+      nlohmann::json j = {{"name", o.name}, {"kind", harness::kind_name(o.kind)}, {"default", o.default_value}, {"help", o.help}};
+      if (!o.choices.empty()) j["choices"] = o.choices;
+      options.push_back(j);
+    }
+    out.push_back({{"name", w->name()}, {"description", w->description()}, {"axes", axes}, {"zipped", groups},
+                   {"options", options}});
   }
   if (json) {
     std::cout << out.dump(2) << '\n';
@@ -154,6 +176,12 @@ int list(bool json) {
       const auto dg = a["defaults_cuda"].get<std::vector<std::string>>();
       std::cout << "               default " << (dc == dg ? join(dc) : "cuda: " + join(dg) + "; cpu: " + join(dc)) << '\n';
       if (a.contains("choices")) std::cout << "               choices " << join(a["choices"].get<std::vector<std::string>>()) << '\n';
+    }
+    for (const auto& o : w["options"]) {
+      std::cout << "  --option " << std::left << std::setw(10) << o["name"].get<std::string>() << " "
+                << o["kind"].get<std::string>() << ", " << o["help"].get<std::string>() << '\n'
+                << "               default " << o["default"].get<std::string>() << '\n';
+      if (o.contains("choices")) std::cout << "               choices " << join(o["choices"].get<std::vector<std::string>>()) << '\n';
     }
     for (const auto& g : w["zipped"]) {
       std::cout << "  zipped  " << join(g["axes"].get<std::vector<std::string>>()) << " vary together; tables: "

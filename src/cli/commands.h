@@ -13,6 +13,7 @@ namespace ab::cli {
 // telemetry) and the sweep's axis overrides.
 struct RunOptions : harness::RunRequest {
   std::vector<std::string> axes;
+  std::vector<std::string> options;  // "name=value", a workload's tuning knobs (--option)
 };
 
 int sysinfo(bool json);

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   sysinfo->add_flag("--json", sysinfo_json, "print JSON");
 
   bool list_json = false;
-  auto* list = app.add_subcommand("list", "Workloads, their axes and defaults");
+  auto* list = app.add_subcommand("list", "Workloads, their axes, options and defaults");
   list->add_flag("--json", list_json, "print JSON");
 
   ab::cli::RunOptions run_opts;
@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
   run->add_option("--device", run_opts.device, "cpu or cuda:N (default: the best device present)");
   run->add_option("--axis", run_opts.axes, "override an axis: name=values, e.g. batch=1:256:pow2, m,n,k=4096, "
                                            "m,n,k=@deepbench-train")->allow_extra_args(false);
+  run->add_option("--option", run_opts.options,
+                  "set a workload's tuning option: name=value, one value (see `accelbench list`), e.g. "
+                  "trajectory_steps=5; repeatable")->allow_extra_args(false);
   run->add_option("--min-time", run_opts.min_time_s, "seconds measured per point before it may stop (default 0.5)");
   run->add_option("--max-noise", run_opts.max_noise_pct, "target relative spread of the median, percent (default 1)");
   run->add_option("--timeout", run_opts.timeout_s, "hard limit per point, seconds, warm-up included (default 60)");

@@ -47,10 +47,11 @@ nlohmann::json time_json(const measure::Result& r, measure::TimingMode mode) {
 }  // namespace
 
 std::vector<PlanEntry> plan_for(Workload& workload, const std::string& device_kind,
-                                const std::vector<AxisOverride>& overrides) {
+                                const std::vector<AxisOverride>& overrides, const OptionValues& options) {
+  const OptionValues resolved = resolve_options(workload.name(), workload.options(), options);
   std::vector<PlanEntry> plan;
   for (auto& p : build_sweep(workload.axes(device_kind), workload.zip_groups(), overrides))
-    plan.push_back({&workload, std::move(p)});
+    plan.push_back({&workload, std::move(p), resolved});
   return plan;
 }
 
@@ -117,13 +118,23 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
     else if (kind == AxisKind::real) params[name] = std::stod(value);
     else params[name] = value;
   }
+  // The workload's options as run, typed alike (an entry built by hand may hold none: the defaults).
+  const OptionValues run_options = resolve_options(entry.workload->name(), entry.workload->options(), entry.options);
+  nlohmann::json options = nlohmann::json::object();
+  for (const OptionSpec& o : entry.workload->options()) {
+    const std::string& value = run_options.at(o.name);
+    if (o.kind == AxisKind::integer) options[o.name] = std::stoll(value);
+    else if (o.kind == AxisKind::real) options[o.name] = std::stod(value);
+    else options[o.name] = value;
+  }
   nlohmann::json record = {{"schema_version", 1},          {"run_id", run_id_},
                            {"seq", seq_},                  {"workload", entry.workload->name()},
                            {"device", backend_.info().id}, {"device_name", backend_.info().name},
                            {"params", params},             {"started_at", results::utc_now_iso8601()}};
+  if (!options.empty()) record["options"] = options;
   const double start = measure::monotonic_seconds();
   measure::Settings settings = settings_;
-  State state(entry.point, backend_, settings, &cancel);
+  State state(entry.point, backend_, settings, &cancel, run_options);
   if (!hooks_.artifact_dir.empty()) state.set_artifact_dir(hooks_.artifact_dir / "artifacts" / std::to_string(seq_));
   std::string status = "ok", reason;
   try {
@@ -171,6 +182,7 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
   if (state.result() && state.result()->summary.count > 0) {
     record["time"] = time_json(*state.result(), settings.mode);
     if (status == "ok") add_rates(record, state);
+    scaling_.add(*entry.workload, entry.point, run_options, record);
     if (hooks_.telemetry) {
       const auto& r = *state.result();
       nlohmann::json t = hooks_.telemetry(r.window_start_s, r.window_end_s,

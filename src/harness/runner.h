@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/scaling.h"
 #include "harness/workload.h"
 
 namespace ab::harness {
@@ -21,11 +22,13 @@ namespace ab::harness {
 struct PlanEntry {
   Workload* workload = nullptr;
   Point point;
+  OptionValues options;  // every option the workload declares (resolve_options)
 };
 
-// Expands workload + overrides for a device kind; throws UsageError for bad axes or values.
+// Expands workload + overrides for a device kind, with the options given (the rest at their
+// defaults); throws UsageError for bad axes, options or values.
 std::vector<PlanEntry> plan_for(Workload& workload, const std::string& device_kind,
-                                const std::vector<AxisOverride>& overrides);
+                                const std::vector<AxisOverride>& overrides, const OptionValues& options = {});
 
 struct Ceiling {
   double value = 0;
@@ -67,6 +70,7 @@ class Runner {
   RunnerHooks hooks_;
   std::ostream* progress_;
   std::map<std::string, Ceiling> ceilings_;  // measured in this run
+  ScalingTracker scaling_;
   int seq_ = 0;
 };
 

@@ -34,6 +34,23 @@ std::optional<double> number(const std::filesystem::path& file, const YAML::Node
   }
 }
 
+// A step's `options:` mapping, each checked against the workload's declarations at its line.
+OptionValues step_options(const std::filesystem::path& file, const YAML::Node& options, const Workload& w) {
+  if (!options.IsMap()) fail(file, options.Mark(), "'options' must be a mapping of option names to one value each");
+  OptionValues out;
+  for (const auto& kv : options) {
+    const auto name = kv.first.as<std::string>();
+    if (!kv.second.IsScalar()) fail(file, kv.second.Mark(), "option '" + name + "' takes one value");
+    out[name] = kv.second.as<std::string>();
+    try {
+      resolve_options(w.name(), w.options(), {{name, out[name]}});
+    } catch (const UsageError& e) {
+      fail(file, kv.first.Mark(), e.what());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 bool looks_like_suite(const std::string& name) {
@@ -87,7 +104,8 @@ Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
     }
     for (const auto& kv : step) {
       const auto key = kv.first.as<std::string>();
-      if (key != "workload" && key != "axes") fail(file, kv.first.Mark(), "unknown step key '" + key + "'; valid: workload, axes");
+      if (key != "workload" && key != "axes" && key != "options")
+        fail(file, kv.first.Mark(), "unknown step key '" + key + "'; valid: workload, axes, options");
     }
     if (const auto axes = step["axes"]; axes) {
       if (!axes.IsMap()) fail(file, axes.Mark(), "'axes' must be a mapping of axis names to values");
@@ -102,6 +120,7 @@ Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
         }
       }
     }
+    if (const auto options = step["options"]; options) st.options = step_options(file, options, *w);
     s.steps.push_back(std::move(st));
   }
   return s;

@@ -15,6 +15,7 @@ namespace ab::harness {
 struct SuiteStep {
   std::string workload;
   std::vector<AxisOverride> overrides;
+  OptionValues options;  // the step's `options:` block, checked against the workload's
   int line = 0;
 };
 
@@ -25,7 +26,7 @@ struct Suite {
   std::vector<SuiteStep> steps;
 };
 
-// Throws UsageError "FILE:LINE: reason" for malformed YAML, unknown workloads or axes.
+// Throws UsageError "FILE:LINE: reason" for malformed YAML, unknown workloads, axes or options.
 Suite load_suite(const std::filesystem::path& file, const Registry& registry);
 bool looks_like_suite(const std::string& name);  // ends in .yaml or .yml
 

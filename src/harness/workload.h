@@ -5,6 +5,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,10 +15,31 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "dist/lockstep.h"
 #include "measure/measure.h"
 #include "harness/axes.h"
 
 namespace ab::harness {
+
+// A tuning knob of a workload: one value per run (its default, `--option name=value`, or a suite
+// step's `options:`), never swept. What a user compares is an axis; how a measurement is tuned is
+// an option (docs/METHODOLOGY.md, "Axes and options").
+struct OptionSpec {
+  std::string name;
+  AxisKind kind = AxisKind::text;
+  std::string default_value;
+  std::vector<std::string> choices;  // the valid values of a text option; empty = any
+  std::string help;
+};
+// Option values by name, as text; State::option_int / option_real parse them.
+using OptionValues = std::map<std::string, std::string>;
+// Every option of `specs` at the value given or its default. UsageError for a name `workload`
+// does not declare (listing the valid ones), a value not of the option's kind, or one outside
+// its choices. A range (batch >= 1...) is the workload's to check: it knows why.
+OptionValues resolve_options(const std::string& workload, const std::vector<OptionSpec>& specs,
+                             const OptionValues& given);
+// "name=value" -> {name, value}; UsageError without a name or '='.
+std::pair<std::string, std::string> parse_option_argument(const std::string& arg);
 
 // What one iteration does; every rate in a record comes from these.
 struct Counts {
@@ -46,12 +68,18 @@ struct ScenarioReport {
 
 class State {
  public:
+  // `options`: the workload's resolved options (resolve_options), every declared name present.
   State(const Point& point, backend::Backend& backend, const measure::Settings& settings,
-        const std::atomic<bool>* cancel);
+        const std::atomic<bool>* cancel, OptionValues options = {});
 
   std::int64_t get_int(const std::string& axis) const;
   double get_real(const std::string& axis) const;
   const std::string& get_text(const std::string& axis) const;
+  // The run's value of a declared option (Workload::options); Error for an undeclared name.
+  std::int64_t option_int(const std::string& name) const;
+  double option_real(const std::string& name) const;
+  const std::string& option_text(const std::string& name) const;
+  const OptionValues& options() const { return options_; }
   const Point& point() const { return point_; }
   backend::Backend& backend() { return backend_; }
   const measure::Settings& settings() const { return settings_; }
@@ -66,13 +94,14 @@ class State {
   void check(double rel_error, double tolerance, const std::string& what);
   void add_metric(const std::string& name, nlohmann::json value) { metrics_[name] = std::move(value); }
   // Measures `iteration` with the run's settings (harness-owned timing). Call once per point.
-  void exec(const std::function<void()>& iteration);
-  void exec(const std::function<void()>& iteration, const measure::Settings& settings);
+  // Under a launcher (more than one process) every rank calls it and the ranks are timed in lock
+  // step (dist/lockstep.h): each sample is the slowest rank's, and metrics.rank_step_time_s holds
+  // the min/avg/max of the first `timed_ranks` ranks' own medians (0: every rank's); idle ranks
+  // of the launch pass an iteration that does nothing.
+  void exec(const std::function<void()>& iteration, int timed_ranks = 0);
+  void exec(const std::function<void()>& iteration, const measure::Settings& settings, int timed_ranks = 0);
   // Measures with another timer than the backend's (a plan that times its own streams: p2p).
   void exec(measure::IterationTimer& timer, const std::function<void()>& iteration);
-  // A result the harness measured elsewhere: a multi-process point's lock-step measurement
-  // (dist/lockstep.h), which runs the same loop on rank 0 and hands every rank its result.
-  void set_result(measure::Result result) { result_ = std::move(result); }
   // A scenario run measured instead of exec() (the loadgen workload).
   void set_scenario_result(ScenarioReport r) { scenario_ = std::move(r); }
   // A folder of this point's own for files it writes (created by the writer); empty when the run
@@ -84,6 +113,8 @@ class State {
 
   const Counts& counts() const { return counts_; }
   const std::optional<measure::Result>& result() const { return result_; }
+  // Under a launcher, after exec: every rank's own times, in rank order (empty in one process).
+  const std::vector<dist::RankTimes>& rank_times() const { return rank_times_; }
   const std::optional<ScenarioReport>& scenario_result() const { return scenario_; }
   const std::string& ceiling_key() const { return ceiling_key_; }
   const std::string& publishes_ceiling() const { return publishes_ceiling_; }
@@ -95,11 +126,13 @@ class State {
   backend::Backend& backend_;
   measure::Settings settings_;
   const std::atomic<bool>* cancel_;
+  OptionValues options_;
   Counts counts_;
   std::string ceiling_key_, publishes_ceiling_;
   nlohmann::json check_ = nlohmann::json::object();
   nlohmann::json metrics_ = nlohmann::json::object();
   std::optional<measure::Result> result_;
+  std::vector<dist::RankTimes> rank_times_;
   std::optional<ScenarioReport> scenario_;
   std::filesystem::path artifact_dir_;
 };
@@ -112,6 +145,12 @@ class Workload {
   // Axes with defaults suited to the device kind ("cpu" or "cuda").
   virtual std::vector<AxisSpec> axes(const std::string& device_kind) const = 0;
   virtual std::vector<ZipGroup> zip_groups() const { return {}; }
+  // Tuning knobs with their defaults (OptionSpec); none by default.
+  virtual std::vector<OptionSpec> options() const { return {}; }
+  // The integer axis along which the workload scales over devices ("gpus"; "" for none): the
+  // runner records each point's scaling efficiency against the point of the run that differs from
+  // it only in that axis, at 1 (harness/scaling.h).
+  virtual std::string scaling_axis() const { return ""; }
   virtual void run(State& state) = 0;
 };
 

@@ -105,7 +105,7 @@ struct Parameter {
 // models::fold_batchnorm_parameters) or in from a test.
 using ParameterValues = std::map<std::string, std::vector<double>>;
 
-// Data parallelism's hook into backward (nn/data_parallel.h): told as each parameter's gradient
+// Data parallelism's hook into backward (dist/data_parallel/buckets.h): told as each parameter's gradient
 // becomes final, in backward order, so that its all-reduce can start while backward goes on; and
 // asked to finish (the step's stream waits for every reduction) before the fp16 unscale and the
 // update, so all ranks check and apply the same averaged gradients. Calls are enqueue-only: a
@@ -115,7 +115,6 @@ class GradientSync {
   virtual ~GradientSync() = default;
   virtual void begin() = 0;                            // before the first op's backward
   virtual void ready(std::size_t parameter_index) = 0;  // index into Graph::parameters()
-  virtual void op_done() {}                            // after each op's backward and its ready()s
   virtual void finish() = 0;
 };
 
@@ -183,7 +182,7 @@ class Graph {
   bool last_step_skipped() const;
   void set_loss_scale(double scale);
 
-  // Data parallelism (nn/data_parallel.h): null for none. The sync must outlive the graph's use
+  // Data parallelism (dist/data_parallel/buckets.h): null for none. The sync must outlive the graph's use
   // of it (and any step captured while it was set).
   void set_gradient_sync(GradientSync* sync);
 

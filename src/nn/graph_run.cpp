@@ -313,11 +313,9 @@ void Graph::State::run_backward() {
       backward_s[i] = time_op(body);
     else
       body();
-    if (gradient_sync != nullptr) {
+    if (gradient_sync != nullptr)
       for (std::size_t j = 0; j < specs[i].size(); ++j)
         if (specs[i][j].trainable()) gradient_sync->ready(param_index[i][j]);
-      gradient_sync->op_done();
-    }
   }
   if (gradient_sync != nullptr) gradient_sync->finish();
   if (loss_scaling())

@@ -13,6 +13,8 @@ using harness::CheckFailed;
 using harness::Counts;
 using harness::Diverged;
 using harness::on_all_ranks;
+using harness::OptionSpec;
+using harness::OptionValues;
 using harness::Point;
 using harness::ScenarioReport;
 using harness::SkipPoint;

@@ -9,7 +9,6 @@
 #include "core/error.h"
 #include "dist/collective_math.h"
 #include "dist/comm.h"
-#include "dist/lockstep.h"
 #include "dist/world_group.h"
 #include "workloads/micro/micro.h"
 
@@ -156,10 +155,7 @@ class Collectives final : public Workload {
     const double used_bytes = static_cast<double>(count) * static_cast<double>(size_bytes(p.dtype));
     const int k = plan->collectives_per_run();
     state.set_counts({static_cast<double>(k), 0.0, used_bytes * k, "FLOP"});
-    auto timer = state.backend().make_timer();
-    const dist::LockstepResult measured =
-        dist::measure_lockstep(comm, *timer, [&plan] { plan->run(); }, state.settings(), state.cancel_flag());
-    state.set_result(measured.result);
+    state.exec([&plan] { plan->run(); });  // in lock step over the launch's ranks
 
     add_common_metrics(state, p, n, count, k, *group);
     std::string mine = group->device_ids().front();
@@ -167,14 +163,14 @@ class Collectives final : public Workload {
     for (const auto& b : comm.allgather(dist::Bytes(mine.begin(), mine.end()))) devices.emplace_back(b.begin(), b.end());
     state.add_metric("devices", devices);
     state.add_metric("processes", n);
-    if (measured.result.summary.median > 0) {
+    if (const double median = state.result()->summary.median; median > 0) {
       const double factor = dist::bus_factor(p.op, n);
-      const double algbw = used_bytes * k / measured.result.summary.median / 1e9;
+      const double algbw = used_bytes * k / median / 1e9;
       state.add_metric("algbw_gbps", algbw);
       state.add_metric("busbw_gbps", algbw * factor);
       // Each rank's own median time per collective, and the bus bandwidth it gives.
       std::vector<double> times, busbw;
-      for (const auto& t : measured.ranks) {
+      for (const auto& t : state.rank_times()) {
         times.push_back(t.median_s / k);
         busbw.push_back(t.median_s > 0 ? used_bytes * k / t.median_s / 1e9 * factor : 0.0);
       }

@@ -11,13 +11,10 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/collectives.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "dist/comm.h"
 #include "models/compression.h"
 #include "models/resnet.h"
-#include "nn/data_parallel.h"
 #include "nn/graph.h"
 #include "scenarios/suts.h"
 #include "workloads/workload.h"
@@ -132,77 +129,6 @@ void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g, const 
 // Per-op table of a profiled step: <dir>/ops.json and <dir>/ops.csv (time, FLOPs, bytes, rates and
 // arithmetic intensity per op); returns the per-kind summary for the record's metrics.
 nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std::filesystem::path& dir);
-
-// --- Data parallelism ---------------------------------------------------------------------------
-
-// The gradient averaging of a data-parallel `train` point over ranks 0..gpus-1 of the launch:
-// NCCL (ncclAvg on a side stream, overlapped with backward) on CUDA; on host backends the
-// launch's own exchange (dist::Comm, for tests on the CPU: gpus must then be the launch's size).
-// Every rank of the launch constructs it (the NCCL id goes to all); only ranks below `gpus`
-// attach it to their graph.
-class DataParallel {
- public:
-  DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes,
-               const backend::CommOptions& comm_options = {}, bool high_priority = false);
-  ~DataParallel();
-  // The bucket reduced last holds only the first parameters, at least this many bytes (0: none;
-  // nn::BucketedGradientSync). Before attach.
-  void set_tail_bucket_bytes(std::int64_t bytes) { tail_bucket_bytes_ = bytes; }
-  // A complete bucket's all-reduce waits for this many more ops' backward (nn::BucketedGradientSync).
-  void set_bucket_delay_ops(int ops) { bucket_delay_ops_ = ops; }
-  // Communicate the gradients in `wire` (bf16 or f16; nullopt, the default: in their own dtype,
-  // untouched), as PyTorch DDP's bf16/fp16 compress hooks do: each bucket is rounded to it, averaged
-  // in it and widened back (NCCL: on the side stream, through a staging buffer allocated at
-  // attach; host: the same roundings, with the sum in float64). attach refuses (UsageError) a
-  // wire type for gradients that are not f32. Before attach.
-  void set_comm_dtype(std::optional<DType> wire) { comm_dtype_ = wire; }
-  // How the CUDA ranks average (backend::AveragerEngine). copy_engines needs 2 ranks on one host
-  // and gradients communicated in their own dtype: attach throws Unsupported otherwise. nullopt
-  // (the default) takes copy engines where those hold (on two hosts it falls back to NCCL and
-  // averaging_fallback() says why), NCCL elsewhere. Host averaging ignores it. Before attach.
-  void set_averager_engine(std::optional<backend::AveragerEngine> engine) { engine_ = engine; }
-  // Where the two ranks' gradients are averaged with copy engines: in the optimizer's update
-  // (each parameter's grad_partner: the peer's gradient; one pass less over the gradients, and no
-  // mean kernel beside backward) or by a kernel per bucket. nullopt (the default): in the update
-  // when `update_can` (the optimizer averages in its update: SGD; not with fp16 loss scaling, whose
-  // check reads the averaged gradients), else by the kernel. true with another averaging than copy
-  // engines: attach throws UsageError. Before attach.
-  void set_mean_in_update(std::optional<bool> in_update, bool update_can) {
-    mean_in_update_ = in_update;
-    update_can_mean_ = update_can;
-  }
-  // Buckets the bound graph's gradients and installs the sync (Graph::set_gradient_sync).
-  void attach(nn::Graph& graph, nn::Kernels& kernels);
-  std::size_t bucket_count() const;
-  // "nccl", "copy engines" or "host": what attach chose; "copy engines, mean in the update" for that.
-  std::string describe() const;
-  const std::string& averaging_fallback() const { return fallback_; }  // why not copy engines; "" if none
-  // After attach: the dtype the gradients travel in, and the bytes one step's all-reduces take
-  // from each rank (the buckets' elements, alignment padding included, in that dtype).
-  DType wire_dtype() const { return wire_; }
-  std::int64_t allreduce_bytes_per_step() const { return allreduce_bytes_; }
-
- private:
-  dist::Comm& comm_;
-  int gpus_;
-  std::int64_t bucket_bytes_, tail_bucket_bytes_ = 0;
-  int bucket_delay_ops_ = 0;
-  std::optional<DType> comm_dtype_;  // nullopt: the gradients' own
-  DType wire_ = DType::f32;
-  std::int64_t allreduce_bytes_ = 0;
-  bool high_priority_;  // the all-reduces' stream at the device's top priority
-  std::optional<backend::AveragerEngine> engine_;  // nullopt: chosen at attach
-  backend::AveragerEngine used_ = backend::AveragerEngine::nccl;
-  std::string fallback_;
-  std::optional<bool> mean_in_update_;
-  bool update_can_mean_ = false, mean_in_update_used_ = false;
-  std::unique_ptr<backend::CollectiveGroup> group_;  // CUDA; null on idle ranks and host backends
-  std::unique_ptr<nn::GradientAverager> averager_;
-  std::unique_ptr<nn::BucketedGradientSync> sync_;
-};
-std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
-                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options = {},
-                                                 bool high_priority = false);
 
 // --- The loadgen system under test -------------------------------------------------------------
 

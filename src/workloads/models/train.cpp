@@ -2,20 +2,19 @@
 // on a fixed synthetic batch, replayed as one captured graph where the axis asks. Before timing, a
 // loss trajectory of `trajectory_steps` steps reads the loss after every step: a non-finite loss
 // makes the point "diverged"; the compression autoencoder also records the PSNR of its
-// reconstruction after the trajectory. docs/METHODOLOGY.md, "Training and inference".
-#include <algorithm>
+// reconstruction after the trajectory. With gpus > 1 (under a launcher) the ranks train data
+// parallel (dist/data_parallel). docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
-#include <map>
-#include <numeric>
 #include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "dist/comm.h"
-#include "dist/lockstep.h"
+#include "dist/data_parallel/data_parallel.h"
 #include "nn/cuda/device_kernels.h"
 #include "nn/optim.h"
 #include "workloads/models/models.h"
+#include "workloads/models/train_options.h"
 
 namespace ab::workloads::zoo {
 namespace {
@@ -24,13 +23,6 @@ constexpr double kMomentum = 0.9;
 constexpr double kSgdWeightDecay = 1e-4;   // torchvision's ResNet recipe
 constexpr double kLarsWeightDecay = 5e-5;  // MLPerf's ResNet reference with LARS
 constexpr double kLarsEta = 0.001;
-constexpr std::int64_t kMaxCommCtas = 64;  // NCCL's channel limit (MAXCHANNELS)
-constexpr std::int64_t kMaxBucketDelayOps = 1000;
-// On a GPU a timed sample holds at least this many back-to-back steps, as a training loop runs
-// them and as bench/compare_ddp.py times PyTorch: one step per sample would time each graph
-// launch's host latency, and under a launcher every sample's start skew between the ranks.
-constexpr std::int64_t kGpuStepsPerSample = 5;
-constexpr std::int64_t kMaxStepsPerSample = 1000;
 
 // comm_engine's values: "auto" and the backend's engines.
 std::vector<std::string> comm_engine_names() {
@@ -45,25 +37,6 @@ std::vector<std::string> comm_engine_names() {
 // engine lacks. 10 improved the tiny model on the reference kernels steadily (models_test); not
 // tuned for the full-size model.
 constexpr double kAutoencoderSgdLr = 10.0;
-
-// Element-wise mean of the training ranks' vectors (ranks 0..gpus-1; idle ranks pass none), summed
-// in rank order so that every rank gets the same bits.
-std::vector<double> mean_over_training_ranks(dist::Comm& comm, std::int64_t gpus, const std::vector<double>& mine) {
-  dist::Packer out;
-  out.put(static_cast<std::int64_t>(mine.size()));
-  for (const double v : mine) out.put(v);
-  const std::vector<dist::Bytes> all = comm.allgather(out.bytes());
-  std::vector<double> sum;
-  for (std::size_t r = 0; r < static_cast<std::size_t>(gpus); ++r) {
-    dist::Unpacker in(all[r]);
-    const auto n = static_cast<std::size_t>(in.get_int());
-    if (r == 0) sum.assign(n, 0.0);
-    if (n != sum.size()) throw Error("data parallelism: the ranks' loss trajectories differ in length");
-    for (double& v : sum) v += in.get_double();
-  }
-  for (double& v : sum) v /= static_cast<double>(gpus);
-  return sum;
-}
 
 // lr = 0 picks the recipe's rate: SGD 0.1 per 256 images (Goyal et al. 2017, linear scaling),
 // LARS MLPerf's base rate of the order of 10 at batch 3072, scaled the same way; the autoencoder's
@@ -94,6 +67,101 @@ std::string text(double v) {
   return o.str();
 }
 
+// The point's axes beyond the model's, parsed once.
+struct TrainPoint {
+  ModelSpec asked;  // batch: per GPU (weak scaling) or global (strong)
+  std::string optimizer, fuse, comm_dtype, comm_engine_text;
+  std::optional<backend::AveragerEngine> comm_engine;  // nullopt: auto
+  bool use_graph = true, profile = false, strong = false;
+  std::int64_t gpus = 1;
+  double bucket_mib = 25;
+};
+
+TrainPoint parse_point(const State& state) {
+  TrainPoint p;
+  p.asked = model_spec(state, /*training=*/true);
+  p.optimizer = state.get_text("optimizer");
+  p.fuse = state.get_text("fuse");
+  p.comm_dtype = state.get_text("comm_dtype");
+  p.comm_engine_text = state.get_text("comm_engine");
+  if (p.comm_engine_text != "auto") p.comm_engine = backend::parse_averager_engine(p.comm_engine_text);
+  p.use_graph = state.get_text("graph") == "on";
+  p.profile = state.get_text("profile") == "on";
+  p.strong = state.get_text("scaling") == "strong";
+  p.gpus = state.get_int("gpus");
+  p.bucket_mib = state.get_real("bucket_mib");
+  return p;
+}
+
+// The ranks of the launch and which of them train (0..gpus-1; the others idle through a scaling
+// sweep's smaller points but take part in every collective call).
+struct Ranks {
+  dist::Comm& comm;
+  std::int64_t gpus;
+  int world() const { return comm.size(); }
+  bool active() const { return comm.rank() < gpus; }
+  // Runs `step` on the training ranks; every rank agrees on its outcome before the next collective.
+  void together(const std::function<void()>& step) const {
+    if (world() > 1)
+      on_all_ranks(comm, [&] {
+        if (active()) step();
+      });
+    else
+      step();
+  }
+};
+
+// Why the point cannot run here, or "" (a launch too small, a data-parallel choice the backend
+// has no way to run); each reason names what would run it.
+std::string skip_reason(const backend::DeviceInfo& device, const TrainPoint& p, const TrainOptions& o, int world) {
+  const std::string& kind = device.kind;
+  const std::string& id = device.id;
+  const bool dp = p.gpus > 1, host = kind != "cuda";
+  const bool copy = p.comm_engine == backend::AveragerEngine::copy_engines;
+  const std::string gpus = std::to_string(p.gpus);
+  if (p.gpus > world)
+    return "gpus=" + gpus + " needs " + gpus + " processes, one per GPU (mpirun -np " + gpus +
+           " or srun); this launch has " + std::to_string(world);
+  if (p.strong && p.asked.batch % p.gpus != 0)
+    return "strong scaling splits batch=" + std::to_string(p.asked.batch) + " over gpus=" + gpus + ": not a multiple";
+  if (dp && copy && host)
+    return "comm_engine=copy copies between GPUs; data parallelism on " + id + " averages through the host";
+  if (dp && copy && p.gpus != 2) return "comm_engine=copy averages between exactly 2 GPUs, not gpus=" + gpus;
+  if (dp && o.comm_mean == "update" && host)
+    return "comm_mean=update averages the copy engines' gradients in the update; data parallelism on " + id +
+           " averages through the host";
+  if (dp && o.comm_mean == "update" &&
+      (p.comm_engine == backend::AveragerEngine::nccl || (!p.comm_engine && p.comm_dtype != "grad")))
+    return "comm_mean=update averages in the update the two gradients the copy engines bring (comm_engine=copy "
+           "or auto with comm_dtype=grad); comm_engine=" + p.comm_engine_text + " comm_dtype=" + p.comm_dtype +
+           " averages with NCCL, which leaves the mean in place";
+  if (dp && copy && p.comm_dtype != "grad")
+    return "comm_engine=copy moves the gradients in their own dtype; comm_dtype=" + p.comm_dtype +
+           " needs comm_engine=nccl";
+  if (dp && p.use_graph && host)
+    return "data parallelism on " + id + " averages through the host, which a captured step cannot hold: use graph=off";
+  return "";
+}
+
+// What a rank trains with: the model and its data, the bound graph, the optimizer, the step.
+struct Trainer {
+  ModelSpec spec;  // spec.batch: this rank's share
+  std::int64_t global_batch = 0;
+  std::unique_ptr<nn::Kernels> kernels;
+  std::unique_ptr<nn::Graph> graph;
+  std::unique_ptr<nn::Optimizer> opt;
+  ZooModel model;
+  std::unique_ptr<dist::DataParallel> dp;
+  std::unique_ptr<nn::Replayable> captured;
+  std::function<void()> step = [] {};  // the step as timed; idle ranks of a scaling sweep take no part
+  bool scaled() const { return spec.precision == Precision::fp16; }  // dynamic loss scaling
+  void eager_step() {
+    graph->forward();
+    graph->backward();
+    graph->update(*opt);
+  }
+};
+
 class Train final : public Workload {
  public:
   std::string name() const override { return "train"; }
@@ -104,323 +172,164 @@ class Train final : public Workload {
            "PSNR of its reconstruction after it). profile=on writes a "
            "per-op table (time, FLOPs, bytes) to the point's artifacts.";
   }
-  std::vector<AxisSpec> axes(const std::string& device_kind) const override {
-    const auto one = [](const char* v) { return std::vector<std::string>{v}; };
-    std::vector<AxisSpec> axes = model_axes(
-        device_kind, {.cuda_batches = {"256"},
-                      .host_batches = {"16"},
-                      .batch_help = "images per step",
-                      .cuda_precision = "bf16",
-                      .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16 / fp16 (fp32 master weights; "
-                                        "fp16 with dynamic loss scaling); fp8 is inference only (infer)",
-                      .precisions = model_precisions()});
-    axes.insert(
-        axes.end(),
-        {{"optimizer", AxisKind::text, one("sgd"), {"sgd", "lars"}, "SGD with momentum, or LARS (MLPerf)"},
-         {"lr", AxisKind::real, one("0"), {},
-          "learning rate; 0 = sgd 0.1 x batch/256 (autoencoders: 10), lars 0.8 x batch/256"},
-         {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
-         // auto: on for the ResNets (checked on an H200 and faster there, bench/HISTORY.md), off for
-         // models without batch norm, which refuse an explicit on.
-         {"fuse", AxisKind::text, one("auto"), {"auto", "off", "on"},
-          "ResNets: each batch norm, the residual add and the ReLU after it as one op (cuDNN's fused NHWC "
-          "16-bit kernels where it takes them); auto = on for models with batch norm"},
-         {"trajectory_steps", AxisKind::integer, one("30"), {}, "steps whose loss is read before timing"},
-         {"steps_per_sample", AxisKind::integer, one("0"), {},
-          "back-to-back steps in each timed sample, at least (0: " + std::to_string(kGpuStepsPerSample) +
-              " on GPUs, 1 elsewhere; more when a step is shorter than the sample target)"},
-         {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"},
-         {"gpus", AxisKind::integer, one("1"), {},
-          "data-parallel GPUs, one process each (under mpirun/srun; gpus=k trains on ranks 0..k-1)"},
-         {"scaling", AxisKind::text, one("weak"), {"weak", "strong"},
-          "weak: batch is per GPU; strong: batch is global, split over the GPUs"},
-         {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
-         // 1 MiB: in a traced 2-GPU ResNet-50 step the last copy shrank from 17 MB to 1.6 MB and the
-         // step's growth over one GPU from 0.41 to 0.27 ms (bench/HISTORY.md).
-         {"tail_bucket_mib", AxisKind::real, one("1"), {},
-          "data parallelism: the first layers' gradients (backward's last) in a bucket of their own of at least "
-          "this many MiB (at most bucket_mib), so that little is left to average after backward (0: none; the "
-          "bucket_mib walk's remainder)"},
-         {"bucket_delay_ops", AxisKind::integer, one("0"), {},
-          "data parallelism: ops whose backward is enqueued after a bucket completes before its all-reduce is (on "
-          "an H200 an all-reduce enqueued just before a batch norm holds back cuDNN's cooperative kernel)"},
-         {"comm_ctas", AxisKind::integer, one("0"), {},
-          "data parallelism on GPUs: most SMs an all-reduce may occupy (NCCL maxCTAs; 0 = NCCL's choice), "
-          "leaving the rest to the backward pass it overlaps"},
-         {"comm_priority", AxisKind::text, one("normal"), {"normal", "high"},
-          "data parallelism on GPUs: the all-reduces' stream priority (high: their blocks take SMs ahead of "
-          "queued backward kernels)"},
-         {"cooperative_kernels", AxisKind::text, one("on"), {"on", "off"},
-          "on GPUs: off = no kernel that needs every SM at once (cuDNN's persistent batch norm; the project's "
-          "NHWC kernels instead), which an all-reduce running beside it would hold back"},
-         {"comm_dtype", AxisKind::text, one("grad"), {"grad", "bf16", "fp16"},
-          "data parallelism: the dtype the gradients are all-reduced in; grad = their own (f32), bf16 / fp16 = "
-          "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"},
-         {"comm_engine", AxisKind::text, one("auto"), comm_engine_names(),
-          "data parallelism on GPUs: nccl = NCCL all-reduces; copy = 2 GPUs of one host, each copying the other's "
-          "buckets with a copy engine and averaging them in with one short kernel (no kernel waits for the peer); "
-          "auto = copy where it applies (gpus=2, comm_dtype=grad, one host), else nccl"},
-         {"comm_mean", AxisKind::text, one("auto"), {"auto", "kernel", "update"},
-          "data parallelism with copy engines: where the two ranks' gradients are averaged; kernel = a mean kernel "
-          "per bucket beside backward, update = inside the SGD update (one pass less over the gradients); auto = "
-          "update for sgd without fp16 loss scaling, else kernel"}});
-    return axes;
-  }
+  std::vector<AxisSpec> axes(const std::string& device_kind) const override;
+  std::vector<OptionSpec> options() const override { return TrainOptions::specs(); }
+  std::string scaling_axis() const override { return "gpus"; }
 
   void run(State& state) override {
-    const ModelSpec asked = model_spec(state, /*training=*/true);
-    const double lr = state.get_real("lr");
-    const std::int64_t trajectory_steps = state.get_int("trajectory_steps"), gpus = state.get_int("gpus");
-    const std::int64_t steps_per_sample = state.get_int("steps_per_sample");
-    const double bucket_mib = state.get_real("bucket_mib"), tail_bucket_mib = state.get_real("tail_bucket_mib");
-    const std::int64_t comm_ctas = state.get_int("comm_ctas"), bucket_delay_ops = state.get_int("bucket_delay_ops");
-    const bool comm_high_priority = state.get_text("comm_priority") == "high";
-    const std::string comm_dtype = state.get_text("comm_dtype");
-    const std::string comm_engine_text = state.get_text("comm_engine");
-    const std::optional<backend::AveragerEngine> comm_engine =
-        comm_engine_text == "auto" ? std::nullopt : std::optional(backend::parse_averager_engine(comm_engine_text));
-    const bool copy_engines = comm_engine == backend::AveragerEngine::copy_engines;
-    const std::string comm_mean = state.get_text("comm_mean");
-    const bool cooperative = state.get_text("cooperative_kernels") == "on";
-    const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
-    const bool strong = state.get_text("scaling") == "strong";
-    if (asked.batch < 1 || asked.image_px < 1 || trajectory_steps < 1 || !(lr >= 0) || !std::isfinite(lr) ||
-        gpus < 1 || !(bucket_mib > 0) || !std::isfinite(bucket_mib) || !(tail_bucket_mib >= 0) ||
-        !std::isfinite(tail_bucket_mib) || steps_per_sample < 0 || steps_per_sample > kMaxStepsPerSample ||
-        comm_ctas < 0 || comm_ctas > kMaxCommCtas || bucket_delay_ops < 0 || bucket_delay_ops > kMaxBucketDelayOps)
-      throw UsageError("train needs batch, image_size, trajectory_steps, gpus >= 1, bucket_mib > 0, tail_bucket_mib >= 0, "
-                       "steps_per_sample in 0.." + std::to_string(kMaxStepsPerSample) + ", bucket_delay_ops in 0.." +
-                       std::to_string(kMaxBucketDelayOps) + ", comm_ctas in 0.." + std::to_string(kMaxCommCtas) +
-                       " and a finite lr >= 0 (got " + state.point().label() + ")");
-    dist::Comm& comm = dist::world();
-    const int world = comm.size(), rank = comm.rank();
-    if (gpus > world)
-      state.skip("gpus=" + std::to_string(gpus) + " needs " + std::to_string(gpus) + " processes, one per GPU (mpirun -np " +
-                 std::to_string(gpus) + " or srun); this launch has " + std::to_string(world));
-    if (strong && asked.batch % gpus != 0)
-      state.skip("strong scaling splits batch=" + std::to_string(asked.batch) + " over gpus=" + std::to_string(gpus) +
-                 ": not a multiple");
-    if (gpus > 1 && (comm_ctas > 0 || comm_high_priority) && state.backend().info().kind != "cuda")
-      state.skip("comm_ctas and comm_priority set NCCL's communicator and stream; data parallelism on " +
-                 state.backend().info().id + " averages through the host");
-    if (gpus > 1 && copy_engines && state.backend().info().kind != "cuda")
-      state.skip("comm_engine=copy copies between GPUs; data parallelism on " + state.backend().info().id +
-                 " averages through the host");
-    if (gpus > 1 && copy_engines && gpus != 2)
-      state.skip("comm_engine=copy averages between exactly 2 GPUs, not gpus=" + std::to_string(gpus));
-    if (gpus > 1 && comm_mean == "update" && state.backend().info().kind != "cuda")
-      state.skip("comm_mean=update averages the copy engines' gradients in the update; data parallelism on " +
-                 state.backend().info().id + " averages through the host");
-    if (gpus > 1 && comm_mean == "update" &&
-        (comm_engine == backend::AveragerEngine::nccl || (!comm_engine && comm_dtype != "grad")))
-      state.skip("comm_mean=update averages in the update the two gradients the copy engines bring (comm_engine=copy "
-                 "or auto with comm_dtype=grad); comm_engine=" + comm_engine_text + " comm_dtype=" + comm_dtype +
-                 " averages with NCCL, which leaves the mean in place");
-    if (gpus > 1 && copy_engines && comm_dtype != "grad")
-      state.skip("comm_engine=copy moves the gradients in their own dtype; comm_dtype=" + comm_dtype + " needs comm_engine=nccl");
-    if (!cooperative && state.backend().info().kind != "cuda")
-      state.skip("cooperative_kernels=off chooses among the CUDA engine's batch-norm kernels; " +
-                 state.backend().info().id + " runs none that need every core at once");
-    if (gpus > 1 && use_graph && state.backend().info().kind != "cuda")
-      state.skip("data parallelism on " + state.backend().info().id +
-                 " averages through the host, which a captured step cannot hold: use graph=off");
-    ModelSpec spec = asked;  // spec.batch: this rank's share
-    const std::string fuse = state.get_text("fuse");
-    spec.fuse_batchnorm_relu = fuse == "on" || (fuse == "auto" && !is_compression_model(spec.model));
-    if (strong) spec.batch = asked.batch / gpus;
-    const std::int64_t global_batch = spec.batch * gpus;
-    const bool active = rank < gpus;
-    // Every step that can fail on one rank is agreed on before the next collective call.
-    const auto together = [&](const std::function<void()>& step) {
-      if (world > 1)
-        on_all_ranks(comm, [&] {
-          if (active) step();
-        });
-      else
-        step();
-    };
+    const TrainPoint p = parse_point(state);
+    const TrainOptions o = TrainOptions::from(state);
+    validate(state, p, o);
+    const Ranks ranks{dist::world(), p.gpus};
+    if (const std::string why = skip_reason(state.backend().info(), p, o, ranks.world()); !why.empty()) state.skip(why);
+    Trainer t;
+    build(state, p, o, ranks, t);
+    if (p.gpus > 1) attach_data_parallel(state, p, o, ranks, t);
+    run_trajectory(state, p, o, ranks, t);
+    time_steps(state, o, ranks, t);
+    check_and_profile(state, p, ranks, t);
+  }
 
-    // Build and plan first (no memory): a layer that does not fit this image size fails here,
-    // naming the layer, and the counts are known before anything is allocated.
-    std::unique_ptr<nn::Kernels> kernels;
-    std::unique_ptr<nn::Graph> g;
-    std::unique_ptr<nn::Optimizer> opt;
-    ZooModel m;
-    together([&] {
-      nn::GraphBuilder builder(graph_options(spec));
-      m = build_zoo_model(builder, spec);
+ private:
+  static void validate(const State& state, const TrainPoint& p, const TrainOptions& o) {
+    o.validate();
+    if (p.asked.batch < 1 || p.asked.image_px < 1 || p.gpus < 1 || !(p.bucket_mib > 0) || !std::isfinite(p.bucket_mib))
+      throw UsageError("train needs batch, image_size, gpus >= 1 and bucket_mib > 0 (got " + state.point().label() + ")");
+  }
+
+  // Build and plan first (no memory): a layer that does not fit this image size fails here,
+  // naming the layer, and the counts are known before anything is allocated. Then bind and upload
+  // this rank's slice of one global batch (samples rank * batch on), which every step trains on.
+  static void build(State& state, const TrainPoint& p, const TrainOptions& o, const Ranks& ranks, Trainer& t) {
+    t.spec = p.asked;
+    t.spec.fuse_batchnorm_relu = p.fuse == "on" || (p.fuse == "auto" && !is_compression_model(t.spec.model));
+    if (p.strong) t.spec.batch = p.asked.batch / p.gpus;
+    t.global_batch = t.spec.batch * p.gpus;
+    ranks.together([&] {
+      nn::GraphBuilder builder(graph_options(t.spec));
+      t.model = build_zoo_model(builder, t.spec);
       // Kernels before the graph and optimizer: their memory comes from its allocator.
-      kernels = nn::make_device_kernels(state.backend());
-      kernels->set_cooperative_kernels(cooperative);
-      g = std::make_unique<nn::Graph>(std::move(builder));
-      opt = make_optimizer(state.get_text("optimizer"), lr, global_batch, m.compression);
-      set_counts_and_plan_metrics(state, *g, *opt, spec, gpus);
-      state.add_metric("learning_rate", opt->learning_rate());
-      g->bind(*kernels);
-      // Each rank trains on its own slice of one global batch: samples rank*batch on.
-      const SyntheticBatch data = model_batch(m, static_cast<std::uint64_t>(rank * spec.batch), spec.batch, spec.image_px);
-      g->set_input(m.images, data.images);  // uploaded once: every step trains on this batch
-      if (!m.compression) g->set_input(m.labels, data.labels);
+      t.kernels = nn::make_device_kernels(state.backend());
+      t.graph = std::make_unique<nn::Graph>(std::move(builder));
+      t.opt = make_optimizer(p.optimizer, o.lr, t.global_batch, t.model.compression);
+      set_counts_and_plan_metrics(state, *t.graph, *t.opt, t.spec, p.gpus);
+      state.add_metric("learning_rate", t.opt->learning_rate());
+      t.graph->bind(*t.kernels);
+      const auto first = static_cast<std::uint64_t>(ranks.comm.rank() * t.spec.batch);
+      const SyntheticBatch data = model_batch(t.model, first, t.spec.batch, t.spec.image_px);
+      t.graph->set_input(t.model.images, data.images);
+      if (!t.model.compression) t.graph->set_input(t.model.labels, data.labels);
     });
-    const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(bucket_mib * 1024 * 1024));
-    const std::int64_t tail_bucket_bytes =
-        std::min<std::int64_t>(bucket_bytes, std::llround(tail_bucket_mib * 1024 * 1024));
-    std::unique_ptr<DataParallel> dp;
-    if (gpus > 1) {  // then world > 1: every rank takes part in creating the communicator
-      on_all_ranks(comm, [&] {
-        dp = make_data_parallel(state.backend(), comm, static_cast<int>(gpus), bucket_bytes,
-                                backend::CommOptions{.max_ctas = static_cast<int>(comm_ctas)}, comm_high_priority);
-      });
-      together([&] {
-        dp->set_tail_bucket_bytes(tail_bucket_bytes);
-        dp->set_bucket_delay_ops(static_cast<int>(bucket_delay_ops));
-        dp->set_comm_dtype(comm_wire_dtype(comm_dtype));
-        dp->set_averager_engine(comm_engine);
-        const bool update_can_mean = state.get_text("optimizer") == "sgd" && spec.precision != Precision::fp16;
-        if (comm_mean == "update" && !update_can_mean)
-          throw UsageError("comm_mean=update needs optimizer=sgd without fp16 loss scaling (its check reads the "
-                           "averaged gradients); use comm_mean=kernel");
-        dp->set_mean_in_update(comm_mean == "auto" ? std::nullopt : std::optional<bool>(comm_mean == "update"),
-                               update_can_mean);
-        dp->attach(*g, *kernels);
-        state.add_metric("data_parallel", {{"gpus", gpus},
-                                           {"processes", world},
-                                           {"scaling", strong ? "strong" : "weak"},
-                                           {"batch_per_gpu", spec.batch},
-                                           {"global_batch", global_batch},
-                                           {"bucket_bytes", bucket_bytes},
-                                           {"tail_bucket_bytes", tail_bucket_bytes},
-                                           {"bucket_delay_ops", bucket_delay_ops},
-                                           {"comm_max_ctas", comm_ctas},
-                                           {"comm_priority", comm_high_priority ? "high" : "normal"},
-                                           {"comm_dtype", comm_dtype},
-                                           {"wire_dtype", std::string(to_string(dp->wire_dtype()))},
-                                           {"allreduce_bytes_per_step", dp->allreduce_bytes_per_step()},
-                                           {"buckets", dp->bucket_count()},
-                                           {"averaging", dp->describe()},
-                                           {"averaging_fallback", dp->averaging_fallback()}});
-      });
-    }
+  }
 
-    const bool scaled = spec.precision == Precision::fp16;
+  // Every rank of the launch takes part in creating the communicator; the training ranks attach.
+  static void attach_data_parallel(State& state, const TrainPoint& p, const TrainOptions& o, const Ranks& ranks,
+                                   Trainer& t) {
+    const bool update_can_mean = p.optimizer == "sgd" && t.spec.precision != Precision::fp16;
+    const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(p.bucket_mib * 1024 * 1024));
+    const dist::DataParallelConfig config{
+        .gpus = static_cast<int>(p.gpus),
+        .bucket_bytes = bucket_bytes,
+        .tail_bucket_bytes = std::min<std::int64_t>(bucket_bytes, std::llround(o.tail_bucket_mib * 1024 * 1024)),
+        .wire_dtype = comm_wire_dtype(p.comm_dtype),
+        .engine = p.comm_engine,
+        .mean_in_update = o.comm_mean == "auto" ? std::nullopt : std::optional<bool>(o.comm_mean == "update"),
+        .update_can_mean = update_can_mean};
+    on_all_ranks(ranks.comm, [&] { t.dp = std::make_unique<dist::DataParallel>(state.backend(), ranks.comm, config); });
+    ranks.together([&] {
+      if (o.comm_mean == "update" && !update_can_mean)
+        throw UsageError("comm_mean=update needs optimizer=sgd without fp16 loss scaling (its check reads the "
+                         "averaged gradients); use comm_mean=kernel");
+      t.dp->attach(*t.graph, *t.kernels);
+      state.add_metric("data_parallel", {{"gpus", p.gpus},
+                                         {"processes", ranks.world()},
+                                         {"scaling", p.strong ? "strong" : "weak"},
+                                         {"batch_per_gpu", t.spec.batch},
+                                         {"global_batch", t.global_batch},
+                                         {"bucket_bytes", config.bucket_bytes},
+                                         {"tail_bucket_bytes", config.tail_bucket_bytes},
+                                         {"comm_dtype", p.comm_dtype},
+                                         {"wire_dtype", std::string(to_string(t.dp->wire_dtype()))},
+                                         {"allreduce_bytes_per_step", t.dp->allreduce_bytes_per_step()},
+                                         {"buckets", t.dp->bucket_count()},
+                                         {"averaging", t.dp->describe()},
+                                         {"averaging_fallback", t.dp->averaging_fallback()}});
+    });
+  }
+
+  // The step as timed (captured once: capture_step binds the optimizer first, so replays allocate
+  // nothing; or launched op by op), then `trajectory_steps` of it with the loss read after each.
+  // Every step runs on every training rank (a rank that stopped early would leave the others
+  // waiting in an all-reduce); the first non-finite loss is reported after.
+  static void run_trajectory(State& state, const TrainPoint& p, const TrainOptions& o, const Ranks& ranks, Trainer& t) {
+    ranks.together([&] {
+      if (p.use_graph) t.captured = t.graph->capture_step(t.opt.get());
+      t.step = p.use_graph ? std::function<void()>([&t] { t.captured->replay(); })
+                           : std::function<void()>([&t] { t.eager_step(); });
+    });
     std::vector<double> losses;
     double mse = 0;
-    std::int64_t skipped = 0;
-    const auto eager_step = [&] {
-      g->forward();
-      g->backward();
-      g->update(*opt);
-    };
-    // The step as timed: captured once (capture_step binds the optimizer first, so replays allocate
-    // nothing), or launched op by op.
-    std::unique_ptr<nn::Replayable> captured;
-    std::function<void()> step = [] {};  // idle ranks of a scaling sweep take no part
-    together([&] {
-      if (use_graph) captured = g->capture_step(opt.get());
-      step = use_graph ? std::function<void()>([&] { captured->replay(); }) : std::function<void()>(eager_step);
-    });
-    // Every step of the trajectory runs on every active rank (a rank that stopped early would
-    // leave the others waiting in an all-reduce); the first non-finite loss is reported after.
-    together([&] {
-      if (scaled) state.add_metric("steps_skipped", skipped);
+    ranks.together([&] {
+      std::int64_t skipped = 0;
+      if (t.scaled()) state.add_metric("steps_skipped", skipped);
       std::string bad;
-      for (std::int64_t i = 0; i < trajectory_steps; ++i) {
-        step();
-        const double loss = g->read(m.loss)[0];
+      for (std::int64_t i = 0; i < o.trajectory_steps; ++i) {
+        t.step();
+        const double loss = t.graph->read(t.model.loss)[0];
         losses.push_back(loss);
-        if (scaled && g->last_step_skipped()) ++skipped;
+        if (t.scaled() && t.graph->last_step_skipped()) ++skipped;
         if (!std::isfinite(loss) && bad.empty())
           bad = "loss is " + text(loss) + " in the loss trajectory (step " + std::to_string(i + 1) + ")";
       }
       state.add_metric("loss_trajectory", losses);
-      if (scaled) state.add_metric("steps_skipped", skipped);
+      if (t.scaled()) state.add_metric("steps_skipped", skipped);
       if (!bad.empty()) throw Diverged{bad};
       // The distortion of the last trajectory step's reconstruction (before that step's update).
-      if (m.compression) mse = g->read(m.mse)[0];
-      if (scaled) state.add_metric("loss_scale_after_trajectory", g->loss_scale());
-      state.add_metric("device_bytes_peak", kernels->allocator().peak_bytes());
-      add_fusion_metric(state, spec, *kernels);  // after steps ran: a refusal at a first call counts
+      if (t.model.compression) mse = t.graph->read(t.model.mse)[0];
+      if (t.scaled()) state.add_metric("loss_scale_after_trajectory", t.graph->loss_scale());
+      state.add_metric("device_bytes_peak", t.kernels->allocator().peak_bytes());
+      add_fusion_metric(state, t.spec, *t.kernels);  // after steps ran: a refusal at a first call counts
     });
     // The global batch's figures: each training rank's loss (and distortion) is a mean over its
     // share of the batch, so their mean is what one GPU reports for the whole batch, and a scaling
     // sweep's trajectories compare across GPU counts. Every rank takes part; idle ones send none.
-    if (world > 1) {
+    if (ranks.world() > 1) {
       losses.push_back(mse);
-      losses = mean_over_training_ranks(comm, gpus, active ? losses : std::vector<double>{});
+      losses = dist::mean_over_training_ranks(ranks.comm, static_cast<int>(p.gpus),
+                                              ranks.active() ? losses : std::vector<double>{});
       mse = losses.back();
       losses.pop_back();
       state.add_metric("loss_trajectory", losses);
     }
     state.add_metric("loss_first", losses.front());
     state.add_metric("loss_last", losses.back());
-    if (m.compression) {
+    if (t.model.compression) {
       const nlohmann::json q = reconstruction_quality(mse);
       state.add_metric("mse", q["mse"]);
       state.add_metric("psnr_db", q["psnr_db"]);
     }
+  }
 
+  // Harness-timed (lock step under a launcher); each sample holds at least steps_per_sample steps.
+  static void time_steps(State& state, const TrainOptions& o, const Ranks& ranks, Trainer& t) {
     measure::Settings settings = state.settings();
-    settings.min_iterations_per_sample =
-        steps_per_sample > 0 ? steps_per_sample : state.backend().info().kind == "cuda" ? kGpuStepsPerSample : 1;
-    if (world > 1) {
-      auto timer = state.backend().make_timer();
-      const dist::LockstepResult measured = dist::measure_lockstep(comm, *timer, step, settings, state.cancel_flag());
-      state.set_result(measured.result);
-      std::vector<double> times;  // the training ranks' own step times
-      for (std::size_t r = 0; r < static_cast<std::size_t>(gpus); ++r) times.push_back(measured.ranks[r].median_s);
-      const auto [lo, hi] = std::minmax_element(times.begin(), times.end());
-      state.add_metric("rank_step_time_s", {{"min", *lo},
-                                            {"avg", std::accumulate(times.begin(), times.end(), 0.0) / static_cast<double>(times.size())},
-                                            {"max", *hi}});
-    } else {
-      state.exec(step, settings);
-    }
-    record_scaling(state, gpus, global_batch);
+    settings.min_iterations_per_sample = o.steps_per_sample_on(state.backend().info().kind);
+    state.exec(t.step, settings, static_cast<int>(ranks.gpus));
+  }
 
-    together([&] {
-      const double final_loss = g->read(m.loss)[0];
+  static void check_and_profile(State& state, const TrainPoint& p, const Ranks& ranks, Trainer& t) {
+    ranks.together([&] {
+      const double final_loss = t.graph->read(t.model.loss)[0];
       state.add_metric("loss_after_timing", final_loss);
-      if (scaled) state.add_metric("loss_scale_after_timing", g->loss_scale());
+      if (t.scaled()) state.add_metric("loss_scale_after_timing", t.graph->loss_scale());
       if (!std::isfinite(final_loss)) throw Diverged{"loss is " + text(final_loss) + " after the timed steps"};
-      if (profile) {
-        g->set_profiling(true);
-        eager_step();
-        g->set_profiling(false);
-        state.add_metric("profile", write_op_profile(g->report(), state.artifact_dir()));
+      if (p.profile) {
+        t.graph->set_profiling(true);
+        t.eager_step();
+        t.graph->set_profiling(false);
+        state.add_metric("profile", write_op_profile(t.graph->report(), state.artifact_dir()));
       }
     });
-  }
-
- private:
-  // The single-GPU rate of each configuration measured earlier in this process (the point's
-  // label less `gpus` and the data-parallel knobs), so a scaling sweep gpus=1,2,4 records its efficiency at every count after
-  // the first: rate(k) / (k x rate(1)). Weak scaling keeps the per-GPU batch, strong the global.
-  static std::map<std::string, double>& single_gpu_rates() {
-    static std::map<std::string, double> rates;
-    return rates;
-  }
-  static std::string single_gpu_key(const State& state) {
-    std::string key;
-    for (const auto& [axis, value] : state.point().values)  // the data-parallel knobs change nothing at gpus=1
-      if (axis != "gpus" && axis != "bucket_mib" && axis != "tail_bucket_mib" && axis != "bucket_delay_ops" &&
-          axis != "comm_ctas" && axis != "comm_priority" && axis != "comm_dtype" && axis != "comm_engine" &&
-          axis != "comm_mean")
-        key += axis + "=" + value + " ";
-    return key;
-  }
-  static void record_scaling(State& state, std::int64_t gpus, std::int64_t global_batch) {
-    std::map<std::string, double>& single_gpu_rate = single_gpu_rates();
-    if (!state.result() || !(state.result()->summary.median > 0)) return;
-    const double rate = static_cast<double>(global_batch) / state.result()->summary.median;
-    const std::string key = single_gpu_key(state);
-    if (gpus == 1) {
-      single_gpu_rate[key] = rate;
-      return;
-    }
-    const auto it = single_gpu_rate.find(key);
-    if (it == single_gpu_rate.end()) return;
-    state.add_metric("scaling_efficiency", rate / (static_cast<double>(gpus) * it->second));
-    state.add_metric("single_gpu_samples_per_s", it->second);
   }
 
   static void set_counts_and_plan_metrics(State& state, const nn::Graph& g, const nn::Optimizer& opt,
@@ -442,6 +351,41 @@ class Train final : public Workload {
                                      {"no_reuse_bytes", plan.total_bytes}});
   }
 };
+
+std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
+  const auto one = [](const char* v) { return std::vector<std::string>{v}; };
+  std::vector<AxisSpec> axes = model_axes(
+      device_kind, {.cuda_batches = {"256"},
+                    .host_batches = {"16"},
+                    .batch_help = "images per step",
+                    .cuda_precision = "bf16",
+                    .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16 / fp16 (fp32 master weights; "
+                                      "fp16 with dynamic loss scaling); fp8 is inference only (infer)",
+                    .precisions = model_precisions()});
+  axes.insert(
+      axes.end(),
+      {{"optimizer", AxisKind::text, one("sgd"), {"sgd", "lars"}, "SGD with momentum, or LARS (MLPerf)"},
+       {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
+       // auto: on for the ResNets (checked on an H200 and faster there, bench/HISTORY.md), off for
+       // models without batch norm, which refuse an explicit on.
+       {"fuse", AxisKind::text, one("auto"), {"auto", "off", "on"},
+        "ResNets: each batch norm, the residual add and the ReLU after it as one op (cuDNN's fused NHWC "
+        "16-bit kernels where it takes them); auto = on for models with batch norm"},
+       {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"},
+       {"gpus", AxisKind::integer, one("1"), {},
+        "data-parallel GPUs, one process each (under mpirun/srun; gpus=k trains on ranks 0..k-1)"},
+       {"scaling", AxisKind::text, one("weak"), {"weak", "strong"},
+        "weak: batch is per GPU; strong: batch is global, split over the GPUs"},
+       {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
+       {"comm_dtype", AxisKind::text, one("grad"), {"grad", "bf16", "fp16"},
+        "data parallelism: the dtype the gradients are all-reduced in; grad = their own (f32), bf16 / fp16 = "
+        "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"},
+       {"comm_engine", AxisKind::text, one("auto"), comm_engine_names(),
+        "data parallelism on GPUs: nccl = NCCL all-reduces; copy = 2 GPUs of one host, each copying the other's "
+        "buckets with a copy engine and averaging them in with one short kernel (no kernel waits for the peer); "
+        "auto = copy where it applies (gpus=2, comm_dtype=grad, one host), else nccl"}});
+  return axes;
+}
 
 }  // namespace
 

@@ -1,17 +1,16 @@
-#include "nn/data_parallel.h"
+#include "dist/data_parallel/buckets.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 
-namespace ab::nn {
+namespace ab::dist {
 
-BucketedGradientSync::BucketedGradientSync(const std::vector<Parameter>& parameters, GradientAverager& averager,
-                                           std::int64_t bucket_bytes, std::int64_t tail_bytes, int delay_ops)
-    : averager_(averager), delay_ops_(delay_ops), bucket_of_(parameters.size(), -1) {
+BucketedGradientSync::BucketedGradientSync(const std::vector<nn::Parameter>& parameters, GradientAverager& averager,
+                                           std::int64_t bucket_bytes, std::int64_t tail_bytes)
+    : averager_(averager), bucket_of_(parameters.size(), -1) {
   if (bucket_bytes < 1) throw UsageError("gradient bucket size must be positive, got " + std::to_string(bucket_bytes));
   if (tail_bytes < 0) throw UsageError("the tail bucket size must be 0 or positive, got " + std::to_string(tail_bytes));
-  if (delay_ops < 0) throw UsageError("a bucket's delay must be 0 or more ops, got " + std::to_string(delay_ops));
   // The tail: parameters 0..tail_end (in forward order) until they hold tail_bytes.
   std::size_t tail_end = 0;
   bool has_tail = false;
@@ -70,7 +69,6 @@ void BucketedGradientSync::begin() {
     started_[b] = false;
   }
   std::fill(reported_.begin(), reported_.end(), false);
-  waiting_.clear();
 }
 
 void BucketedGradientSync::start(std::size_t bucket) {
@@ -85,30 +83,13 @@ void BucketedGradientSync::ready(std::size_t parameter_index) {
   if (reported_[parameter_index] || pending_[b] == 0)
     throw Error("data parallelism: parameter " + std::to_string(parameter_index) + " reported ready twice in one backward");
   reported_[parameter_index] = true;
-  if (--pending_[b] != 0) return;
-  if (delay_ops_ == 0)
-    start(b);
-  else
-    waiting_.push_back({b, delay_ops_ + 1});  // + 1: this op's own op_done() comes first
-}
-
-void BucketedGradientSync::op_done() {
-  std::size_t kept = 0;
-  for (const Waiting& w : waiting_) {
-    if (w.ops_left == 1)
-      start(w.bucket);
-    else
-      waiting_[kept++] = {w.bucket, w.ops_left - 1};
-  }
-  waiting_.resize(kept);
+  if (--pending_[b] == 0) start(b);
 }
 
 void BucketedGradientSync::finish() {
-  for (const Waiting& w : waiting_) start(w.bucket);
-  waiting_.clear();
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     if (!started_[b]) start(b);
   averager_.join();
 }
 
-}  // namespace ab::nn
+}  // namespace ab::dist

@@ -1,29 +1,17 @@
-// Data-parallel training's gradient averaging (models.h, DataParallel): the backend's stream
-// averager on CUDA (NCCL or copy engines), the launch's host exchange elsewhere.
+// Data-parallel training's gradient averaging (data_parallel.h): the backend's stream averager on
+// CUDA (NCCL or copy engines), the launch's host exchange elsewhere.
+#include "dist/data_parallel/data_parallel.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 
-#include "backend/collectives.h"
 #include "core/error.h"
 #include "dist/world_group.h"
-#include "workloads/models/models.h"
 
-namespace ab::workloads::zoo {
+namespace ab::dist {
 namespace {
-
-// The backend's stream averager, opened once the buckets are known (DataParallel::attach).
-class StreamGradientAverager final : public nn::GradientAverager {
- public:
-  void average(const Tensor& flat) override { s_->average(flat.data, flat.numel(), flat.dtype); }
-  void join() override { s_->join(); }
-  backend::StreamAverager& stream_averager() { return *s_; }
-  void reset(std::unique_ptr<backend::StreamAverager> s) { s_ = std::move(s); }
-
- private:
-  std::unique_ptr<backend::StreamAverager> s_;
-};
 
 // v rounded to nearest even in `wire` (bf16 or f16), as a double. Through float rounded to odd
 // (float keeps 24 bits, at least 2 more than either wire type's), so the one rounding to `wire`
@@ -42,9 +30,9 @@ double round_to_wire(double v, DType wire) {
 // rank) and divided by the ranks. Synchronous: slow, and only for host backends (tests). With a
 // 16-bit wire type (f32 blocks only) it computes what an all-reduce in that type would with
 // one rounding: each rank's block rounded to it, the float64 mean rounded to it, widened back.
-class HostGradientAverager final : public nn::GradientAverager {
+class HostGradientAverager final : public GradientAverager {
  public:
-  HostGradientAverager(dist::Comm& comm, nn::Kernels& kernels, DType wire) : comm_(comm), k_(kernels), wire_(wire) {}
+  HostGradientAverager(Comm& comm, nn::Kernels& kernels, DType wire) : comm_(comm), k_(kernels), wire_(wire) {}
   void average(const Tensor& flat) override {
     std::vector<unsigned char> host(static_cast<std::size_t>(flat.size_bytes()));
     k_.download(flat, host.data());
@@ -58,11 +46,11 @@ class HostGradientAverager final : public nn::GradientAverager {
                   std::string(to_string(flat.dtype)));
     if (narrow)
       for (double& v : mine) v = round_to_wire(v, wire_);
-    dist::Bytes bytes(mine.size() * sizeof(double));
+    Bytes bytes(mine.size() * sizeof(double));
     std::memcpy(bytes.data(), mine.data(), bytes.size());
     std::vector<double> sum(mine.size(), 0.0), theirs(mine.size());
-    const std::vector<dist::Bytes> all = comm_.allgather(bytes);
-    for (const dist::Bytes& b : all) {
+    const std::vector<Bytes> all = comm_.allgather(bytes);
+    for (const Bytes& b : all) {
       if (b.size() != bytes.size()) throw Error("data parallelism: ranks' gradient blocks differ in size");
       std::memcpy(theirs.data(), b.data(), b.size());
       for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
@@ -77,57 +65,89 @@ class HostGradientAverager final : public nn::GradientAverager {
   void join() override {}
 
  private:
-  dist::Comm& comm_;
+  Comm& comm_;
   nn::Kernels& k_;
   DType wire_;  // the gradients' own dtype: no rounding
 };
 
 }  // namespace
 
-DataParallel::DataParallel(backend::Backend& backend, dist::Comm& comm, int gpus, std::int64_t bucket_bytes,
-                           const backend::CommOptions& comm_options, bool high_priority)
-    : comm_(comm), gpus_(gpus), bucket_bytes_(bucket_bytes), high_priority_(high_priority) {
+// The backend's stream averager, opened once the buckets are known (attach).
+class DataParallel::StreamAveragerAdapter final : public GradientAverager {
+ public:
+  void average(const Tensor& flat) override { s_->average(flat.data, flat.numel(), flat.dtype); }
+  void join() override { s_->join(); }
+  backend::StreamAverager& stream_averager() { return *s_; }
+  void reset(std::unique_ptr<backend::StreamAverager> s) { s_ = std::move(s); }
+
+ private:
+  std::unique_ptr<backend::StreamAverager> s_;
+};
+
+DataParallel::DataParallel(backend::Backend& backend, Comm& comm, const DataParallelConfig& config)
+    : comm_(comm), config_(config) {
   if (backend.info().kind == "cuda") {
-    group_ = dist::first_ranks_collective_group(backend, comm, gpus, comm_options);
-  } else if (gpus != comm.size()) {
+    group_ = first_ranks_collective_group(backend, comm, config.gpus);
+  } else if (config.gpus != comm.size()) {
     throw Unsupported("data parallelism on " + backend.info().id + " averages over the whole launch: gpus=" +
-                      std::to_string(gpus) + " needs -np " + std::to_string(gpus));
+                      std::to_string(config.gpus) + " needs -np " + std::to_string(config.gpus));
   }
 }
 
 DataParallel::~DataParallel() = default;
 
+// Opens the group's averager for the chosen engine over the buckets' span [lo, hi); where copy
+// engines were chosen, not asked for, and refused (e.g. the two ranks on two hosts, which the one
+// exchange tells both), NCCL instead, saying why.
+void DataParallel::open_stream_averager(StreamAveragerAdapter& stream, DType grads, std::int64_t largest,
+                                        unsigned char* lo, unsigned char* hi) {
+  const auto open = [&](backend::AveragerEngine engine) {
+    stream.reset(group_->make_averager(/*high_priority=*/false, engine));
+    if (wire_ != grads) stream.stream_averager().set_wire_dtype(wire_, largest);
+    if (lo != nullptr) stream.stream_averager().register_buffers(lo, hi - lo);
+  };
+  try {
+    open(used_);
+  } catch (const Unsupported& e) {
+    if (config_.engine.has_value() || used_ == backend::AveragerEngine::nccl) throw;
+    used_ = backend::AveragerEngine::nccl;
+    fallback_ = e.what();
+    open(used_);
+  }
+}
+
 void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
-  if (comm_.rank() >= gpus_) throw Error("data parallelism: rank " + std::to_string(comm_.rank()) + " does not train");
+  if (comm_.rank() >= config_.gpus)
+    throw Error("data parallelism: rank " + std::to_string(comm_.rank()) + " does not train");
   DType grads = DType::f32;
   for (const nn::Parameter& p : graph.parameters())
     if (p.grad.defined()) {
       grads = p.grad.dtype;
       break;
     }
-  wire_ = comm_dtype_.value_or(grads);
+  wire_ = config_.wire_dtype.value_or(grads);
   if (wire_ != grads && grads != DType::f32)
     throw UsageError("data parallelism: communicating gradients in " + std::string(to_string(wire_)) +
                      " casts f32 gradients; these are " + std::string(to_string(grads)));
   if (wire_ != grads && wire_ != DType::bf16 && wire_ != DType::f16)
     throw UsageError("data parallelism: gradients are communicated in their own dtype, bf16 or f16, not " +
                      std::string(to_string(wire_)));
-  StreamGradientAverager* stream = nullptr;
+  StreamAveragerAdapter* stream = nullptr;
   if (group_) {
     const bool own_dtype = wire_ == grads;
-    used_ = engine_.value_or(group_->size() == 2 && own_dtype ? backend::AveragerEngine::copy_engines
-                                                              : backend::AveragerEngine::nccl);
+    used_ = config_.engine.value_or(group_->size() == 2 && own_dtype ? backend::AveragerEngine::copy_engines
+                                                                     : backend::AveragerEngine::nccl);
     if (used_ == backend::AveragerEngine::copy_engines && !own_dtype)
       throw Unsupported("data parallelism: the copy-engine averager moves gradients in their own dtype (" +
                         std::string(to_string(grads)) + "), not " + std::string(to_string(wire_)) + ": use comm_engine=nccl");
-    auto a = std::make_unique<StreamGradientAverager>();
+    auto a = std::make_unique<StreamAveragerAdapter>();
     stream = a.get();
     averager_ = std::move(a);
   } else {
     averager_ = std::make_unique<HostGradientAverager>(comm_, kernels, wire_);
   }
-  sync_ = std::make_unique<nn::BucketedGradientSync>(graph.parameters(), *averager_, bucket_bytes_, tail_bucket_bytes_,
-                                                     bucket_delay_ops_);
+  sync_ = std::make_unique<BucketedGradientSync>(graph.parameters(), *averager_, config_.bucket_bytes,
+                                                 config_.tail_bucket_bytes);
   std::int64_t largest = 0;
   allreduce_bytes_ = 0;
   unsigned char *lo = nullptr, *hi = nullptr;  // the span of the one store the buckets tile
@@ -138,28 +158,12 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
     lo = lo == nullptr ? p : std::min(lo, p);
     hi = hi == nullptr ? p + b.flat.size_bytes() : std::max(hi, p + b.flat.size_bytes());
   }
-  if (stream != nullptr) {
-    const auto open = [&](backend::AveragerEngine engine) {
-      stream->reset(group_->make_averager(high_priority_, engine));
-      if (wire_ != grads) stream->stream_averager().set_wire_dtype(wire_, largest);
-      if (lo != nullptr) stream->stream_averager().register_buffers(lo, hi - lo);
-    };
-    try {
-      open(used_);
-    } catch (const Unsupported& e) {
-      // Copy engines chosen, not asked for, and refused (e.g. the two ranks on two hosts, which the
-      // one exchange tells both): NCCL instead, saying why.
-      if (engine_.has_value() || used_ == backend::AveragerEngine::nccl) throw;
-      used_ = backend::AveragerEngine::nccl;
-      fallback_ = e.what();
-      open(used_);
-    }
-  }
+  if (stream != nullptr) open_stream_averager(*stream, grads, largest, lo, hi);
   const bool copy_engines = stream != nullptr && used_ == backend::AveragerEngine::copy_engines;
-  if (mean_in_update_ == true && !copy_engines)
+  if (config_.mean_in_update == true && !copy_engines)
     throw UsageError("data parallelism: the mean in the update takes the copy-engine averager; this run averages with " +
                      describe() + (fallback_.empty() ? "" : " (" + fallback_ + ")"));
-  mean_in_update_used_ = copy_engines && lo != nullptr && mean_in_update_.value_or(update_can_mean_);
+  mean_in_update_used_ = copy_engines && lo != nullptr && config_.mean_in_update.value_or(config_.update_can_mean);
   auto* mirror = mean_in_update_used_ ? static_cast<unsigned char*>(stream->stream_averager().leave_mean_to_caller()) : nullptr;
   for (nn::Parameter& p : graph.parameters())
     p.grad_partner = mirror != nullptr && p.grad.defined()
@@ -169,16 +173,28 @@ void DataParallel::attach(nn::Graph& graph, nn::Kernels& kernels) {
 }
 
 std::size_t DataParallel::bucket_count() const { return sync_ ? sync_->buckets().size() : 0; }
+
 std::string DataParallel::describe() const {
   if (!group_) return "host";
   if (used_ == backend::AveragerEngine::nccl) return "nccl";
   return mean_in_update_used_ ? "copy engines, mean in the update" : "copy engines";
 }
 
-std::unique_ptr<DataParallel> make_data_parallel(backend::Backend& backend, dist::Comm& comm, int gpus,
-                                                 std::int64_t bucket_bytes, const backend::CommOptions& comm_options,
-                                                 bool high_priority) {
-  return std::make_unique<DataParallel>(backend, comm, gpus, bucket_bytes, comm_options, high_priority);
+std::vector<double> mean_over_training_ranks(Comm& comm, int gpus, const std::vector<double>& mine) {
+  Packer out;
+  out.put(static_cast<std::int64_t>(mine.size()));
+  for (const double v : mine) out.put(v);
+  const std::vector<Bytes> all = comm.allgather(out.bytes());
+  std::vector<double> sum;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(gpus); ++r) {
+    Unpacker in(all[r]);
+    const auto n = static_cast<std::size_t>(in.get_int());
+    if (r == 0) sum.assign(n, 0.0);
+    if (n != sum.size()) throw Error("data parallelism: the ranks' loss trajectories differ in length");
+    for (double& v : sum) v += in.get_double();
+  }
+  for (double& v : sum) v /= static_cast<double>(gpus);
+  return sum;
 }
 
-}  // namespace ab::workloads::zoo
+}  // namespace ab::dist

@@ -1,7 +1,7 @@
-// Data parallelism: every rank runs the same graph on its own share of the batch, and the
-// parameter gradients are averaged over the ranks before the update, in buckets that start
-// reducing while backward is still running (PyTorch DDP's scheme: ~25 MiB buckets in backward
-// order). The averaging itself is the caller's (NCCL on CUDA; a host exchange in tests).
+// Gradient bucketing for data parallelism: the parameter gradients are averaged over the ranks
+// before the update, in buckets that start reducing while backward is still running (PyTorch
+// DDP's scheme: ~25 MiB buckets in backward order). The averaging itself is a GradientAverager's
+// (data_parallel.cpp: the backend's stream averager on CUDA, a host exchange elsewhere).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,7 @@
 
 #include "nn/graph.h"
 
-namespace ab::nn {
+namespace ab::dist {
 
 // Averages flat gradient blocks over the ranks, in place. average() only enqueues: it runs after
 // the work already enqueued on the kernels' stream and may overlap later work; join() makes the
@@ -31,19 +31,13 @@ constexpr std::int64_t kDefaultBucketBytes = std::int64_t{25} << 20;  // DDP's b
 // ran no backward) and joins. With `tail_bytes` > 0 the first parameters (the last gradients
 // backward makes: the stem's) form a bucket of their own of at least `tail_bytes`, so the all-reduce
 // left after backward is that small one rather than the remainder of the 25 MiB walk (0: no tail).
-// With `delay_ops` > 0 a complete bucket is enqueued only after that many more ops' backward: on
-// CUDA the op after a convolution's is a batch norm whose cuDNN kernel is cooperative (it needs
-// every SM at once), so an all-reduce enqueued just before it holds it back for its whole length
-// (bench/HISTORY.md, the 2-GPU kernel timeline); enqueued after it, it runs beside convolutions.
 // Throws Error when the gradients are not one contiguous store of one dtype (the graph lays them out so).
-class BucketedGradientSync final : public GradientSync {
+class BucketedGradientSync final : public nn::GradientSync {
  public:
-  BucketedGradientSync(const std::vector<Parameter>& parameters, GradientAverager& averager,
-                       std::int64_t bucket_bytes = kDefaultBucketBytes, std::int64_t tail_bytes = 0,
-                       int delay_ops = 0);
+  BucketedGradientSync(const std::vector<nn::Parameter>& parameters, GradientAverager& averager,
+                       std::int64_t bucket_bytes = kDefaultBucketBytes, std::int64_t tail_bytes = 0);
   void begin() override;
   void ready(std::size_t parameter_index) override;
-  void op_done() override;
   void finish() override;
 
   struct Bucket {
@@ -55,17 +49,11 @@ class BucketedGradientSync final : public GradientSync {
  private:
   void start(std::size_t bucket);
 
-  struct Waiting {
-    std::size_t bucket;
-    int ops_left;  // op_done() calls before it starts
-  };
   GradientAverager& averager_;
-  int delay_ops_;
-  std::vector<Waiting> waiting_;  // complete buckets in the order they completed
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // per parameter index; -1 for one without a gradient
   std::vector<std::size_t> pending_;
   std::vector<bool> started_, reported_;  // per bucket; per parameter
 };
 
-}  // namespace ab::nn
+}  // namespace ab::dist

@@ -1,0 +1,65 @@
+#include "workloads/models/train_options.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ab::workloads::zoo {
+
+std::vector<OptionSpec> TrainOptions::specs() {
+  const TrainOptions d;
+  const auto number = [](double v) {
+    std::string s = std::to_string(v);
+    s.erase(s.find_last_not_of('0') + 1);
+    if (s.back() == '.') s.pop_back();
+    return s;
+  };
+  return {
+      {"lr", AxisKind::real, number(d.lr), {}, "learning rate; 0 = sgd 0.1 x batch/256 (autoencoders: 10), lars 0.8 x batch/256"},
+      {"trajectory_steps", AxisKind::integer, std::to_string(d.trajectory_steps), {},
+       "steps whose loss is read before timing (at least 1)"},
+      {"steps_per_sample", AxisKind::integer, std::to_string(d.steps_per_sample), {},
+       "back-to-back steps in each timed sample, at least (0: " + std::to_string(kGpuStepsPerSample) +
+           " on GPUs, 1 elsewhere; more when a step is shorter than the sample target; at most " +
+           std::to_string(kMaxStepsPerSample) + ")"},
+      // 1 MiB: in a traced 2-GPU ResNet-50 step the last copy shrank from 17 MB to 1.6 MB and the
+      // step's growth over one GPU from 0.41 to 0.27 ms (bench/HISTORY.md).
+      {"tail_bucket_mib", AxisKind::real, number(d.tail_bucket_mib), {},
+       "data parallelism: the first layers' gradients (backward's last) in a bucket of their own of at least "
+       "this many MiB (at most bucket_mib), so that little is left to average after backward (0: none; the "
+       "bucket_mib walk's remainder)"},
+      {"comm_mean", AxisKind::text, d.comm_mean, {"auto", "kernel", "update"},
+       "data parallelism with copy engines: where the two ranks' gradients are averaged; kernel = a mean kernel "
+       "per bucket beside backward, update = inside the SGD update (one pass less over the gradients); auto = "
+       "update for sgd without fp16 loss scaling, else kernel"}};
+}
+
+TrainOptions TrainOptions::from(const State& state) {
+  TrainOptions o;
+  o.lr = state.option_real("lr");
+  o.trajectory_steps = state.option_int("trajectory_steps");
+  o.steps_per_sample = state.option_int("steps_per_sample");
+  o.tail_bucket_mib = state.option_real("tail_bucket_mib");
+  o.comm_mean = state.option_text("comm_mean");
+  return o;
+}
+
+void TrainOptions::validate() const {
+  std::string bad;
+  const auto refuse = [&bad](bool wrong, const std::string& what) {
+    if (wrong) bad += (bad.empty() ? "" : "; ") + what;
+  };
+  refuse(trajectory_steps < 1, "trajectory_steps >= 1 (got " + std::to_string(trajectory_steps) + ")");
+  refuse(steps_per_sample < 0 || steps_per_sample > kMaxStepsPerSample,
+         "steps_per_sample in 0.." + std::to_string(kMaxStepsPerSample) + " (got " + std::to_string(steps_per_sample) + ")");
+  refuse(!(tail_bucket_mib >= 0) || !std::isfinite(tail_bucket_mib), "tail_bucket_mib >= 0");
+  refuse(!(lr >= 0) || !std::isfinite(lr), "a finite lr >= 0");
+  if (!bad.empty()) throw UsageError("train needs " + bad);
+}
+
+std::int64_t TrainOptions::steps_per_sample_on(const std::string& device_kind) const {
+  if (steps_per_sample > 0) return steps_per_sample;
+  return device_kind == "cuda" ? kGpuStepsPerSample : 1;
+}
+
+}  // namespace ab::workloads::zoo

@@ -1,0 +1,39 @@
+// The train workload's tuning knobs: one value per run (`--option name=value`, a suite step's
+// `options:`), never swept. What a user compares (model, batch, precision, gpus, the
+// data-parallel bucket size, wire dtype and engine) stays an axis.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "workloads/workload.h"
+
+namespace ab::workloads::zoo {
+
+struct TrainOptions {
+  double lr = 0;                        // 0: the recipe's rate (train.cpp, make_optimizer)
+  std::int64_t trajectory_steps = 30;   // steps whose loss is read before timing
+  std::int64_t steps_per_sample = 0;    // floor of back-to-back steps per timed sample; 0: the device's
+  // The first layers' gradients (backward's last) in a bucket of their own of at least this many
+  // MiB (capped at bucket_mib); 0: none.
+  double tail_bucket_mib = 1;
+  std::string comm_mean = "auto";       // copy engines' mean: auto, kernel, update
+
+  // On a GPU a timed sample holds at least this many back-to-back steps, as a training loop runs
+  // them and as bench/compare_ddp.py times PyTorch: one step per sample would time each graph
+  // launch's host latency, and under a launcher every sample's start skew between the ranks.
+  static constexpr std::int64_t kGpuStepsPerSample = 5;
+  static constexpr std::int64_t kMaxStepsPerSample = 1000;
+
+  // The declarations `accelbench list` shows, with these defaults.
+  static std::vector<OptionSpec> specs();
+  // The run's values (State::option_*).
+  static TrainOptions from(const State& state);
+  // UsageError naming each value out of its range and the range.
+  void validate() const;
+  // The floor of steps per sample on a device kind: steps_per_sample, or its default there.
+  std::int64_t steps_per_sample_on(const std::string& device_kind) const;
+};
+
+}  // namespace ab::workloads::zoo
