@@ -14,6 +14,7 @@
 #include "dist/launcher.h"
 #include "harness/runner.h"
 #include "harness/suite.h"
+#include "report/report.h"
 #include "results/results.h"
 #include "system/build_info.h"
 #include "system/system.h"
@@ -346,7 +347,7 @@ int run(const RunOptions& o) {
   std::signal(SIGTERM, SIG_DFL);
 
   std::cout << '\n';
-  harness::print_summary(std::cout, totals.records);
+  report::print_summary(std::cout, totals.records);
   std::cout << "\nrun " << run_id << ":";
   for (const auto& [status, n] : totals.by_status) std::cout << " " << n << " " << status;
   std::cout << "\nrecords: " << store->points_path().string() << "\n";
@@ -386,7 +387,7 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
     for (auto& p : points) {
       if (p.contains("time")) p["time"].erase("samples_s");
     }
-    harness::print_summary(out, points);
+    report::print_summary(out, points);
     return 0;
   } catch (const UsageError& e) {
     std::cerr << "accelbench results: " << e.what() << '\n';

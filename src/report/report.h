@@ -11,7 +11,11 @@
 #include <variant>
 #include <vector>
 
+#include <iosfwd>
+
 #include <nlohmann/json.hpp>
+
+#include "results/record.h"
 
 namespace ab::report {
 
@@ -94,6 +98,13 @@ std::string render_html(const Document& doc);
 std::string render_markdown(const Document& doc);
 std::string render_text(const Document& doc);  // plain aligned tables for terminals
 bool html_available(std::string* reason = nullptr);
+
+// ---- The terminal summary --------------------------------------------------------------------
+
+// The end-of-run table: one line per point with status, median time, rate, % of ceiling and noise.
+void print_summary(std::ostream& out, const std::vector<results::Record>& records);
+// Stored records (from the database or points.jsonl); throws ab::Error for one that is not a record.
+void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records);
 
 // ---- Escaping (exposed for tests) -------------------------------------------------------------
 
