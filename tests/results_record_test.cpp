@@ -1,6 +1,9 @@
 // The record type: exact round trips of what the runner and the importer write (every field, missing
 // blocks, old records), what from_json refuses, and the derived figures.
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <string>
 
@@ -99,6 +102,24 @@ TEST(ResultsRecord, ImportedAndOldRecordsRoundTrip) {
   EXPECT_EQ(to_json(o).dump(), odd.dump());
   EXPECT_TRUE(std::isnan(o.time->median_s.value()));
   EXPECT_TRUE(std::isnan(o.time->samples_s->at(1)));
+}
+
+TEST(ResultsRecord, StoredRecordsReadBackAsTheSameRecord) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ab_record_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const json written = to_json(from_json(full_record()));
+  {
+    ResultStore store(dir, RunInfo{"20261129-135501-3f9a1c", "2026-11-29T13:55:01.123Z", "accelbench run gemm", json::object()});
+    store.append(written);
+    store.finish("complete");
+    const auto from_file = read_jsonl(store.points_path());
+    ASSERT_EQ(from_file.records.size(), 1u);
+    EXPECT_EQ(to_json(from_json(from_file.records[0])).dump(), written.dump());
+  }
+  const auto from_db = load_points(dir / "runs" / "accelbench.db", "20261129-135501-3f9a1c");
+  ASSERT_EQ(from_db.size(), 1u);
+  EXPECT_EQ(to_json(from_json(from_db[0])).dump(), written.dump());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ResultsRecord, OptionsAreWrittenOnlyWhenNonEmpty) {

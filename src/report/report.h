@@ -39,8 +39,9 @@ struct Run {
 // Throws ab::UsageError for an unknown name (listing a few valid ids) and ab::Error naming the file
 // and the reason for a corrupt or foreign file.
 Run load_run(const std::string& what, const std::filesystem::path& out_dir);
-// Validates parsed records: JSON objects with schema_version (not newer than ours), workload,
-// status. Throws ab::Error "<where>: record N: <reason>".
+// Validates parsed records by the record type's rules (results::from_json: an object with
+// schema_version not newer than ours, workload, a valid status, fields of their types).
+// Throws ab::Error "<where>: record N: <reason>".
 void check_records(const std::vector<nlohmann::json>& records, const std::string& where);
 
 // ---- The document ----------------------------------------------------------------------------
