@@ -4,7 +4,9 @@
 
 #include <atomic>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -176,6 +178,42 @@ TEST_F(ReportIo, RunFolderAndStoreGiveTheSameRun) {
   EXPECT_EQ(a.points, c.points);
   EXPECT_EQ(a.id, b.id);
   EXPECT_EQ(a.context.dump(), b.context.dump());
+}
+
+// The terminal summary, byte for byte: these lines are what the runner's table printed before it
+// moved here (gemm with a ceiling, integer ops, bandwidth, skipped, scenarios, a point without rates).
+TEST(ReportTerminalSummary, TableIsByteForByteTheRunnersTable) {
+  const std::vector<std::string> lines = {
+      R"({"schema_version":1,"run_id":"r","seq":0,"workload":"gemm","device":"cpu","params":{"precision":"bf16","m":8192,"n":8192,"k":8192,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e12,"bytes":4e8,"ops_unit":"FLOP"},"time":{"median_s":0.0015,"rel_spread":0.004,"converged":true},"rates":{"tflops":733.3,"gbps":266.6,"samples_per_s":666.6,"pct_of_ceiling":81.53,"primary":"tflops"}})",
+      R"({"schema_version":1,"run_id":"r","seq":1,"workload":"gemm","device":"cpu","params":{"precision":"int8","m":64},"status":"ok","counts":{"samples":1.0,"flops":1.1e6,"bytes":4e3,"ops_unit":"OP"},"time":{"median_s":0.00000123,"rel_spread":0.0234,"converged":false},"rates":{"tflops":0.8943,"gbps":3.2,"primary":"tflops"}})",
+      R"({"schema_version":1,"run_id":"r","seq":2,"workload":"stream","device":"cpu","params":{"op":"triad","bytes":1073741824},"status":"ok","counts":{"samples":0.0,"flops":0.0,"bytes":3e9,"ops_unit":"FLOP"},"time":{"median_s":2.5,"rel_spread":0.0,"converged":true},"rates":{"gbps":1.2e3,"primary":"gbps"}})",
+      R"({"schema_version":1,"run_id":"r","seq":3,"workload":"gemm","device":"cpu","params":{"precision":"fp8"},"status":"skipped","reason":"no fp8"})",
+      R"({"schema_version":1,"run_id":"r","seq":4,"workload":"loadgen","device":"cpu","params":{"scenario":"server","model":"a-very-long-model-name-that-is-long","batch":4},"status":"ok","scenario":{"name":"server","latency_s":{"p99":0.0123},"completed_samples_per_s":812.34,"result":"VALID"},"rates":{"samples_per_s":812.34,"primary":"samples_per_s"}})",
+      R"({"schema_version":1,"run_id":"r","seq":5,"workload":"loadgen","device":"cpu","params":{"scenario":"single-stream"},"status":"invalid","reason":"x","scenario":{"name":"single-stream","metric":{"value":0.00042},"latency_s":{"p99":0.001},"completed_samples_per_s":2000,"result":"INVALID"}})",
+      R"({"schema_version":1,"run_id":"r","seq":6,"workload":"copy","device":"cpu","params":{"bytes":64},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":64.0,"ops_unit":"FLOP"},"time":{"median_s":0.5,"rel_spread":0.012,"converged":true},"rates":{"samples_per_s":2.0,"gbps":1.28e-7,"primary":"gbps"}})",
+      R"({"schema_version":1,"run_id":"r","seq":7,"workload":"infer","device":"cpu","params":{"batch":8},"status":"ok","time":{"median_s":0.02,"rel_spread":0.002,"converged":true}})",
+  };
+  std::vector<json> records;
+  for (const auto& l : lines) records.push_back(json::parse(l));
+  const std::string expected =
+      "workload    point                                       status         median            rate    % ceil   noise\n"
+      "gemm        precision=bf16 trans=NN k=8192 m=8192 n=... ok             1.5 ms   733.3 TFLOP/s     81.5%    0.4%\n"
+      "gemm        precision=int8 m=64                         ok            1.23 us     894.3 GOP/s             2.3%!\n"
+      "stream      op=triad bytes=1073741824                   ok              2.5 s       1200 GB/s              0.0%\n"
+      "gemm        precision=fp8                               skipped  \n"
+      "loadgen     model=a-very-long-model-name-that-is-lon... ok            12.3 ms        812.3 /s             VALID\n"
+      "loadgen     scenario=single-stream                      invalid        420 us         2000 /s           INVALID\n"
+      "copy        bytes=64                                    ok             500 ms   1.28e-07 GB/s              1.2%\n"
+      "infer       batch=8                                     ok              20 ms                              0.2%\n"
+;
+  std::ostringstream from_json, from_records;
+  print_summary(from_json, records);
+  EXPECT_EQ(from_json.str(), expected);
+  std::vector<results::Record> typed;
+  for (const auto& r : records) typed.push_back(results::from_json(r));
+  print_summary(from_records, typed);
+  EXPECT_EQ(from_records.str(), expected);
+  EXPECT_THROW(print_summary(from_json, std::vector<json>{{{"workload", "gemm"}}}), Error);  // not a record
 }
 
 }  // namespace

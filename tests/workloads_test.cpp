@@ -29,6 +29,7 @@
 #include "harness/suite.h"
 #include "harness/workload.h"
 #include "measure/measure.h"
+#include "report/report.h"
 #include "workloads/registry.h"
 
 namespace ab::workloads {
@@ -701,16 +702,16 @@ TEST(Runner, StatusesReasonsAndRecordsInOrder) {
   EXPECT_EQ(totals.by_status.at("error"), 1);
   EXPECT_EQ(totals.by_status.at("ok"), 1);
   ASSERT_EQ(totals.records.size(), 5u);
-  EXPECT_FALSE(totals.records[4]["time"].contains("samples_s"));
-  EXPECT_TRUE(totals.records[4]["time"].contains("median_s"));
-  EXPECT_FALSE(totals.records[0].contains("context"));
+  EXPECT_FALSE(ab::results::to_json(totals.records[4])["time"].contains("samples_s"));
+  EXPECT_TRUE(ab::results::to_json(totals.records[4])["time"].contains("median_s"));
+  EXPECT_FALSE(ab::results::to_json(totals.records[0]).contains("context"));
 
   const std::string log = progress.str();
   EXPECT_TRUE(contains(log, "[1/5]")) << log;
   EXPECT_TRUE(contains(log, "[5/5]")) << log;
   EXPECT_TRUE(contains(log, "oom: device full")) << log;
   std::ostringstream table;
-  print_summary(table, totals.records);
+  ab::report::print_summary(table, totals.records);
   EXPECT_TRUE(contains(table.str(), "fake")) << table.str();
   EXPECT_TRUE(contains(table.str(), "FLOP/s")) << table.str();
 }

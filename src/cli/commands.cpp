@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "harness/runner.h"
 #include "harness/suite.h"
+#include "report/report.h"
 #include "results/fields.h"
 #include "results/results.h"
 #include "system/build_info.h"
@@ -217,7 +218,7 @@ int run(const RunOptions& o) {
 
   const std::string& run_id = session.run_id();
   std::cout << '\n';
-  harness::print_summary(std::cout, totals.records);
+  report::print_summary(std::cout, totals.records);
   std::cout << "\nrun " << run_id << ":";
   for (const auto& [status, n] : totals.by_status) std::cout << " " << n << " " << status;
   std::cout << "\nrecords: " << session.points_path().string() << "\n";
@@ -263,7 +264,7 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
     for (auto& p : points) {
       if (p.contains("time")) p["time"].erase("samples_s");
     }
-    harness::print_summary(out, points);
+    report::print_summary(out, points);
     return 0;
   } catch (const UsageError& e) {
     std::cerr << "accelbench results: " << e.what() << '\n';

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "measure/timer.h"
 #include "results/results.h"
+#include "results/text.h"
 
 namespace ab::harness {
 namespace {
@@ -19,29 +20,49 @@ std::string format_duration(double s) {
   return o.str();
 }
 
-std::string format_time(double s) {
-  std::ostringstream o;
-  o << std::setprecision(4);
-  if (s < 1e-3) o << s * 1e6 << " us";
-  else if (s < 1) o << s * 1e3 << " ms";
-  else o << s << " s";
-  return o.str();
+results::TimeStats time_stats(const measure::Result& r, measure::TimingMode mode) {
+  const auto& s = r.summary;
+  results::TimeStats t;
+  t.mode = std::string(measure::to_string(mode));
+  t.converged = r.converged;
+  t.stop_reason = r.stop_reason;
+  t.iterations_per_sample = static_cast<std::int64_t>(r.iterations_per_sample);
+  t.total_iterations = static_cast<std::int64_t>(r.total_iterations);
+  t.measured_s = r.measured_s;
+  t.window_start_s = r.window_start_s, t.window_end_s = r.window_end_s;  // monotonic clock of the telemetry trace
+  t.count = static_cast<std::int64_t>(s.count);
+  t.median_s = s.median, t.mean_s = s.mean, t.min_s = s.min, t.max_s = s.max;
+  t.p90_s = s.p90, t.p99_s = s.p99, t.q1_s = s.q1, t.q3_s = s.q3, t.iqr_s = s.iqr;
+  t.stddev_s = s.stddev, t.rel_spread = s.rel_spread;
+  t.samples_s = r.iteration_s;
+  return t;
 }
 
-nlohmann::json time_json(const measure::Result& r, measure::TimingMode mode) {
-  const auto& s = r.summary;
-  return {{"mode", std::string(measure::to_string(mode))},
-          {"converged", r.converged},
-          {"stop_reason", r.stop_reason},
-          {"iterations_per_sample", r.iterations_per_sample},
-          {"total_iterations", r.total_iterations},
-          {"measured_s", r.measured_s},
-          {"window_start_s", r.window_start_s}, {"window_end_s", r.window_end_s},  // monotonic clock of the telemetry trace
-          {"count", s.count},
-          {"median_s", s.median}, {"mean_s", s.mean}, {"min_s", s.min}, {"max_s", s.max},
-          {"p90_s", s.p90}, {"p99_s", s.p99}, {"q1_s", s.q1}, {"q3_s", s.q3}, {"iqr_s", s.iqr},
-          {"stddev_s", s.stddev}, {"rel_spread", s.rel_spread},
-          {"samples_s", r.iteration_s}};
+// The point's axis values; numbers stay numbers in the record so queries and charts need no parsing.
+nlohmann::json params_json(const PlanEntry& entry, const std::string& device_kind) {
+  nlohmann::json params = nlohmann::json::object();
+  const auto axes = entry.workload->axes(device_kind);
+  for (const auto& [name, value] : entry.point.values) {
+    AxisKind kind = AxisKind::text;
+    for (const auto& a : axes)
+      if (a.name == name) kind = a.kind;
+    if (kind == AxisKind::integer) params[name] = std::stoll(value);
+    else if (kind == AxisKind::real) params[name] = std::stod(value);
+    else params[name] = value;
+  }
+  return params;
+}
+
+// The workload's options as run, typed as its axes are (numbers stay numbers).
+nlohmann::json options_json(const Workload& workload, const OptionValues& values) {
+  nlohmann::json options = nlohmann::json::object();
+  for (const OptionSpec& o : workload.options()) {
+    const std::string& value = values.at(o.name);
+    if (o.kind == AxisKind::integer) options[o.name] = std::stoll(value);
+    else if (o.kind == AxisKind::real) options[o.name] = std::stod(value);
+    else options[o.name] = value;
+  }
+  return options;
 }
 
 }  // namespace
@@ -60,78 +81,50 @@ Runner::Runner(backend::Backend& backend, measure::Settings settings, nlohmann::
     : backend_(backend), settings_(settings), context_(std::move(context)), run_id_(std::move(run_id)),
       hooks_(std::move(hooks)), progress_(progress) {}
 
-void Runner::add_rates(nlohmann::json& record, const State& state) {
+void Runner::add_rates(results::Record& record, const State& state) {
   const Counts& c = state.counts();
-  const double median = state.result()->summary.median;
-  if (median <= 0) return;
-  nlohmann::json rates = nlohmann::json::object();
-  if (c.samples > 0) rates["samples_per_s"] = c.samples / median;
-  if (c.flops > 0) rates["tflops"] = c.flops / median / 1e12;
-  if (c.bytes > 0) rates["gbps"] = c.bytes / median / 1e9;
-  const bool is_memory = state.ceiling_key().rfind("memory.", 0) == 0;
-  const double achieved = is_memory ? rates.value("gbps", 0.0) : rates.value("tflops", 0.0);
-  const std::string unit = is_memory ? "GB/s" : (c.ops_unit == "OP" ? "TOP/s" : "TFLOP/s");
-
+  auto rates = results::rates_from_counts({c.samples, c.flops, c.bytes, c.ops_unit}, state.result()->summary.median,
+                                          state.ceiling_key());
+  if (!rates) return;
   if (!state.ceiling_key().empty() && state.publishes_ceiling().empty()) {
     std::optional<Ceiling> ceiling;
     if (auto it = ceilings_.find(state.ceiling_key()); it != ceilings_.end()) ceiling = it->second;
     else if (hooks_.find_stored_ceiling) ceiling = hooks_.find_stored_ceiling(state.ceiling_key());
-    if (ceiling && ceiling->value > 0) {
-      rates["pct_of_ceiling"] = 100.0 * achieved / ceiling->value;
-      rates["ceiling"] = {{"key", state.ceiling_key()}, {"value", ceiling->value}, {"unit", ceiling->unit},
-                          {"source", ceiling->source}};
-    }
+    if (ceiling && ceiling->value > 0)
+      results::divide_by_ceiling(*rates, {state.ceiling_key(), ceiling->unit, ceiling->source, ceiling->value});
   }
+  const double achieved = results::achieved_rate(*rates, state.ceiling_key());
   if (!state.publishes_ceiling().empty() && achieved > 0) {
+    const std::string unit = results::ceiling_unit(state.ceiling_key(), c.ops_unit);
     ceilings_[state.publishes_ceiling()] = {achieved, unit, "run " + run_id_ + " seq " + std::to_string(seq_)};
-    rates["ceiling"] = {{"key", state.publishes_ceiling()}, {"value", achieved}, {"unit", unit}, {"source", "this point"}};
+    rates->ceiling = results::CeilingRef{state.publishes_ceiling(), unit, "this point", achieved};
   }
-  // The rate the device is judged by: bandwidth for memory-bound points, arithmetic otherwise.
-  rates["primary"] = is_memory || !rates.contains("tflops") ? "gbps" : "tflops";
-  record["rates"] = rates;
+  record.rates = std::move(rates);
 }
 
 // A scenario run: its block as measured, rates from its throughput, telemetry over its window.
-void Runner::add_scenario(nlohmann::json& record, const State& state) {
+void Runner::add_scenario(results::Record& record, const State& state) {
   const ScenarioReport& s = *state.scenario_result();
-  record["scenario"] = s.summary;
-  if (record["status"] == "ok" && s.samples_per_s > 0) {
-    nlohmann::json rates = {{"samples_per_s", s.samples_per_s}, {"primary", "samples_per_s"}};
-    if (state.counts().flops > 0) rates["tflops"] = state.counts().flops * s.samples_per_s / 1e12;
-    record["rates"] = rates;
-  }
+  record.scenario = s.summary;
+  if (record.ok() && s.samples_per_s > 0) record.rates = results::scenario_rates(s.samples_per_s, state.counts().flops);
   if (hooks_.telemetry && s.window_end_s > s.window_start_s) {
     nlohmann::json t = hooks_.telemetry(s.window_start_s, s.window_end_s, s.samples);
-    if (!t.is_null()) record["telemetry"] = t;
+    if (!t.is_null()) record.telemetry = t;
   }
 }
 
-nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel) {
-  // Numbers stay numbers in the record so queries and charts need no parsing.
-  nlohmann::json params = nlohmann::json::object();
-  const auto axes = entry.workload->axes(backend_.info().kind);
-  for (const auto& [name, value] : entry.point.values) {
-    AxisKind kind = AxisKind::text;
-    for (const auto& a : axes)
-      if (a.name == name) kind = a.kind;
-    if (kind == AxisKind::integer) params[name] = std::stoll(value);
-    else if (kind == AxisKind::real) params[name] = std::stod(value);
-    else params[name] = value;
-  }
-  // The workload's options as run, typed alike (an entry built by hand may hold none: the defaults).
+results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel) {
+  // The workload's options as run (an entry built by hand may hold none: the defaults).
   const OptionValues run_options = resolve_options(entry.workload->name(), entry.workload->options(), entry.options);
-  nlohmann::json options = nlohmann::json::object();
-  for (const OptionSpec& o : entry.workload->options()) {
-    const std::string& value = run_options.at(o.name);
-    if (o.kind == AxisKind::integer) options[o.name] = std::stoll(value);
-    else if (o.kind == AxisKind::real) options[o.name] = std::stod(value);
-    else options[o.name] = value;
-  }
-  nlohmann::json record = {{"schema_version", 1},          {"run_id", run_id_},
-                           {"seq", seq_},                  {"workload", entry.workload->name()},
-                           {"device", backend_.info().id}, {"device_name", backend_.info().name},
-                           {"params", params},             {"started_at", results::utc_now_iso8601()}};
-  if (!options.empty()) record["options"] = options;
+  results::Record record;
+  record.run_id = run_id_;
+  record.seq = seq_;
+  record.workload = entry.workload->name();
+  record.device = backend_.info().id;
+  record.device_name = backend_.info().name;
+  record.params = params_json(entry, backend_.info().kind);
+  record.options = options_json(*entry.workload, run_options);
+  record.started_at = results::utc_now_iso8601();
   const double start = measure::monotonic_seconds();
   measure::Settings settings = settings_;
   State state(entry.point, backend_, settings, &cancel, run_options);
@@ -170,28 +163,44 @@ nlohmann::json Runner::measure_point(const PlanEntry& entry, const std::atomic<b
     if (status == "ok") status = "error";
     reason += std::string(reason.empty() ? "" : "; ") + "device error after the point: " + e.what();
   }
-  record["status"] = status;
-  if (!reason.empty()) record["reason"] = reason;
-  record["wall_s"] = measure::monotonic_seconds() - start;
+  record.status = results::parse_status(status);
+  record.reason = reason;
+  record.wall_s = measure::monotonic_seconds() - start;
   const Counts& c = state.counts();
-  if (c.samples > 0 || c.flops > 0 || c.bytes > 0)
-    record["counts"] = {{"samples", c.samples}, {"flops", c.flops}, {"bytes", c.bytes}, {"ops_unit", c.ops_unit}};
-  if (!state.check_json().empty()) record["check"] = state.check_json();
-  if (!state.metrics().empty()) record["metrics"] = state.metrics();
+  if (c.samples > 0 || c.flops > 0 || c.bytes > 0) record.counts = results::Counts{c.samples, c.flops, c.bytes, c.ops_unit};
+  if (!state.check_json().empty()) record.check = state.check_json();
+  if (!state.metrics().empty()) record.metrics = state.metrics();
   if (state.scenario_result()) add_scenario(record, state);
   if (state.result() && state.result()->summary.count > 0) {
-    record["time"] = time_json(*state.result(), settings.mode);
-    if (status == "ok") add_rates(record, state);
+    record.time = time_stats(*state.result(), settings.mode);
+    if (record.ok()) add_rates(record, state);
     scaling_.add(*entry.workload, entry.point, run_options, record);
     if (hooks_.telemetry) {
       const auto& r = *state.result();
       nlohmann::json t = hooks_.telemetry(r.window_start_s, r.window_end_s,
                                           c.samples * static_cast<double>(r.total_iterations));
-      if (!t.is_null()) record["telemetry"] = t;
+      if (!t.is_null()) record.telemetry = t;
     }
   }
-  record["context"] = context_;
+  record.context = context_;
   return record;
+}
+
+// One line under the point's progress line: its status, median time, and a scenario's verdict.
+static void print_outcome(std::ostream& out, const results::Record& record) {
+  out << "    " << results::to_string(record.status);
+  if (!record.reason.empty()) out << ": " << record.reason;
+  if (record.time && record.time->median_s) out << "  median " << results::format_seconds(*record.time->median_s);
+  if (!record.scenario.is_null()) {
+    const auto& sc = record.scenario;
+    std::ostringstream line;
+    line << "  " << sc.value("result", "") << "  " << std::setprecision(4) << sc.value("completed_samples_per_s", 0.0)
+         << " samples/s, p99 " << results::format_seconds(sc["latency_s"].value("p99", 0.0));
+    out << line.str();
+    if (sc.value("lost_queries", 0) > 0) out << ", " << sc["lost_queries"].get<std::uint64_t>() << " queries lost";
+    if (!sc.value("valid", true)) out << " (failed: " << sc["failed_constraints"].dump() << ")";
+  }
+  out << std::endl;
 }
 
 RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool>& cancel) {
@@ -210,28 +219,14 @@ RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool
                             << format_duration(elapsed / static_cast<double>(i) * static_cast<double>(plan.size() - i)) << ")";
       *progress_ << std::endl;
     }
-    nlohmann::json record = measure_point(plan[i], cancel);
-    if (hooks_.sink) hooks_.sink(record);
+    results::Record record = measure_point(plan[i], cancel);
+    if (hooks_.sink) hooks_.sink(results::to_json(record));
     ++seq_;
-    const std::string status = record["status"];
+    const std::string status(results::to_string(record.status));
     ++totals.by_status[status];
-    if (progress_ != nullptr) {
-      *progress_ << "    " << status;
-      if (record.contains("reason")) *progress_ << ": " << record["reason"].get<std::string>();
-      if (record.contains("time")) *progress_ << "  median " << format_time(record["time"]["median_s"]);
-      if (record.contains("scenario")) {
-        const auto& sc = record["scenario"];
-        std::ostringstream line;
-        line << "  " << sc.value("result", "") << "  " << std::setprecision(4) << sc.value("completed_samples_per_s", 0.0)
-             << " samples/s, p99 " << format_time(sc["latency_s"].value("p99", 0.0));
-        *progress_ << line.str();
-        if (sc.value("lost_queries", 0) > 0) *progress_ << ", " << sc["lost_queries"].get<std::uint64_t>() << " queries lost";
-        if (!sc.value("valid", true)) *progress_ << " (failed: " << sc["failed_constraints"].dump() << ")";
-      }
-      *progress_ << std::endl;
-    }
-    if (record.contains("time")) record["time"].erase("samples_s");
-    record.erase("context");
+    if (progress_ != nullptr) print_outcome(*progress_, record);
+    if (record.time) record.time->samples_s.reset();
+    record.context = nullptr;
     totals.records.push_back(std::move(record));
     if (cancel.load() && status == "invalid") {
       totals.interrupted = true;
@@ -240,59 +235,6 @@ RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool
   }
   if (cancel.load()) totals.interrupted = true;
   return totals;
-}
-
-void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records) {
-  out << std::left << std::setw(12) << "workload" << std::setw(44) << "point" << std::setw(9) << "status"
-      << std::right << std::setw(12) << "median" << std::setw(16) << "rate" << std::setw(10) << "% ceil"
-      << std::setw(8) << "noise" << '\n';
-  for (const auto& r : records) {
-    // Text axes (precision, op, target) say most about a point: they come first.
-    std::string text_part, number_part;
-    for (const auto& [k, v] : r["params"].items()) {
-      std::string& part = v.is_string() ? text_part : number_part;
-      part += (part.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
-    }
-    std::string point = text_part + (text_part.empty() || number_part.empty() ? "" : " ") + number_part;
-    if (point.size() > 43) point = point.substr(0, 40) + "...";
-    out << std::left << std::setw(12) << r["workload"].get<std::string>() << std::setw(44) << point << std::setw(9)
-        << r["status"].get<std::string>() << std::right;
-    if (r.contains("scenario") && r["scenario"].is_object()) {
-      // Scenario runs: the headline latency (server and offline: p99), the throughput, the verdict.
-      const auto& sc = r["scenario"];
-      const double latency = sc.value("name", "") == "single-stream" || sc.value("name", "") == "multi-stream"
-                                 ? sc["metric"].value("value", 0.0)
-                                 : sc["latency_s"].value("p99", 0.0);
-      std::ostringstream rate;
-      rate << std::setprecision(4) << sc.value("completed_samples_per_s", 0.0) << " /s";
-      out << std::setw(12) << format_time(latency) << std::setw(16) << rate.str() << std::setw(10) << ""
-          << std::setw(8) << sc.value("result", "") << '\n';
-      continue;
-    }
-    if (!r.contains("time")) {
-      out << '\n';
-      continue;
-    }
-    out << std::setw(12) << format_time(r["time"]["median_s"]);
-    std::ostringstream rate;
-    rate << std::setprecision(4);
-    const auto& rates = r.contains("rates") ? r["rates"] : nlohmann::json::object();
-    if (rates.value("primary", "") == "tflops") {
-      const double t = rates["tflops"].get<double>();
-      const std::string unit = r["counts"]["ops_unit"] == "OP" ? "OP/s" : "FLOP/s";
-      if (t >= 1) rate << t << " T" << unit;
-      else rate << t * 1e3 << " G" << unit;
-    } else if (rates.contains("gbps")) {
-      rate << rates["gbps"].get<double>() << " GB/s";
-    }
-    out << std::setw(16) << rate.str();
-    std::ostringstream pct, noise;
-    pct << std::fixed << std::setprecision(1);
-    if (rates.contains("pct_of_ceiling")) pct << rates["pct_of_ceiling"].get<double>() << "%";
-    noise << std::fixed << std::setprecision(1) << r["time"]["rel_spread"].get<double>() * 100 << "%"
-          << (r["time"]["converged"].get<bool>() ? "" : "!");
-    out << std::setw(10) << pct.str() << std::setw(8) << noise.str() << '\n';
-  }
 }
 
 }  // namespace ab::harness

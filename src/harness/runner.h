@@ -16,6 +16,7 @@
 
 #include "harness/scaling.h"
 #include "harness/workload.h"
+#include "results/record.h"
 
 namespace ab::harness {
 
@@ -40,7 +41,7 @@ struct RunnerHooks {
   std::function<std::optional<Ceiling>(const std::string& key)> find_stored_ceiling;
   // Telemetry summary of a measured window [t0_s, t1_s] that processed `samples`; null if none.
   std::function<nlohmann::json(double t0_s, double t1_s, double samples)> telemetry;
-  // Every record, as soon as it exists.
+  // Every record, serialised, as soon as it exists.
   std::function<void(const nlohmann::json& record)> sink;
   // The run folder: a point that writes files gets <artifact_dir>/artifacts/<seq>; empty = no files.
   std::filesystem::path artifact_dir;
@@ -48,7 +49,7 @@ struct RunnerHooks {
 
 struct RunTotals {
   std::map<std::string, int> by_status;
-  std::vector<nlohmann::json> records;  // without samples, for the summary table
+  std::vector<results::Record> records;  // without samples and context, for the summary table
   bool interrupted = false;
 };
 
@@ -59,9 +60,9 @@ class Runner {
   RunTotals run(const std::vector<PlanEntry>& plan, const std::atomic<bool>& cancel);
 
  private:
-  nlohmann::json measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel);
-  void add_rates(nlohmann::json& record, const State& state);
-  void add_scenario(nlohmann::json& record, const State& state);
+  results::Record measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel);
+  void add_rates(results::Record& record, const State& state);
+  void add_scenario(results::Record& record, const State& state);
 
   backend::Backend& backend_;
   measure::Settings settings_;
@@ -73,8 +74,5 @@ class Runner {
   ScalingTracker scaling_;
   int seq_ = 0;
 };
-
-// Formats the end-of-run table: one line per point with status, median time and rates.
-void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records);
 
 }  // namespace ab::harness

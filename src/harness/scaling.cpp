@@ -2,13 +2,15 @@
 
 #include <charconv>
 
+#include "results/derived.h"
+
 namespace ab::harness {
 
 void ScalingTracker::add(const Workload& workload, const Point& point, const OptionValues& options,
-                         nlohmann::json& record) {
+                         results::Record& record) {
   const std::string axis = workload.scaling_axis();
-  if (axis.empty() || record.value("status", "") != "ok" || !record.contains("rates")) return;
-  const double rate = record["rates"].value("samples_per_s", 0.0);
+  if (axis.empty() || !record.ok() || !record.rates || !record.rates->samples_per_s) return;
+  const double rate = *record.rates->samples_per_s;
   if (!(rate > 0)) return;
   std::string key = workload.name(), devices;
   for (const auto& [name, value] : point.values)
@@ -24,8 +26,10 @@ void ScalingTracker::add(const Workload& workload, const Point& point, const Opt
   }
   const auto it = single_device_rate_.find(key);
   if (it == single_device_rate_.end()) return;
-  record["metrics"]["scaling_efficiency"] = rate / (static_cast<double>(k) * it->second);
-  record["metrics"]["single_gpu_samples_per_s"] = it->second;
+  const std::optional<double> efficiency = results::scaling_efficiency(rate, static_cast<double>(k), it->second);
+  if (!efficiency) return;
+  record.metrics["scaling_efficiency"] = *efficiency;
+  record.metrics["single_gpu_samples_per_s"] = it->second;
 }
 
 }  // namespace ab::harness

@@ -5,9 +5,8 @@
 #include <map>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "harness/workload.h"
+#include "results/record.h"
 
 namespace ab::harness {
 
@@ -18,7 +17,7 @@ namespace ab::harness {
 // weak scaling keeps the per-device batch, strong scaling the global one (the workload's counts say which).
 class ScalingTracker {
  public:
-  void add(const Workload& workload, const Point& point, const OptionValues& options, nlohmann::json& record);
+  void add(const Workload& workload, const Point& point, const OptionValues& options, results::Record& record);
 
  private:
   std::map<std::string, double> single_device_rate_;

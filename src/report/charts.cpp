@@ -225,7 +225,7 @@ bool lines_fit(const ChartInput& in) {
 std::optional<Chart> throughput_chart(const ChartInput& in, const Metric& metric, const std::vector<Ceiling>& ceilings) {
   if (!lines_fit(in)) return std::nullopt;
   XY d = collect_xy(in, [&metric](const Point& p) {
-    const auto y = num(*p.rec, metric.path);
+    const auto y = metric.of(p);
     return y ? std::vector<json>{{{"y", *y}}} : std::vector<json>{};
   });
   if (d.measured.empty() && d.unmeasured.empty()) return std::nullopt;
@@ -237,7 +237,7 @@ std::optional<Chart> throughput_chart(const ChartInput& in, const Metric& metric
   const bool memory = metric.path == "rates.gbps", compute = metric.path == "rates.tflops";
   std::set<std::string> devices, precisions;
   for (const auto& p : in.points) {
-    if (const auto dn = str(*p.rec, "device_name")) devices.insert(*dn);
+    if (!p.typed().device_name.empty()) devices.insert(p.typed().device_name);
     if (const auto pr = str(p.params(), "precision")) precisions.insert(*pr);
   }
   json roofs = json::array();
@@ -269,7 +269,7 @@ std::optional<Chart> throughput_chart(const ChartInput& in, const Metric& metric
   spec["layer"] = layers;
 
   const bool any_pct = std::any_of(in.points.begin(), in.points.end(),
-                                   [](const Point& p) { return num(*p.rec, "rates.pct_of_ceiling").has_value(); });
+                                   [](const Point& p) { return p.typed().rate_of(&results::Rates::pct_of_ceiling).has_value(); });
   std::vector<std::string> cols = {metric.label, "median time", "±95% CI", "samples"};
   if (any_pct) cols.push_back("% of ceiling");
   Chart c;
@@ -281,11 +281,11 @@ std::optional<Chart> throughput_chart(const ChartInput& in, const Metric& metric
                      d);
   c.spec = std::move(spec);
   c.table = point_table(in, metric.label + " per point", cols, [&](const Point& p) {
-    std::vector<Cell> v = {num_cell(num(*p.rec, metric.path)), text_cell(num(*p.rec, "time.median_s") ? fmt_time(*num(*p.rec, "time.median_s")) : "—"),
-                           text_cell(num(*p.rec, "time.rel_spread") ? "±" + fmt(*num(*p.rec, "time.rel_spread") * 100, 3) + "%" : "—"),
-                           num_cell(num(*p.rec, "time.count"))};
+    std::vector<Cell> v = {num_cell(metric.of(p)), text_cell(p.typed().time_of(&results::TimeStats::median_s) ? fmt_time(*p.typed().time_of(&results::TimeStats::median_s)) : "—"),
+                           text_cell(p.typed().time_of(&results::TimeStats::rel_spread) ? "±" + fmt(*p.typed().time_of(&results::TimeStats::rel_spread) * 100, 3) + "%" : "—"),
+                           num_cell(sample_count(p))};
     v[1].numeric = v[2].numeric = true;
-    if (any_pct) v.push_back(num_cell(num(*p.rec, "rates.pct_of_ceiling"), 3));
+    if (any_pct) v.push_back(num_cell(p.typed().rate_of(&results::Rates::pct_of_ceiling), 3));
     return v;
   });
   return c;
@@ -302,7 +302,7 @@ std::optional<Chart> per_point_chart(const ChartInput& in, const Metric& metric)
       unmeasured.push_back({{"point", label}, {"status", p.status}, {"note", p.explanation()}});
       continue;
     }
-    const auto y = num(*p.rec, metric.path);
+    const auto y = metric.of(p);
     if (!y) {
       ++no_value;
       continue;
@@ -339,9 +339,9 @@ std::optional<Chart> per_point_chart(const ChartInput& in, const Metric& metric)
            (no_value ? " " + std::to_string(no_value) + " measured point(s) have no " + metric.label + " (see the table)." : "");
   c.spec = std::move(spec);
   c.table = point_table(in, metric.label + " per point", {metric.label, "median time", "±95% CI"}, [&](const Point& p) {
-    const auto t = num(*p.rec, "time.median_s");
-    const auto s = num(*p.rec, "time.rel_spread");
-    std::vector<Cell> v = {num_cell(num(*p.rec, metric.path)), text_cell(t ? fmt_time(*t) : "—"),
+    const auto t = p.typed().time_of(&results::TimeStats::median_s);
+    const auto s = p.typed().time_of(&results::TimeStats::rel_spread);
+    std::vector<Cell> v = {num_cell(metric.of(p)), text_cell(t ? fmt_time(*t) : "—"),
                            text_cell(s ? "±" + fmt(*s * 100, 3) + "%" : "—")};
     v[1].numeric = v[2].numeric = true;
     return v;
@@ -352,15 +352,16 @@ std::optional<Chart> per_point_chart(const ChartInput& in, const Metric& metric)
 std::optional<Chart> latency_chart(const ChartInput& in) {
   if (!lines_fit(in) || *in.plan.x != "batch") return std::nullopt;
   double max_median = 0;
-  for (const auto& p : in.points) max_median = std::max(max_median, num(*p.rec, "time.median_s").value_or(0));
+  for (const auto& p : in.points) max_median = std::max(max_median, p.typed().time_of(&results::TimeStats::median_s).value_or(0));
   if (max_median <= 0) return std::nullopt;
   const double scale = max_median < 1e-3 ? 1e6 : max_median < 1 ? 1e3 : 1;
   const std::string unit = max_median < 1e-3 ? "µs" : max_median < 1 ? "ms" : "s";
-  static const std::pair<const char*, const char*> kPct[] = {{"median", "time.median_s"}, {"p90", "time.p90_s"}, {"p99", "time.p99_s"}};
+  static const std::pair<const char*, std::optional<double> results::TimeStats::*> kPct[] = {
+      {"median", &results::TimeStats::median_s}, {"p90", &results::TimeStats::p90_s}, {"p99", &results::TimeStats::p99_s}};
   XY d = collect_xy(in, [scale](const Point& p) {
     std::vector<json> rows;
     for (const auto& [name, path] : kPct)
-      if (const auto v = num(*p.rec, path)) rows.push_back({{"y", *v * scale}, {"percentile", name}});
+      if (const auto v = p.typed().time_of(path)) rows.push_back({{"y", *v * scale}, {"percentile", name}});
     return rows;
   });
   const std::string label = "time per iteration (" + unit + ")";
@@ -376,10 +377,10 @@ std::optional<Chart> latency_chart(const ChartInput& in) {
   c.table = point_table(in, "latency per point (" + unit + ")", {"median", "p90", "p99", "samples"}, [scale](const Point& p) {
     std::vector<Cell> v;
     for (const auto& [name, path] : kPct) {
-      const auto t = num(*p.rec, path);
+      const auto t = p.typed().time_of(path);
       v.push_back(num_cell(t ? std::optional<double>(*t * scale) : std::nullopt));
     }
-    v.push_back(num_cell(num(*p.rec, "time.count")));
+    v.push_back(num_cell(sample_count(p)));
     return v;
   });
   return c;
@@ -387,10 +388,10 @@ std::optional<Chart> latency_chart(const ChartInput& in) {
 
 std::optional<Chart> energy_chart(const ChartInput& in) {
   const bool any = std::any_of(in.points.begin(), in.points.end(),
-                               [](const Point& p) { return num(*p.rec, "telemetry.samples_per_j").has_value(); });
+                               [](const Point& p) { return p.typed().telemetry_number("samples_per_j").has_value(); });
   if (!any || !lines_fit(in)) return std::nullopt;
   XY d = collect_xy(in, [](const Point& p) {
-    const auto y = num(*p.rec, "telemetry.samples_per_j");
+    const auto y = p.typed().telemetry_number("samples_per_j");
     return y ? std::vector<json>{{{"y", *y}}} : std::vector<json>{};
   });
   json y_enc = {{"field", "y"}, {"type", "quantitative"}, {"title", "samples/J"}, {"scale", y_scale(d.measured, "y")}};
@@ -401,9 +402,9 @@ std::optional<Chart> energy_chart(const ChartInput& in) {
   c.note = with_note("Samples processed in the measured window / device energy of the window (docs/TELEMETRY.md).", d);
   c.spec = std::move(spec);
   c.table = point_table(in, "energy per point", {"samples/J", "mean power (W)", "energy (J)", "method"}, [](const Point& p) {
-    return std::vector<Cell>{num_cell(num(*p.rec, "telemetry.samples_per_j")), num_cell(num(*p.rec, "telemetry.mean_power_w")),
-                             num_cell(num(*p.rec, "telemetry.energy_j")),
-                             text_cell(str(*p.rec, "telemetry.energy_method").value_or("—"))};
+    return std::vector<Cell>{num_cell(p.typed().telemetry_number("samples_per_j")), num_cell(p.typed().telemetry_number("mean_power_w")),
+                             num_cell(p.typed().telemetry_number("energy_j")),
+                             text_cell(str(p.typed().telemetry, "energy_method").value_or("—"))};
   });
   return c;
 }

@@ -119,14 +119,25 @@ struct Side {
   const Point* point = nullptr;
 };
 
-std::vector<double> samples_of(const json& rec) {
+std::vector<double> samples_of(const results::Record& rec) {
   std::vector<double> out;
-  const auto t = rec.find("time");
-  if (t == rec.end() || !t->is_object() || !t->contains("samples_s") || !(*t)["samples_s"].is_array()) return out;
-  for (const auto& v : (*t)["samples_s"])
-    if (v.is_number() && std::isfinite(v.get<double>())) out.push_back(v.get<double>());
+  if (!rec.time || !rec.time->samples_s) return out;
+  for (const double v : *rec.time->samples_s)
+    if (std::isfinite(v)) out.push_back(v);
   return out;
 }
+
+// The figures a published point may be compared by, first match wins (time inverted).
+struct Figure {
+  const char* unit;  // "" for the median time
+  std::optional<double> (*of)(const results::Record&);
+};
+constexpr Figure kFigures[] = {
+    {"samples/s", [](const results::Record& r) { return r.rate_of(&results::Rates::samples_per_s); }},
+    {"TFLOP/s", [](const results::Record& r) { return r.rate_of(&results::Rates::tflops); }},
+    {"GB/s", [](const results::Record& r) { return r.rate_of(&results::Rates::gbps); }},
+    {"samples/J", [](const results::Record& r) { return r.telemetry_number("samples_per_j"); }},
+    {"", [](const results::Record& r) { return r.time_of(&results::TimeStats::median_s); }}};
 
 struct Outcome {
   Comparison c;
@@ -144,7 +155,7 @@ Outcome compare_points(const Point& a, const Point& b, const CompareRule& rule) 
     o.b_text = b.measured() ? "" : b.status;
     return o;
   }
-  const auto sa = samples_of(*a.rec), sb = samples_of(*b.rec);
+  const auto sa = samples_of(a.typed()), sb = samples_of(b.typed());
   if (!sa.empty() && !sb.empty()) {
     o.c = compare_times(sa, sb, rule);
     o.a_text = fmt_time(measure::summarize(sa).median);
@@ -153,16 +164,13 @@ Outcome compare_points(const Point& a, const Point& b, const CompareRule& rule) 
     return o;
   }
   // A published figure on either side: compare the first rate both have (time inverted).
-  static const std::pair<const char*, const char*> kRates[] = {{"rates.samples_per_s", "samples/s"}, {"rates.tflops", "TFLOP/s"},
-                                                               {"rates.gbps", "GB/s"}, {"telemetry.samples_per_j", "samples/J"},
-                                                               {"time.median_s", ""}};
-  for (const auto& [path, unit] : kRates) {
-    const auto va = num(*a.rec, path), vb = num(*b.rec, path);
+  for (const auto& [unit, of] : kFigures) {
+    const auto va = of(a.typed()), vb = of(b.typed());
     if (!va || !vb || *va <= 0 || *vb <= 0) continue;
-    const bool time = std::string(path) == "time.median_s";
+    const bool time = *unit == '\0';
     auto spread = [](const Point& p) -> std::optional<double> {
       if (p.external) return 0.0;
-      return num(*p.rec, "time.rel_spread");
+      return p.typed().time_of(&results::TimeStats::rel_spread);
     };
     const auto spa = spread(a), spb = spread(b);
     o.a_text = time ? fmt_time(*va) : fmt(*va) + " " + unit;

@@ -141,17 +141,11 @@ std::string point_key(const json& rec) {
 
 void check_records(const std::vector<json>& records, const std::string& where) {
   for (std::size_t i = 0; i < records.size(); ++i) {
-    const json& r = records[i];
-    const std::string at = where + ": record " + std::to_string(i + 1) + ": ";
-    if (!r.is_object()) throw Error(at + "a JSON " + r.type_name() + ", not an accelbench record (an object)");
-    if (!r.contains("schema_version") || !r["schema_version"].is_number_integer())
-      throw Error(at + "no integer schema_version: not an accelbench record");
-    if (r["schema_version"].get<std::int64_t>() > results::kSchemaVersion)
-      throw Error(at + "written by a newer accelbench (schema " + r["schema_version"].dump() + " > " +
-                  std::to_string(results::kSchemaVersion) + ")");
-    if (!r.contains("workload") || !r["workload"].is_string() || !r.contains("status") || !r["status"].is_string())
-      throw Error(at + "no string workload and status: not an accelbench record");
-    if (r.contains("params") && !r["params"].is_object()) throw Error(at + "params is not an object");
+    try {
+      results::from_json(records[i]);  // the record type's rules: docs/RESULTS.md, "The record"
+    } catch (const Error& e) {
+      throw Error(where + ": record " + std::to_string(i + 1) + ": " + e.what());
+    }
   }
 }
 

@@ -50,19 +50,13 @@ std::string Point::explanation() const {
   if (measured() && unconverged) add("did not converge: " + (stop_reason.empty() ? "stopping rule not met" : stop_reason));
   if (measured() && noisy)
     add("noisy: median ±" + fmt(rel_spread * 100, 3) + "% > target " + fmt(max_noise * 100, 3) + "%");
-  if (external) {
-    const auto src = str(*rec, "source");
-    add("published figure" + (src ? ", source: " + *src : std::string()));
-  }
+  if (external) add("published figure" + (record->source.empty() ? std::string() : ", source: " + record->source));
   return out;
 }
 
-const json& Point::params() const {
-  const auto it = rec->find("params");
-  return it != rec->end() && it->is_object() ? *it : empty_object();
-}
+const json& Point::params() const { return record->params.is_object() ? record->params : empty_object(); }
 
-std::string Point::workload() const { return str(*rec, "workload").value_or(""); }
+std::string Point::workload() const { return record->workload; }
 
 std::vector<Point> make_points(const Run& run) {
   std::vector<Point> out;
@@ -70,15 +64,16 @@ std::vector<Point> make_points(const Run& run) {
   for (const auto& rec : run.points) {
     Point p;
     p.rec = &rec;
+    p.record = std::make_shared<const results::Record>(results::from_json(rec));
     p.run = &run;
-    p.status = str(rec, "status").value_or("error");
-    p.reason = str(rec, "reason").value_or("");
-    p.external = run.external || (rec.contains("external") && rec["external"].is_boolean() && rec["external"].get<bool>());
-    if (const auto it = rec.find("time"); it != rec.end() && it->is_object()) {
-      const auto conv = it->find("converged");
-      p.unconverged = conv != it->end() && conv->is_boolean() && !conv->get<bool>();
-      p.stop_reason = str(*it, "stop_reason").value_or("");
-      p.rel_spread = num(*it, "rel_spread").value_or(0);
+    const results::Record& r = *p.record;
+    p.status = std::string(results::to_string(r.status));
+    p.reason = r.reason;
+    p.external = run.external || r.external;
+    if (r.time) {
+      p.unconverged = r.time->converged == false;
+      p.stop_reason = r.time->stop_reason.value_or("");
+      p.rel_spread = r.time_of(&results::TimeStats::rel_spread).value_or(0);
     }
     const auto noise = num(rec, "context.measurement.max_noise_pct");
     if (noise && *noise > 0) p.max_noise = *noise / 100;
@@ -87,6 +82,11 @@ std::vector<Point> make_points(const Run& run) {
     out.push_back(std::move(p));
   }
   return out;
+}
+
+std::optional<double> sample_count(const Point& p) {
+  const auto& t = p.typed().time;
+  return t && t->count ? std::optional<double>(static_cast<double>(*t->count)) : std::nullopt;
 }
 
 const json* at_path(const json& j, std::string_view dotted) {
@@ -237,26 +237,26 @@ std::string series_of(const Point& p, const AxisPlan& plan, bool multi_run) {
 }
 
 std::optional<Metric> rate_metric(const std::vector<Point>& points, const AxisPlan& plan) {
-  auto any_has = [&points](const char* path) {
-    return std::any_of(points.begin(), points.end(), [path](const Point& p) { return num(*p.rec, path).has_value(); });
+  auto any_has = [&points](const Metric& m) {
+    return std::any_of(points.begin(), points.end(), [&m](const Point& p) { return m.of(p).has_value(); });
   };
   const bool op_units = std::any_of(points.begin(), points.end(),
-                                    [](const Point& p) { return str(*p.rec, "counts.ops_unit") == "OP"; });
-  const Metric tflops{"rates.tflops", op_units ? "TOP/s" : "TFLOP/s"}, gbps{"rates.gbps", "GB/s"},
-      samples{"rates.samples_per_s", "samples/s"};
-  if (find_axis(plan, "batch") && any_has("rates.samples_per_s")) return samples;
+                                    [](const Point& p) { return p.typed().counts && p.typed().counts->ops_unit == "OP"; });
+  const Metric tflops{"rates.tflops", op_units ? "TOP/s" : "TFLOP/s", &results::Rates::tflops},
+      gbps{"rates.gbps", "GB/s", &results::Rates::gbps}, samples{"rates.samples_per_s", "samples/s", &results::Rates::samples_per_s};
+  if (find_axis(plan, "batch") && any_has(samples)) return samples;
   std::map<std::string, int> primary;
   for (const auto& p : points)
-    if (const auto pr = str(*p.rec, "rates.primary")) ++primary[*pr];
+    if (p.typed().rates && !p.typed().rates->primary.empty()) ++primary[p.typed().rates->primary];
   if (!primary.empty()) {
     const auto best = std::max_element(primary.begin(), primary.end(),
                                        [](const auto& a, const auto& b) { return a.second < b.second; });
-    if (best->first == "tflops" && any_has("rates.tflops")) return tflops;
-    if (best->first == "gbps" && any_has("rates.gbps")) return gbps;
+    if (best->first == "tflops" && any_has(tflops)) return tflops;
+    if (best->first == "gbps" && any_has(gbps)) return gbps;
   }
-  if (any_has("rates.samples_per_s")) return samples;
-  if (any_has("rates.tflops")) return tflops;
-  if (any_has("rates.gbps")) return gbps;
+  if (any_has(samples)) return samples;
+  if (any_has(tflops)) return tflops;
+  if (any_has(gbps)) return gbps;
   return std::nullopt;
 }
 
@@ -293,35 +293,33 @@ std::vector<Ceiling> collect_ceilings(const std::vector<Run>& runs) {
   auto add = [&](Ceiling c) {
     if (seen.insert(c.device_name + '\n' + c.key + '\n' + c.source).second) out.push_back(std::move(c));
   };
-  for (const auto& run : runs) {
-    for (const auto& rec : run.points) {
-      if (str(rec, "workload") != "ceilings") continue;
-      Ceiling c;
-      c.device_name = str(rec, "device_name").value_or("");
-      c.key = str(rec, "rates.ceiling.key").value_or(str(rec, "params.target").value_or("?"));
-      c.unit = str(rec, "rates.ceiling.unit").value_or("");
-      c.value = num(rec, "rates.ceiling.value").value_or(0);
-      c.status = str(rec, "status").value_or("error");
-      c.reason = str(rec, "reason").value_or(c.status == "ok" && c.value <= 0 ? "no rate measured" : "");
-      const auto seq = num(rec, "seq");
-      c.source = "run " + str(rec, "run_id").value_or(run.id) + " seq " + (seq ? fmt(*seq, 12) : "?");
-      add(std::move(c));
-    }
+  std::vector<std::pair<const Run*, results::Record>> records;
+  for (const auto& run : runs)
+    for (const auto& rec : run.points) records.emplace_back(&run, results::from_json(rec));
+  for (const auto& [run, r] : records) {
+    if (r.workload != "ceilings") continue;
+    const results::CeilingRef* ref = r.rates && r.rates->ceiling ? &*r.rates->ceiling : nullptr;
+    Ceiling c;
+    c.device_name = r.device_name;
+    c.key = ref && !ref->key.empty() ? ref->key : str(r.params, "target").value_or("?");
+    c.unit = ref ? ref->unit : "";
+    c.value = ref && std::isfinite(ref->value) ? ref->value : 0;
+    c.status = std::string(results::to_string(r.status));
+    c.reason = !r.reason.empty() ? r.reason : c.status == "ok" && c.value <= 0 ? "no rate measured" : "";
+    c.source = "run " + (r.run_id.empty() ? run->id : r.run_id) + " seq " + (r.seq ? fmt(static_cast<double>(*r.seq), 12) : "?");
+    add(std::move(c));
   }
   // Ceilings that points divided by but that were measured in runs not loaded here.
-  for (const auto& run : runs) {
-    for (const auto& rec : run.points) {
-      const auto value = num(rec, "rates.ceiling.value");
-      const auto source = str(rec, "rates.ceiling.source");
-      if (!value || !source || *source == "this point") continue;
-      Ceiling c;
-      c.device_name = str(rec, "device_name").value_or("");
-      c.key = str(rec, "rates.ceiling.key").value_or("?");
-      c.unit = str(rec, "rates.ceiling.unit").value_or("");
-      c.value = *value;
-      c.source = *source;
-      add(std::move(c));
-    }
+  for (const auto& [run, r] : records) {
+    const results::CeilingRef* ref = r.rates && r.rates->ceiling ? &*r.rates->ceiling : nullptr;
+    if (!ref || !std::isfinite(ref->value) || ref->source.empty() || ref->source == "this point") continue;
+    Ceiling c;
+    c.device_name = r.device_name;
+    c.key = ref->key.empty() ? "?" : ref->key;
+    c.unit = ref->unit;
+    c.value = ref->value;
+    c.source = ref->source;
+    add(std::move(c));
   }
   std::stable_sort(out.begin(), out.end(), [](const Ceiling& a, const Ceiling& b) {
     return std::tie(a.device_name, a.key) < std::tie(b.device_name, b.key);

@@ -2,6 +2,7 @@
 // formatting, the axis analysis that picks each workload's charts, and the measured ceilings.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10,12 +11,15 @@
 #include <nlohmann/json.hpp>
 
 #include "report/report.h"
+#include "results/record.h"
 
 namespace ab::report::detail {
 
-// One record with what the report needs to know about its quality. Never owns the record.
+// One record with what the report needs to know about its quality. Never owns the JSON record;
+// shares its typed form, which readers use for every field the schema names.
 struct Point {
   const nlohmann::json* rec = nullptr;
+  std::shared_ptr<const results::Record> record;
   const Run* run = nullptr;
   std::string status;  // record status: ok, skipped, oom, diverged, invalid, error
   std::string reason;  // why not ok
@@ -33,9 +37,12 @@ struct Point {
   std::string explanation() const;          // reason and flags in words, "" for a clean ok point
   const nlohmann::json& params() const;
   std::string workload() const;
+  const results::Record& typed() const { return *record; }
 };
 
 std::vector<Point> make_points(const Run& run);
+// time.count, the number of timing samples, where the record has it.
+std::optional<double> sample_count(const Point& p);
 // Workload and axis values, numbers normalised (8192 == 8192.0): how points of runs are matched.
 std::string point_key(const nlohmann::json& record);
 
@@ -75,6 +82,8 @@ std::string series_of(const Point& p, const AxisPlan& plan, bool multi_run);
 struct Metric {
   std::string path;  // "rates.gbps"
   std::string label; // "GB/s"
+  std::optional<double> results::Rates::*field = nullptr;
+  std::optional<double> of(const Point& p) const { return p.typed().rate_of(field); }
 };
 std::optional<Metric> rate_metric(const std::vector<Point>& points, const AxisPlan& plan);
 

@@ -11,7 +11,11 @@
 #include <variant>
 #include <vector>
 
+#include <iosfwd>
+
 #include <nlohmann/json.hpp>
+
+#include "results/record.h"
 
 namespace ab::report {
 
@@ -35,8 +39,9 @@ struct Run {
 // Throws ab::UsageError for an unknown name (listing a few valid ids) and ab::Error naming the file
 // and the reason for a corrupt or foreign file.
 Run load_run(const std::string& what, const std::filesystem::path& out_dir);
-// Validates parsed records: JSON objects with schema_version (not newer than ours), workload,
-// status. Throws ab::Error "<where>: record N: <reason>".
+// Validates parsed records by the record type's rules (results::from_json: an object with
+// schema_version not newer than ours, workload, a valid status, fields of their types).
+// Throws ab::Error "<where>: record N: <reason>".
 void check_records(const std::vector<nlohmann::json>& records, const std::string& where);
 
 // ---- The document ----------------------------------------------------------------------------
@@ -94,6 +99,13 @@ std::string render_html(const Document& doc);
 std::string render_markdown(const Document& doc);
 std::string render_text(const Document& doc);  // plain aligned tables for terminals
 bool html_available(std::string* reason = nullptr);
+
+// ---- The terminal summary --------------------------------------------------------------------
+
+// The end-of-run table: one line per point with status, median time, rate, % of ceiling and noise.
+void print_summary(std::ostream& out, const std::vector<results::Record>& records);
+// Stored records (from the database or points.jsonl); throws ab::Error for one that is not a record.
+void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records);
 
 // ---- Escaping (exposed for tests) -------------------------------------------------------------
 

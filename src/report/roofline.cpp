@@ -6,6 +6,7 @@
 #include <set>
 
 #include "report/charts.h"
+#include "results/derived.h"
 
 namespace ab::report::detail {
 using nlohmann::json;
@@ -48,8 +49,8 @@ std::optional<Chart> precision_chart(const ChartInput& in, const Metric& metric)
     const auto [key, label] = group_of(p, "precision", in.plan, in.multi_run);
     const auto b = base.find(key);
     const Point* bp = b == base.end() ? nullptr : b->second;
-    const auto rate = p.measured() ? num(*p.rec, metric.path) : std::nullopt;
-    const auto base_rate = bp && bp->measured() ? num(*bp->rec, metric.path) : std::nullopt;
+    const auto rate = p.measured() ? metric.of(p) : std::nullopt;
+    const auto base_rate = bp && bp->measured() ? metric.of(*bp) : std::nullopt;
     if (rate && base_rate && *base_rate > 0) {
       const std::string quality = bp->flagged() && p.quality() == "ok" ? bp->quality() : p.quality();
       qualities.insert(quality);
@@ -97,8 +98,8 @@ std::optional<Chart> precision_chart(const ChartInput& in, const Metric& metric)
     auto cells = point_cells(*p, in.plan, in.multi_run);
     const auto b = base.find(group_of(*p, "precision", in.plan, in.multi_run).first);
     const Point* bp = b == base.end() ? nullptr : b->second;
-    const auto rate = p->measured() ? num(*p->rec, metric.path) : std::nullopt;
-    const auto base_rate = bp && bp->measured() ? num(*bp->rec, metric.path) : std::nullopt;
+    const auto rate = p->measured() ? metric.of(*p) : std::nullopt;
+    const auto base_rate = bp && bp->measured() ? metric.of(*bp) : std::nullopt;
     cells.push_back(num_cell(rate));
     Cell bc = num_cell(base_rate);
     if (bp && bp->flagged()) bc.badges = bp->badges(), bc.title = bp->explanation();
@@ -122,10 +123,11 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
     return in.multi_run ? p.run->label + " " + s : s;
   };
   for (const auto& p : in.points) {
-    const auto flops = num(*p.rec, "counts.flops"), bytes = num(*p.rec, "counts.bytes");
-    const bool placed = flops && bytes && *flops > 0 && *bytes > 0;
+    const auto& counts = p.typed().counts;
+    const auto intensity = counts ? results::arithmetic_intensity(counts->flops, counts->bytes) : std::nullopt;
+    const bool placed = intensity && *intensity > 0 && std::isfinite(*intensity);
     if (p.measured() && !placed) {
-      if (num(*p.rec, "rates.tflops") || flops || bytes) ++no_flops;
+      if (p.typed().rate_of(&results::Rates::tflops) || counts) ++no_flops;
       continue;
     }
     if (!p.measured() && !placed) {
@@ -133,16 +135,16 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
       not_measured.push_back(&p);
       continue;
     }
-    const double ai = *flops / *bytes;
+    const double ai = *intensity;
     rows.push_back(&p);
-    if (const auto dn = str(*p.rec, "device_name")) devices.insert(*dn);
+    if (!p.typed().device_name.empty()) devices.insert(p.typed().device_name);
     if (const auto pr = str(p.params(), "precision")) precisions.insert(*pr);
     const std::string label = params_label(p.params(), [&] {
       std::vector<std::string> k;
       for (const auto& a : in.plan.axes) k.push_back(a.name);
       return k;
     }());
-    const auto tf = num(*p.rec, "rates.tflops");
+    const auto tf = p.typed().rate_of(&results::Rates::tflops);
     if (!p.measured() || !tf) {
       if (!p.measured()) not_measured.push_back(&p);
       crosses.push_back({{"x", ai}, {"point", label}, {"status", p.status}, {"note", p.explanation()}});
@@ -150,7 +152,7 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
       qualities.insert(p.quality());
       colors.insert(color_of(p));
       dots.push_back({{"x", ai}, {"y", *tf}, {"series", color_of(p)}, {"quality", p.quality()}, {"point", label},
-                      {"note", p.explanation()}, {"gbps", num(*p.rec, "rates.gbps").value_or(0)}});
+                      {"note", p.explanation()}, {"gbps", p.typed().rate_of(&results::Rates::gbps).value_or(0)}});
     }
     lo = lo == 0 ? ai : std::min(lo, ai);
     hi = std::max(hi, ai);
@@ -250,26 +252,27 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
   c.spec = std::move(spec);
   c.table.caption = "roofline placement per point";
   c.table.columns = point_columns(in.plan, in.multi_run);
-  const bool any_pct = std::any_of(rows.begin(), rows.end(), [](const Point* p) { return num(*p->rec, "rates.pct_of_ceiling").has_value(); });
+  const bool any_pct = std::any_of(rows.begin(), rows.end(), [](const Point* p) { return p->typed().rate_of(&results::Rates::pct_of_ceiling).has_value(); });
   for (const char* col : {"FLOP", "bytes", "FLOP/byte", "TFLOP/s", "GB/s"}) c.table.columns.push_back(col);
   if (any_pct) c.table.columns.push_back("% of ceiling");
   for (const Point* p : rows) {
     auto cells = point_cells(*p, in.plan, in.multi_run);
-    const auto flops = num(*p->rec, "counts.flops"), bytes = num(*p->rec, "counts.bytes");
-    cells.push_back(num_cell(flops));
-    cells.push_back(num_cell(bytes));
-    cells.push_back(num_cell(flops && bytes && *bytes > 0 ? std::optional<double>(*flops / *bytes) : std::nullopt, 3));
-    cells.push_back(num_cell(num(*p->rec, "rates.tflops")));
-    cells.push_back(num_cell(num(*p->rec, "rates.gbps")));
-    if (any_pct) cells.push_back(num_cell(num(*p->rec, "rates.pct_of_ceiling"), 3));
+    const auto& counts = p->typed().counts;
+    auto finite = [](std::optional<double> v) { return v && std::isfinite(*v) ? v : std::nullopt; };
+    cells.push_back(num_cell(finite(counts ? std::optional<double>(counts->flops) : std::nullopt)));
+    cells.push_back(num_cell(finite(counts ? std::optional<double>(counts->bytes) : std::nullopt)));
+    cells.push_back(num_cell(finite(counts ? results::arithmetic_intensity(counts->flops, counts->bytes) : std::nullopt), 3));
+    cells.push_back(num_cell(p->typed().rate_of(&results::Rates::tflops)));
+    cells.push_back(num_cell(p->typed().rate_of(&results::Rates::gbps)));
+    if (any_pct) cells.push_back(num_cell(p->typed().rate_of(&results::Rates::pct_of_ceiling), 3));
     c.table.rows.push_back(std::move(cells));
   }
   return c;
 }
 
 namespace {
-constexpr const char* kClockPath = "telemetry.gpus.0.mean_sm_clock_mhz";
-constexpr const char* kThrottlePath = "telemetry.gpus.0.throttle_fraction";  // per reason; absent: none read
+constexpr const char* kClockPath = "gpus.0.mean_sm_clock_mhz";  // in the telemetry block
+constexpr const char* kThrottlePath = "gpus.0.throttle_fraction";  // per reason; absent: none read
 constexpr double kSlowerClocks = 0.99;  // a clock this much below the 1-GPU point's is noted
 }  // namespace
 
@@ -290,10 +293,10 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric) {
     const auto [key, label] = group_of(p, "gpus", in.plan, in.multi_run);
     const auto b = one.find(key);
     const Point* bp = b == one.end() ? nullptr : b->second;
-    const auto rate = p.measured() ? num(*p.rec, metric.path) : std::nullopt;
-    const auto base = bp && bp->measured() ? num(*bp->rec, metric.path) : std::nullopt;
+    const auto rate = p.measured() ? metric.of(p) : std::nullopt;
+    const auto base = bp && bp->measured() ? metric.of(*bp) : std::nullopt;
     if (rate && base && *base > 0) {
-      eff_of[i] = *rate / (*n * *base);
+      eff_of[i] = results::scaling_efficiency(*rate, *n, *base);
       qualities.insert(p.quality());
       dots.push_back({{"x", *n}, {"y", *eff_of[i]}, {"series", label}, {"quality", p.quality()}, {"point", label + " gpus=" + fmt(*n)},
                       {"note", p.explanation()}});
@@ -347,16 +350,16 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric) {
     auto cells = point_cells(p, in.plan, in.multi_run);
     const auto b = one.find(group_of(p, "gpus", in.plan, in.multi_run).first);
     const Point* bp = b == one.end() ? nullptr : b->second;
-    cells.push_back(num_cell(p.measured() ? num(*p.rec, metric.path) : std::nullopt));
-    cells.push_back(!bp ? text_cell("no 1-GPU point") : num_cell(bp->measured() ? num(*bp->rec, metric.path) : std::nullopt));
+    cells.push_back(num_cell(p.measured() ? metric.of(p) : std::nullopt));
+    cells.push_back(!bp ? text_cell("no 1-GPU point") : num_cell(bp->measured() ? metric.of(*bp) : std::nullopt));
     cells.push_back(num_cell(eff_of[i], 3));
-    const auto clock = p.measured() ? num(*p.rec, kClockPath) : std::nullopt;
-    const auto base_clock = bp && bp->measured() ? num(*bp->rec, kClockPath) : std::nullopt;
+    const auto clock = p.measured() ? p.typed().telemetry_number(kClockPath) : std::nullopt;
+    const auto base_clock = bp && bp->measured() ? bp->typed().telemetry_number(kClockPath) : std::nullopt;
     const std::optional<double> clock_ratio =
         clock && base_clock && *base_clock > 0 ? std::optional<double>(*clock / *base_clock) : std::nullopt;
     slower_clocks += *n > 1 && clock_ratio && *clock_ratio < kSlowerClocks;
     cells.push_back(num_cell(clock_ratio, 3));
-    const json* throttle = p.measured() ? at_path(*p.rec, kThrottlePath) : nullptr;
+    const json* throttle = p.measured() ? results::find_path(p.typed().telemetry, kThrottlePath) : nullptr;
     const auto capped = throttle ? std::optional<double>(num(*throttle, "sw_power_cap").value_or(0.0)) : std::nullopt;
     cells.push_back(capped ? text_cell(fmt(*capped * 100, 3) + "%") : text_cell("—"));
     c.table.rows.push_back(std::move(cells));

@@ -179,8 +179,8 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     if (!p.flagged()) continue;
     std::vector<std::string> keys;
     for (const auto& [k, v] : p.params().items()) keys.push_back(k);
-    const auto med = num(*p.rec, "time.median_s");
-    const auto spread = num(*p.rec, "time.rel_spread");
+    const auto med = p.typed().time_of(&results::TimeStats::median_s);
+    const auto spread = p.typed().time_of(&results::TimeStats::rel_spread);
     Cell mc = text_cell(med ? fmt_time(*med) : "—"), sc = text_cell(spread ? "±" + fmt(*spread * 100, 3) + "%" : "—");
     mc.numeric = sc.numeric = true;
     t.rows.push_back({text_cell(p.workload()), text_cell(params_label(p.params(), keys)), status_cell(p), mc, sc});
@@ -235,7 +235,7 @@ Section workload_section(const std::string& workload, const std::vector<Point>& 
     t.columns.push_back("median time");
     for (const auto& p : points) {
       auto cells = point_cells(p, plan, multi_run);
-      const auto med = num(*p.rec, "time.median_s");
+      const auto med = p.typed().time_of(&results::TimeStats::median_s);
       cells.push_back(text_cell(med ? fmt_time(*med) : "—"));
       t.rows.push_back(std::move(cells));
     }

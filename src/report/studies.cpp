@@ -71,22 +71,22 @@ std::string fmt_rel_error(double v) {
 // cell untouched, for records without them (training, older runs).
 bool add_precision_cost(Cell& c, const Point& p) {
   std::vector<std::string> notes, why;
-  if (const auto err = num(*p.rec, "metrics.accuracy.logits_rel_error_vs_f64")) {
+  if (const auto err = p.typed().metric("accuracy.logits_rel_error_vs_f64")) {
     notes.push_back("err " + fmt_rel_error(*err));
     why.push_back("image 0's logits vs float64: relative error " + fmt(*err, 3));
   }
-  if (flag(*p.rec, "metrics.accuracy.top1_agrees_f64") == false) {
+  if (flag(p.typed().metrics, "accuracy.top1_agrees_f64") == false) {
     notes.push_back("top-1 ≠ f64");
     why.push_back("its top-1 class differs from float64's");
   }
-  const auto fp8_layers = num(*p.rec, "metrics.fp8.layers"), fallback_layers = num(*p.rec, "metrics.fp8.fallback_layers");
+  const auto fp8_layers = p.typed().metric("fp8.layers"), fallback_layers = p.typed().metric("fp8.fallback_layers");
   if (fp8_layers && fallback_layers && *fallback_layers > 0) {
     notes.push_back(fmt(*fp8_layers) + " fp8 / " + fmt(*fallback_layers) + " fell back");
     std::string reasons;
-    if (const json* listed = at_path(*p.rec, "metrics.fp8.fallback_reasons"); listed != nullptr && listed->is_array())
+    if (const json* listed = results::find_path(p.typed().metrics, "fp8.fallback_reasons"); listed != nullptr && listed->is_array())
       for (const auto& reason : *listed)
         if (reason.is_string()) reasons += (reasons.empty() ? ": " : ", ") + reason.get<std::string>();
-    const auto slower = num(*p.rec, "metrics.fp8.fallback_slower_layers");
+    const auto slower = p.typed().metric("fp8.fallback_slower_layers");
     const std::string timed =
         slower && *slower > 0 ? " (" + fmt(*slower) + " of them because fp8 timed no faster there)" : std::string();
     why.push_back(fmt(*fp8_layers) + " layers ran fp8, " + fmt(*fallback_layers) + " fell back to f16" + timed +
@@ -173,7 +173,7 @@ std::optional<Section> precision_study(const std::vector<Point>& all, bool multi
     cells.push_back(num_cell(r.batch > 0 ? std::optional<double>(r.batch) : std::nullopt));
     if (any_other) cells.push_back(text_cell(r.other));
     const Point* base = r.by_precision.at("fp32");
-    const auto base_rate = base->measured() ? num(*base->rec, r.metric->path) : std::nullopt;
+    const auto base_rate = base->measured() ? r.metric->of(*base) : std::nullopt;
     Cell bc = rate_cell(base, base_rate);
     if (base_rate && !one_unit) bc.text += " " + r.metric->label;
     any_cost |= add_precision_cost(bc, *base);
@@ -185,7 +185,7 @@ std::optional<Section> precision_study(const std::vector<Point>& all, bool multi
         continue;
       }
       const Point* p = it->second;
-      const auto rate = p->measured() ? num(*p->rec, r.metric->path) : std::nullopt;
+      const auto rate = p->measured() ? r.metric->of(*p) : std::nullopt;
       Cell x;
       if (rate && base_rate && *base_rate > 0) {
         x = rate_cell(p, *rate / *base_rate, 3);
@@ -268,15 +268,15 @@ std::vector<Section> batch_study(const std::vector<Point>& all, const std::vecto
       cells.push_back(num_cell(batch_of(*p)));
       cells.push_back(status_cell(*p));
       const bool ok = p->measured();
-      cells.push_back(num_cell(ok ? num(*p->rec, "rates.samples_per_s") : std::nullopt));
-      for (const char* path : {"time.median_s", "time.p99_s"}) {
-        const auto v = ok ? num(*p->rec, path) : std::nullopt;
+      cells.push_back(num_cell(ok ? p->typed().rate_of(&results::Rates::samples_per_s) : std::nullopt));
+      for (const auto path : {&results::TimeStats::median_s, &results::TimeStats::p99_s}) {
+        const auto v = ok ? p->typed().time_of(path) : std::nullopt;
         Cell c = text_cell(v ? fmt_time(*v) : "—");
         c.numeric = true;
         cells.push_back(c);
       }
-      cells.push_back(num_cell(ok ? num(*p->rec, "telemetry.samples_per_j") : std::nullopt));
-      cells.push_back(num_cell(ok ? num(*p->rec, "telemetry.mean_power_w") : std::nullopt));
+      cells.push_back(num_cell(ok ? p->typed().telemetry_number("samples_per_j") : std::nullopt));
+      cells.push_back(num_cell(ok ? p->typed().telemetry_number("mean_power_w") : std::nullopt));
       t.rows.push_back(std::move(cells));
     }
     s.blocks.push_back(std::move(t));

@@ -164,26 +164,26 @@ std::vector<Block> telemetry_blocks(const Run& run) {
   window_table.caption = "measured points on the time axis (aligned at the run's end)";
   window_table.columns = {"seq", "workload", "point", "status", "from (s)", "to (s)"};
   double last_end = -1e300;
-  std::vector<std::tuple<const json*, double, double>> spans;
-  for (const auto& rec : run.points) {
-    const auto start = parse_utc(str(rec, "started_at").value_or(""));
-    const auto wall = num(rec, "wall_s");
-    if (!start || !wall) continue;
-    spans.emplace_back(&rec, *start, *start + *wall);
-    last_end = std::max(last_end, *start + *wall);
+  std::vector<std::tuple<results::Record, double, double>> spans;
+  for (const auto& point : run.points) {
+    results::Record rec = results::from_json(point);
+    const auto start = parse_utc(rec.started_at);
+    if (!start || !rec.wall_s || !std::isfinite(*rec.wall_s)) continue;
+    const double end = *start + *rec.wall_s;
+    spans.emplace_back(std::move(rec), *start, end);
+    last_end = std::max(last_end, end);
   }
   const double shift = (t_last - t_first) - last_end;
   for (std::size_t i = 0; i < spans.size(); ++i) {
     const auto& [rec, s0, s1] = spans[i];
     std::vector<std::string> keys;
-    if (rec->contains("params") && (*rec)["params"].is_object())
-      for (const auto& [k, v] : (*rec)["params"].items()) keys.push_back(k);
-    const std::string label = str(*rec, "workload").value_or("") + " " + params_label(rec->value("params", json::object()), keys);
-    const std::string status = str(*rec, "status").value_or("");
+    for (const auto& [k, v] : rec.params.items()) keys.push_back(k);
+    const std::string label = rec.workload + " " + params_label(rec.params, keys);
+    const std::string status(results::to_string(rec.status));
     windows.push_back({{"t0", s0 + shift}, {"t1", s1 + shift}, {"point", label}, {"status", status}, {"odd", i % 2 == 1}});
-    window_table.rows.push_back({num_cell(num(*rec, "seq")), text_cell(str(*rec, "workload").value_or("")),
-                                 text_cell(params_label(rec->value("params", json::object()), keys)),
-                                 Cell{"", {status}, str(*rec, "reason").value_or(""), false}, num_cell(s0 + shift, 5), num_cell(s1 + shift, 5)});
+    window_table.rows.push_back({num_cell(rec.seq ? std::optional<double>(static_cast<double>(*rec.seq)) : std::nullopt),
+                                 text_cell(rec.workload), text_cell(params_label(rec.params, keys)),
+                                 Cell{"", {status}, rec.reason, false}, num_cell(s0 + shift, 5), num_cell(s1 + shift, 5)});
   }
 
   const std::string period = num(tr, "period_s") ? fmt(*num(tr, "period_s") * 1000, 3) + " ms" : "?";

@@ -12,10 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
-namespace ab::results {
+#include "results/derived.h"
+#include "results/record.h"
 
-// Version of the record (schema_version field) and of the database (PRAGMA user_version).
-constexpr int kSchemaVersion = 1;
+namespace ab::results {
 
 std::string utc_now_iso8601();  // "2026-11-29T13:55:01.123Z"
 std::string new_run_id();       // "20261129-135501-3f9a1c": UTC second + 24 random bits; sorts by time

@@ -1,0 +1,33 @@
+// Derived figures (rates, % of ceiling, scaling efficiency, arithmetic intensity): the formulas of
+// docs/METHODOLOGY.md written once. The runner stores rates in the record; readers use what is stored.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "results/record.h"
+
+namespace ab::results {
+
+// A memory.* ceiling judges bandwidth (GB/s); any other (gemm.<precision>) arithmetic (TFLOP/s).
+bool is_memory_ceiling(std::string_view ceiling_key);
+// The unit a point of this ceiling key publishes: "GB/s", "TOP/s" (ops_unit "OP") or "TFLOP/s".
+std::string ceiling_unit(std::string_view ceiling_key, std::string_view ops_unit);
+
+// samples/s, TFLOP/s and GB/s of one iteration from its counts and median time (a rate only where
+// its count is non-zero), and the primary rate; nullopt for a median that is not positive.
+std::optional<Rates> rates_from_counts(const Counts& counts, double median_s, std::string_view ceiling_key);
+// The rate a ceiling of `ceiling_key` is compared with: gbps for memory ceilings, tflops otherwise; 0 if absent.
+double achieved_rate(const Rates& rates, std::string_view ceiling_key);
+// Sets pct_of_ceiling = achieved / ceiling × 100 and records the ceiling divided by.
+void divide_by_ceiling(Rates& rates, const CeilingRef& ceiling);
+// A scenario run's rates from its throughput: samples/s (primary) and TFLOP/s where a sample has FLOPs.
+Rates scenario_rates(double samples_per_s, double flops_per_sample);
+
+// rate(n) / (n × rate(1)); nullopt without a positive 1-device rate.
+std::optional<double> scaling_efficiency(double rate_n, double devices, double rate_1);
+// FLOP per byte of one iteration (0 for a point without arithmetic); nullopt without bytes.
+std::optional<double> arithmetic_intensity(double flops, double bytes);
+
+}  // namespace ab::results
