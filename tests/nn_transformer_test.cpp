@@ -394,8 +394,8 @@ TEST(TransformerRef, TinyDecoderGradientsMatchFiniteDifferencesThroughTheGraph) 
   options.dtype = DType::f64;
   GraphBuilder b(options);
   const TinyDecoder m = tiny_decoder(b, batch, seq, vocab, width, heads);
+  const auto k = make_ref_kernels();  // before the graph, whose memory comes from its allocator
   Graph g(std::move(b));
-  const auto k = make_ref_kernels();
   g.bind(*k);
   const std::uint64_t seed = test::seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
