@@ -15,6 +15,7 @@
 
 #include "test_support.h"
 
+#include "core/checked.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -487,6 +488,22 @@ TEST(Rng, FreshSeedDiffersBetweenCalls) {
   std::set<std::uint64_t> seeds;
   for (int i = 0; i < 1000; ++i) seeds.insert(fresh_seed());
   EXPECT_EQ(seeds.size(), 1000u);
+}
+
+TEST(Checked, ProductsAndSumsThatOverflowAreUsageErrorsNamingTheQuantity) {
+  constexpr std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(checked_mul(std::int64_t{1} << 31, std::int64_t{1} << 31, "x"), std::int64_t{1} << 62);
+  EXPECT_EQ(checked_add(max - 1, 1, "x"), max);
+  std::string msg = test::usage_error([] { checked_mul(std::int64_t{1} << 32, std::int64_t{1} << 32, "gemm elements of A"); });
+  EXPECT_NE(msg.find("gemm elements of A overflows 64 bits"), std::string::npos) << msg;
+  msg = test::usage_error([&] { checked_add(max, 1, "bytes of A and B"); });
+  EXPECT_NE(msg.find("bytes of A and B overflows"), std::string::npos) << msg;
+  msg = test::usage_error([] { checked_mul(-1, 4, "elements"); });
+  EXPECT_NE(msg.find("negative"), std::string::npos) << msg;
+  EXPECT_NO_THROW(check_fits_memory(100, 100, "buffers", "cpu"));
+  EXPECT_NO_THROW(check_fits_memory(max, 0, "buffers", "cpu")) << "an unknown capacity bounds nothing";
+  msg = test::usage_error([] { check_fits_memory(101, 100, "buffers", "cuda:0"); });
+  EXPECT_NE(msg.find("more than the 100 bytes of memory of cuda:0"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -30,6 +31,7 @@
 #include "harness/workload.h"
 #include "measure/measure.h"
 #include "report/report.h"
+#include "results/derived.h"
 #include "workloads/registry.h"
 
 namespace ab::workloads {
@@ -549,7 +551,7 @@ class ScriptedTimer final : public measure::IterationTimer {
 class ScriptedClockBackend final : public backend::Backend {
  public:
   ScriptedClockBackend() : cpu_(backend::make_backend("cpu")) {}
-  const backend::DeviceInfo& info() const override { return cpu_->info(); }
+  const backend::DeviceInfo& info() const override { return device ? *device : cpu_->info(); }
   std::unique_ptr<measure::IterationTimer> make_timer() override {
     return std::make_unique<ScriptedTimer>(&per_iteration_s);
   }
@@ -562,6 +564,7 @@ class ScriptedClockBackend final : public backend::Backend {
     return cpu_->make_copy(k, h, b);
   }
   double per_iteration_s = 0x1.0p-10;
+  std::optional<backend::DeviceInfo> device;  // another device's identity (its datasheet limits)
 
  private:
   std::unique_ptr<backend::Backend> cpu_;
@@ -1016,6 +1019,225 @@ TEST(RealWorkloads, MeasuredBandwidthCeilingIsUsedByStream) {
   EXPECT_GT(rates["pct_of_ceiling"].get<double>(), 0.0);
   EXPECT_NEAR(rates["pct_of_ceiling"].get<double>(),
               100.0 * rates["gbps"].get<double>() / cap.records[0]["rates"]["gbps"].get<double>(), 1e-9);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// No impossible result is recorded ok
+
+// Sizes whose bytes or FLOPs overflow 64 bits, or whose operands exceed the device's memory, are
+// refused before anything is allocated: `invalid` with the quantity named, never a BLAS call.
+TEST(ImpossibleSizes, GemmOverflowAndMemoryAreInvalid) {
+  const struct { std::string size, says; } cases[] = {
+      {"4294967296", "overflows 64 bits"},           // m x k = 2^64
+      {"9223372036854775807", "overflows 64 bits"},  // INT64_MAX
+      {"1048576", "bytes of memory of cpu"},         // 2^40 elements per operand: fits int64, not the host
+  };
+  for (const auto& c : cases) {
+    const auto records = run_real("gemm", {"precision=fp32", "m,n,k=" + c.size});
+    ASSERT_EQ(records.size(), 1u);
+    const json& r = records[0];
+    EXPECT_EQ(r["status"], "invalid") << r.dump();
+    EXPECT_TRUE(contains(r.value("reason", ""), c.says)) << r.dump();
+    EXPECT_FALSE(r.contains("rates")) << r.dump();
+  }
+}
+
+TEST(ImpossibleSizes, StreamAndCopyOverflowAndMemoryAreInvalid) {
+  const auto huge = run_real("stream", {"op=copy", "array_bytes=4611686018427387904"});  // 2^62: 3 arrays overflow
+  ASSERT_EQ(huge.size(), 1u);
+  EXPECT_EQ(huge[0]["status"], "invalid") << huge[0].dump();
+  EXPECT_TRUE(contains(huge[0].value("reason", ""), "overflows 64 bits")) << huge[0].dump();
+  const auto big = run_real("stream", {"op=copy", "array_bytes=576460752303423488"});  // 2^59
+  ASSERT_EQ(big.size(), 1u);
+  EXPECT_EQ(big[0]["status"], "invalid") << big[0].dump();
+  EXPECT_TRUE(contains(big[0].value("reason", ""), "bytes of memory of cpu")) << big[0].dump();
+}
+
+TEST(ImpossibleSizes, ModelBatchTimesImageOverflowIsInvalid) {
+  for (const std::string workload : {"train", "infer"}) {
+    const auto records = run_real(workload, {"batch=1099511627776", "image_size=4294967296"});
+    ASSERT_FALSE(records.empty());
+    for (const json& r : records) {
+      EXPECT_EQ(r["status"], "invalid") << r.dump();
+      EXPECT_TRUE(contains(r.value("reason", ""), "overflows 64 bits")) << r.dump();
+    }
+  }
+}
+
+// A GEMM whose timed kernel does nothing (the small checked copy runs): the sample of the timed C
+// against float64 from the timed A and B fails it.
+class LazyGemmPlan final : public backend::GemmPlan {
+ public:
+  explicit LazyGemmPlan(std::unique_ptr<backend::GemmPlan> real) : real_(std::move(real)) {}
+  void run() override {}
+  std::string algorithm() const override { return "nothing"; }
+  std::vector<double> a_values() override { return real_->a_values(); }
+  std::vector<double> b_values() override { return real_->b_values(); }
+  std::vector<double> c_values() override { return real_->c_values(); }
+  std::vector<double> values_at(backend::GemmOperand w, const std::vector<std::int64_t>& at) override {
+    return real_->values_at(w, at);
+  }
+
+ private:
+  std::unique_ptr<backend::GemmPlan> real_;
+};
+
+class LazyGemmBackend final : public backend::Backend {
+ public:
+  LazyGemmBackend() : cpu_(backend::make_backend("cpu")) {}
+  const backend::DeviceInfo& info() const override { return cpu_->info(); }
+  std::unique_ptr<measure::IterationTimer> make_timer() override { return cpu_->make_timer(); }
+  void synchronize() override {}
+  std::unique_ptr<backend::GemmPlan> make_gemm(const backend::GemmDesc& d) override {
+    auto real = cpu_->make_gemm(d);
+    if (d.m <= 96 && d.n <= 96 && d.k <= 96) return real;  // the small full check is honest
+    return std::make_unique<LazyGemmPlan>(std::move(real));
+  }
+  std::unique_ptr<backend::StreamPlan> make_stream(backend::StreamOp op, std::int64_t n) override {
+    return cpu_->make_stream(op, n);
+  }
+  std::unique_ptr<backend::CopyPlan> make_copy(backend::CopyKind k, backend::HostMemory h, std::int64_t b) override {
+    return cpu_->make_copy(k, h, b);
+  }
+
+ private:
+  std::unique_ptr<backend::Backend> cpu_;
+};
+
+TEST(ImpossibleResults, GemmWhoseTimedKernelDidNotRunFailsItsCheck) {
+  LazyGemmBackend be;
+  Captured cap;
+  Runner runner(be, fast_settings(), json::object(), "run-lazy", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan_for(find_workload("gemm"), "cpu", {parse_axis_argument("m,n,k=128")}), cancel);
+  ASSERT_EQ(cap.records.size(), 1u);
+  const json& r = cap.records[0];
+  EXPECT_EQ(r["status"], "error") << r.dump();
+  EXPECT_TRUE(contains(r.value("reason", ""), "sampled entries of the timed C")) << r.dump();
+}
+
+TEST(ImpossibleResults, TimedGemmSampleIsCheckedOnAPassingPoint) {
+  // Both layouts of each operand: the sampled rows and columns are gathered through op().
+  const auto records = run_real("gemm", {"precision=fp32", "m,n,k,trans=130x97x101xNN,130x97x101xTT"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const json& r : records) {
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    EXPECT_TRUE(contains(r["check"]["what"].get<std::string>(), "9 sampled entries of the timed C")) << r.dump();
+    EXPECT_EQ(r["check"]["passed"], true);
+    EXPECT_LE(r["check"]["rel_error"].get<double>(), r["check"]["tolerance"].get<double>());
+  }
+}
+
+// Publishes or measures a rate chosen by the test (through the scripted clock).
+class RateWorkload final : public Workload {
+ public:
+  explicit RateWorkload(ScriptedClockBackend& be) : be_(be) {}
+  std::string name() const override { return "rate"; }
+  std::string description() const override { return "test double for plausible rates"; }
+  std::vector<AxisSpec> axes(const std::string&) const override {
+    return {{"key", AxisKind::text, {"gemm.bf16"}, {"gemm.bf16", "memory.bandwidth"}, ""},
+            {"rate", AxisKind::real, {"1"}, {}, "TFLOP/s or GB/s"},
+            {"bytes", AxisKind::real, {"1e12"}, {}, "bytes per iteration of a memory point"},
+            {"publish", AxisKind::integer, {"0"}, {}, "1: the rate becomes the ceiling"},
+            {"throw", AxisKind::text, {"none"}, {"none", "bad_alloc", "length_error"}, ""}};
+  }
+  std::vector<ZipGroup> zip_groups() const override { return {{{"rate", "publish"}, {}}}; }
+  void run(State& state) override {
+    const std::string thrown = state.get_text("throw");
+    if (thrown == "bad_alloc") throw std::bad_alloc();
+    if (thrown == "length_error") throw std::length_error("cannot create std::vector larger than max_size()");
+    const std::string key = state.get_text("key");
+    const double rate = state.get_real("rate"), bytes = state.get_real("bytes");
+    if (results::is_memory_ceiling(key)) {
+      be_.per_iteration_s = bytes / (rate * 1e9);
+      state.set_counts({1.0, 0.0, bytes});
+    } else {
+      be_.per_iteration_s = 0x1.0p-10;
+      state.set_counts({1.0, rate * 1e12 * be_.per_iteration_s, 0.0});
+    }
+    state.set_ceiling_key(key);
+    if (state.get_int("publish") == 1) state.set_publishes_ceiling(key);
+    state.exec([] {});
+  }
+
+ private:
+  ScriptedClockBackend& be_;
+};
+
+backend::DeviceInfo h200() {
+  backend::DeviceInfo d = backend::make_backend("cpu")->info();
+  d.name = "NVIDIA H200";
+  d.l2_bytes = 50 << 20;
+  return d;
+}
+
+std::vector<json> run_rates(ScriptedClockBackend& be, const std::vector<std::string>& axis_args,
+                            const std::optional<Ceiling>& stored = std::nullopt) {
+  RateWorkload w(be);
+  Captured cap;
+  RunnerHooks hooks = cap.hooks();
+  hooks.find_stored_ceiling = [&stored](const std::string&) { return stored; };
+  Runner runner(be, fast_settings(), json::object(), "run-rate", hooks, nullptr);
+  std::vector<AxisOverride> overrides;
+  for (const auto& a : axis_args) overrides.push_back(parse_axis_argument(a));
+  const std::atomic<bool> cancel{false};
+  runner.run(plan_for(w, "cpu", overrides), cancel);
+  return cap.records;
+}
+
+TEST(ImpossibleResults, RateAboveTheDatasheetOrTheCeilingIsAnError) {
+  ScriptedClockBackend be;
+  be.device = h200();
+  // 2000 TFLOP/s of bf16 on an H200 (989.4 dense on its datasheet), with no ceiling to compare.
+  auto r = run_rates(be, {"rate=2000"});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0]["status"], "error") << r[0].dump();
+  EXPECT_TRUE(contains(r[0].value("reason", ""), "above the physical limit 989.4")) << r[0].dump();
+  EXPECT_TRUE(contains(r[0].value("reason", ""), "datasheet: NVIDIA H200")) << r[0].dump();
+  EXPECT_FALSE(r[0].contains("rates"));
+  // Published at 500, then 800 measured: below the datasheet but 1.6x the ceiling.
+  r = run_rates(be, {"rate,publish=500x1,800x0"});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0]["status"], "ok") << r[0].dump();
+  EXPECT_EQ(r[1]["status"], "error") << r[1].dump();
+  EXPECT_TRUE(contains(r[1].value("reason", ""), "1.5x the measured ceiling 500")) << r[1].dump();
+  // 6000 GB/s from DRAM (4800 on the datasheet) is impossible; from a 1 MB working set in L2 it is not.
+  r = run_rates(be, {"key=memory.bandwidth", "rate=6000", "bytes=1e12,1e6"});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0]["status"], "error") << r[0].dump();
+  EXPECT_TRUE(contains(r[0].value("reason", ""), "physical limit 4800")) << r[0].dump();
+  EXPECT_EQ(r[1]["status"], "ok") << r[1].dump();
+  // An impossible ceiling point is an error and publishes nothing: the next point has no percentage.
+  r = run_rates(be, {"rate,publish=5000x1,400x0"});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0]["status"], "error") << r[0].dump();
+  EXPECT_EQ(r[1]["status"], "ok") << r[1].dump();
+  EXPECT_FALSE(r[1]["rates"].contains("pct_of_ceiling")) << r[1].dump();
+}
+
+TEST(ImpossibleResults, CorruptStoredCeilingIsNotDividedBy) {
+  ScriptedClockBackend be;  // the CPU: no datasheet row, the bound for any device
+  for (const double corrupt : {std::nan(""), -1.0, 0.0, 1e30}) {
+    const auto r = run_rates(be, {"rate=1"}, Ceiling{corrupt, "TFLOP/s", "run old seq 1"});
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0]["status"], "ok") << r[0].dump();
+    EXPECT_FALSE(r[0]["rates"].contains("pct_of_ceiling")) << r[0].dump();
+    EXPECT_TRUE(contains(r[0]["metrics"].value("ceiling_not_used", ""), "run old seq 1")) << r[0].dump();
+  }
+  const auto plausible = run_rates(be, {"rate=1"}, Ceiling{4.0, "TFLOP/s", "run old seq 1"});
+  ASSERT_EQ(plausible.size(), 1u);
+  EXPECT_NEAR(plausible[0]["rates"]["pct_of_ceiling"].get<double>(), 25.0, 1e-9) << plausible[0].dump();
+}
+
+TEST(ImpossibleResults, LibraryErrorsBecomeOomOrInvalidWithAClearReason) {
+  ScriptedClockBackend be;
+  const auto r = run_rates(be, {"throw=bad_alloc,length_error"});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0]["status"], "oom") << r[0].dump();
+  EXPECT_TRUE(contains(r[0].value("reason", ""), "host memory exhausted")) << r[0].dump();
+  EXPECT_EQ(r[1]["status"], "invalid") << r[1].dump();
+  EXPECT_FALSE(contains(r[1].value("reason", ""), "max_size")) << r[1].dump();
 }
 
 }  // namespace

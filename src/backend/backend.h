@@ -34,6 +34,8 @@ struct GemmDesc {
   bool trans_a = false, trans_b = false;
 };
 
+enum class GemmOperand { a, b, c };
+
 class GemmPlan {
  public:
   virtual ~GemmPlan() = default;
@@ -43,6 +45,10 @@ class GemmPlan {
   virtual std::vector<double> a_values() = 0;
   virtual std::vector<double> b_values() = 0;
   virtual std::vector<double> c_values() = 0;
+  // Stored values of one operand at column-major element `indices` (op not applied), decoded to
+  // doubles: a sample of the timed operands without copying them whole. Throws Error for an index
+  // outside the operand.
+  virtual std::vector<double> values_at(GemmOperand which, const std::vector<std::int64_t>& indices) = 0;
 };
 
 // STREAM kernels on double arrays of n elements: copy c=a, scale b=s*c, add c=a+b, triad a=b+s*c.

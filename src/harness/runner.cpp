@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <new>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "measure/timer.h"
@@ -83,19 +85,42 @@ Runner::Runner(backend::Backend& backend, measure::Settings settings, nlohmann::
 
 void Runner::add_rates(results::Record& record, const State& state) {
   const Counts& c = state.counts();
-  auto rates = results::rates_from_counts({c.samples, c.flops, c.bytes, c.ops_unit}, state.result()->summary.median,
-                                          state.ceiling_key());
+  const std::string& key = state.ceiling_key();
+  auto rates = results::rates_from_counts({c.samples, c.flops, c.bytes, c.ops_unit}, state.result()->summary.median, key);
   if (!rates) return;
-  if (!state.ceiling_key().empty() && state.publishes_ceiling().empty()) {
+  // A point whose bytes fit in the device's cache is not bounded by DRAM bandwidth (nor by a
+  // bandwidth ceiling measured from DRAM).
+  const auto& device = backend_.info();
+  const bool cache_resident = results::is_memory_ceiling(key) && device.l2_bytes > 0 &&
+                              c.bytes <= 2.0 * static_cast<double>(device.l2_bytes);
+  std::optional<double> ceiling_value;
+  if (!key.empty() && state.publishes_ceiling().empty()) {
     std::optional<Ceiling> ceiling;
-    if (auto it = ceilings_.find(state.ceiling_key()); it != ceilings_.end()) ceiling = it->second;
-    else if (hooks_.find_stored_ceiling) ceiling = hooks_.find_stored_ceiling(state.ceiling_key());
-    if (ceiling && ceiling->value > 0)
-      results::divide_by_ceiling(*rates, {state.ceiling_key(), ceiling->unit, ceiling->source, ceiling->value});
+    if (auto it = ceilings_.find(key); it != ceilings_.end()) ceiling = it->second;
+    else if (hooks_.find_stored_ceiling) ceiling = hooks_.find_stored_ceiling(key);
+    if (ceiling) {
+      const std::string why = results::implausible_ceiling(ceiling->value, results::physical_limit(device.name, key));
+      if (why.empty()) {
+        results::divide_by_ceiling(*rates, {key, ceiling->unit, ceiling->source, ceiling->value});
+        if (!cache_resident) ceiling_value = ceiling->value;
+      } else {
+        record.metrics["ceiling_not_used"] = key + " from " + ceiling->source + ": " + why;
+      }
+    }
   }
-  const double achieved = results::achieved_rate(*rates, state.ceiling_key());
+  const double achieved = results::achieved_rate(*rates, key);
+  const std::string unit = results::ceiling_unit(key, c.ops_unit);
+  std::string impossible = results::impossible_rate(achieved, unit, results::physical_limit(device.name, key, cache_resident),
+                                                    ceiling_value);
+  // Bandwidth of a point judged by arithmetic (or by nothing) is still held to what any device can move.
+  if (impossible.empty() && rates->gbps && !results::is_memory_ceiling(key))
+    impossible = results::impossible_rate(*rates->gbps, "GB/s", results::physical_limit("", "memory.", true), std::nullopt);
+  if (!impossible.empty()) {
+    record.status = results::Status::error;
+    record.reason = impossible;
+    return;  // no rates: nothing may be divided by, or ranked on, an impossible figure
+  }
   if (!state.publishes_ceiling().empty() && achieved > 0) {
-    const std::string unit = results::ceiling_unit(state.ceiling_key(), c.ops_unit);
     ceilings_[state.publishes_ceiling()] = {achieved, unit, "run " + run_id_ + " seq " + std::to_string(seq_)};
     rates->ceiling = results::CeilingRef{state.publishes_ceiling(), unit, "this point", achieved};
   }
@@ -154,6 +179,10 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
     status = "skipped", reason = e.what();
   } catch (const UsageError& e) {
     status = "invalid", reason = e.what();
+  } catch (const std::bad_alloc&) {  // a host buffer the workload did not bound itself
+    status = "oom", reason = "host memory exhausted: an allocation of this point failed";
+  } catch (const std::length_error&) {  // std::vector's max_size(): a size no host can hold
+    status = "invalid", reason = "a size of this point is larger than host memory can address";
   } catch (const std::exception& e) {
     status = "error", reason = e.what();
   }

@@ -22,6 +22,25 @@ std::optional<Rates> rates_from_counts(const Counts& counts, double median_s, st
 double achieved_rate(const Rates& rates, std::string_view ceiling_key);
 // Sets pct_of_ceiling = achieved / ceiling × 100 and records the ceiling divided by.
 void divide_by_ceiling(Rates& rates, const CeilingRef& ceiling);
+// The most a device can do for a ceiling key (TFLOP/s, TOP/s or GB/s) and where that figure is from.
+struct PhysicalLimit {
+  double value = 0;
+  std::string source;  // "datasheet: NVIDIA H200 SXM, dense bf16", or the bound for any device
+};
+// The vendor datasheet's peak for a known device (dense tensor-core arithmetic at boost clock, DRAM
+// bandwidth); for any other device a bound no accelerator reaches, so a corrupt figure still fails.
+// `cache_resident`: the point's bytes fit in the device's cache, so DRAM bandwidth does not bound it.
+PhysicalLimit physical_limit(std::string_view device_name, std::string_view ceiling_key, bool cache_resident = false);
+// Why a measured or stored ceiling cannot be divided by (not finite, <= 0, above the physical
+// limit); "" when it is plausible.
+std::string implausible_ceiling(double ceiling, const PhysicalLimit& limit);
+// How far above a plausible measured ceiling a rate may go (noise, a luckier shape) before it is impossible.
+inline constexpr double kCeilingMargin = 1.5;
+// Why `achieved` (in `unit`) cannot be true: not finite, above the physical limit, or above
+// kCeilingMargin × `ceiling` (a plausible ceiling, when there is one); "" when it can.
+std::string impossible_rate(double achieved, std::string_view unit, const PhysicalLimit& limit,
+                            std::optional<double> ceiling);
+
 // A scenario run's rates from its throughput: samples/s (primary) and TFLOP/s where a sample has FLOPs.
 Rates scenario_rates(double samples_per_s, double flops_per_sample);
 

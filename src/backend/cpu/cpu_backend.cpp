@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,8 +33,11 @@ std::string cpu_model() {
 
 template <typename T>
 std::vector<T> allocate(std::int64_t count, const char* what) {
+  if (count < 0) throw UsageError(std::string("negative element count for ") + what);
   try {
     return std::vector<T>(static_cast<std::size_t>(count));
+  } catch (const std::length_error&) {
+    throw UsageError(std::string(what) + " of " + std::to_string(count) + " elements is larger than host memory can address");
   } catch (const std::bad_alloc&) {
     throw OutOfMemory(std::string("host memory exhausted allocating ") + what + " (" +
                       std::to_string(count * static_cast<std::int64_t>(sizeof(T))) + " bytes)");
@@ -70,6 +74,16 @@ class CpuGemm final : public GemmPlan {
   std::vector<double> a_values() override { return {a_.begin(), a_.end()}; }
   std::vector<double> b_values() override { return {b_.begin(), b_.end()}; }
   std::vector<double> c_values() override { return {c_.begin(), c_.end()}; }
+  std::vector<double> values_at(GemmOperand which, const std::vector<std::int64_t>& indices) override {
+    const std::vector<float>& v = which == GemmOperand::a ? a_ : which == GemmOperand::b ? b_ : c_;
+    std::vector<double> out;
+    out.reserve(indices.size());
+    for (const std::int64_t i : indices) {
+      if (i < 0 || static_cast<std::size_t>(i) >= v.size()) throw Error("gemm operand index " + std::to_string(i) + " out of range");
+      out.push_back(v[static_cast<std::size_t>(i)]);
+    }
+    return out;
+  }
 
  private:
   GemmDesc desc_;

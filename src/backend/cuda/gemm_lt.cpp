@@ -119,6 +119,27 @@ class LtGemm final : public GemmPlan {
   std::vector<double> a_values() override { return download(a_, types_.ab, desc_.m * desc_.k, "A"); }
   std::vector<double> b_values() override { return download(b_, types_.ab, desc_.k * desc_.n, "B"); }
   std::vector<double> c_values() override { return download(c_, types_.c, desc_.m * desc_.n, "C"); }
+  std::vector<double> values_at(GemmOperand which, const std::vector<std::int64_t>& indices) override {
+    const DeviceBuffer& buf = which == GemmOperand::a ? a_ : which == GemmOperand::b ? b_ : c_;
+    const DType t = which == GemmOperand::c ? types_.c : types_.ab;
+    const auto elem = static_cast<std::int64_t>(size_bytes(t));
+    ctx_->activate();
+    std::vector<unsigned char> host(indices.size() * static_cast<std::size_t>(elem));
+    // Runs of consecutive indices travel as one copy (a column of a column-major operand).
+    for (std::size_t first = 0; first < indices.size();) {
+      std::size_t last = first + 1;
+      while (last < indices.size() && indices[last] == indices[last - 1] + 1) ++last;
+      if (indices[first] < 0 || (indices[last - 1] + 1) * elem > buf.bytes())
+        throw Error(label_ + ": operand index out of range");
+      AB_CUDA(cudaMemcpyAsync(host.data() + first * static_cast<std::size_t>(elem),
+                              static_cast<const unsigned char*>(buf.get()) + indices[first] * elem,
+                              (last - first) * static_cast<std::size_t>(elem), cudaMemcpyDeviceToHost, ctx_->s()),
+              label_ + ", copy a sample to host");
+      first = last;
+    }
+    ctx_->sync(label_ + ", copy a sample to host");
+    return to_doubles(t, host.data(), indices.size());
+  }
 
  private:
   cublasStatus_t matmul(const cublasLtMatmulAlgo_t& algo) {

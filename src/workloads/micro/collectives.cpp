@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "backend/collectives.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "dist/collective_math.h"
 #include "dist/comm.h"
@@ -73,6 +74,11 @@ class Collectives final : public Workload {
     if (p.bytes < 1) throw UsageError("collectives needs bytes >= 1");
     if (p.in_place != 0 && p.in_place != 1) throw UsageError("collectives: in_place is 0 or 1");
     if (p.gpus < 1) throw UsageError("collectives needs gpus >= 1");
+    // Each rank holds an input and an output buffer, neither larger than `bytes` (all_gather: its
+    // output; reduce_scatter: its input): twice `bytes` bounds one device's share.
+    const auto& device = state.backend().info();
+    check_fits_memory(checked_mul(2, p.bytes, "collectives bytes of input and output"), device.memory_bytes,
+                      "collectives buffers", device.id);
     dist::Comm& comm = dist::world();
     if (comm.size() > 1) run_ranks(state, p, comm);
     else run_local(state, p);

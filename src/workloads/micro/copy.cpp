@@ -1,3 +1,4 @@
+#include "core/checked.h"
 #include "core/error.h"
 #include "workloads/micro/micro.h"
 
@@ -23,11 +24,15 @@ class Copy final : public Workload {
     if (bytes < 1) throw UsageError("copy needs bytes >= 1");
     if (kind == backend::CopyKind::device_to_device && !pinned)
       state.skip("host_memory does not apply to d2d; measured once, under pinned");
+    // d2d holds source and destination on the device; h2d and d2h one buffer there, one on the host.
+    const bool d2d = kind == backend::CopyKind::device_to_device;
+    const auto& device = state.backend().info();
+    const std::int64_t moved = checked_mul(d2d ? 2 : 1, bytes, "copy bytes moved");
+    check_fits_memory(moved, device.memory_bytes, "copy buffers", device.id);
     auto plan = state.backend().make_copy(kind, pinned ? backend::HostMemory::pinned : backend::HostMemory::pageable,
                                           bytes);
     state.check(static_cast<double>(plan->check()), 0.0, "bytes differing from the source after one copy");
-    const bool d2d = kind == backend::CopyKind::device_to_device;
-    state.set_counts({1.0, 0.0, static_cast<double>(bytes) * (d2d ? 2.0 : 1.0), "FLOP"});
+    state.set_counts({1.0, 0.0, static_cast<double>(moved), "FLOP"});
     if (d2d) state.set_ceiling_key("memory.bandwidth");
     state.exec([&plan] { plan->run(); });
   }

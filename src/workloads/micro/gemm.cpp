@@ -1,6 +1,8 @@
 #include <algorithm>
+#include <vector>
 
 #include "backend/ref/ref.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "workloads/micro/gemm_shapes.h"
 #include "workloads/micro/micro.h"
@@ -34,6 +36,59 @@ std::string resolve_trans(const std::string& trans, Precision p) {
   return (p == Precision::fp8 || p == Precision::int8) ? "TN" : "NN";
 }
 
+// The int64 sizes of one point, each checked: a product that overflows, or operands larger than
+// the device's memory, refuse the point (UsageError: `invalid`) before anything is allocated.
+struct GemmFootprint {
+  std::int64_t bytes = 0;  // A, B and C as stored
+  std::int64_t flops = 0;  // 2mnk
+};
+
+GemmFootprint gemm_footprint(const backend::GemmDesc& d, const backend::DeviceInfo& device) {
+  if (d.m < 1 || d.n < 1 || d.k < 1) throw UsageError("gemm needs m, n, k >= 1");
+  const auto in = static_cast<std::int64_t>(input_bytes(d.precision));
+  const auto out = static_cast<std::int64_t>(output_bytes(d.precision));
+  const std::int64_t a = checked_mul(checked_mul(d.m, d.k, "gemm elements of A"), in, "gemm bytes of A");
+  const std::int64_t b = checked_mul(checked_mul(d.k, d.n, "gemm elements of B"), in, "gemm bytes of B");
+  const std::int64_t c = checked_mul(checked_mul(d.m, d.n, "gemm elements of C"), out, "gemm bytes of C");
+  GemmFootprint f;
+  f.bytes = checked_add(checked_add(a, b, "gemm bytes of A and B"), c, "gemm bytes of A, B and C");
+  check_fits_memory(f.bytes, device.memory_bytes, "gemm operands A, B and C", device.id);
+  f.flops = checked_mul(2, checked_mul(checked_mul(d.m, d.n, "gemm m x n"), d.k, "gemm m x n x k"), "gemm FLOPs");
+  return f;
+}
+
+// Recomputes sampled entries of the timed C from the timed A and B in float64: rows {0, m/2, m-1}
+// by columns {0, n/2, n-1}. A point whose kernel did not run, or wrote the wrong result at its real
+// size, fails here (the small full check above never touches the timed operands).
+void check_timed_sample(State& state, backend::GemmPlan& plan, const backend::GemmDesc& d) {
+  auto spread = [](std::int64_t size) {
+    std::vector<std::int64_t> at{0, size / 2, size - 1};
+    at.erase(std::unique(at.begin(), at.end()), at.end());
+    return at;
+  };
+  const std::vector<std::int64_t> rows = spread(d.m), cols = spread(d.n);
+  std::vector<std::int64_t> a_at, b_at, c_at;
+  for (const std::int64_t i : rows)  // row i of op(A)
+    for (std::int64_t l = 0; l < d.k; ++l) a_at.push_back(d.trans_a ? l + i * d.k : i + l * d.m);
+  for (const std::int64_t j : cols)  // column j of op(B)
+    for (std::int64_t l = 0; l < d.k; ++l) b_at.push_back(d.trans_b ? j + l * d.n : l + j * d.k);
+  for (const std::int64_t j : cols)
+    for (const std::int64_t i : rows) c_at.push_back(i + j * d.m);
+  const std::vector<double> a = plan.values_at(backend::GemmOperand::a, a_at);
+  const std::vector<double> b = plan.values_at(backend::GemmOperand::b, b_at);
+  const std::vector<double> got = plan.values_at(backend::GemmOperand::c, c_at);
+  const auto k = static_cast<std::size_t>(d.k);
+  std::vector<double> want;
+  for (std::size_t jc = 0; jc < cols.size(); ++jc)
+    for (std::size_t ir = 0; ir < rows.size(); ++ir) {
+      double sum = 0;
+      for (std::size_t l = 0; l < k; ++l) sum += a[ir * k + l] * b[jc * k + l];
+      want.push_back(sum);
+    }
+  state.check(backend::ref::rel_error(got, want), backend::ref::gemm_tolerance(d.precision),
+              std::to_string(got.size()) + " sampled entries of the timed C against float64 from the timed A and B");
+}
+
 class Gemm final : public Workload {
  public:
   std::string name() const override { return "gemm"; }
@@ -60,7 +115,6 @@ class Gemm final : public Workload {
     d.m = state.get_int("m");
     d.n = state.get_int("n");
     d.k = state.get_int("k");
-    if (d.m < 1 || d.n < 1 || d.k < 1) throw UsageError("gemm needs m, n, k >= 1 (got " + state.point().label() + ")");
     const std::string trans = resolve_trans(state.get_text("trans"), d.precision);
     d.trans_a = trans[0] == 'T';
     d.trans_b = trans[1] == 'T';
@@ -73,6 +127,7 @@ class Gemm final : public Workload {
 
 void run_gemm_point(State& state, const backend::GemmDesc& desc) {
   backend::Backend& be = state.backend();
+  const GemmFootprint size = gemm_footprint(desc, be.info());
   backend::GemmDesc small = desc;
   small.m = std::min(desc.m, kCheckEdge);
   small.n = std::min(desc.n, kCheckEdge);
@@ -86,13 +141,12 @@ void run_gemm_point(State& state, const backend::GemmDesc& desc) {
                     std::to_string(small.k));
   }
   auto plan = be.make_gemm(desc);
-  const double m = static_cast<double>(desc.m), n = static_cast<double>(desc.n), k = static_cast<double>(desc.k);
-  const double in_bytes = static_cast<double>(input_bytes(desc.precision));
-  state.set_counts({1.0, 2.0 * m * n * k, (m * k + k * n) * in_bytes + m * n * static_cast<double>(output_bytes(desc.precision)),
+  state.set_counts({1.0, static_cast<double>(size.flops), static_cast<double>(size.bytes),
                     is_integer(desc.precision) ? "OP" : "FLOP"});
   state.set_ceiling_key("gemm." + std::string(to_string(desc.precision)));
   state.add_metric("algorithm", plan->algorithm());
   state.exec([&plan] { plan->run(); });
+  check_timed_sample(state, *plan, desc);
 }
 
 std::unique_ptr<Workload> make_gemm() { return std::make_unique<Gemm>(); }

@@ -2,6 +2,7 @@
 // p2pBandwidthLatencyTest (docs/METHODOLOGY.md "Peer copies"). Each point is one (src, dst) pair at
 // one size; the diagonal is a copy within one GPU, for scale.
 #include "backend/collectives.h"
+#include "core/checked.h"
 #include "core/error.h"
 #include "dist/comm.h"
 #include "workloads/micro/micro.h"
@@ -35,6 +36,10 @@ class P2p final : public Workload {
     const std::int64_t bytes = state.get_int("bytes");
     const bool bi = state.get_text("direction") == "bi";
     if (bytes < 1) throw UsageError("p2p needs bytes >= 1");
+    // Each side holds a source and a destination buffer when both directions run.
+    const std::int64_t moved = checked_mul(bi ? 2 : 1, bytes, "p2p bytes moved");
+    check_fits_memory(checked_mul(2, bytes, "p2p bytes of source and destination"), state.backend().info().memory_bytes,
+                      "p2p buffers", state.backend().info().id);
     if (dist::world().size() > 1)
       state.skip("p2p measures the GPUs of one process; run it without mpirun or srun");
     const auto& info = state.backend().info();
@@ -48,7 +53,7 @@ class P2p final : public Workload {
 
     auto plan = backend::make_peer_copy(desc);
     state.check(static_cast<double>(plan->check()), 0.0, "bytes that differ from the source after one copy");
-    state.set_counts({1.0, 0.0, static_cast<double>(bytes) * (bi ? 2.0 : 1.0), "FLOP"});
+    state.set_counts({1.0, 0.0, static_cast<double>(moved), "FLOP"});
     auto timer = plan->make_timer();
     state.exec(*timer, [&plan] { plan->run(); });
 

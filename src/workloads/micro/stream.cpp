@@ -1,3 +1,4 @@
+#include "core/checked.h"
 #include "core/error.h"
 #include "workloads/micro/micro.h"
 
@@ -26,11 +27,15 @@ class Stream final : public Workload {
 void run_stream_point(State& state, backend::StreamOp op, std::int64_t array_bytes) {
   if (array_bytes < 8) throw UsageError("stream needs array_bytes >= 8");
   const std::int64_t elements = array_bytes / 8;
+  // The plan holds three arrays whatever the op touches.
+  const auto& device = state.backend().info();
+  check_fits_memory(checked_mul(3, elements * 8, "stream bytes of 3 arrays"), device.memory_bytes,
+                    "stream's 3 arrays", device.id);
+  const std::int64_t moved = checked_mul(backend::stream_arrays_touched(op), elements * 8, "stream bytes moved");
   auto plan = state.backend().make_stream(op, elements);
   state.check(plan->check(), 1e-12, backend::stream_op_name(op) + " against the same op on the host");
-  const double bytes = static_cast<double>(backend::stream_arrays_touched(op)) * static_cast<double>(elements) * 8.0;
   const double flops = op == backend::StreamOp::copy ? 0.0 : (op == backend::StreamOp::triad ? 2.0 : 1.0);
-  state.set_counts({static_cast<double>(elements), flops * static_cast<double>(elements), bytes, "FLOP"});
+  state.set_counts({static_cast<double>(elements), flops * static_cast<double>(elements), static_cast<double>(moved), "FLOP"});
   state.set_ceiling_key("memory.bandwidth");
   state.exec([&plan] { plan->run(); });
 }

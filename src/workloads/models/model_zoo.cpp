@@ -5,6 +5,7 @@
 #include <mutex>
 #include <numbers>
 
+#include "core/checked.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "backend/ref/ref.h"
@@ -196,6 +197,13 @@ ModelSpec model_spec(const State& state, bool training) {
   spec.precision = parse_model_precision(state.get_text("precision"), training);
   spec.layout = parse_layout(state.get_text("layout"));
   spec.training = training;
+  // Checked before any graph is planned: a batch of images whose size overflows 64 bits is refused
+  // (`invalid`); one that fits in 64 bits but not in the device is left to the memory plan, whose
+  // arena the bind refuses (`oom`, with the plan's size). Sizes below 1 are refused by train and infer.
+  if (spec.batch < 1 || spec.image_px < 1) return spec;
+  const std::int64_t pixels = checked_mul(spec.image_px, spec.image_px, "image_size x image_size");
+  checked_mul(checked_mul(checked_mul(spec.batch, 3, "batch x 3 channels"), pixels, "input elements"), 8,
+              "input bytes");
   return spec;
 }
 
