@@ -91,7 +91,7 @@ Run load_folder(const fs::path& dir, const fs::path& points_file) {
       where += (i ? ", " : "") + points_file.string() + ":" + std::to_string(read.bad_line_numbers[i]);
     if (read.bad_line_numbers.size() > kNamed) where += ", ...";
     run.unreadable_lines = read.bad_lines;
-    run.notes.push_back(std::to_string(read.bad_lines) + " unreadable line(s) were skipped, not reported: " + where +
+    run.notes.push_back(std::to_string(read.bad_lines) + " unparsable line(s) were skipped, not reported: " + where +
                         " (a run killed mid-write leaves one as its last line)");
   }
   run.points = std::move(read.records);
