@@ -245,6 +245,97 @@ TEST(Cli, MalformedSuiteNamesFileAndLine) {
   EXPECT_NE(o.output.find("bad.yaml:"), std::string::npos) << o.output;
 }
 
+// One small measured run in `out`, for the output tests.
+void small_run(const fs::path& out) {
+  const Ran o = run({"run", "stream", "--device", "cpu", "--axis", "array_bytes=65536", "--axis", "op=copy",
+                     "--min-time", "0.01", "--max-noise", "50", "--out", out.string(), "--quiet"});
+  ASSERT_EQ(o.code, 0) << o.output;
+}
+
+std::string file_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Cli, OutputPathsOfTheStoreAreRefusedByEveryWriter) {
+  TempDir dir;
+  small_run(dir.path());
+  const fs::path db = dir.path() / "runs" / "accelbench.db";
+  const auto dirs = run_dirs(dir.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const fs::path points = dirs[0] / "points.jsonl";
+  const std::string db_before = file_text(db), points_before = file_text(points);
+  fs::create_directories(dir.path() / "sub");
+  fs::create_symlink(db, dir.path() / "store.csv");
+  const std::string out = dir.path().string(), run_id = dirs[0].filename().string();
+  for (const std::string& target : std::vector<std::string>{db.string(), (dir.path() / "sub" / ".." / "runs" / "accelbench.db").string(),
+                                   (dir.path() / "store.csv").string(), points.string()}) {
+    for (const auto& args : std::vector<std::vector<std::string>>{
+             {"results", "--out", out, "--csv", "-o", target},
+             {"report", run_id, "--out", out, "--format", "md", "-o", target},
+             {"compare", run_id, run_id, "--out", out, "-o", target}}) {
+      const Ran o = run(args);
+      EXPECT_EQ(o.code, 2) << args[0] << " -o " << target << ": " << o.output;
+      EXPECT_NE(o.output.find("refusing to write"), std::string::npos) << o.output;
+    }
+  }
+  EXPECT_EQ(file_text(db), db_before);
+  EXPECT_EQ(file_text(points), points_before);
+}
+
+TEST(Cli, FailedResultsKeepsTheExistingOutputFile) {
+  TempDir dir;
+  small_run(dir.path());
+  const fs::path existing = dir.path() / "existing.csv";
+  { std::ofstream(existing) << "keep me\n"; }
+  const Ran o = run({"results", "nosuchrun", "--out", dir.path().string(), "--csv", "-o", existing.string()});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_EQ(file_text(existing), "keep me\n");
+  const Ran ok = run({"results", "--out", dir.path().string(), "--csv", "-o", existing.string()});
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_EQ(file_text(existing).rfind("run_id,seq,", 0), 0u);
+}
+
+TEST(Cli, WritingToAFullDeviceFails) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full on this machine";
+  TempDir dir;
+  small_run(dir.path());
+  const std::string bin = test::quote(kBinary), out = test::quote(dir.path().string());
+  for (const std::string& args : std::vector<std::string>{"results --out " + out, "results --out " + out + " --csv", "list",
+                                 "report --out " + out + " --format md"}) {
+    const Ran o = test::shell(bin + " " + args + " >/dev/full 2>&1");
+    EXPECT_NE(o.code, 0) << args;
+    const Ran msg = test::shell(bin + " " + args + " 2>&1 >/dev/full");
+    EXPECT_NE(msg.output.find("cannot write to standard output"), std::string::npos) << args << ": " << msg.output;
+  }
+}
+
+TEST(Cli, RunWithNoOkPointExitsNonZero) {
+  TempDir dir;  // bf16 gemm has no CPU kernel: every point is skipped
+  const Ran o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64", "--axis", "precision=bf16", "--out",
+                     dir.path().string(), "--quiet"});
+  EXPECT_EQ(o.code, 1) << o.output;
+  const auto dirs = run_dirs(dir.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
+  ASSERT_EQ(read.records.size(), 1u);
+  EXPECT_EQ(read.records[0]["status"], "skipped");
+}
+
+TEST(Cli, ListingEscapesStoredControlCharactersAndQuotesTheCommandLine) {
+  TempDir dir;  // a folder name with a blank and an escape sequence: legal, and stored in the command line
+  const fs::path out = dir.path() / "a b\x1b[2J";
+  small_run(out);
+  const Ran list = run({"results", "--out", out.string()});
+  EXPECT_EQ(list.code, 0) << list.output;
+  EXPECT_EQ(list.output.find('\x1b'), std::string::npos) << list.output;
+  EXPECT_NE(list.output.find("a b\\x1b[2J"), std::string::npos) << list.output;
+  const auto runs = ab::results::list_runs(out / "runs" / "accelbench.db");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_NE(runs.front().command_line.find(" --out " + test::quote(out.string()) + " "), std::string::npos)
+      << runs.front().command_line;
+}
+
 TEST(Cli, RunWritesRecordsToJsonlAndStore) {
   TempDir dir;
   const Ran o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--axis", "precision=fp32,bf16",

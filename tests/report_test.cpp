@@ -204,6 +204,24 @@ TEST(ReportSummary, AttentionTableListsEveryFlaggedPoint) {
   EXPECT_NE(std::get<Paragraph>(s->blocks[0]).text.find("1 did not converge"), std::string::npos);
 }
 
+TEST(ReportLoad, UnreadableLinesAreCountedNamedAndNeverCalledFine) {
+  ab::test::TempDir dir;
+  const fs::path points = dir.path() / "points.jsonl";
+  {
+    std::ofstream out(points, std::ios::binary);
+    out << rec(0, "gemm", {{"m", 64}}).dump() << "\n{\"run_id\": \"R1\", garbled\n"
+        << rec(1, "gemm", {{"m", 128}}).dump() << "\n" << rec(2, "gemm", {{"m", 256}}).dump().substr(0, 40) << "\n";
+  }
+  const ab::report::Run run = load_run(dir.path().string(), dir.path().string());
+  EXPECT_EQ(run.points.size(), 2u);
+  EXPECT_EQ(run.unreadable_lines, 2u);
+  const std::string md = render_markdown(build_report({run}));
+  EXPECT_NE(md.find(points.string() + ":2"), std::string::npos) << md;
+  EXPECT_NE(md.find(points.string() + ":4"), std::string::npos) << md;
+  EXPECT_NE(md.find("2 line(s) of the points files could not be read"), std::string::npos) << md;
+  EXPECT_EQ(md.find("every point is ok"), std::string::npos) << md;
+}
+
 TEST(ReportEscaping, MarkupInRecordsIsInert) {
   const std::string evil = "<script>alert(1)</script>\"'&";
   std::vector<json> pts = {rec(0, evil, {{"batch", 1}, {"model", evil}}, "ok", 1e-3, {{"samples_per_s", 5.0}}),

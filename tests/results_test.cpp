@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "results/fields.h"
+#include "results/output.h"
 #include "results/results.h"
 
 namespace ab::results {
@@ -461,6 +462,98 @@ TEST_F(ResultsTest, ConcurrentAppendsFromTwoProcessesBothLand) {
 }
 
 // --fields: dotted paths into the record's JSON, list indices included.
+TEST_F(ResultsTest, ReadJsonlNamesEachUnreadableLine) {
+  const fs::path f = dir_ / "points.jsonl";
+  write_text(f, make_record("r", 0).dump() + "\n{garbled\n\n" + make_record("r", 1).dump() + "\n[1,2]\n");
+  const JsonlRead read = read_jsonl(f);
+  EXPECT_EQ(read.records.size(), 2u);
+  EXPECT_EQ(read.bad_lines, 2u);
+  EXPECT_EQ(read.bad_line_numbers, (std::vector<std::size_t>{2, 5}));
+}
+
+TEST(ResultsCsv, FormulaCellsAreNeutralisedAndNumbersKept) {
+  std::vector<json> points = {make_record("r", 0)};
+  points[0]["reason"] = "=HYPERLINK(\"http://x\")";
+  points[0]["params"]["precision"] = "@SUM(A1)";
+  points[0]["params"]["trans"] = "-1.5";  // a number written as text stays a number
+  points[0]["params"]["m"] = -3;
+  std::ostringstream csv;
+  write_csv(csv, points);
+  EXPECT_NE(csv.str().find(",\"'=HYPERLINK(\"\"http://x\"\")\","), std::string::npos) << csv.str();
+  EXPECT_NE(csv.str().find(",'@SUM(A1),"), std::string::npos) << csv.str();
+  EXPECT_NE(csv.str().find(",-1.5"), std::string::npos) << csv.str();
+  EXPECT_EQ(csv.str().find("'-"), std::string::npos) << csv.str();
+  EXPECT_EQ(spreadsheet_safe("+cmd|' /C calc'!A0"), "'+cmd|' /C calc'!A0");
+  EXPECT_EQ(spreadsheet_safe("-"), "'-");
+  EXPECT_EQ(spreadsheet_safe("1e-3"), "1e-3");
+  EXPECT_EQ(spreadsheet_safe("\tx"), "'\tx");
+  std::ostringstream fields;
+  write_fields(fields, points, {"reason", "params.m"}, /*csv=*/true);
+  EXPECT_NE(fields.str().find("\"'=HYPERLINK"), std::string::npos) << fields.str();
+  EXPECT_NE(fields.str().find(",-3"), std::string::npos) << fields.str();
+}
+
+TEST(ResultsText, ControlCharactersAreEscapedForTheTerminal) {
+  EXPECT_EQ(terminal_safe("ok\x1b[2J\x1b]0;pwned\x07 done\r\n\t"), "ok\\x1b[2J\\x1b]0;pwned\\x07 done\\x0d\\n\\t");
+  EXPECT_EQ(terminal_safe("\x7f"), "\\x7f");
+  EXPECT_EQ(terminal_safe("\xc2\x9b" "31m"), "\\u009b31m");  // C1 CSI
+  EXPECT_EQ(terminal_safe("\xff" "a"), "\\xffa");             // not UTF-8
+  EXPECT_EQ(terminal_safe("H200 \xc2\xb5s \xe2\x89\xa0"), "H200 \xc2\xb5s \xe2\x89\xa0");  // text is kept
+  std::ostringstream table;
+  write_fields(table, {json{{"reason", "a\x1b[31mred"}}}, {"reason"}, /*csv=*/false);
+  EXPECT_EQ(table.str().find('\x1b'), std::string::npos) << table.str();
+}
+
+TEST(ResultsText, QuotedCommandLineRoundTripsThroughSh) {
+  const std::vector<std::string> args = {"accelbench", "run", "gemm", "--axis", "m,n,k=64:128", "k=*2", "it's", "",
+                                         "a b", "$HOME", "`id`", "semi;colon", "new\nline", "*", "back\\slash"};
+  const std::string line = shell_quoted_command(args);
+  EXPECT_EQ(line.substr(0, 47), "accelbench run gemm --axis m,n,k=64:128 'k=*2' ");  // plain words stay plain
+  FILE* p = ::popen(("printf '%s\\0' " + line).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[256];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0);
+  std::vector<std::string> back;
+  for (std::size_t start = 0, end; (end = out.find('\0', start)) != std::string::npos; start = end + 1)
+    back.push_back(out.substr(start, end - start));
+  EXPECT_EQ(back, args);
+}
+
+TEST_F(ResultsTest, OutputPathsOfTheStoreAreRefused) {
+  {
+    ResultStore store(dir_, run_info("r1"));
+    store.append(make_record("r1", 0));
+    store.finish("complete");
+  }
+  const fs::path points = dir_ / "runs" / "r1" / "points.jsonl";
+  fs::create_directories(dir_ / "sub");
+  fs::create_symlink(db(), dir_ / "link.csv");
+  fs::create_hard_link(points, dir_ / "hard.csv");
+  const auto db_bytes = fs::file_size(db());
+  for (const fs::path& p : {db(), dir_ / "sub" / ".." / "runs" / "accelbench.db", fs::path(dir_ / "link.csv"),
+                            fs::path(dir_ / "hard.csv"), points, dir_ / "runs" / "r1" / "run.json"}) {
+    EXPECT_THROW(check_output_path(p, dir_), UsageError) << p;
+    EXPECT_THROW(write_output_file(p, dir_, "x"), UsageError) << p;
+  }
+  EXPECT_EQ(fs::file_size(db()), db_bytes);
+  EXPECT_EQ(read_jsonl(points).records.size(), 1u);
+  EXPECT_NO_THROW(check_output_path(dir_ / "out.csv", dir_));
+}
+
+TEST_F(ResultsTest, OutputFileIsReplacedWholeThroughItsSymlink) {
+  const fs::path real = dir_ / "real.csv", link = dir_ / "link.csv";
+  write_text(real, "old");
+  fs::create_symlink(real, link);
+  write_output_file(link, dir_, "new contents");
+  EXPECT_TRUE(fs::is_symlink(link));
+  std::ifstream in(real);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "new contents");
+  for (const auto& e : fs::directory_iterator(dir_))  // no temporary left behind
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
 TEST(ResultsFields, DottedPathsReachNestedKeysAndListItems) {
   const nlohmann::json record = nlohmann::json::parse(R"({"params": {"batch": 8, "precision": "bf16"},
       "telemetry": {"gpus": [{"mean_sm_clock_mhz": 1980.5}, {"mean_sm_clock_mhz": 1950}]},

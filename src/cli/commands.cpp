@@ -8,6 +8,7 @@
 #include <iostream>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -15,6 +16,7 @@
 #include "harness/suite.h"
 #include "report/report.h"
 #include "results/fields.h"
+#include "results/output.h"
 #include "results/results.h"
 #include "system/build_info.h"
 #include "system/system.h"
@@ -195,9 +197,11 @@ int list(bool json) {
 
 // A failed point is a failure (1); a point refused for its values (a bad axis value the plan could
 // not see, e.g. out of range) a usage error (2), after every other point has run and been kept.
+// A run that measured nothing (every point oom, skipped, ...) has no result to show: 1.
 static int exit_code(const harness::RunTotals& totals) {
   if (totals.by_status.count("error")) return 1;
-  return totals.by_status.count("invalid") ? 2 : 0;
+  if (totals.by_status.count("invalid")) return 2;
+  return totals.by_status.count("ok") ? 0 : 1;
 }
 
 int run(const RunOptions& o) {
@@ -229,42 +233,44 @@ int run(const RunOptions& o) {
   return exit_code(totals);
 }
 
+// The listing of every run, one line each; stored text is escaped for the terminal.
+static void write_run_list(std::ostream& out, const std::vector<results::RunRow>& runs) {
+  out << std::left << std::setw(26) << "run_id" << std::setw(26) << "started" << std::setw(13) << "status" << std::setw(8)
+      << "points" << std::setw(6) << "ok" << "command\n";
+  for (const auto& r : runs)
+    out << std::setw(26) << results::terminal_safe(r.run_id) << std::setw(26) << results::terminal_safe(r.started_at)
+        << std::setw(13) << results::terminal_safe(r.status) << std::setw(8) << r.points << std::setw(6) << r.ok_points
+        << results::terminal_safe(r.command_line) << '\n';
+}
+
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file,
             const std::string& fields) {
   try {
     const auto field_paths = fields.empty() ? std::vector<std::string>{} : results::split_field_list(fields);
     const std::filesystem::path db = std::filesystem::path(out_dir) / "runs" / "accelbench.db";
+    if (!output_file.empty()) results::check_output_path(output_file, out_dir);  // before any work
     if (!std::filesystem::exists(db)) throw UsageError("no results store at " + db.string() + " (run something first, or pass --out)");
-    std::ofstream file;
-    if (!output_file.empty()) {
-      file.open(output_file);
-      if (!file) throw UsageError("cannot write " + output_file);
-    }
-    std::ostream& out = output_file.empty() ? std::cout : file;
+    // Everything is composed first and written at the end, so an error leaves no partial output.
+    std::ostringstream out;
     const auto runs = results::list_runs(db);
     if (run_id.empty() && !csv && field_paths.empty()) {
-      out << std::left << std::setw(26) << "run_id" << std::setw(26) << "started" << std::setw(13) << "status"
-          << std::setw(8) << "points" << std::setw(6) << "ok" << "command\n";
-      for (const auto& r : runs)
-        out << std::setw(26) << r.run_id << std::setw(26) << r.started_at << std::setw(13) << r.status << std::setw(8)
-            << r.points << std::setw(6) << r.ok_points << r.command_line << '\n';
-      return 0;
+      write_run_list(out, runs);
+    } else {
+      if (runs.empty()) throw UsageError("the store has no runs");
+      const std::string id = run_id.empty() ? runs.front().run_id : run_id;
+      auto points = results::load_points(db, id);
+      if (!field_paths.empty()) {
+        results::write_fields(out, points, field_paths, csv);
+      } else if (csv) {
+        results::write_csv(out, points);
+      } else {
+        for (auto& p : points)
+          if (p.contains("time")) p["time"].erase("samples_s");
+        report::print_summary(out, points);
+      }
     }
-    if (runs.empty()) throw UsageError("the store has no runs");
-    const std::string id = run_id.empty() ? runs.front().run_id : run_id;
-    auto points = results::load_points(db, id);
-    if (!field_paths.empty()) {
-      results::write_fields(out, points, field_paths, csv);
-      return 0;
-    }
-    if (csv) {
-      results::write_csv(out, points);
-      return 0;
-    }
-    for (auto& p : points) {
-      if (p.contains("time")) p["time"].erase("samples_s");
-    }
-    report::print_summary(out, points);
+    if (output_file.empty()) results::write_stdout(out.str());
+    else results::write_output_file(output_file, out_dir, out.str());
     return 0;
   } catch (const UsageError& e) {
     std::cerr << "accelbench results: " << e.what() << '\n';

@@ -2,9 +2,12 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/report_commands.h"
+#include "results/output.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"accelbench: measures what an accelerator really does on training, inference and kernels"};
@@ -86,15 +89,24 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  for (int i = 0; i < argc; ++i) run_opts.command_line += (i ? " " : "") + std::string(argv[i]);
+  run_opts.command_line = ab::results::shell_quoted_command(std::vector<std::string>(argv, argv + argc));
 
-  if (*sysinfo) return ab::cli::sysinfo(sysinfo_json);
-  if (*list) return ab::cli::list(list_json);
-  if (*run) return ab::cli::run(run_opts);
-  if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields);
-  if (*monitor) return ab::cli::monitor(monitor_interval_ms, monitor_duration_s);
-  if (*report) return ab::cli::report(report_opts);
-  if (*compare) return ab::cli::compare(compare_opts);
-  if (*import) return ab::cli::import_results(import_file, import_system, import_out, run_opts.command_line);
-  return 2;
+  const int rc = [&] {
+    if (*sysinfo) return ab::cli::sysinfo(sysinfo_json);
+    if (*list) return ab::cli::list(list_json);
+    if (*run) return ab::cli::run(run_opts);
+    if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields);
+    if (*monitor) return ab::cli::monitor(monitor_interval_ms, monitor_duration_s);
+    if (*report) return ab::cli::report(report_opts);
+    if (*compare) return ab::cli::compare(compare_opts);
+    if (*import) return ab::cli::import_results(import_file, import_system, import_out, run_opts.command_line);
+    return 2;
+  }();
+  // Output that never arrived (a full device, a closed pipe) is a failure, whatever the command did.
+  std::cout.flush();
+  if (!std::cout) {
+    std::cerr << "accelbench: cannot write to standard output\n";
+    return rc != 0 ? rc : 1;
+  }
+  return rc;
 }

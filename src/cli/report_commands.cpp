@@ -1,11 +1,11 @@
 #include "cli/report_commands.h"
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "core/error.h"
 #include "report/report.h"
+#include "results/output.h"
 #include "results/results.h"
 
 namespace ab::cli {
@@ -26,22 +26,14 @@ std::vector<report::Run> load_runs(std::vector<std::string> names, const std::st
   return runs;
 }
 
-// Written to a temporary beside the target and renamed, so a failed write leaves no half file.
-void write_output(const std::string& path, const std::string& text) {
-  const fs::path target(path), tmp = fs::path(path + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw UsageError("cannot write " + tmp.string());
-    out << text;
-    out.close();
-    if (!out) throw Error("writing " + tmp.string() + " failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw UsageError("cannot write " + path + ": " + ec.message());
-  }
+// Standard output for "" or "-", else a file written whole or not at all, never one of the store's.
+void write_result(const std::string& path, const std::string& out_dir, const std::string& text) {
+  if (path.empty() || path == "-") results::write_stdout(text);
+  else results::write_output_file(path, out_dir, text);
+}
+
+void check_output(const std::string& path, const std::string& out_dir) {
+  if (!path.empty() && path != "-") results::check_output_path(path, out_dir);
 }
 
 template <class F>
@@ -65,15 +57,13 @@ int report(const ReportOptions& o) {
       std::string why;
       if (!report::html_available(&why)) throw Error("cannot write an HTML report: " + why + " (`--format md` needs no scripts)");
     }
+    const std::string path = !o.output.empty() ? o.output : o.format == "html" ? "report.html" : "";
+    check_output(path, o.out_dir);  // before the work, so a refused path costs nothing
     const auto runs = load_runs(o.runs, o.out_dir);
     const auto doc = report::build_report(runs);
     const std::string text = o.format == "html" ? report::render_html(doc) : report::render_markdown(doc);
-    const std::string path = !o.output.empty() ? o.output : o.format == "html" ? "report.html" : "";
-    if (path.empty() || path == "-") {
-      std::cout << text;
-      return 0;
-    }
-    write_output(path, text);
+    write_result(path, o.out_dir, text);
+    if (path.empty() || path == "-") return 0;
     std::cerr << "accelbench report: " << runs.size() << (runs.size() == 1 ? " run, " : " runs, ") << doc.chart_count()
               << " charts -> " << path << '\n';
     return 0;
@@ -87,13 +77,13 @@ int compare(const CompareOptions& o) {
       std::string why;
       if (!report::html_available(&why)) throw Error("cannot write HTML: " + why);
     }
+    check_output(o.output, o.out_dir);
     const auto runs = load_runs(o.runs, o.out_dir);
     const auto doc = report::build_comparison(runs);
     const std::string text = o.format == "md"     ? report::render_markdown(doc)
                              : o.format == "html" ? report::render_html(doc)
                                                   : report::render_text(doc);
-    if (o.output.empty() || o.output == "-") std::cout << text;
-    else write_output(o.output, text);
+    write_result(o.output, o.out_dir, text);
     return 0;
   });
 }

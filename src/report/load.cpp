@@ -84,9 +84,16 @@ Run load_folder(const fs::path& dir, const fs::path& points_file) {
   if (read.records.empty() && !fs::exists(run_json))
     throw Error(points_file.string() + ": holds no records and has no run.json beside it: nothing to report");
   check_records(read.records, points_file.string());
-  if (read.bad_lines > 0)
-    run.notes.push_back(std::to_string(read.bad_lines) + " unparsable line(s) in " + points_file.string() +
-                        " were skipped (a run killed mid-write leaves one)");
+  if (read.bad_lines > 0) {
+    constexpr std::size_t kNamed = 10;
+    std::string where;
+    for (std::size_t i = 0; i < read.bad_line_numbers.size() && i < kNamed; ++i)
+      where += (i ? ", " : "") + points_file.string() + ":" + std::to_string(read.bad_line_numbers[i]);
+    if (read.bad_line_numbers.size() > kNamed) where += ", ...";
+    run.unreadable_lines = read.bad_lines;
+    run.notes.push_back(std::to_string(read.bad_lines) + " unparsable line(s) were skipped, not reported: " + where +
+                        " (a run killed mid-write leaves one as its last line)");
+  }
   run.points = std::move(read.records);
   if (run.id.empty() && !run.points.empty()) run.id = detail::str(run.points.front(), "run_id").value_or("");
   if (run.info.is_null()) run.info = {{"run_id", run.id}, {"status", "unknown (no run.json)"}};

@@ -31,6 +31,7 @@ struct Run {
   std::optional<nlohmann::json> telemetry_trace;  // telemetry.json, when the run folder has one
   std::vector<std::string> notes;      // things the reader should know (skipped lines, unreadable trace)
   bool external = false;               // imported published figures (`accelbench import`)
+  std::size_t unreadable_lines = 0;    // lines of points.jsonl that are no record (named in notes)
 };
 
 // `what` is a run id (looked up in <out_dir>/runs/accelbench.db), a run folder holding points.jsonl,

@@ -186,7 +186,16 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     t.rows.push_back({text_cell(p.workload()), text_cell(params_label(p.params(), keys)), status_cell(p), mc, sc});
     if (multi_run) t.rows.back().insert(t.rows.back().begin(), text_cell(p.run->label, p.run->id));
   }
-  if (t.rows.empty())
+  std::size_t unreadable = 0;
+  for (const auto& r : runs) unreadable += r.unreadable_lines;
+  if (unreadable > 0)
+    s.blocks.push_back(Paragraph{std::to_string(unreadable) +
+                                     " line(s) of the points files could not be read and are in no table or chart: "
+                                     "the runs section names them.",
+                                 true});
+  if (t.rows.empty() && unreadable > 0)
+    s.blocks.push_back(Paragraph{"Of the points that could be read, none needs attention.", false});
+  else if (t.rows.empty())
     s.blocks.push_back(Paragraph{"No point needs attention: every point is ok, and every measured one converged and met its "
                                  "noise target.",
                                  false});

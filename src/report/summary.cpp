@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "report/report.h"
+#include "results/output.h"
 #include "results/text.h"
 
 namespace ab::report {
@@ -17,7 +18,7 @@ std::string point_text(const nlohmann::json& params) {
     std::string& part = v.is_string() ? text_part : number_part;
     part += (part.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
   }
-  std::string point = text_part + (text_part.empty() || number_part.empty() ? "" : " ") + number_part;
+  std::string point = results::terminal_safe(text_part + (text_part.empty() || number_part.empty() ? "" : " ") + number_part);
   if (point.size() > 43) point = point.substr(0, 40) + "...";
   return point;
 }
@@ -30,7 +31,7 @@ void scenario_cells(std::ostream& out, const nlohmann::json& sc) {
   std::ostringstream rate;
   rate << std::setprecision(4) << sc.value("completed_samples_per_s", 0.0) << " /s";
   out << std::setw(12) << results::format_seconds(latency) << std::setw(16) << rate.str() << std::setw(10) << ""
-      << std::setw(8) << sc.value("result", "") << '\n';
+      << std::setw(8) << results::terminal_safe(sc.value("result", "")) << '\n';
 }
 
 std::string rate_text(const results::Record& r) {
@@ -55,7 +56,7 @@ void print_summary(std::ostream& out, const std::vector<results::Record>& record
       << std::right << std::setw(12) << "median" << std::setw(16) << "rate" << std::setw(10) << "% ceil"
       << std::setw(8) << "noise" << '\n';
   for (const auto& r : records) {
-    out << std::left << std::setw(12) << r.workload << std::setw(44) << point_text(r.params) << std::setw(9)
+    out << std::left << std::setw(12) << results::terminal_safe(r.workload) << std::setw(44) << point_text(r.params) << std::setw(9)
         << results::to_string(r.status) << std::right;
     if (r.scenario.is_object()) {
       scenario_cells(out, r.scenario);

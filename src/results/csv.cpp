@@ -3,6 +3,7 @@
 #include <string>
 #include <string_view>
 
+#include "results/output.h"
 #include "results/results.h"
 
 namespace ab::results {
@@ -35,7 +36,7 @@ const json* find(const json& record, const Column& c) {
 
 std::string cell_text(const json* v) {
   if (v == nullptr || v->is_null()) return {};
-  if (v->is_string()) return v->get<std::string>();
+  if (v->is_string()) return spreadsheet_safe(v->get<std::string>());
   // Numbers print in nlohmann's shortest round-trip form; objects and arrays as compact JSON.
   return v->dump(-1, ' ', false, json::error_handler_t::replace);
 }

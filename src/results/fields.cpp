@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "results/output.h"
 
 namespace ab::results {
 using nlohmann::json;
@@ -21,9 +22,10 @@ bool list_index(std::string_view key, std::size_t& index) {
 }
 
 // CSV keeps every digit (shortest round trip); the text table, for reading, 6 significant ones.
+// Text is made harmless where it lands: no formulas in a spreadsheet, no escapes on a terminal.
 std::string cell_text(const json* value, bool csv) {
   if (value == nullptr || value->is_null()) return {};
-  if (value->is_string()) return value->get<std::string>();
+  if (value->is_string()) return csv ? spreadsheet_safe(value->get<std::string>()) : terminal_safe(value->get<std::string>());
   if (value->is_number_float() && !csv) {
     char text[32];
     std::snprintf(text, sizeof text, "%.6g", value->get<double>());

@@ -68,6 +68,7 @@ std::vector<nlohmann::json> load_points(const std::filesystem::path& db_path, co
 struct JsonlRead {
   std::vector<nlohmann::json> records;
   std::size_t bad_lines = 0;  // unparsable lines, e.g. the last one of a run killed mid-write
+  std::vector<std::size_t> bad_line_numbers;  // 1-based, in file order
 };
 JsonlRead read_jsonl(const std::filesystem::path& file);  // throws ab::Error if unreadable
 
