@@ -211,7 +211,7 @@ TEST(Cli, SettingsThatAreNotFiniteOrOutOfRangeAreRefusedBeforeRunning) {
   std::ofstream(suite) << "name: nan\nsettings:\n  min_time: .nan\nsteps:\n  - workload: stream\n";
   o = run({"run", suite.string(), "--device", "cpu", "--out", dir.path().string()});
   EXPECT_EQ(o.code, 2) << o.output;
-  EXPECT_NE(o.output.find("suite 'nan': setting 'min_time' must be a finite number"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("nan.yaml:3: setting 'min_time' must be a finite number"), std::string::npos) << o.output;
   EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
   for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
            {"--interval", "nan"}, {"--interval", "inf"}, {"--interval", "0"}, {"--interval", "-5"},
