@@ -211,7 +211,7 @@ TEST(Cli, SettingsThatAreNotFiniteOrOutOfRangeAreRefusedBeforeRunning) {
   std::ofstream(suite) << "name: nan\nsettings:\n  min_time: .nan\nsteps:\n  - workload: stream\n";
   o = run({"run", suite.string(), "--device", "cpu", "--out", dir.path().string()});
   EXPECT_EQ(o.code, 2) << o.output;
-  EXPECT_NE(o.output.find("suite 'nan': setting 'min_time' must be a finite number"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("nan.yaml:3: setting 'min_time' must be a finite number"), std::string::npos) << o.output;
   EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
   for (const auto& [option, value] : std::vector<std::pair<std::string, std::string>>{
            {"--interval", "nan"}, {"--interval", "inf"}, {"--interval", "0"}, {"--interval", "-5"},
@@ -446,6 +446,122 @@ TEST(Cli, InterruptedRunExits130AndKeepsPoints) {
   EXPECT_EQ(nlohmann::json::parse(run_json)["status"], "interrupted");
 }
 
+TEST(Cli, KilledRunIsShownIncompleteAgainstItsPlan) {
+  TempDir dir;
+  const pid_t pid = spawn(long_sweep(dir.path()));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_points(dir.path(), 2, 60)) << "no points appeared";
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const auto runs = ab::results::list_runs(dir.path() / "runs" / "accelbench.db");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].status, "running");  // nothing could mark it: its owner pid tells
+  // The sweep plans 16 sizes of each of stream's 4 kernels.
+  const std::string shown = "incomplete (" + std::to_string(runs[0].points) + " of 64 points)";
+  EXPECT_EQ(runs[0].shown_status, shown);
+  const Ran list = run({"results", "--out", dir.path().string()});
+  EXPECT_NE(list.output.find(shown), std::string::npos) << list.output;
+}
+
+// A hang-up (the terminal closed) and a second Ctrl-C end the run as the first Ctrl-C does.
+void expect_signals_end_the_run_interrupted(const std::vector<int>& signals) {
+  TempDir dir;
+  const pid_t pid = spawn(long_sweep(dir.path()));
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_points(dir.path(), 1, 60));
+  for (const int sig : signals) kill(pid, sig);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const auto dirs = run_dirs(dir.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
+  EXPECT_GE(read.records.size(), 1u);
+  EXPECT_EQ(read.bad_lines, 0u);
+  for (const auto& r : read.records) EXPECT_NE(r["status"], "invalid") << r.dump();
+  const auto runs = ab::results::list_runs(dir.path() / "runs" / "accelbench.db");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].status, "interrupted");
+  EXPECT_EQ(static_cast<std::size_t>(runs[0].points), read.records.size());
+}
+
+TEST(Cli, HangupEndsTheRunAsInterrupted) { expect_signals_end_the_run_interrupted({SIGHUP}); }
+
+TEST(Cli, ASecondInterruptEndsTheRunAsTheFirstDoes) { expect_signals_end_the_run_interrupted({SIGINT, SIGINT}); }
+
+TEST(Cli, SuiteTypeErrorsAndDuplicateKeysNameFileAndLine) {
+  TempDir dir;
+  const fs::path suite = dir.path() / "bad.yaml";
+  const auto expect_refused = [&](const std::string& text, const std::string& where, const std::string& what) {
+    std::ofstream(suite) << text;
+    const Ran o = run({"run", suite.string(), "--device", "cpu", "--out", dir.path().string()});
+    EXPECT_EQ(o.code, 2) << text << "\n" << o.output;
+    EXPECT_NE(o.output.find(where), std::string::npos) << text << "\n" << o.output;
+    EXPECT_NE(o.output.find(what), std::string::npos) << text << "\n" << o.output;
+    EXPECT_EQ(o.output.find("[1/"), std::string::npos) << "nothing may run: " << o.output;
+  };
+  expect_refused("name: [a, b]\nsteps:\n  - workload: gemm\n", "bad.yaml:1", "wrong type");
+  expect_refused("name: x\nsteps:\n  - workload: {a: 1}\n", "bad.yaml:3", "wrong type");
+  expect_refused("name: x\nname: y\nsteps:\n  - workload: gemm\n", "bad.yaml:2", "given twice (first on line 1)");
+  expect_refused("name: x\nsteps:\n  - workload: gemm\n    axes:\n      m,n,k: 64\n      m,n,k: 96\n", "bad.yaml:6",
+                 "given twice");
+  expect_refused("name: x\nsettings:\n  timeout: -1\nsteps:\n  - workload: gemm\n", "bad.yaml:3", "timeout");
+  expect_refused("name: x\nsettings:\n  mode: hot\nsteps:\n  - workload: gemm\n", "bad.yaml:3", "timing mode");
+  expect_refused("name: x\nsteps:\n  - workload: gemm\n    axes:\n      m: 64\n      m,n,k: 96\n", "bad.yaml:5",
+                 "set twice");
+}
+
+TEST(Cli, ConflictingAxisOverridesAreRefused) {
+  TempDir dir;
+  const std::vector<std::string> base{"run", "gemm", "--device", "cpu", "--out", dir.path().string()};
+  const auto with = [&](std::vector<std::string> axes) {
+    auto args = base;
+    for (auto& a : axes) args.insert(args.end(), {"--axis", a});
+    return run(args);
+  };
+  Ran o = with({"m=64", "m=96"});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("axis 'm' is set twice"), std::string::npos) << o.output;
+  o = with({"m,n,k=64", "k=96"});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("axis 'k' is set twice"), std::string::npos) << o.output;
+  o = with({"m=64", "n=64", "k=64"});
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("set one at a time give the point m,n,k,trans=64x64x64x"), std::string::npos) << o.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "runs")) << "nothing may be stored";
+}
+
+TEST(Cli, AKilledImportLeavesNoRunOrAWholeOne) {
+  TempDir dir;
+  const fs::path csv = dir.path() / "big.csv";
+  {
+    std::ofstream out(csv);
+    out << "workload,params,metric,value,unit,source\n";
+    for (int i = 0; i < 20000; ++i) out << "gemm,m=" << i + 1 << ",tflops,1.5,TFLOP/s,paper\n";
+  }
+  const fs::path store = dir.path() / "store";
+  const pid_t pid = spawn({"import", csv.string(), "--system", "X", "--out", store.string()});
+  ASSERT_GT(pid, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!fs::exists(store / "runs" / "accelbench.db")) return;  // killed before the store existed: nothing stored
+  for (const auto& r : ab::results::list_runs(store / "runs" / "accelbench.db")) {
+    EXPECT_EQ(r.status, "external");
+    EXPECT_EQ(r.points, 20000) << "an import is stored whole or not at all";
+  }
+  for (const auto& d : run_dirs(store)) {
+    if (d.filename().string().front() == '.') continue;  // built aside: no run id starts with '.'
+    std::ifstream info(d / "run.json");
+    ASSERT_TRUE(info) << "a visible run folder is a whole run: " << d;
+    EXPECT_EQ(nlohmann::json::parse(info)["status"], "external");
+    EXPECT_EQ(ab::results::read_jsonl(d / "points.jsonl").records.size(), 20000u);
+  }
+}
+
 TEST(Cli, ResultsFieldsPrintsChosenFieldsOfEachPoint) {
   TempDir dir;
   const Ran measured = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,96", "--min-time", "0.05",
@@ -479,7 +595,7 @@ class OutcomeWorkload final : public ab::harness::Workload {
   std::string name() const override { return "outcomes"; }
   std::string description() const override { return "test double"; }
   std::vector<ab::harness::AxisSpec> axes(const std::string&) const override {
-    const std::vector<std::string> all{"ok", "skip", "check", "diverged", "oom", "fatal"};
+    const std::vector<std::string> all{"ok", "skip", "check", "diverged", "oom", "fatal", "interrupt", "slow"};
     return {{"outcome", AxisKind::text, {"ok", "skip", "check", "diverged", "oom"}, all, "how the point ends"}};
   }
   void run(State& state) override {
@@ -493,8 +609,20 @@ class OutcomeWorkload final : public ab::harness::Workload {
       throw 42;  // not an exception the runner records: the run itself fails
     }
     state.set_counts({1.0, 0, 64});
+    if (c == "interrupt") {
+      state.exec([this] {
+        sink = sink + 1.0;
+        if (cancel_on_run != nullptr) cancel_on_run->store(true);  // a Ctrl-C while the point runs
+      });
+      return;
+    }
+    if (c == "slow") {
+      state.exec([] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); });
+      return;
+    }
     state.exec([this] { sink = sink + 1.0; });
   }
+  std::atomic<bool>* cancel_on_run = nullptr;
   bool remove_run_dir = false;
   volatile double sink = 0;
 };
@@ -548,6 +676,56 @@ TEST(RunSession, OpensRunsAndClosesIntoTheStoreWithEachOutcomesStatus) {
   EXPECT_EQ(runs[0].run_id, session.run_id());
   EXPECT_EQ(runs[0].status, "complete");
   EXPECT_TRUE(err.str().empty()) << "quiet: " << err.str();
+}
+
+TEST(RunSession, ThePointInFlightAtAnInterruptIsRecordedInterrupted) {
+  TempDir dir;
+  OutcomeWorkload* w = nullptr;
+  const auto reg = outcome_registry(&w);
+  std::atomic<bool> cancel{false};
+  w->cancel_on_run = &cancel;
+  std::ostringstream err;
+  RunSession session(fast_request(dir.path()), err);
+  ASSERT_EQ(session.open(reg, plan_with({{{"outcome"}, "ok,interrupt,ok"}}, reg)), 0) << err.str();
+  const auto totals = session.run(cancel);
+  ASSERT_TRUE(totals.has_value()) << err.str();
+  EXPECT_TRUE(totals->interrupted);
+  EXPECT_EQ(session.close(*totals), 0) << err.str();
+  const auto read = ab::results::read_jsonl(session.points_path());
+  ASSERT_EQ(read.records.size(), 2u);
+  EXPECT_EQ(read.records[0]["status"], "ok");
+  EXPECT_EQ(read.records[1]["status"], "interrupted") << read.records[1].dump();
+  const auto runs = ab::results::list_runs(dir.path() / "runs" / "accelbench.db");
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].status, "interrupted");
+  EXPECT_EQ(runs[0].shown_status, "incomplete (2 of 3 points)");
+}
+
+TEST(RunSession, APointOutOfTimeEndsAtItsTimeoutAndIsRecordedTimeout) {
+  TempDir dir;
+  OutcomeWorkload* w = nullptr;
+  const auto reg = outcome_registry(&w);
+  RunRequest request = fast_request(dir.path());
+  request.timeout_s = 1;
+  request.warmup_s = 0;  // the first iteration, then one sample: a second would end past the timeout
+  std::ostringstream err;
+  RunSession session(request, err);
+  ASSERT_EQ(session.open(reg, plan_with({{{"outcome"}, "slow"}}, reg)), 0) << err.str();
+  const std::atomic<bool> cancel{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto totals = session.run(cancel);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(totals.has_value()) << err.str();
+  EXPECT_EQ(session.close(*totals), 0) << err.str();
+  EXPECT_LT(wall_s, 2.0) << "400 ms iterations under a 1 s timeout";
+  const auto read = ab::results::read_jsonl(session.points_path());
+  ASSERT_EQ(read.records.size(), 1u);
+  const auto& r = read.records[0];
+  EXPECT_EQ(r["status"], "timeout") << r.dump();
+  EXPECT_NE(r["reason"].get<std::string>().find("of at least 10 samples"), std::string::npos) << r.dump();
+  ASSERT_TRUE(r.contains("time")) << "what was measured is kept: " << r.dump();
+  EXPECT_GE(r["time"]["median_s"].get<double>(), 0.4);
+  EXPECT_FALSE(r.contains("rates")) << "no rate from too few samples: " << r.dump();
 }
 
 TEST(RunSession, RefusedRequestReturnsTwoAndWritesNothing) {

@@ -501,6 +501,37 @@ TEST(Run, NoisyTimesHitTheTimeout) {
   EXPECT_GE(r.window_end_s - r.window_start_s, 0.05);
 }
 
+TEST(Run, TimeoutIsAHardLimitOnIssuedWork) {
+  // 0.3 s per call under a 1 s timeout: the first call and two samples fit; a third would end at
+  // 1.2 s, so it is not issued, and two of the ten samples asked make the point a timeout.
+  Settings s = fast_settings();
+  s.timeout_s = 1.0;
+  FakeTimer timer([](int) { return 0.3; });
+  timer.real_delay = std::chrono::microseconds(300000);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r = run(
+      timer, [] {}, s);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(wall, 1.1);
+  EXPECT_EQ(timer.batch_counts.size(), 3u);
+  EXPECT_EQ(r.iteration_s.size(), 2u);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_FALSE(r.converged);
+  EXPECT_NE(r.stop_reason.find("timeout: 2 of at least 10 samples"), std::string::npos) << r.stop_reason;
+}
+
+TEST(Run, EnoughSamplesAtTheTimeoutIsNotATimeout) {
+  Settings s = fast_settings();
+  s.timeout_s = 0.1;
+  s.max_samples = 1000000;
+  FakeTimer timer([](int call) { return uniform(7, static_cast<std::uint64_t>(call), 1e-4, 1e-2); });
+  timer.real_delay = std::chrono::microseconds(1000);
+  const Result r = run(
+      timer, [] {}, s);
+  EXPECT_GE(r.iteration_s.size(), s.min_samples);
+  EXPECT_FALSE(r.timed_out);
+}
+
 TEST(Run, ColdModeTimesOneIterationPerSample) {
   Settings s = fast_settings();
   s.mode = TimingMode::cold;

@@ -134,13 +134,18 @@ TEST(ResultsRecord, OptionsAreWrittenOnlyWhenNonEmpty) {
 }
 
 TEST(ResultsRecord, StatusesParseAndPrint) {
-  for (const Status s : {Status::ok, Status::skipped, Status::oom, Status::diverged, Status::invalid, Status::error})
+  for (const Status s : {Status::ok, Status::skipped, Status::oom, Status::diverged, Status::invalid, Status::error,
+                         Status::interrupted, Status::timeout})
     EXPECT_EQ(parse_status(to_string(s)), s);
+  EXPECT_EQ(to_string(Status::interrupted), "interrupted");
+  EXPECT_EQ(to_string(Status::timeout), "timeout");
   try {
     parse_status("running");
     FAIL() << "accepted an unknown status";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("valid: ok, skipped, oom, diverged, invalid, error"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("valid: ok, skipped, oom, diverged, invalid, error, interrupted, timeout"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -210,6 +210,66 @@ TEST_F(ResultsTest, KilledRunKeepsEveryAppendedPoint) {
   EXPECT_EQ(list_runs(db())[0].status, "running");  // nobody was left to say otherwise
 }
 
+TEST_F(ResultsTest, ARunWhoseOwnerIsGoneOrWhoseHeartbeatIsStaleIsShownIncomplete) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    RunInfo info = run_info("run-dead");
+    info.planned_points = 8;
+    ResultStore store(dir_, info);
+    for (int i = 0; i < 3; ++i) store.append(make_record("run-dead", i));
+    ::kill(::getpid(), SIGKILL);
+    ::_exit(3);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  const auto rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].status, "running");
+  EXPECT_EQ(rows[0].shown_status, "incomplete (3 of 8 points)");
+
+  // Alive (this process owns it) and beating: running. A stale heartbeat: incomplete.
+  RunInfo info = run_info("run-live");
+  info.planned_points = 4;
+  info.stale_after_s = 3600;
+  ResultStore live(dir_, info);
+  live.append(make_record("run-live", 0));
+  const fs::path run_dir = dir_ / "runs" / "run-live";
+  EXPECT_EQ(displayed_run_status(run_dir, "running", 1), "running");
+  json beat = read_json_file(run_dir / "run.json");
+  EXPECT_EQ(beat["planned_points"], 4);
+  EXPECT_EQ(beat["owner"]["pid"], static_cast<std::int64_t>(::getpid()));
+  beat["heartbeat_unix_s"] = beat["heartbeat_unix_s"].get<double>() - 7200;
+  write_text(run_dir / "run.json", beat.dump());
+  EXPECT_EQ(displayed_run_status(run_dir, "running", 1), "incomplete (1 of 4 points)");
+  // Finished short of its plan, or in full.
+  EXPECT_EQ(displayed_run_status(run_dir, "interrupted", 1), "incomplete (1 of 4 points)");
+  EXPECT_EQ(displayed_run_status(run_dir, "complete", 4), "complete");
+  EXPECT_EQ(displayed_run_status(dir_ / "no-such-run", "running", 0), "running");
+}
+
+TEST_F(ResultsTest, AWholeRunIsStoredInOneTransactionOrNotAtAll) {
+  const std::vector<json> records{make_record("run-w", 0), make_record("run-w", 1)};
+  store_whole_run(dir_, run_info("run-w"), records, "external");
+  auto rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].status, "external");
+  EXPECT_EQ(rows[0].points, 2);
+  EXPECT_EQ(rows[0].host, "node17");
+  EXPECT_EQ(read_jsonl(dir_ / "runs" / "run-w" / "points.jsonl").records.size(), 2u);
+  EXPECT_EQ(read_json_file(dir_ / "runs" / "run-w" / "run.json")["status"], "external");
+
+  // A run id already in the database (its folder gone): refused after the files were built, and
+  // nothing of the second attempt stays, neither rows nor folders.
+  fs::remove_all(dir_ / "runs" / "run-w");
+  EXPECT_THROW(store_whole_run(dir_, run_info("run-w"), records, "external"), Error);
+  rows = list_runs(db());
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(load_points(db(), "run-w").size(), 2u);
+  for (const auto& e : fs::directory_iterator(dir_ / "runs"))
+    EXPECT_FALSE(e.is_directory()) << "left behind: " << e.path();
+}
+
 TEST_F(ResultsTest, MovedStoreKeepsOneOwner) {
   std::optional<ResultStore> target;
   {

@@ -943,7 +943,7 @@ TEST(Runner, CancelledDuringAPointEndsTheRun) {
   EXPECT_TRUE(totals.interrupted);
   ASSERT_EQ(cap.records.size(), 2u);
   EXPECT_EQ(cap.records[0]["status"], "ok");
-  EXPECT_EQ(cap.records[1]["status"], "invalid");
+  EXPECT_EQ(cap.records[1]["status"], "interrupted");
   EXPECT_TRUE(contains(cap.records[1]["reason"], "interrupted"));
   EXPECT_EQ(fake.seen, (Strings{"ok", "cancel"}));
 }

@@ -30,10 +30,13 @@ namespace {
 std::atomic<bool> g_cancel{false};
 
 void on_interrupt(int) {
-  // First Ctrl-C: finish the point in flight and stop; a second one kills (default action).
+  // Ctrl-C, SIGTERM, SIGHUP (the terminal closed): end the point in flight and stop. A repeated
+  // signal does the same rather than kill the process, so the run is always closed as interrupted.
   g_cancel.store(true);
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+}
+
+void handle_run_signals(void (*handler)(int)) {
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, handler);
 }
 
 std::string join(const std::vector<std::string>& v, const char* sep = ",") {
@@ -48,6 +51,7 @@ std::vector<harness::PlanEntry> build_plan(const RunOptions& o, const std::strin
                                              const std::optional<harness::Suite>& suite) {
   std::vector<harness::AxisOverride> cli;
   for (const auto& a : o.axes) cli.push_back(harness::parse_axis_argument(a));
+  harness::refuse_conflicting_overrides(cli);
   harness::OptionValues cli_options;
   for (const auto& a : o.options) {
     auto [name, value] = harness::parse_option_argument(a);
@@ -210,15 +214,13 @@ int run(const RunOptions& o) {
     return build_plan(o, device_kind, suite);
   };
   if (const int code = session.open(workloads::registry(), planner); code != 0) return code;
-  std::signal(SIGINT, on_interrupt);  // from here a Ctrl-C ends the run after the point in flight
-  std::signal(SIGTERM, on_interrupt);
+  handle_run_signals(on_interrupt);  // from here a Ctrl-C ends the run after the point in flight
   const std::optional<harness::RunTotals> ran = session.run(g_cancel);
   if (!ran) return 1;
   const harness::RunTotals& totals = *ran;
   if (const int code = session.close(totals); code != 0) return code;
   if (!session.leader()) return totals.interrupted ? 130 : exit_code(totals);
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  handle_run_signals(SIG_DFL);
 
   const std::string& run_id = session.run_id();
   std::cout << '\n';
@@ -239,8 +241,8 @@ static void write_run_list(std::ostream& out, const std::vector<results::RunRow>
       << "points" << std::setw(6) << "ok" << "command\n";
   for (const auto& r : runs)
     out << std::setw(26) << results::terminal_safe(r.run_id) << std::setw(26) << results::terminal_safe(r.started_at)
-        << std::setw(13) << results::terminal_safe(r.status) << std::setw(8) << r.points << std::setw(6) << r.ok_points
-        << results::terminal_safe(r.command_line) << '\n';
+        << std::setw(13) << results::terminal_safe(r.shown_status) << ' ' << std::setw(8) << r.points << std::setw(6)
+        << r.ok_points << results::terminal_safe(r.command_line) << '\n';
 }
 
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file,

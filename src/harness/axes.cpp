@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -142,7 +143,37 @@ std::vector<std::vector<std::string>> group_rows(const ZipGroup& g, const std::v
   return rows;
 }
 
+// Columns of a zip group set one at a time can make rows that were distinct the same (m=64, n=64,
+// k=64 on three square defaults: one point three times): refused rather than measured repeatedly.
+void refuse_repeated_rows(const Dimension& d) {
+  std::set<std::vector<std::string>> seen;
+  for (const auto& row : d.rows) {
+    if (seen.insert(row).second) continue;
+    std::string names, values;
+    for (std::size_t i = 0; i < d.names.size(); ++i) {
+      names += (i ? "," : "") + d.names[i];
+      values += (i ? "x" : "") + row[i];
+    }
+    throw UsageError("zipped axes " + names + " set one at a time give the point " + names + "=" + values +
+                     " more than once; set them together (--axis " + names + "=VALUES)");
+  }
+}
+
 }  // namespace
+
+void refuse_conflicting_overrides(const std::vector<AxisOverride>& overrides) {
+  std::map<std::string, std::string> set_by;
+  for (const auto& o : overrides) {
+    std::string text;
+    for (const auto& n : o.names) text += (text.empty() ? "" : ",") + n;
+    text += "=" + o.values;
+    for (const auto& n : o.names) {
+      const auto [it, added] = set_by.emplace(n, text);
+      if (!added)
+        throw UsageError("axis '" + n + "' is set twice ('" + it->second + "' and '" + text + "'): give it once");
+    }
+  }
+}
 
 const std::string& Point::at(const std::string& name) const {
   for (const auto& [n, v] : values)
@@ -217,6 +248,7 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
     }
   }
 
+  std::vector<std::size_t> set_by_member;  // group dimensions whose columns overrides set one at a time
   for (const auto& o : overrides) {
     for (const auto& n : o.names)
       if (find_axis(axes, n) == nullptr)
@@ -247,12 +279,15 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
             rows.push_back(row);
           }
         dim->rows = rows;
+        set_by_member.push_back(static_cast<std::size_t>(dim - dims.begin()));
       } else {
         dim->rows = group_rows(*g, axes, o.names, o.values);
       }
     }
     if (dim->rows.empty()) throw UsageError("axis '" + o.names.front() + "' has no values");
   }
+
+  for (const std::size_t d : set_by_member) refuse_repeated_rows(dims[d]);
 
   // Validate every value once, then take the cartesian product (last dimension fastest).
   for (const auto& d : dims)

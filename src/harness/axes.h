@@ -38,6 +38,9 @@ struct AxisOverride {
   std::string values;
 };
 AxisOverride parse_axis_argument(const std::string& arg);  // "m,n,k=4096" -> {{m,n,k}, "4096"}
+// Overrides from one source (the command line, or one suite step) that name an axis twice are a
+// conflict: throws UsageError naming both. (A command line's override of a suite's is not.)
+void refuse_conflicting_overrides(const std::vector<AxisOverride>& overrides);
 
 // Expands one value list: "1,2,8", ranges "1:256:pow2" (also "start:stop", ":+N", ":*N").
 std::vector<std::string> expand_values(const std::string& text, AxisKind kind);

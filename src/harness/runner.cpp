@@ -161,11 +161,14 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
       status = "error";
       reason = "workload measured nothing";
     } else if (state.scenario_result() && state.scenario_result()->interrupted) {
-      status = "invalid";
+      status = "interrupted";
       reason = "interrupted before the scenario run ended";
     } else if (state.result() && state.result()->stop_reason == "cancelled") {
-      status = "invalid";
+      status = "interrupted";
       reason = "interrupted before the stopping rule ended the point";
+    } else if (state.result() && state.result()->timed_out) {
+      status = "timeout";
+      reason = state.result()->stop_reason;
     }
   } catch (const SkipPoint& e) {  // the family's subclasses before ab::Error and std::exception
     status = "skipped", reason = e.what();
@@ -257,7 +260,7 @@ RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool
     if (record.time) record.time->samples_s.reset();
     record.context = nullptr;
     totals.records.push_back(std::move(record));
-    if (cancel.load() && status == "invalid") {
+    if (cancel.load() && status == "interrupted") {
       totals.interrupted = true;
       break;
     }

@@ -70,7 +70,11 @@ double pick(const std::optional<double>& asked, const std::optional<double>& sui
     return v;
   };
   if (asked) return check(*asked, option);
-  if (suited) return check(*suited, "suite '" + suite->name + "': setting '" + suite_key + "'");
+  if (suited) {
+    const auto at = suite->setting_at.find(suite_key);
+    return check(*suited, (at != suite->setting_at.end() ? at->second + ": " : "suite '" + suite->name + "': ") +
+                              "setting '" + suite_key + "'");
+  }
   return fallback;
 }
 
@@ -86,14 +90,21 @@ measure::Settings merge_settings(const RunRequest& o, const std::optional<Suite>
   settings.warmup_s = pick(o.warmup_s, s.warmup_s, settings.warmup_s, "--warmup", "warmup", true, suite);
   if (s.mode) settings.mode = measure::parse_timing_mode(*s.mode);
   if (!o.mode.empty()) settings.mode = measure::parse_timing_mode(o.mode);
+  // A setting that clashes with another names the suite's line when the suite gave it.
+  const auto from_suite = [&](const std::optional<double>& asked, const char* key) {
+    const auto at = s.setting_at.find(key);
+    return !asked && at != s.setting_at.end() ? at->second + ": " : std::string();
+  };
   // A point stops at its timeout: a minimum measured time beyond it could never be met.
   if (settings.min_time_s > settings.timeout_s)
-    throw UsageError("min-time " + std::to_string(settings.min_time_s) + " s is above the timeout (" +
+    throw UsageError(from_suite(o.min_time_s, "min_time") + from_suite(o.timeout_s, "timeout") + "min-time " +
+                     std::to_string(settings.min_time_s) + " s is above the timeout (" +
                      std::to_string(settings.timeout_s) + " s): lower --min-time or raise --timeout");
   // The timeout bounds the whole point: a warm-up of half of it or more would leave little to measure.
   const bool warmup_asked = o.warmup_s || s.warmup_s;
   if (warmup_asked && settings.warmup_s >= settings.timeout_s * measure::kMaxWarmupShare)
-    throw UsageError("warm-up " + std::to_string(settings.warmup_s) + " s must be at least 0 and under half the timeout (" +
+    throw UsageError(from_suite(o.warmup_s, "warmup") + from_suite(o.timeout_s, "timeout") + "warm-up " +
+                     std::to_string(settings.warmup_s) + " s must be at least 0 and under half the timeout (" +
                      std::to_string(settings.timeout_s) + " s): raise --timeout too");
   return settings;
 }
@@ -161,13 +172,19 @@ int RunSession::agree_plan() {
   return 0;
 }
 
+constexpr double kHeartbeatGraceS = 1800;
+
 // Rank 0 opens the store before anything is measured; every rank learns whether it could.
 int RunSession::open_store() {
   dist::Outcome opened;
   if (leader_) {
     try {
-      store_ = std::make_unique<results::ResultStore>(request_.out_dir,
-                                                      results::RunInfo{run_id_, started_at_, request_.command_line, context_});
+      results::RunInfo info{run_id_, started_at_, request_.command_line, context_};
+      info.planned_points = static_cast<std::int64_t>(plan_.size());
+      // The heartbeat beats once a point; a point ends by its timeout plus its setup and check,
+      // so a run silent for far longer than that has lost its process.
+      info.stale_after_s = 4 * settings_.timeout_s + kHeartbeatGraceS;
+      store_ = std::make_unique<results::ResultStore>(request_.out_dir, info);
     } catch (const std::exception& e) {
       opened = {2, std::string("cannot write results: ") + e.what()};
     }

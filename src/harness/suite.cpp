@@ -3,9 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <map>
 
 #include "core/error.h"
 #include "harness/workload.h"
+#include "measure/measure.h"
 
 namespace ab::harness {
 namespace {
@@ -13,6 +15,31 @@ namespace {
 [[noreturn]] void fail(const std::filesystem::path& file, const YAML::Mark& mark, const std::string& what) {
   throw UsageError(file.string() + ":" + std::to_string(mark.line + 1) + ": " + what);
 }
+
+// A key twice in one mapping: yaml-cpp keeps one silently, so the other would be ignored.
+void refuse_duplicate_keys(const std::filesystem::path& file, const YAML::Node& n) {
+  if (n.IsSequence()) {
+    for (const auto& item : n) refuse_duplicate_keys(file, item);
+    return;
+  }
+  if (!n.IsMap()) return;
+  std::map<std::string, int> first_line;
+  for (const auto& kv : n) {
+    if (kv.first.IsScalar()) {
+      const auto [it, added] = first_line.emplace(kv.first.Scalar(), kv.first.Mark().line + 1);
+      if (!added)
+        fail(file, kv.first.Mark(),
+             "key '" + kv.first.Scalar() + "' is given twice (first on line " + std::to_string(it->second) + ")");
+    }
+    refuse_duplicate_keys(file, kv.second);
+  }
+}
+
+std::string where(const std::filesystem::path& file, const YAML::Node& n) {
+  return file.string() + ":" + std::to_string(n.Mark().line + 1);
+}
+
+Suite parse_suite(const std::filesystem::path& file, const YAML::Node& root, const Registry& registry);
 
 std::string scalar_list(const std::filesystem::path& file, const YAML::Node& n, const std::string& axis) {
   if (n.IsScalar()) return n.as<std::string>();
@@ -61,12 +88,20 @@ bool looks_like_suite(const std::string& name) {
 Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
   std::ifstream in(file);
   if (!in) throw UsageError("cannot read suite file " + file.string());
-  YAML::Node root;
   try {
-    root = YAML::Load(in);
+    const YAML::Node root = YAML::Load(in);
+    refuse_duplicate_keys(file, root);
+    return parse_suite(file, root, registry);
   } catch (const YAML::ParserException& e) {
     fail(file, e.mark, e.msg);
+  } catch (const YAML::Exception& e) {  // a wrong type anywhere (a list where a name goes): our place, our words
+    fail(file, e.mark, e.msg + ": a value of the wrong type here");
   }
+}
+
+namespace {
+
+Suite parse_suite(const std::filesystem::path& file, const YAML::Node& root, const Registry& registry) {
   if (!root.IsMap()) fail(file, root.Mark(), "a suite is a mapping with 'name' and 'steps'");
   for (const auto& kv : root) {
     const auto key = kv.first.as<std::string>();
@@ -87,7 +122,15 @@ Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
     s.max_noise_pct = number(file, settings, "max_noise");
     s.timeout_s = number(file, settings, "timeout");
     s.warmup_s = number(file, settings, "warmup");
-    if (settings["mode"]) s.mode = settings["mode"].as<std::string>();
+    if (settings["mode"]) {
+      s.mode = settings["mode"].as<std::string>();
+      try {
+        measure::parse_timing_mode(*s.mode);
+      } catch (const UsageError& e) {
+        fail(file, settings["mode"].Mark(), e.what());
+      }
+    }
+    for (const auto& kv : settings) s.setting_at[kv.first.as<std::string>()] = where(file, kv.first);
   }
   const auto steps = root["steps"];
   if (!steps || !steps.IsSequence() || steps.size() == 0) fail(file, root.Mark(), "'steps' must be a non-empty list");
@@ -120,10 +163,17 @@ Suite load_suite(const std::filesystem::path& file, const Registry& registry) {
         }
       }
     }
+    try {
+      refuse_conflicting_overrides(st.overrides);
+    } catch (const UsageError& e) {
+      fail(file, step["axes"].Mark(), e.what());
+    }
     if (const auto options = step["options"]; options) st.options = step_options(file, options, *w);
     s.steps.push_back(std::move(st));
   }
   return s;
 }
+
+}  // namespace
 
 }  // namespace ab::harness

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,10 +24,12 @@ struct Suite {
   std::string name, description;
   std::optional<double> min_time_s, max_noise_pct, timeout_s, warmup_s;
   std::optional<std::string> mode;
+  std::map<std::string, std::string> setting_at;  // setting name -> "FILE:LINE", for errors found later
   std::vector<SuiteStep> steps;
 };
 
-// Throws UsageError "FILE:LINE: reason" for malformed YAML, unknown workloads, axes or options.
+// Throws UsageError "FILE:LINE: reason" for malformed YAML, a value of the wrong type, a key given
+// twice in one mapping, unknown workloads, axes, options or settings.
 Suite load_suite(const std::filesystem::path& file, const Registry& registry);
 bool looks_like_suite(const std::string& name);  // ends in .yaml or .yml
 

@@ -63,7 +63,7 @@ struct ScenarioReport {
   double window_end_s = 0;
   double samples = 0;         // samples completed in the window
   double samples_per_s = 0;   // the run's throughput: the record's rates.samples_per_s
-  bool interrupted = false;   // stopped by Ctrl-C: the point becomes "invalid"
+  bool interrupted = false;   // stopped by Ctrl-C: the point becomes "interrupted"
 };
 
 class State {

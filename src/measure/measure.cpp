@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -27,20 +28,59 @@ StopDecision should_stop(const std::vector<double>& iteration_s, double measured
   return {};
 }
 
+namespace {
+
+std::string format_g(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Wall-clock bookkeeping of the loop: every timer call goes through `issue`, which refuses a call
+// that the timeout no longer leaves room for, judged from the wall time of the calls so far.
+class Deadline {
+ public:
+  explicit Deadline(double timeout_s) : start_s_(monotonic_seconds()), timeout_s_(timeout_s) {}
+  double elapsed_s() const { return monotonic_seconds() - start_s_; }
+  bool admits(std::int64_t count) const {
+    const double elapsed = elapsed_s();
+    if (elapsed >= timeout_s_) return false;
+    const double predicted_s = wall_per_iteration_s_ * static_cast<double>(count);
+    return elapsed + predicted_s <= timeout_s_ * (1.0 + kMaxOverrunShare);
+  }
+  template <typename Call>
+  double issue(std::int64_t count, Call&& call) {
+    const double before = monotonic_seconds();
+    const double t = call();
+    wall_per_iteration_s_ = (monotonic_seconds() - before) / static_cast<double>(std::max<std::int64_t>(count, 1));
+    return t;
+  }
+
+ private:
+  double start_s_;
+  double timeout_s_;
+  double wall_per_iteration_s_ = 0;
+};
+
+}  // namespace
+
 Result run(IterationTimer& timer, const std::function<void()>& iteration, const Settings& settings,
            const std::atomic<bool>* cancel) {
-  const double start_wall = monotonic_seconds();
+  Deadline deadline(settings.timeout_s);
   const auto cancelled = [cancel] { return cancel != nullptr && cancel->load(std::memory_order_relaxed); };
+  const auto batch = [&](std::int64_t count) {
+    return deadline.issue(count, [&] { return timer.time_batch(iteration, count); });
+  };
 
   // Warm-up: the first call pays for lazy initialisation; the rest estimate one iteration's time.
   // Batches double (each estimate better than the last) but stop near warmup_s rather than up to
   // twice past it, which matters for warm-ups of tens of seconds.
-  double estimate_s = timer.time_batch(iteration, 1);
+  double estimate_s = batch(1);
   std::int64_t warm_count = 1;
   double warm_total_s = 0;
-  while (warm_total_s < settings.warmup_s && monotonic_seconds() - start_wall < settings.timeout_s * kMaxWarmupShare &&
-         !cancelled()) {
-    const double t = timer.time_batch(iteration, warm_count);
+  while (warm_total_s < settings.warmup_s && deadline.elapsed_s() < settings.timeout_s * kMaxWarmupShare &&
+         deadline.admits(warm_count) && !cancelled()) {
+    const double t = batch(warm_count);
     warm_total_s += t;
     estimate_s = t / static_cast<double>(warm_count);
     std::int64_t next = std::min<std::int64_t>(warm_count * 2, 1 << 20);
@@ -62,12 +102,16 @@ Result run(IterationTimer& timer, const std::function<void()>& iteration, const 
       r.stop_reason = "cancelled";
       break;
     }
-    const double t = settings.mode == TimingMode::batch ? timer.time_batch(iteration, r.iterations_per_sample)
-                                                        : timer.time_cold(iteration);
+    if (!deadline.admits(r.iterations_per_sample)) {
+      r.stop_reason = "timeout before the noise target";
+      break;
+    }
+    const double t = settings.mode == TimingMode::batch ? batch(r.iterations_per_sample)
+                                                        : deadline.issue(1, [&] { return timer.time_cold(iteration); });
     r.measured_s += t;
     r.total_iterations += r.iterations_per_sample;
     r.iteration_s.push_back(t / static_cast<double>(r.iterations_per_sample));
-    const double elapsed = monotonic_seconds() - start_wall;
+    const double elapsed = deadline.elapsed_s();
     // Summaries cost O(n log n): check every sample while few, then every ~5% more samples.
     const bool hard_limit = elapsed >= settings.timeout_s || r.iteration_s.size() >= settings.max_samples;
     if (r.iteration_s.size() < next_check && !hard_limit) continue;
@@ -81,6 +125,13 @@ Result run(IterationTimer& timer, const std::function<void()>& iteration, const 
   }
   r.window_end_s = monotonic_seconds();
   r.summary = summarize(r.iteration_s);
+  if (!r.converged && r.stop_reason.find("timeout") != std::string::npos &&
+      r.iteration_s.size() < settings.min_samples) {
+    r.timed_out = true;
+    r.stop_reason = "timeout: " + std::to_string(r.iteration_s.size()) + " of at least " +
+                    std::to_string(settings.min_samples) + " samples in the " + format_g(settings.timeout_s) +
+                    " s timeout";
+  }
   return r;
 }
 

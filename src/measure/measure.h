@@ -22,13 +22,18 @@ TimingMode parse_timing_mode(std::string_view s);  // throws UsageError
 // rest; `run` refuses a --warmup of this share or more outright.
 inline constexpr double kMaxWarmupShare = 0.5;
 
+// A timer call (warm-up batch or sample) is not started once the timeout has passed, nor when the
+// last call's wall time says it would end past the timeout by more than this share of it.
+inline constexpr double kMaxOverrunShare = 0.1;
+
 struct Settings {
   TimingMode mode = TimingMode::batch;
   double min_time_s = 0.5;         // measured time before the stopping rule may stop
   double max_noise_pct = 1.0;      // target relative spread of the median, percent
   std::size_t min_samples = 10;
   std::size_t max_samples = 20000;
-  double timeout_s = 60.0;         // wall-clock limit for the whole point, warm-up included
+  double timeout_s = 60.0;         // hard wall-clock limit for the whole point, warm-up included: no
+                                   // call is issued past it (see kMaxOverrunShare)
   double warmup_s = 0.1;           // timed warm-up before the samples (a GPU reaches its steady clocks and
                                    // temperature only after tens of seconds of load); see kMaxWarmupShare
   double target_sample_s = 5e-3;   // batch mode: iterations per sample so a sample lasts this long
@@ -44,6 +49,7 @@ struct Result {
   double window_start_s = 0;          // monotonic_seconds() at the first and after the last sample
   double window_end_s = 0;
   bool converged = false;
+  bool timed_out = false;  // the timeout ended the loop before min_samples samples
   std::string stop_reason;
   Summary summary;
 };

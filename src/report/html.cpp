@@ -95,8 +95,9 @@ Promise.all(jobs).then(finish,finish);
 })();)js";
 
 std::string badge_class(const std::string& b) {
-  static const std::set<std::string> known = {"ok", "skipped", "oom", "diverged", "invalid", "error", "unconverged", "noisy",
-                                              "external", "faster", "slower", "same", "unsure"};
+  static const std::set<std::string> known = {"ok",       "skipped",     "oom",     "diverged",    "invalid",
+                                              "error",    "interrupted", "timeout", "unconverged", "noisy",
+                                              "external", "faster",      "slower",  "same",        "unsure"};
   return known.count(b) ? "b-" + b : "b-other";
 }
 

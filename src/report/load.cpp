@@ -95,6 +95,9 @@ Run load_folder(const fs::path& dir, const fs::path& points_file) {
                         " (a run killed mid-write leaves one as its last line)");
   }
   run.points = std::move(read.records);
+  if (run.info.is_object() && run.info.contains("status") && run.info["status"].is_string())
+    run.info["status"] =
+        results::displayed_run_status(dir, run.info["status"].get<std::string>(), static_cast<int>(run.points.size()));
   if (run.id.empty() && !run.points.empty()) run.id = detail::str(run.points.front(), "run_id").value_or("");
   if (run.info.is_null()) run.info = {{"run_id", run.id}, {"status", "unknown (no run.json)"}};
   attach_trace(run, dir);
@@ -106,7 +109,10 @@ Run load_from_store(const fs::path& db, const results::RunRow& row, const fs::pa
   Run run;
   run.id = row.run_id;
   run.origin = "store " + db.string();
-  run.info = {{"run_id", row.run_id}, {"started_at", row.started_at}, {"status", row.status}, {"command_line", row.command_line}};
+  run.info = {{"run_id", row.run_id},
+              {"started_at", row.started_at},
+              {"status", row.shown_status},
+              {"command_line", row.command_line}};
   if (!row.ended_at.empty()) run.info["ended_at"] = row.ended_at;
   run.points = results::load_points(db, row.run_id);
   check_records(run.points, db.string() + " run " + row.run_id);

@@ -168,6 +168,10 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     text += " Of the measured points, " + std::to_string(unconverged) + " did not converge and " + std::to_string(noisy) +
             " are noisier than their target: their numbers are shown, marked, and deserve a re-run before anyone acts on them.";
   if (external) text += " " + std::to_string(external) + " points are published figures (external), not measurements.";
+  for (const auto& run : runs) {  // a run that ended short of its plan says so before anything else is read
+    const std::string status = run.info.is_object() ? run.info.value("status", std::string()) : std::string();
+    if (status.rfind("incomplete", 0) == 0) text += " Run " + run.id + " is " + status + ": its sweep did not finish.";
+  }
   s.blocks.push_back(Paragraph{text, false});
 
   const bool multi_run = runs.size() > 1;

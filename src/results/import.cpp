@@ -249,7 +249,7 @@ ImportResult import_csv(const fs::path& csv, const std::string& system, const fs
   ImportResult result;
   result.run_id = new_run_id();
   result.rows = rows.size() - 1;
-  ResultStore store(out_dir, RunInfo{result.run_id, utc_now_iso8601(), command_line, context});
+  std::vector<json> records;
   for (auto& p : points) {
     json rec = {{"schema_version", kSchemaVersion}, {"run_id", result.run_id}, {"workload", p.workload}, {"device", "external"},
                 {"system", system}, {"params", p.params}, {"status", "ok"}, {"external", true}};
@@ -262,10 +262,10 @@ ImportResult import_csv(const fs::path& csv, const std::string& system, const fs
       else if (rec["rates"].contains("gbps")) rec["rates"]["primary"] = "gbps";
     }
     rec["context"] = context;
-    store.append(rec);
-    ++result.points;
+    records.push_back(std::move(rec));
   }
-  store.finish("external");
+  store_whole_run(out_dir, RunInfo{result.run_id, utc_now_iso8601(), command_line, context}, records, "external");
+  result.points = records.size();
   return result;
 }
 

@@ -36,6 +36,7 @@ std::vector<RunRow> list_runs(const fs::path& db_path) {
     r.host = q.text(5);
     r.points = static_cast<int>(q.int64(6));
     r.ok_points = static_cast<int>(q.int64(7));
+    r.shown_status = displayed_run_status(db_path.parent_path() / r.run_id, r.status, r.points);
     rows.push_back(std::move(r));
   }
   return rows;

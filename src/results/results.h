@@ -23,6 +23,8 @@ std::string new_run_id();       // "20261129-135501-3f9a1c": UTC second + 24 ran
 struct RunInfo {
   std::string run_id, started_at, command_line;
   nlohmann::json context;  // host, devices, build; host.hostname feeds the runs table
+  std::int64_t planned_points = -1;  // the plan's size; -1: not known (an import)
+  double stale_after_s = 0;          // a running run whose heartbeat is older is dead; 0: only the owner pid tells
 };
 
 // One per run, used from one thread at a time. Files: <out_dir>/runs/<run_id>/{run.json,points.jsonl}; database:
@@ -42,6 +44,7 @@ class ResultStore {
   // One line in points.jsonl (written and fsync'ed) and one row in the database (its own
   // transaction), both durable when this returns. The record needs string "workload" and
   // "status"; "seq" defaults to the next number in this run.
+  // Each append also renews run.json's heartbeat (owner pid, time, points so far).
   void append(const nlohmann::json& record);
   // "complete" | "interrupted" | "failed" (or "external" for imports): updates the runs row and rewrites run.json.
   void finish(const std::string& status);
@@ -55,10 +58,22 @@ class ResultStore {
   std::unique_ptr<Impl> impl_;
 };
 
+// A run written whole (an import): its directory and its runs row with every point, in one
+// database transaction, with `status` final. A process killed midway leaves no run behind.
+void store_whole_run(const std::filesystem::path& out_dir, RunInfo run, const std::vector<nlohmann::json>& records,
+                     const std::string& status);
+
 struct RunRow {
   std::string run_id, started_at, ended_at, status, command_line, host;  // ended_at "" while running
   int points = 0, ok_points = 0;
+  std::string shown_status;  // displayed_run_status: the status, or "incomplete (N of M points)"
 };
+
+// The status to show for a run: the recorded one, or "incomplete (N of M points)" for a run whose
+// end is known to be short of its plan: `running` while its owner process is gone (same host) or
+// its heartbeat is stale, or finished with fewer points than planned. Reads <run_dir>/run.json;
+// without one the recorded status stands. Never throws.
+std::string displayed_run_status(const std::filesystem::path& run_dir, const std::string& recorded_status, int points);
 
 // Newest first. Throws ab::Error naming the file if it is missing or not our database.
 std::vector<RunRow> list_runs(const std::filesystem::path& db_path);

@@ -1,9 +1,15 @@
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <system_error>
 #include <unordered_set>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "results/db.h"
@@ -38,12 +44,109 @@ bool valid_final_status(const std::string& s) {
   return s == "complete" || s == "interrupted" || s == "failed" || s == "external";
 }
 
+// One row of the points table; the caller holds the transaction.
+void insert_point(detail::Db& db, const std::string& run_id, std::int64_t seq, const std::string& workload,
+                  const std::string& status, const json& record, const std::string& line) {
+  detail::Stmt ins(db,
+                   "INSERT INTO points(run_id, seq, workload, status, device_name, params_json, record_json, "
+                   "started_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  ins.bind_text(1, run_id).bind_int(2, seq).bind_text(3, workload).bind_text(4, status);
+  if (const auto dev = string_field(record, "device_name")) {
+    ins.bind_text(5, *dev);
+  } else {
+    ins.bind_null(5);
+  }
+  const auto params = record.find("params");
+  ins.bind_text(6, params != record.end() ? dump_line(*params) : std::string("{}"));
+  ins.bind_text(7, line);
+  if (const auto started = string_field(record, "started_at")) {
+    ins.bind_text(8, *started);
+  } else {
+    ins.bind_null(8);
+  }
+  ins.step();
+}
+
+// The runs row; `ended_at` "" is NULL (running). A run id already there is refused.
+void insert_run_row(detail::Db& db, const RunInfo& run, const std::string& status, const std::string& ended_at) {
+  {
+    detail::Stmt dup(db, "SELECT 1 FROM runs WHERE run_id = ?1");
+    if (dup.bind_text(1, run.run_id).step())
+      throw Error("run id " + run.run_id + " is already in " + db.path().string() + "; a run id is used once");
+  }
+  detail::Stmt ins(db,
+                   "INSERT INTO runs(run_id, started_at, ended_at, status, command_line, host, context_json) "
+                   "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+  ins.bind_text(1, run.run_id).bind_text(2, run.started_at).bind_text(4, status).bind_text(5, run.command_line);
+  if (ended_at.empty()) {
+    ins.bind_null(3);
+  } else {
+    ins.bind_text(3, ended_at);
+  }
+  const json* host = run.context.is_object() && run.context.contains("host") ? &run.context["host"] : nullptr;
+  const auto hostname = host != nullptr && host->is_object() ? string_field(*host, "hostname") : std::nullopt;
+  if (hostname && !hostname->empty()) {
+    ins.bind_text(6, *hostname);
+  } else {
+    ins.bind_null(6);
+  }
+  ins.bind_text(7, dump_line(run.context.is_null() ? json::object() : run.context));
+  ins.step();
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string this_hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+// run.json: a running run also names its owner process and the time of its last point (the heartbeat).
+std::string run_json_text(const RunInfo& run, const std::string& status, const std::string& ended_at, int point_count,
+                          int ok_count) {
+  json j = {{"schema_version", kSchemaVersion},
+            {"run_id", run.run_id},
+            {"started_at", run.started_at},
+            {"status", status},
+            {"command_line", run.command_line}};
+  if (!ended_at.empty()) {
+    j["ended_at"] = ended_at;
+    j["points"] = point_count;
+    j["ok_points"] = ok_count;
+  }
+  if (run.planned_points >= 0) j["planned_points"] = run.planned_points;
+  if (status == "running") {
+    j["owner"] = {{"pid", static_cast<std::int64_t>(getpid())}, {"host", this_hostname()}};
+    j["heartbeat_unix_s"] = unix_seconds();
+    if (run.stale_after_s > 0) j["stale_after_s"] = run.stale_after_s;
+    j["points_so_far"] = point_count;
+  }
+  j["context"] = run.context;
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+// Whether the process that owns a running run is gone. Only a process of this host can be asked.
+bool owner_gone(const json& owner) {
+  if (!owner.is_object()) return false;
+  const auto pid = owner.find("pid");
+  if (pid == owner.end() || !pid->is_number_integer()) return false;
+  if (owner.value("host", std::string()) != this_hostname()) return false;
+  return kill(static_cast<pid_t>(pid->get<std::int64_t>()), 0) != 0 && errno == ESRCH;
+}
+
+std::string incomplete(int points, std::int64_t planned) {
+  return "incomplete (" + std::to_string(points) + (planned >= 0 ? " of " + std::to_string(planned) : std::string()) +
+         " points)";
+}
+
 }  // namespace
 
 struct ResultStore::Impl {
   fs::path runs_dir, run_dir, points_path, db_path;
   RunInfo run;
-  std::string host;
   std::optional<detail::Db> db;
   std::optional<detail::AppendOnlyFile> points;
   std::int64_t next_seq = 0;
@@ -61,8 +164,6 @@ ResultStore::Impl::Impl(const fs::path& out_dir, const RunInfo& info) : run(info
   check_run_id(run.run_id);
   if (run.started_at.empty()) run.started_at = utc_now_iso8601();
   if (run.context.is_null()) run.context = json::object();
-  if (const auto h = run.context.find("host"); h != run.context.end() && h->is_object())
-    host = string_field(*h, "hostname").value_or("");
 
   runs_dir = out_dir / "runs";
   run_dir = runs_dir / run.run_id;
@@ -83,22 +184,7 @@ ResultStore::Impl::Impl(const fs::path& out_dir, const RunInfo& info) : run(info
     detail::sync_dir(runs_dir);     // the new run directory's entry
     // The runs row comes last: once it exists, the run is visible and everything it names exists.
     detail::Transaction tx(*db);
-    {
-      detail::Stmt dup(*db, "SELECT 1 FROM runs WHERE run_id = ?1");
-      if (dup.bind_text(1, run.run_id).step())
-        throw Error("run id " + run.run_id + " is already in " + db_path.string() + "; a run id is used once");
-    }
-    detail::Stmt ins(*db,
-                     "INSERT INTO runs(run_id, started_at, ended_at, status, command_line, host, context_json) "
-                     "VALUES(?1, ?2, NULL, 'running', ?3, ?4, ?5)");
-    ins.bind_text(1, run.run_id).bind_text(2, run.started_at).bind_text(3, run.command_line);
-    if (host.empty()) {
-      ins.bind_null(4);
-    } else {
-      ins.bind_text(4, host);
-    }
-    ins.bind_text(5, dump_line(run.context));
-    ins.step();
+    insert_run_row(*db, run, "running", "");
     tx.commit();
   } catch (...) {
     // Leave no half-made run behind: the directory is new and ours.
@@ -121,16 +207,7 @@ ResultStore::Impl::~Impl() {
 }
 
 void ResultStore::Impl::write_run_json(const std::string& status, const std::string& ended_at) const {
-  json j = {{"schema_version", kSchemaVersion}, {"run_id", run.run_id},       {"started_at", run.started_at},
-            {"status", status},                 {"command_line", run.command_line}};
-  if (!ended_at.empty()) {
-    j["ended_at"] = ended_at;
-    j["points"] = point_count;
-    j["ok_points"] = ok_count;
-  }
-  j["context"] = run.context;
-  detail::replace_file_durably(run_dir / "run.json",
-                               j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  detail::replace_file_durably(run_dir / "run.json", run_json_text(run, status, ended_at, point_count, ok_count));
 }
 
 void ResultStore::Impl::finish(const std::string& status) {
@@ -182,28 +259,32 @@ void ResultStore::append(const json& record) {
 
   try {
     detail::Transaction tx(*s.db);
-    detail::Stmt ins(*s.db,
-                     "INSERT INTO points(run_id, seq, workload, status, device_name, params_json, record_json, "
-                     "started_at) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
-    ins.bind_text(1, s.run.run_id).bind_int(2, seq).bind_text(3, *workload).bind_text(4, *status);
-    if (const auto dev = string_field(record, "device_name")) {
-      ins.bind_text(5, *dev);
-    } else {
-      ins.bind_null(5);
-    }
-    const auto params = record.find("params");
-    ins.bind_text(6, params != record.end() ? dump_line(*params) : std::string("{}"));
-    ins.bind_text(7, line);
-    if (const auto started = string_field(record, "started_at")) {
-      ins.bind_text(8, *started);
-    } else {
-      ins.bind_null(8);
-    }
-    ins.step();
+    insert_point(*s.db, s.run.run_id, seq, *workload, *status, record, line);
     tx.commit();
+    s.write_run_json("running", "");  // the heartbeat
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (the point is in " + s.points_path.string() + ")");
   }
+}
+
+std::string displayed_run_status(const fs::path& run_dir, const std::string& recorded_status, int points) {
+  try {
+    std::ifstream in(run_dir / "run.json");
+    if (!in) return recorded_status;
+    const json info = json::parse(in, nullptr, false);
+    if (!info.is_object()) return recorded_status;
+    const std::int64_t planned = info.value("planned_points", static_cast<std::int64_t>(-1));
+    if (recorded_status == "running") {
+      const double beat = info.value("heartbeat_unix_s", 0.0), stale_after = info.value("stale_after_s", 0.0);
+      const bool stale = beat > 0 && stale_after > 0 && unix_seconds() - beat > stale_after;
+      if (stale || owner_gone(info.value("owner", json()))) return incomplete(points, planned);
+      return recorded_status;
+    }
+    if (recorded_status != "external" && planned >= 0 && points < planned) return incomplete(points, planned);
+  } catch (const std::exception&) {
+    // An unreadable run.json leaves the recorded status; the report says what it could not read.
+  }
+  return recorded_status;
 }
 
 void ResultStore::finish(const std::string& status) {
@@ -224,6 +305,55 @@ fs::path ResultStore::points_path() const {
 fs::path ResultStore::db_path() const {
   if (!impl_) throw Error("ResultStore used after it was moved from");
   return impl_->db_path;
+}
+
+void store_whole_run(const fs::path& out_dir, RunInfo run, const std::vector<json>& records,
+                     const std::string& status) {
+  check_run_id(run.run_id);
+  if (!valid_final_status(status))
+    throw Error("run status '" + status + "' is not one of complete, interrupted, failed, external");
+  if (run.started_at.empty()) run.started_at = utc_now_iso8601();
+  std::string lines;
+  int ok_count = 0;
+  for (const auto& r : records) {
+    if (!string_field(r, "workload") || !string_field(r, "status"))
+      throw Error("result record needs string fields \"workload\" and \"status\"");
+    lines += dump_line(r) + "\n";
+    ok_count += string_field(r, "status") == "ok";
+  }
+  const fs::path runs_dir = out_dir / "runs", run_dir = runs_dir / run.run_id, db_path = runs_dir / "accelbench.db";
+  // Built aside under a name no run id can have, so a process killed here leaves no visible run.
+  const fs::path partial = runs_dir / ("." + run.run_id + ".partial");
+  std::error_code ec;
+  fs::create_directories(runs_dir, ec);
+  if (ec) throw Error("cannot create results directory " + runs_dir.string() + ": " + ec.message());
+  if (fs::exists(run_dir, ec))
+    throw Error("run directory " + run_dir.string() + " already exists; a run id is used once");
+  fs::remove_all(partial, ec);
+  fs::create_directory(partial, ec);
+  if (ec) throw Error("cannot create run directory " + partial.string() + ": " + ec.message());
+  bool moved = false;
+  try {
+    detail::replace_file_durably(partial / "points.jsonl", lines);
+    detail::replace_file_durably(partial / "run.json", run_json_text(run, status, utc_now_iso8601(),
+                                                                     static_cast<int>(records.size()), ok_count));
+    detail::Db db(db_path, detail::Db::Mode::create);
+    // One transaction: the run and all its points appear together or not at all.
+    detail::Transaction tx(db);
+    insert_run_row(db, run, status, utc_now_iso8601());
+    std::int64_t seq = 0;
+    for (const auto& r : records) {
+      insert_point(db, run.run_id, seq++, *string_field(r, "workload"), *string_field(r, "status"), r, dump_line(r));
+    }
+    fs::rename(partial, run_dir, ec);
+    if (ec) throw Error("cannot move " + partial.string() + " to " + run_dir.string() + ": " + ec.message());
+    moved = true;
+    detail::sync_dir(runs_dir);
+    tx.commit();
+  } catch (...) {
+    fs::remove_all(moved ? run_dir : partial, ec);
+    throw;
+  }
 }
 
 }  // namespace ab::results
