@@ -66,6 +66,34 @@ void Kernels::sum_squares(const std::vector<Tensor>&, const Tensor&) { no_transf
 void Kernels::adamw_update(const AdamWStep&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   no_transformer_kernel(name(), "adamw_update");
 }
+void Kernels::count_step(const Tensor&, const Tensor&) { no_transformer_kernel(name(), "count_step"); }
+void Kernels::cross_entropy_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "cross_entropy_fused");
+}
+
+void Kernels::adamw_update_many(const AdamWStep& s, const std::vector<AdamWTensors>& params) {
+  for (const AdamWTensors& p : params) {
+    AdamWStep one = s;
+    one.weight_decay = p.weight_decay;
+    adamw_update(one, p.w, p.g, p.m, p.v);
+    if (p.copy.defined()) cast(p.w, p.copy);
+  }
+}
+
+void Kernels::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre,
+                                  const Tensor& y) {
+  if (!pre.defined()) {
+    linear_forward(x, w, bias, y);
+    return gelu_forward(y, y);
+  }
+  linear_forward(x, w, bias, pre);
+  gelu_forward(pre, y);
+}
+
+void Kernels::linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx) {
+  linear_backward_data(dy, w, dx, false);
+  gelu_backward(pre, dx, dx, false);
+}
 
 std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
   const std::string label = "fp8 convolution of x " + x.to_string() + ", w " + w.to_string() + ": ";

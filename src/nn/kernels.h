@@ -125,9 +125,20 @@ struct AdamWStep {
   double epsilon = 1e-8;
   double weight_decay = 0.0;
   std::int64_t step = 1;  // 1 for the first update: the bias corrections' exponent
+  // i32 [1] on the device, may be undefined: the update's number (1 for the first), read on the
+  // device in place of `step`, so a captured step counts on. Kernels::count_step advances it.
+  Tensor step_count{};
   double max_grad_norm = 0.0;
   Tensor grad_norm_squared{};
   Tensor skip_if{};
+};
+
+// One parameter of Kernels::adamw_update_many: w, g, m, v as adamw_update takes them (f32 master
+// and moments, the f32 gradient), its own weight decay (GPT-2 decays matrices only), and `copy`
+// (may be undefined): the 16-bit copy the forward pass reads, cast from the new w.
+struct AdamWTensors {
+  Tensor w, g, m, v, copy;
+  double weight_decay = 0.0;
 };
 
 // A recorded sequence of kernel launches replayed with no host work: a CUDA graph on the GPU; on
@@ -316,6 +327,8 @@ class Kernels {
   virtual void global_avgpool_backward(const Tensor& dy, const Tensor& dx, bool accumulate) = 0;
 
   // x: [N, in], w: [out, in], bias: [out] (may be undefined), y: [N, out]; y = x w^T + bias.
+  // x, y, dy and dx may have padded rows (stride[0] >= width, 16-byte aligned): a 50257-token
+  // vocabulary's logits are stored 50304 wide, where the GEMMs run at full speed.
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
   virtual void linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) = 0;
   virtual void linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) = 0;
@@ -397,6 +410,35 @@ class Kernels {
   // out (f32 [1]) = the sum of squares of every element of `tensors`: the global gradient norm's square.
   virtual void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out);
   virtual void adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v);
+  // The AdamW step of many parameters (s.weight_decay ignored: each has its own), each followed by
+  // the cast of its new value into its 16-bit copy where it has one. The default runs adamw_update
+  // and cast per parameter; CUDA fuses them into a few launches (GPT-2 124M: 148 tensors).
+  virtual void adamw_update_many(const AdamWStep& s, const std::vector<AdamWTensors>& params);
+  // counter (i32 [1]) += 1 unless skip_if (i32 [1], may be undefined) holds non-zero: AdamW's step
+  // number kept on the device (AdamWStep::step_count).
+  virtual void count_step(const Tensor& counter, const Tensor& skip_if);
+
+  // The classifier's loss and its gradient in one pass over the logits, which the forward pass has
+  // just written (over a 50k vocabulary the largest tensor of a GPT step: reading it once more for
+  // backward would cost as much as the loss). logits [N, V] (rows may be padded: stride[0] >= V),
+  // labels i32 [N], each in [0, V) or -1: a row that is not scored (padding, a BERT position that
+  // is not masked). loss (f32 [1]) = the mean over scored rows of -log softmax(logits)[label]
+  // (0 when none is). dlogits (may be undefined: inference; may be logits itself, in place) =
+  // seed * (softmax(logits) - onehot(label)) / scored on scored rows, 0 on the others; seed (f32
+  // [1] on the device, may be undefined: 1) is the gradient backward will give the loss (fp16's
+  // loss scale), read on the device. Sums in a fixed order (deterministic).
+  virtual void cross_entropy_fused(const Tensor& logits, const Tensor& labels, const Tensor& loss,
+                                   const Tensor& dlogits, const Tensor& seed);
+
+  // The MLP's first layer with its activation (cuBLASLt's GELU_AUX_BIAS epilogue): pre = x w^T +
+  // bias, y = gelu(pre) as gelu_forward; pre may be undefined (inference: nothing kept for
+  // backward). Shapes as linear_forward. The default runs linear_forward, then gelu_forward.
+  virtual void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre,
+                                   const Tensor& y);
+  // The data gradient of the layer that follows a GELU, through the GELU (the DGELU epilogue):
+  // dx = gelu'(pre) * (dy w), written; pre and dx [N, in]. The default runs linear_backward_data,
+  // then gelu_backward in place on dx.
+  virtual void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx);
 
   // How many distinct shapes of the fused calls above (conv2d_bias_activation_*,
   // batchnorm_activation_*) run a backend's own fused kernels and how many run the separate
