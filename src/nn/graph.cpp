@@ -1,6 +1,8 @@
 // Graph: gradient flow, lifetimes and the memory plan (at construction); binding to a backend;
 // the fixed forward/backward/update sequence; the per-op report.
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "nn/graph_internal.h"
 
@@ -14,7 +16,9 @@ Graph::Graph(GraphBuilder&& builder) : s_(std::make_unique<State>()) {
   s_->loss = b.loss;
   if (s_->options.training && s_->loss < 0) throw Error("a training graph needs a loss (GraphBuilder::set_loss)");
   for (const auto& node : s_->nodes) s_->specs.push_back(node.op->parameters());
+  s_->resolve_tied();
   s_->plan_gradients();
+  s_->plan_parameter_gradients();
   s_->plan_lifetimes();
   s_->plan = plan_memory(s_->lifetimes);
   s_->forward_s.assign(s_->n(), 0.0);
@@ -23,6 +27,51 @@ Graph::Graph(GraphBuilder&& builder) : s_(std::make_unique<State>()) {
 
 Graph::~Graph() = default;
 Graph::Graph(Graph&&) noexcept = default;
+
+void Graph::State::resolve_tied() {
+  std::map<std::string, std::pair<int, int>> declared;
+  owner.assign(n(), {});
+  for (std::size_t i = 0; i < n(); ++i)
+    for (std::size_t j = 0; j < specs[i].size(); ++j) {
+      const ParamSpec& spec = specs[i][j];
+      const std::string name = nodes[i].op->name() + "." + spec.name;
+      const std::string tied_to = nodes[i].op->tied_to(j);
+      if (tied_to.empty()) {
+        owner[i].emplace_back(static_cast<int>(i), static_cast<int>(j));
+        declared.emplace(name, owner[i].back());
+        continue;
+      }
+      const auto it = declared.find(tied_to);
+      if (it == declared.end())
+        throw Error("parameter '" + name + "' is tied to '" + tied_to + "', which no earlier layer declares");
+      const ParamSpec& o = specs[static_cast<std::size_t>(it->second.first)][static_cast<std::size_t>(it->second.second)];
+      if (o.shape != spec.shape || o.dtype != spec.dtype || o.trainable() != spec.trainable())
+        throw Error("parameter '" + name + "' (" + spec.shape.to_string() + ") is tied to '" + tied_to + "' (" +
+                    o.shape.to_string() + "): shapes, dtypes and roles must match");
+      owner[i].push_back(it->second);
+    }
+}
+
+// A tied parameter's gradient is the sum of its users' contributions: in backward order the first
+// user writes it and the others add to it, and the owner (the earliest layer) is the last, so its
+// backward finishes the gradient (the 16-bit cast into the master, the data-parallel hand-off).
+void Graph::State::plan_parameter_gradients() {
+  dparams_accumulate.assign(n(), {});
+  std::set<std::pair<int, int>> written;
+  for (std::size_t i = n(); i-- > 0;) {
+    dparams_accumulate[i].assign(specs[i].size(), false);
+    if (!runs_backward[i]) continue;
+    for (std::size_t j = 0; j < specs[i].size(); ++j) {
+      if (!specs[i][j].trainable()) continue;
+      const auto key = owner[i][j];
+      dparams_accumulate[i][j] = written.count(key) > 0;
+      written.insert(key);
+      if (tied(i, j) && !runs_backward[static_cast<std::size_t>(key.first)])
+        throw Error("parameter '" + nodes[i].op->name() + "." + specs[i][j].name + "' is tied to '" +
+                    nodes[i].op->tied_to(j) + "', whose layer computes no gradient");
+    }
+  }
+}
 
 void Graph::State::plan_gradients() {
   runs_backward.assign(n(), false);
@@ -119,9 +168,18 @@ void Graph::State::plan_lifetimes() {
   }
   grad16_buffer.assign(n(), {});
   for (std::size_t i = 0; i < n(); ++i)
-    for (const auto& spec : specs[i]) {
+    for (std::size_t j = 0; j < specs[i].size(); ++j) {
+      const ParamSpec& spec = specs[i][j];
       grad16_buffer[i].push_back(-1);
       if (!runs_backward[i] || !has_copy(spec)) continue;
+      if (tied(i, j)) {  // the owner's buffer, alive from this user's backward on
+        const auto [on, os] = owner[i][j];
+        const int buffer = grad16_buffer[static_cast<std::size_t>(on)][static_cast<std::size_t>(os)];
+        grad16_buffer[i].back() = buffer;
+        BufferLifetime& life = lifetimes[static_cast<std::size_t>(buffer)];
+        life.first_step = std::min(life.first_step, bwd_step(i));
+        continue;
+      }
       grad16_buffer[i].back() = static_cast<int>(lifetimes.size());
       const std::int64_t bytes = Tensor::describe(spec.dtype, spec.shape).size_bytes();
       lifetimes.push_back({bytes, bwd_step(i), bwd_step(i),
@@ -195,9 +253,9 @@ const MemoryPlan& Graph::memory_plan() const { return s_->plan; }
 
 std::int64_t Graph::parameter_count() const {
   std::int64_t total = 0;
-  for (const auto& specs : s_->specs)
-    for (const auto& spec : specs)
-      if (spec.trainable()) total += spec.shape.numel();
+  for (std::size_t i = 0; i < s_->n(); ++i)
+    for (std::size_t j = 0; j < s_->specs[i].size(); ++j)
+      if (s_->specs[i][j].trainable() && !s_->tied(i, j)) total += s_->specs[i][j].shape.numel();
   return total;
 }
 
@@ -222,8 +280,8 @@ std::vector<OpReport> Graph::report() const {
     r.name = op.name();
     r.kind = std::string(op.kind());
     r.out_shape = op.outputs().empty() ? Shape{} : op.outputs()[0].shape;
-    for (const auto& spec : s_->specs[i])
-      if (spec.trainable()) r.params += spec.shape.numel();
+    for (std::size_t j = 0; j < s_->specs[i].size(); ++j)
+      if (s_->specs[i][j].trainable() && !s_->tied(i, j)) r.params += s_->specs[i][j].shape.numel();
     r.forward_flops = op.flops(Pass::forward);
     r.forward_bytes = op.bytes(Pass::forward);
     if (s_->runs_backward[i]) {

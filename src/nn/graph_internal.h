@@ -49,6 +49,12 @@ struct Graph::State {
   std::vector<int> value_buffer, grad_buffer;     // per value: index into lifetimes (-1: none)
   std::vector<std::vector<int>> saved_buffer;     // per node
   std::vector<std::vector<ParamSpec>> specs;      // per node
+  // Per node and spec: the (node, spec) that owns a tied parameter's storage; its own for others.
+  std::vector<std::vector<std::pair<int, int>>> owner;
+  bool tied(std::size_t i, std::size_t j) const {
+    return owner[i][j] != std::pair<int, int>(static_cast<int>(i), static_cast<int>(j));
+  }
+  std::vector<std::vector<bool>> dparams_accumulate;  // per node and spec (OpTensors::dparams_accumulate)
   // Per node and parameter: the 16-bit gradient an op writes for a 16-bit copy, an arena buffer
   // alive for that op's backward step only (cast into the f32 master gradient at once); -1: none.
   std::vector<std::vector<int>> grad16_buffer;
@@ -80,7 +86,9 @@ struct Graph::State {
     return *kernels;
   }
   bool loss_scaling() const { return options.precision == Precision::fp16; }
+  void resolve_tied();
   void plan_gradients();
+  void plan_parameter_gradients();
   void plan_lifetimes();
   std::vector<int> share_passed_gradients();  // per value: the value whose gradient buffer it uses
   // The step, on State so that a captured step does not depend on where the Graph object lives.

@@ -76,9 +76,11 @@ void Graph::bind(Kernels& kernels) {
   std::vector<std::vector<Tensor>> master_descs(s.n()), read_descs(s.n());
   std::int64_t param_bytes = 0, copy_bytes = 0, grad_bytes = 0;
   for (std::size_t i = 0; i < s.n(); ++i)
-    for (const auto& spec : s.specs[i]) {
+    for (std::size_t j = 0; j < s.specs[i].size(); ++j) {
+      const ParamSpec& spec = s.specs[i][j];
       read_descs[i].push_back(graph_desc(s.options, spec.dtype, spec.shape));
       master_descs[i].push_back(has_copy(spec) ? graph_desc(s.options, DType::f32, spec.shape) : read_descs[i].back());
+      if (s.tied(i, j)) continue;  // the owner's storage
       param_bytes += align_up(master_descs[i].back().size_bytes());
       if (has_copy(spec)) copy_bytes += align_up(read_descs[i].back().size_bytes());
       if (spec.trainable()) grad_bytes += align_up(master_descs[i].back().size_bytes());
@@ -103,6 +105,7 @@ void Graph::bind(Kernels& kernels) {
     t.saved = node.op->saved();
     for (auto& d : t.saved) d = graph_desc(s.options, d.dtype, d.shape);
     t.din_accumulate = s.din_accumulate[i];
+    t.dparams_accumulate = s.dparams_accumulate[i];
     try {
       workspace_bytes = std::max(workspace_bytes, node.op->prepare(kernels, t));
       for (std::size_t j = 0; j < s.specs[i].size(); ++j)
@@ -149,6 +152,14 @@ void Graph::bind(Kernels& kernels) {
     t.workspace = Workspace{s.workspace.data(), s.workspace.size_bytes()};
     for (std::size_t j = 0; j < s.specs[i].size(); ++j) {
       const ParamSpec& spec = s.specs[i][j];
+      if (s.tied(i, j)) {  // read and written through the owner's tensors (bound earlier)
+        const auto [on, os] = s.owner[i][j];
+        const OpTensors& o = s.bound[static_cast<std::size_t>(on)];
+        t.params[j] = o.params[static_cast<std::size_t>(os)];
+        t.dparams[j] = o.dparams[static_cast<std::size_t>(os)];
+        s.param_index[i].push_back(s.param_index[static_cast<std::size_t>(on)][static_cast<std::size_t>(os)]);
+        continue;
+      }
       Parameter p;
       p.name = node.op->name() + "." + spec.name;
       p.spec = spec;
@@ -184,6 +195,8 @@ void Graph::bind(Kernels& kernels) {
     s.scale_before = s.scaler_store.view(f32, 3 * kAllocAlignment);
     set_loss_scale(s.options.initial_loss_scale);
   }
+  if (s.loss >= 0 && s.value(s.loss).producer >= 0)
+    s.bound[static_cast<std::size_t>(s.value(s.loss).producer)].loss_seed = s.loss_scaling() ? s.scale : Tensor{};
   if (s.profiling) s.timer = kernels.make_timer();
   kernels.parameters_changed();  // initialised above
 }
@@ -212,7 +225,9 @@ ParameterValues Graph::initial_parameter_values() const {
   const State& s = *s_;
   ParameterValues out;
   for (std::size_t i = 0; i < s.n(); ++i)
-    for (const ParamSpec& spec : s.specs[i]) {
+    for (std::size_t j = 0; j < s.specs[i].size(); ++j) {
+      const ParamSpec& spec = s.specs[i][j];
+      if (s.tied(i, j)) continue;
       const std::string name = s.nodes[i].op->name() + "." + spec.name;
       out[name] = initial_values(spec, s.options.seed, name);
     }
@@ -307,7 +322,7 @@ void Graph::State::run_backward() {
       op.backward(kk, bound[i]);
       // The 16-bit gradient buffer is reused at the next step: widen it into the master's now.
       for (std::size_t j = 0; j < specs[i].size(); ++j)
-        if (grad16_buffer[i][j] >= 0) kk.cast(bound[i].dparams[j], params[param_index[i][j]].grad);
+        if (grad16_buffer[i][j] >= 0 && !tied(i, j)) kk.cast(bound[i].dparams[j], params[param_index[i][j]].grad);
     };
     if (profiling)
       backward_s[i] = time_op(body);
@@ -315,14 +330,15 @@ void Graph::State::run_backward() {
       body();
     if (gradient_sync != nullptr)
       for (std::size_t j = 0; j < specs[i].size(); ++j)
-        if (specs[i][j].trainable()) gradient_sync->ready(param_index[i][j]);
+        if (specs[i][j].trainable() && !tied(i, j)) gradient_sync->ready(param_index[i][j]);
   }
   if (gradient_sync != nullptr) gradient_sync->finish();
   if (loss_scaling())
     for (std::size_t i = 0; i < n(); ++i) {
       if (!runs_backward[i]) continue;
       for (std::size_t j = 0; j < specs[i].size(); ++j)
-        if (specs[i][j].trainable()) kk.unscale_and_check(params[param_index[i][j]].grad, scale, found_nonfinite);
+        if (specs[i][j].trainable() && !tied(i, j))
+          kk.unscale_and_check(params[param_index[i][j]].grad, scale, found_nonfinite);
     }
 }
 

@@ -50,6 +50,13 @@ struct OpTensors {
   std::vector<Tensor> in, out, params, saved;
   std::vector<Tensor> din, dout, dparams;
   std::vector<bool> din_accumulate;  // add into din[i] rather than overwrite it
+  // Add into dparams[j] rather than overwrite it: a tied parameter whose other user's backward ran
+  // first. An op whose kernels cannot accumulate that gradient throws Unsupported.
+  std::vector<bool> dparams_accumulate;
+  // On the op that produces the graph's loss: the gradient backward will seed the loss with (f32
+  // [1] on the device: fp16's loss scale), or undefined for 1. A loss op that computes its input's
+  // gradient during forward (the fused classifier) reads it.
+  Tensor loss_seed;
   Workspace workspace;
   bool training = true;  // batch statistics (training) or running statistics (inference)
 };
@@ -85,6 +92,11 @@ class Op {
   const std::vector<Tensor>& outputs() const { return out_; }
 
   virtual std::vector<ParamSpec> parameters() const { return {}; }
+  // The full name ("embed.wte") of a parameter an earlier op declares which parameters()[i] is
+  // (GPT-2's classifier reads the token embedding), or empty. A tied parameter has no storage of
+  // its own, is not counted again, and the ops' gradients are summed; shape, dtype and role must
+  // match the owner's.
+  virtual std::string tied_to(std::size_t /*param*/) const { return {}; }
   // Tensors written by forward and read by backward besides inputs and outputs (batch statistics).
   virtual std::vector<Tensor> saved() const { return {}; }
   // Which activations backward reads: the memory planner keeps exactly these alive.

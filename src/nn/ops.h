@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "nn/graph.h"
@@ -201,14 +202,16 @@ class GlobalAvgPool final : public Op {
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
 };
 
-// [N, in] -> [N, out] with weight [out, in] and bias [out], PyTorch's default initialisation.
+// [N, in] -> [N, out] with weight [out, in] and bias [out], PyTorch's default initialisation, or
+// `weight_init` with zero biases (GPT-2 and BERT: N(0, 0.02)).
 // With `fp8` (inference graphs of precision fp8): x [N, in] and w [out, in] run as the e4m3 1x1
 // convolution they are (Kernels::conv2d_fp8_*, on the same bytes viewed [N, in, 1, 1] NHWC), where
 // the kernels take it; else the 16-bit GEMM, keeping the reason (as ConvBiasActivation).
 class Linear final : public Op {
  public:
-  Linear(std::string name, std::int64_t out_features, bool bias = true, bool fp8 = false)
-      : Op(std::move(name)), out_features_(out_features), bias_(bias) {
+  Linear(std::string name, std::int64_t out_features, bool bias = true, bool fp8 = false,
+         std::optional<ParamInit> weight_init = std::nullopt)
+      : Op(std::move(name)), out_features_(out_features), bias_(bias), weight_init_(weight_init) {
     fp8_.asked = fp8;
   }
   std::string_view kind() const override { return "linear"; }
@@ -226,6 +229,7 @@ class Linear final : public Op {
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   std::int64_t out_features_;
   bool bias_;
+  std::optional<ParamInit> weight_init_;
   Fp8Choice fp8_;
 };
 
@@ -327,6 +331,62 @@ class Attention final : public Op {
   bool causal_;
 };
 
+// A transformer's MLP as one op (kind "mlp"): y = c_proj(gelu(c_fc(x))), x [N, C] -> [N, C] through
+// `hidden` features, so that the GELU runs in the GEMMs' epilogues both ways (Kernels::
+// linear_gelu_forward, linear_backward_data_gelu). Parameters c_fc.weight [hidden, C], c_fc.bias,
+// c_proj.weight [C, hidden], c_proj.bias (Hugging Face GPT-2's names), N(0, std) weights with
+// c_proj's std `proj_std` (GPT-2 scales it by 1/sqrt(2 layers)), zero biases. Keeps the GELU's
+// input and output [N, hidden] for backward; backward writes the GELU input's gradient over the
+// kept output once c_proj's weight gradient has read it.
+class Mlp final : public Op {
+ public:
+  Mlp(std::string name, std::int64_t hidden, double std, double proj_std)
+      : Op(std::move(name)), hidden_(hidden), std_(std), proj_std_(proj_std) {}
+  std::string_view kind() const override { return "mlp"; }
+  std::vector<ParamSpec> parameters() const override;
+  std::vector<Tensor> saved() const override;
+  bool backward_reads_input(int i) const override { return i == 0; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  std::int64_t hidden_;
+  double std_, proj_std_;
+};
+
+// The language-model head and its loss as one op (kind "classifier_loss"): (x [N, C], labels [N]
+// i32, -1 where a row is not scored) -> the mean cross-entropy [1] of logits = x weight^T over a
+// vocabulary of V. The logits [N, V] are kept in rows padded to a multiple of 128 (GEMMs at full
+// speed) and overwritten by their gradient in the same pass that computes the loss
+// (Kernels::cross_entropy_fused), so the largest tensor of a GPT step is written once and read
+// twice (both backward GEMMs). Its weight [V, C] may be tied to the token embedding (`tied_to`,
+// GPT-2 and BERT), else N(0, 0.02). In a training graph it must produce the graph's loss (its
+// gradient is the one backward seeds); an evaluation forward computes the loss only.
+class ClassifierLoss final : public Op {
+ public:
+  ClassifierLoss(std::string name, std::int64_t vocab, std::string tied_to = {})
+      : Op(std::move(name)), vocab_(vocab), tied_to_(std::move(tied_to)) {}
+  std::string_view kind() const override { return "classifier_loss"; }
+  std::vector<ParamSpec> parameters() const override;
+  std::string tied_to(std::size_t) const override { return tied_to_; }
+  std::vector<Tensor> saved() const override;  // the padded logits, then their gradient
+  bool backward_reads_input(int i) const override { return i == 0; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+  std::int64_t padded_vocab() const { return (vocab_ + 127) / 128 * 128; }
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  Tensor logits(const OpTensors& t) const;  // [N, V] over the saved rows of padded_vocab()
+  std::int64_t vocab_;
+  std::string tied_to_;
+};
+
 // ---- learned compression (ops_compress.cpp; models/compression.h)
 
 struct ConvTranspose2dAttrs {
@@ -418,7 +478,7 @@ Value conv_bias_activation(GraphBuilder& b, const std::string& name, Value x, co
 Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d);
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x);
 Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias = true,
-             bool fp8 = false);
+             bool fp8 = false, std::optional<ParamInit> weight_init = std::nullopt);
 Value softmax_cross_entropy(GraphBuilder& b, const std::string& name, Value logits, Value labels);
 Value conv_transpose2d(GraphBuilder& b, const std::string& name, Value x, const ConvTranspose2dAttrs& a);
 Value quantize_ste(GraphBuilder& b, const std::string& name, Value x, double step = 1.0);
@@ -428,6 +488,9 @@ Value embedding(GraphBuilder& b, const std::string& name, Value tokens, std::int
 Value layernorm(GraphBuilder& b, const std::string& name, Value x, double epsilon = 1e-5);
 Value gelu(GraphBuilder& b, const std::string& name, Value x);
 Value attention(GraphBuilder& b, const std::string& name, Value qkv, std::int64_t heads, std::int64_t seq, bool causal);
+Value mlp(GraphBuilder& b, const std::string& name, Value x, std::int64_t hidden, double std, double proj_std);
+Value classifier_loss(GraphBuilder& b, const std::string& name, Value x, Value labels, std::int64_t vocab,
+                      const std::string& tied_to = {});
 struct RateDistortion {
   Value loss, mse;
 };

@@ -333,9 +333,10 @@ std::vector<ParamSpec> Linear::parameters() const {
   // PyTorch's nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
   const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
   const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
-  std::vector<ParamSpec> p{{"weight", Shape{out_features_, fan_in}, ParamRole::weight,
-                            {ParamInit::Dist::uniform, bound}, t}};
-  if (bias_) p.push_back({"bias", Shape{out_features_}, ParamRole::bias, {ParamInit::Dist::uniform, bound}, t});
+  const ParamInit uniform{ParamInit::Dist::uniform, bound};
+  std::vector<ParamSpec> p{{"weight", Shape{out_features_, fan_in}, ParamRole::weight, weight_init_.value_or(uniform), t}};
+  if (bias_)
+    p.push_back({"bias", Shape{out_features_}, ParamRole::bias, weight_init_ ? ParamInit{} : uniform, t});
   return p;
 }
 

@@ -182,8 +182,9 @@ Value maxpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dD
 Value global_avgpool(GraphBuilder& b, const std::string& name, Value x) {
   return b.add1(std::make_unique<GlobalAvgPool>(name), {x});
 }
-Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias, bool fp8) {
-  return b.add1(std::make_unique<Linear>(name, out_features, bias, fp8), {x});
+Value linear(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_features, bool bias, bool fp8,
+             std::optional<ParamInit> weight_init) {
+  return b.add1(std::make_unique<Linear>(name, out_features, bias, fp8, weight_init), {x});
 }
 Value softmax_cross_entropy(GraphBuilder& b, const std::string& name, Value logits, Value labels) {
   return b.add1(std::make_unique<SoftmaxCrossEntropy>(name), {logits, labels});

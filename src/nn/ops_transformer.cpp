@@ -35,7 +35,8 @@ std::vector<ParamSpec> Embedding::parameters() const {
 void Embedding::forward(Kernels& k, const OpTensors& t) { k.embedding_forward(t.in[0], t.params[0], t.params[1], t.out[0]); }
 
 void Embedding::backward(Kernels& k, const OpTensors& t) {
-  k.embedding_backward(t.in[0], t.dout[0], t.dparams[0], /*accumulate_wte=*/false, t.dparams[1]);
+  // wte accumulates where a tied classifier's backward wrote its gradient first.
+  k.embedding_backward(t.in[0], t.dout[0], t.dparams[0], t.dparams_accumulate[0], t.dparams[1]);
 }
 
 std::int64_t Embedding::flops(Pass) const { return out_[0].numel(); }  // one add per output element
@@ -194,6 +195,127 @@ std::int64_t Attention::bytes(Pass p) const {
   return qkv + 2 * o + stats + qkv;
 }
 
+// ---- MLP
+
+std::vector<Tensor> Mlp::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
+  require(in[0].shape.rank() == 2, "input must be [N, C], got " + in[0].shape.to_string());
+  require_float(in[0]);
+  require(hidden_ >= 1, "hidden features must be >= 1");
+  return {Tensor::describe(in[0].dtype, in[0].shape)};
+}
+
+std::vector<ParamSpec> Mlp::parameters() const {
+  const std::int64_t c = in_.empty() ? 0 : in_[0].shape[1];
+  const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
+  const ParamInit w{ParamInit::Dist::normal, std_}, proj{ParamInit::Dist::normal, proj_std_};
+  return {{"c_fc.weight", Shape{hidden_, c}, ParamRole::weight, w, t},
+          {"c_fc.bias", Shape{hidden_}, ParamRole::bias, {}, t},
+          {"c_proj.weight", Shape{c, hidden_}, ParamRole::weight, proj, t},
+          {"c_proj.bias", Shape{c}, ParamRole::bias, {}, t}};
+}
+
+std::vector<Tensor> Mlp::saved() const {
+  const Shape h{in_[0].shape[0], hidden_};
+  return {Tensor::describe(in_[0].dtype, h), Tensor::describe(in_[0].dtype, h)};  // gelu's input, its output
+}
+
+void Mlp::forward(Kernels& k, const OpTensors& t) {
+  const Tensor& pre = t.saved[0];
+  const Tensor& h = t.saved[1];
+  k.linear_gelu_forward(t.in[0], t.params[0], t.params[1], t.training ? pre : Tensor{}, h);
+  k.linear_forward(h, t.params[2], t.params[3], t.out[0]);
+}
+
+void Mlp::backward(Kernels& k, const OpTensors& t) {
+  const Tensor& pre = t.saved[0];
+  const Tensor& h = t.saved[1];
+  k.linear_backward_weights(h, t.dout[0], t.dparams[2], t.dparams[3]);
+  const Tensor& dpre = h;  // h is read: its bytes take the gradient of the GELU's input
+  k.linear_backward_data_gelu(t.dout[0], t.params[2], pre, dpre);
+  k.linear_backward_weights(t.in[0], dpre, t.dparams[0], t.dparams[1]);
+  if (t.din[0].defined()) k.linear_backward_data(dpre, t.params[0], t.din[0], t.din_accumulate[0]);
+}
+
+std::int64_t Mlp::flops(Pass p) const {
+  // Two GEMMs of N x C x hidden forward (plus bias and GELU), three or four backward.
+  const std::int64_t n = in_[0].shape[0], c = in_[0].shape[1], gemm = 2 * n * c * hidden_;
+  const std::int64_t pointwise = n * (hidden_ + c);
+  if (p == Pass::forward) return 2 * gemm + pointwise + 8 * n * hidden_;
+  return (input_needs_grad(0) ? 4 : 3) * gemm + pointwise + 14 * n * hidden_;
+}
+
+std::int64_t Mlp::bytes(Pass p) const {
+  // Forward: x, W1, b1 in, pre and h out; h, W2, b2 in, y out. Backward: h, dy, dW2, db2; dy, W2,
+  // pre, dpre; x, dpre, dW1, db1; dpre, W1, dx.
+  const std::int64_t n = in_[0].shape[0], c = in_[0].shape[1], e = element_bytes();
+  const std::int64_t x = n * c, h = n * hidden_, w = c * hidden_;
+  if (p == Pass::forward) return (x + w + hidden_ + 2 * h + h + w + c + x) * e;
+  const std::int64_t data = input_needs_grad(0) ? h + w + x : 0;
+  return (h + x + w + c + x + w + 2 * h + x + h + w + hidden_ + data) * e;
+}
+
+// ---- classifier + loss
+
+std::vector<Tensor> ClassifierLoss::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 2, "takes x and the labels, got " + std::to_string(in.size()) + " inputs");
+  require(in[0].shape.rank() == 2, "x must be [N, C], got " + in[0].shape.to_string());
+  require_float(in[0]);
+  require(in[1].dtype == DType::i32 && in[1].shape == Shape{in[0].shape[0]},
+          "labels must be i32 [" + std::to_string(in[0].shape[0]) + "], got " + in[1].to_string());
+  require(vocab_ >= 1, "the vocabulary must be >= 1");
+  return {Tensor::describe(wide_dtype(in[0].dtype), Shape{1})};
+}
+
+std::vector<ParamSpec> ClassifierLoss::parameters() const {
+  const std::int64_t c = in_.empty() ? 0 : in_[0].shape[1];
+  const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
+  return {{"weight", Shape{vocab_, c}, ParamRole::weight, {ParamInit::Dist::normal, 0.02}, t}};
+}
+
+std::vector<Tensor> ClassifierLoss::saved() const {
+  return {Tensor::describe(in_[0].dtype, Shape{in_[0].shape[0], padded_vocab()})};
+}
+
+Tensor ClassifierLoss::logits(const OpTensors& t) const {
+  Tensor v = t.saved[0];
+  v.shape = Shape{in_[0].shape[0], vocab_};
+  v.strides = {padded_vocab(), 1};
+  return v;
+}
+
+void ClassifierLoss::forward(Kernels& k, const OpTensors& t) {
+  const Tensor l = logits(t);
+  k.linear_forward(t.in[0], t.params[0], Tensor{}, l);
+  k.cross_entropy_fused(l, t.in[1], t.out[0], t.training ? l : Tensor{}, t.loss_seed);
+}
+
+void ClassifierLoss::backward(Kernels& k, const OpTensors& t) {
+  if (!t.training) throw Error("layer '" + name() + "' (classifier_loss): backward after an evaluation forward");
+  if (t.dparams_accumulate[0])
+    throw Unsupported("layer '" + name() + "' (classifier_loss): its weight's gradient is written, never added to; "
+                      "tie the embedding to the classifier, not the classifier to a later layer");
+  const Tensor dlogits = logits(t);  // forward left the gradient there
+  k.linear_backward_weights(t.in[0], dlogits, t.dparams[0], Tensor{});
+  if (t.din[0].defined()) k.linear_backward_data(dlogits, t.params[0], t.din[0], t.din_accumulate[0]);
+}
+
+std::int64_t ClassifierLoss::flops(Pass p) const {
+  const std::int64_t n = in_[0].shape[0], c = in_[0].shape[1], gemm = 2 * n * c * vocab_;
+  if (p == Pass::forward) return gemm + 6 * n * vocab_;  // the softmax, loss and gradient per logit
+  return (input_needs_grad(0) ? 2 : 1) * gemm;
+}
+
+std::int64_t ClassifierLoss::bytes(Pass p) const {
+  // Forward: x, W, the logits written, then read and overwritten by their gradient. Backward: the
+  // gradient read by each GEMM, with x, W, dW (and dx).
+  const std::int64_t n = in_[0].shape[0], c = in_[0].shape[1], e = element_bytes();
+  const std::int64_t logits = n * vocab_, x = n * c, w = vocab_ * c, labels = n * 4;
+  if (p == Pass::forward) return (x + w + 3 * logits) * e + labels;
+  const std::int64_t data = input_needs_grad(0) ? logits + w + x : 0;
+  return (logits + x + w + data) * e;
+}
+
 // ---- builder helpers
 
 Value embedding(GraphBuilder& b, const std::string& name, Value tokens, std::int64_t vocab, std::int64_t positions,
@@ -206,6 +328,13 @@ Value layernorm(GraphBuilder& b, const std::string& name, Value x, double epsilo
 Value gelu(GraphBuilder& b, const std::string& name, Value x) { return b.add1(std::make_unique<Gelu>(name), {x}); }
 Value attention(GraphBuilder& b, const std::string& name, Value qkv, std::int64_t heads, std::int64_t seq, bool causal) {
   return b.add1(std::make_unique<Attention>(name, heads, seq, causal), {qkv});
+}
+Value mlp(GraphBuilder& b, const std::string& name, Value x, std::int64_t hidden, double std, double proj_std) {
+  return b.add1(std::make_unique<Mlp>(name, hidden, std, proj_std), {x});
+}
+Value classifier_loss(GraphBuilder& b, const std::string& name, Value x, Value labels, std::int64_t vocab,
+                      const std::string& tied_to) {
+  return b.add1(std::make_unique<ClassifierLoss>(name, vocab, tied_to), {x, labels});
 }
 
 }  // namespace ab::nn

@@ -6,25 +6,30 @@ namespace ab::nn {
 
 bool Optimizer::bound_to(const std::vector<Parameter>& params) const {
   const void* key = params.empty() ? nullptr : params[0].value.data;
-  return velocities_.size() == params.size() && bound_to_ == key;
+  return velocities_.size() == params.size() * static_cast<std::size_t>(moments()) && bound_to_ == key;
 }
 
 void Optimizer::bind(Kernels& k, const std::vector<Parameter>& params) {
   if (bound_to(params)) return;
-  // One zeroed block holds every trainable parameter's velocity.
+  // One zeroed block holds every trainable parameter's velocities.
+  const auto per = static_cast<std::size_t>(moments());
   bound_to_ = params.empty() ? nullptr : params[0].value.data;
-  velocities_.assign(params.size(), Tensor{});
+  velocities_.assign(params.size() * per, Tensor{});
   std::int64_t total = 0;
   for (const auto& p : params)
-    if (p.spec.trainable()) total += align_up(p.value.size_bytes());
+    if (p.spec.trainable()) total += static_cast<std::int64_t>(per) * align_up(p.value.size_bytes());
   velocity_ = Buffer(k.allocator(), total);
   std::int64_t offset = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].spec.trainable()) continue;
-    velocities_[i] = velocity_.view(params[i].value, offset);
-    offset += align_up(params[i].value.size_bytes());
-    k.fill(velocities_[i], 0.0);
+    for (std::size_t m = 0; m < per; ++m) {
+      Tensor& v = velocities_[i * per + m];
+      v = velocity_.view(params[i].value, offset);
+      offset += align_up(params[i].value.size_bytes());
+      k.fill(v, 0.0);
+    }
   }
+  bind_state(k);
 }
 
 void Optimizer::step(Kernels& k, std::vector<Parameter>& params, const Tensor& skip_if) {
@@ -81,6 +86,54 @@ void Lars::update(Kernels& k, const Parameter& p, const Tensor& velocity, const 
   s.adapt = !is_norm_or_bias(p.spec.role);
   s.weight_decay = s.adapt ? weight_decay_ : 0.0;
   k.lars_update(s, p.value, p.grad, velocity);
+}
+
+void AdamW::bind_state(Kernels& k) {
+  state_ = Buffer(k.allocator(), 2 * kAllocAlignment);
+  step_count_ = state_.view(Tensor::describe(DType::i32, Shape{1}), 0);
+  grad_norm_squared_ = state_.view(Tensor::describe(DType::f32, Shape{1}), kAllocAlignment);
+  k.fill(step_count_, 0.0);
+  k.fill(grad_norm_squared_, 0.0);
+}
+
+std::int64_t AdamW::steps_taken(Kernels& k) const {
+  if (!step_count_.defined()) return 0;
+  std::int32_t n = 0;
+  k.download(step_count_, &n);
+  return n;
+}
+
+void AdamW::update_all(Kernels& k, const std::vector<Parameter>& params, const std::vector<Tensor>& velocities,
+                       const Tensor& skip_if) {
+  std::vector<AdamWTensors> all;
+  std::vector<Tensor> grads;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = params[i];
+    if (!p.spec.trainable()) continue;
+    if (p.grad_partner.defined())
+      throw Unsupported("optimizer adamw takes averaged gradients; only sgd averages in its update");
+    const double decay = p.spec.role == ParamRole::weight ? weight_decay_ : 0.0;
+    all.push_back({p.value, p.grad, velocities[2 * i], velocities[2 * i + 1], p.copy, decay});
+    grads.push_back(p.grad);
+  }
+  AdamWStep s;
+  s.learning_rate = learning_rate();
+  s.beta1 = beta1_;
+  s.beta2 = beta2_;
+  s.epsilon = epsilon_;
+  s.step_count = step_count_;
+  s.max_grad_norm = max_grad_norm_;
+  s.skip_if = skip_if;
+  if (max_grad_norm_ > 0) {
+    k.sum_squares(grads, grad_norm_squared_);
+    s.grad_norm_squared = grad_norm_squared_;
+  }
+  k.count_step(step_count_, skip_if);
+  k.adamw_update_many(s, all);
+}
+
+void AdamW::update(Kernels&, const Parameter&, const Tensor&, const Tensor&) {
+  throw Error("adamw updates every parameter in one call (update_all)");
 }
 
 }  // namespace ab::nn

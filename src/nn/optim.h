@@ -16,8 +16,8 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual std::string_view name() const = 0;
-  // Allocates and zeroes one velocity per trainable parameter (in the parameter's dtype: the f32
-  // master under bf16/fp16). A no-op when already bound to these parameters; call it before
+  // Allocates and zeroes moments() velocities per trainable parameter (in the parameter's dtype:
+  // the f32 master under bf16/fp16), and the optimizer's own state (bind_state). A no-op when already bound to these parameters; call it before
   // capturing a step, which must not allocate (Graph::capture_step does).
   void bind(Kernels& k, const std::vector<Parameter>& params);
   bool bound_to(const std::vector<Parameter>& params) const;
@@ -36,8 +36,12 @@ class Optimizer {
 
  protected:
   explicit Optimizer(double lr) : learning_rate_(lr) {}
-  // Every trainable parameter's update and copy refresh; velocities[i] is params[i]'s (undefined
-  // for a frozen one). The default calls update() and casts per parameter.
+  // Velocity tensors per parameter: SGD's momentum 1, Adam's two moments.
+  virtual int moments() const { return 1; }
+  // Allocates (and initialises) what the optimizer keeps besides the velocities; at bind.
+  virtual void bind_state(Kernels& /*k*/) {}
+  // Every trainable parameter's update and copy refresh; velocities[i * moments() + m] is
+  // params[i]'s m-th (undefined for a frozen one). The default calls update() and casts per parameter.
   virtual void update_all(Kernels& k, const std::vector<Parameter>& params, const std::vector<Tensor>& velocities,
                           const Tensor& skip_if);
   virtual void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) = 0;
@@ -86,6 +90,35 @@ class Lars final : public Optimizer {
  private:
   void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) override;
   double momentum_, weight_decay_, eta_, epsilon_;
+};
+
+// AdamW as GPT-2 trains (llm.c, nanoGPT): decoupled weight decay on weights only (not biases or
+// norm parameters), the global gradient norm clipped to max_grad_norm (0: no clipping), and the
+// step count kept on the device so that a captured step's bias corrections advance with each
+// replay. All parameters in one fused call (Kernels::adamw_update_many).
+class AdamW final : public Optimizer {
+ public:
+  AdamW(double lr, double beta1, double beta2, double epsilon, double weight_decay, double max_grad_norm)
+      : Optimizer(lr), beta1_(beta1), beta2_(beta2), epsilon_(epsilon), weight_decay_(weight_decay),
+        max_grad_norm_(max_grad_norm) {}
+  std::string_view name() const override { return "adamw"; }
+  std::int64_t flops(std::int64_t elements) const override { return (max_grad_norm_ > 0 ? 14 : 12) * elements; }
+  std::int64_t bytes(std::int64_t elements, std::int64_t element_bytes) const override {
+    // read w, g, m, v; write w, m, v (and the norm's read of g)
+    return (max_grad_norm_ > 0 ? 8 : 7) * elements * element_bytes;
+  }
+  // The updates made so far (reads the device; not while capturing).
+  std::int64_t steps_taken(Kernels& k) const;
+
+ private:
+  int moments() const override { return 2; }
+  void bind_state(Kernels& k) override;
+  void update_all(Kernels& k, const std::vector<Parameter>& params, const std::vector<Tensor>& velocities,
+                  const Tensor& skip_if) override;
+  void update(Kernels& k, const Parameter& p, const Tensor& velocity, const Tensor& skip_if) override;
+  double beta1_, beta2_, epsilon_, weight_decay_, max_grad_norm_;
+  Buffer state_;
+  Tensor step_count_, grad_norm_squared_;  // i32 [1], f32 [1]
 };
 
 }  // namespace ab::nn
