@@ -153,7 +153,10 @@ TEST(SyntheticBatch, EachSampleDependsOnlyOnItsIndex) {
 TEST(ModelZoo, CompressionBatchIsCentredImagesWithoutLabels) {
   zoo::ZooModel m;
   m.compression = true;
-  const auto b = zoo::model_batch(m, 3, 2, 8);
+  zoo::ModelSpec s;
+  s.batch = 2;
+  s.image_px = 8;
+  const auto b = zoo::model_batch(m, 3, s);
   const auto raw = zoo::synthetic_batch(zoo::kDataSeed, 3, 2, 3, 8, 10);
   ASSERT_EQ(b.images.size(), raw.images.size());
   EXPECT_TRUE(b.labels.empty());

@@ -47,6 +47,7 @@ struct Counts {
   double flops = 0;    // arithmetic operations (a multiply-add is 2)
   double bytes = 0;    // bytes that must move through the memory being measured
   std::string ops_unit = "FLOP";  // "OP" for integer arithmetic
+  double tokens = 0;              // tokens processed, for language models (rates.tokens_per_s)
 };
 
 // A thrown SkipPoint becomes status "skipped"; CheckFailed becomes "error"; Diverged (a training

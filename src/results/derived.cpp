@@ -17,6 +17,7 @@ std::optional<Rates> rates_from_counts(const Counts& counts, double median_s, st
   if (median_s <= 0) return std::nullopt;
   Rates r;
   if (counts.samples > 0) r.samples_per_s = counts.samples / median_s;
+  if (counts.tokens > 0) r.tokens_per_s = counts.tokens / median_s;
   if (counts.flops > 0) r.tflops = counts.flops / median_s / 1e12;
   if (counts.bytes > 0) r.gbps = counts.bytes / median_s / 1e9;
   // The rate the device is judged by: bandwidth for memory-bound points, arithmetic otherwise.

@@ -126,7 +126,7 @@ TimeStats time_from_json(const json& j) {
 json rates_to_json(const Rates& r) {
   json j = json::object();
   put(j, "samples_per_s", r.samples_per_s), put(j, "tflops", r.tflops), put(j, "gbps", r.gbps);
-  put(j, "pct_of_ceiling", r.pct_of_ceiling), put(j, "primary", r.primary);
+  put(j, "tokens_per_s", r.tokens_per_s), put(j, "pct_of_ceiling", r.pct_of_ceiling), put(j, "primary", r.primary);
   if (r.ceiling) j["ceiling"] = {{"key", r.ceiling->key}, {"value", r.ceiling->value}, {"unit", r.ceiling->unit}, {"source", r.ceiling->source}};
   return j;
 }
@@ -135,7 +135,7 @@ Rates rates_from_json(const json& j) {
   const Reader in(j, "rates.");
   Rates r;
   in.number("samples_per_s", r.samples_per_s), in.number("tflops", r.tflops), in.number("gbps", r.gbps);
-  in.number("pct_of_ceiling", r.pct_of_ceiling), in.text("primary", r.primary);
+  in.number("tokens_per_s", r.tokens_per_s), in.number("pct_of_ceiling", r.pct_of_ceiling), in.text("primary", r.primary);
   if (const json* c = in.object("ceiling")) {
     const Reader cin(*c, "rates.ceiling.");
     CeilingRef& ref = r.ceiling.emplace();
@@ -145,13 +145,16 @@ Rates rates_from_json(const json& j) {
 }
 
 json counts_to_json(const Counts& c) {
-  return {{"samples", c.samples}, {"flops", c.flops}, {"bytes", c.bytes}, {"ops_unit", c.ops_unit}};
+  json j = {{"samples", c.samples}, {"flops", c.flops}, {"bytes", c.bytes}, {"ops_unit", c.ops_unit}};
+  if (c.tokens > 0) j["tokens"] = c.tokens;
+  return j;
 }
 
 Counts counts_from_json(const json& j) {
   const Reader in(j, "counts.");
   Counts c;
   in.number("samples", c.samples), in.number("flops", c.flops), in.number("bytes", c.bytes), in.text("ops_unit", c.ops_unit);
+  if (j.contains("tokens")) in.number("tokens", c.tokens);
   return c;
 }
 

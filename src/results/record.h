@@ -27,6 +27,7 @@ Status parse_status(std::string_view s);
 struct Counts {
   double samples = 0, flops = 0, bytes = 0;
   std::string ops_unit = "FLOP";  // "OP" for integer arithmetic
+  double tokens = 0;              // per iteration, for language models (written only when > 0)
 };
 
 // Timing statistics of one iteration, in seconds. Every field is optional because imported
@@ -50,6 +51,7 @@ struct CeilingRef {
 // Rates derived from counts and the median time (results/derived.h computes them).
 struct Rates {
   std::optional<double> samples_per_s, tflops, gbps, pct_of_ceiling;
+  std::optional<double> tokens_per_s;  // language models
   std::optional<CeilingRef> ceiling;
   std::string primary;  // "tflops", "gbps" or "samples_per_s"; "" = absent
   // The primary rate's value, if the record has it.

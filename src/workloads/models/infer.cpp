@@ -57,6 +57,9 @@ class Infer final : public Workload {
 
   void run(State& state) override {
     ModelSpec spec = model_spec(state, /*training=*/false);
+    if (is_language_model(spec.model))
+      throw UsageError("infer runs the image models; '" + spec.model +
+                       "' trains (the train workload) but its inference graph (prefill) is not built yet");
     std::string fold = state.get_text("fold");
     if (fold == "auto") fold = is_compression_model(spec.model) ? "off" : "fused";
     if (spec.precision == Precision::fp8 && fold != "fused")
@@ -94,7 +97,7 @@ class Infer final : public Workload {
     // The folded network computes what the unfolded one does from the same seed, so the logits
     // check against the (unfolded) float64 reference below holds for both.
     if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
-    g.set_input(m.images, model_batch(m, 0, spec.batch, spec.image_px).images);
+    g.set_input(m.images, model_batch(m, 0, spec).images);
     const auto forward = [&] { g.forward(false); };
     forward();  // lazy initialisation outside the capture
     std::unique_ptr<nn::Replayable> captured;

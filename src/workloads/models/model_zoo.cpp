@@ -44,6 +44,20 @@ const std::vector<CompressionEntry>& compression_entries() {
   return all;
 }
 
+struct LanguageEntry {
+  const char* name;
+  ab::models::GptConfig (*make)();
+};
+
+const std::vector<LanguageEntry>& language_entries() {
+  static const std::vector<LanguageEntry> all{{"gpt2_124m", ab::models::gpt2_124m},
+                                              {"gpt2_350m", ab::models::gpt2_350m},
+                                              {"gpt2_774m", ab::models::gpt2_774m},
+                                              {"gpt2_1558m", ab::models::gpt2_1558m},
+                                              {"tiny_gpt2", ab::models::tiny_gpt2}};
+  return all;
+}
+
 }  // namespace
 
 const std::vector<std::string>& model_names() {
@@ -51,9 +65,22 @@ const std::vector<std::string>& model_names() {
     std::vector<std::string> v;
     for (const auto& e : entries()) v.emplace_back(e.name);
     for (const auto& e : compression_entries()) v.emplace_back(e.name);
+    for (const auto& e : language_entries()) v.emplace_back(e.name);
     return v;
   }();
   return names;
+}
+
+bool is_language_model(const std::string& name) {
+  for (const auto& e : language_entries())
+    if (name == e.name) return true;
+  return false;
+}
+
+ab::models::GptConfig language_config(const std::string& name) {
+  for (const auto& e : language_entries())
+    if (name == e.name) return e.make();
+  throw UsageError("model '" + name + "' is not a language model");
 }
 
 ab::models::ResNetConfig model_config(const std::string& name) {
@@ -62,8 +89,8 @@ ab::models::ResNetConfig model_config(const std::string& name) {
     if (name == e.name) return e.make();
     valid += (valid.empty() ? "" : ", ") + std::string(e.name);
   }
-  if (is_compression_model(name))
-    throw UsageError("model '" + name + "' is the compression autoencoder, not a classifier; classifiers: " + valid);
+  if (is_compression_model(name) || is_language_model(name))
+    throw UsageError("model '" + name + "' is not an image classifier; classifiers: " + valid);
   throw UsageError("unknown model '" + name + "'; valid: " + valid);
 }
 
@@ -79,7 +106,26 @@ ab::models::CompressionConfig compression_config(const std::string& name) {
   throw UsageError("model '" + name + "' is not a compression autoencoder");
 }
 
+namespace {
+
+ZooModel build_language_model(nn::GraphBuilder& b, const ModelSpec& s) {
+  if (s.fold_batchnorm || s.fuse_batchnorm_relu || s.fuse_conv_epilogue || s.precision == Precision::fp8)
+    throw UsageError("model '" + s.model + "' has no batch norm to fold or fuse and no fp8 layers");
+  const ab::models::GptConfig c = language_config(s.model);
+  const ab::models::LanguageModel lm = ab::models::build_gpt(b, c, s.batch, s.seq);
+  ZooModel m;
+  m.language = true;
+  m.classes = c.vocab;
+  m.tokens = lm.tokens;
+  m.labels = lm.labels;
+  m.loss = lm.loss;
+  return m;
+}
+
+}  // namespace
+
 ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
+  if (is_language_model(s.model)) return build_language_model(b, s);
   ZooModel m;
   if (s.fold_batchnorm && (s.training || is_compression_model(s.model)))
     throw UsageError("folding batch norms applies to inference of the ResNet classifiers, not " +
@@ -137,13 +183,25 @@ nn::ParameterValues folded_parameter_values(const ModelSpec& s) {
                                                                     : ab::models::FoldedBias::on_batchnorm);
 }
 
-SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, std::int64_t batch, std::int64_t image_px) {
+SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
+  const std::int64_t batch = s.batch, image_px = s.image_px;
+  if (m.language) {
+    ab::models::TokenBatch t = ab::models::copy_task_batch(kDataSeed, first, batch, s.seq, m.classes);
+    return {.images = {}, .labels = std::move(t.labels), .tokens = std::move(t.tokens)};
+  }
   if (!m.compression) return synthetic_batch(kDataSeed, first, batch, m.in_channels, image_px, m.classes);
   constexpr std::int64_t kPatterns = 10;  // as tiny_resnet's classes: ten cosine patterns, noise per image
   SyntheticBatch b = synthetic_batch(kDataSeed, first, batch, m.in_channels, image_px, kPatterns);
   for (double& v : b.images) v = std::clamp(v / 3.0, -0.5, 0.5);  // |cos cos| <= 1, noise in [-0.5, 0.5]
   b.labels.clear();
   return b;
+}
+
+void upload_batch(nn::Graph& g, const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
+  const SyntheticBatch data = model_batch(m, first, s);
+  if (m.language) g.set_input(m.tokens, data.tokens);
+  if (m.images.id >= 0) g.set_input(m.images, data.images);
+  if (m.labels.id >= 0) g.set_input(m.labels, data.labels);
 }
 
 nlohmann::json reconstruction_quality(double mse) {
@@ -179,7 +237,9 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
           {"batch", AxisKind::integer, gpu ? text.cuda_batches : text.host_batches, {}, text.batch_help},
           {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"),
            text.precisions.empty() ? model_precisions() : text.precisions, text.precision_help},
-          {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels"},
+          {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels (image models)"},
+          {"seq", AxisKind::integer, one(gpu ? "1024" : "16"), {},
+           "tokens per sequence (language models; at most the model's positions)"},
           {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
 }
 
@@ -194,13 +254,20 @@ ModelSpec model_spec(const State& state, bool training) {
   spec.model = state.get_text("model");
   spec.batch = state.get_int("batch");
   spec.image_px = state.get_int("image_size");
+  spec.seq = state.get_int("seq");
   spec.precision = parse_model_precision(state.get_text("precision"), training);
   spec.layout = parse_layout(state.get_text("layout"));
   spec.training = training;
   // Checked before any graph is planned: a batch of images whose size overflows 64 bits is refused
   // (`invalid`); one that fits in 64 bits but not in the device is left to the memory plan, whose
   // arena the bind refuses (`oom`, with the plan's size). Sizes below 1 are refused by train and infer.
-  if (spec.batch < 1 || spec.image_px < 1) return spec;
+  if (spec.batch < 1 || spec.image_px < 1 || spec.seq < 1) return spec;
+  if (is_language_model(spec.model)) {
+    const ab::models::GptConfig c = language_config(spec.model);
+    ab::models::check_gpt(c, spec.batch, spec.seq);
+    checked_mul(checked_mul(checked_mul(spec.batch, spec.seq, "batch x seq"), c.vocab, "logits"), 8, "logits bytes");
+    return spec;
+  }
   const std::int64_t pixels = checked_mul(spec.image_px, spec.image_px, "image_size x image_size");
   checked_mul(checked_mul(checked_mul(spec.batch, 3, "batch x 3 channels"), pixels, "input elements"), 8,
               "input bytes");

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "models/compression.h"
+#include "models/gpt.h"
 #include "models/resnet.h"
 #include "nn/graph.h"
 #include "scenarios/suts.h"
@@ -27,8 +28,13 @@ std::unique_ptr<Workload> make_infer();
 // --- The model zoo ------------------------------------------------------------------------------
 
 // resnet50, resnet101, resnext..., tiny_resnet (classifiers); compression_ae, tiny_compression_ae
-// (the image-compression autoencoder, models/compression.h).
+// (the image-compression autoencoder, models/compression.h); gpt2_124m ... gpt2_1558m, tiny_gpt2
+// (language models, models/gpt.h).
 const std::vector<std::string>& model_names();
+// Whether the name is one of the language models (tokens in, no images; the seq axis applies).
+bool is_language_model(const std::string& name);
+// The named language model; UsageError for another name.
+ab::models::GptConfig language_config(const std::string& name);
 // The named classifier; throws UsageError listing the valid names (and for an autoencoder's name).
 // tiny_resnet takes 3 channels and 10 classes.
 ab::models::ResNetConfig model_config(const std::string& name);
@@ -42,7 +48,7 @@ const std::vector<std::string>& infer_precisions();  // those and fp8 (e4m3 conv
 // valid ones).
 Precision parse_model_precision(const std::string& name, bool training = true);
 
-// The axes train and infer share, in their order: model, batch, precision, image_size, layout.
+// The axes train and infer share, in their order: model, batch, precision, image_size, seq, layout.
 // Defaults are per device kind (cuda: the full-size network; otherwise tiny_resnet, fp32, 16 px);
 // what the two workloads differ in comes from the caller.
 struct ModelAxesText {
@@ -58,7 +64,7 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
 // (seed, its index), so a sample is the same whatever batch holds it. Pixels are a label-dependent
 // separable cosine pattern plus uniform noise (learnable, not constant); logical NCHW order.
 struct SyntheticBatch {
-  std::vector<double> images, labels;
+  std::vector<double> images, labels, tokens;
 };
 SyntheticBatch synthetic_batch(std::uint64_t seed, std::uint64_t first, std::int64_t batch, std::int64_t channels,
                                std::int64_t image_px, std::int64_t classes);
@@ -67,8 +73,9 @@ constexpr std::uint64_t kDataSeed = 0x1ab5eed;
 // What a point builds: the network, its input size and the graph options.
 struct ModelSpec {
   std::string model;
-  std::int64_t batch = 1;
+  std::int64_t batch = 1;  // images, or sequences of a language model
   std::int64_t image_px = 224;
+  std::int64_t seq = 1024;  // tokens per sequence (language models)
   Precision precision = Precision::fp32;
   Layout layout = Layout::nchw;
   bool training = true;
@@ -88,8 +95,10 @@ nn::GraphOptions graph_options(const ModelSpec& s);
 // lacks are undefined (id -1).
 struct ZooModel {
   bool compression = false;
-  std::int64_t in_channels = 3, classes = 0;  // classes: 0 for the autoencoder
+  bool language = false;                      // tokens in; labels are the next tokens
+  std::int64_t in_channels = 3, classes = 0;  // classes: 0 for the autoencoder; the vocabulary of a language model
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
+  nn::Value tokens;
 };
 // Builds the model of `s` into b (whose options come from graph_options(s)). UsageError for
 // fold_batchnorm on a training graph or the autoencoder (which has no batch norm), and for fp8
@@ -101,8 +110,11 @@ ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s);
 nn::ParameterValues folded_parameter_values(const ModelSpec& s);
 // The model's batch of synthetic data from sample `first` on: synthetic_batch's images for a
 // classifier; for the autoencoder the same images scaled from [-1.5, 1.5] into [-0.5, 0.5] (a
-// range of 1, which its PSNR assumes; models/compression.h says why centred) and no labels.
-SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, std::int64_t batch, std::int64_t image_px);
+// range of 1, which its PSNR assumes; models/compression.h says why centred) and no labels; for a
+// language model the copy task's tokens and next-token labels (models::copy_task_batch).
+SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, const ModelSpec& s);
+// Uploads model_batch(m, first, s) into the graph's inputs.
+void upload_batch(nn::Graph& g, const ZooModel& m, std::uint64_t first, const ModelSpec& s);
 // The point's reconstruction quality, for records: {"mse": m, "psnr_db": 10 log10(1 / m)} (range 1).
 nlohmann::json reconstruction_quality(double mse);
 // The point's values of the axes model_axes() declares.

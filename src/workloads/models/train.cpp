@@ -38,18 +38,33 @@ std::vector<std::string> comm_engine_names() {
 // tuned for the full-size model.
 constexpr double kAutoencoderSgdLr = 10.0;
 
+// GPT-2's AdamW as llm.c and nanoGPT train it: betas (0.9, 0.95), decay 0.1 on weights, the
+// gradient norm clipped to 1, rate 3e-4 (llm.c's default).
+constexpr double kAdamWLr = 3e-4, kAdamWBeta1 = 0.9, kAdamWBeta2 = 0.95, kAdamWEpsilon = 1e-8;
+constexpr double kAdamWWeightDecay = 0.1, kAdamWMaxGradNorm = 1.0;
+
+// The optimizer axis's "auto": AdamW for language models, SGD for the others.
+std::string resolved_optimizer(const std::string& name, const ZooModel& m) {
+  if (name != "auto") return name;
+  return m.language ? "adamw" : "sgd";
+}
+
 // lr = 0 picks the recipe's rate: SGD 0.1 per 256 images (Goyal et al. 2017, linear scaling),
 // LARS MLPerf's base rate of the order of 10 at batch 3072, scaled the same way; the autoencoder's
-// SGD rate is kAutoencoderSgdLr at any batch (its loss is a mean over the batch's pixels).
+// SGD rate is kAutoencoderSgdLr at any batch (its loss is a mean over the batch's pixels); AdamW
+// kAdamWLr.
 std::unique_ptr<nn::Optimizer> make_optimizer(const std::string& name, double lr, std::int64_t batch,
                                               bool autoencoder) {
   const double per_256 = static_cast<double>(batch) / 256.0;
+  if (name == "adamw")
+    return std::make_unique<nn::AdamW>(lr > 0 ? lr : kAdamWLr, kAdamWBeta1, kAdamWBeta2, kAdamWEpsilon,
+                                       kAdamWWeightDecay, kAdamWMaxGradNorm);
   if (name == "sgd")
     return std::make_unique<nn::Sgd>(lr > 0 ? lr : autoencoder ? kAutoencoderSgdLr : 0.1 * per_256, kMomentum,
                                      kSgdWeightDecay);
   if (name == "lars")
     return std::make_unique<nn::Lars>(lr > 0 ? lr : 0.8 * per_256, kMomentum, kLarsWeightDecay, kLarsEta);
-  throw UsageError("unknown optimizer '" + name + "'; valid: sgd, lars");
+  throw UsageError("unknown optimizer '" + name + "'; valid: auto, sgd, lars, adamw");
 }
 
 // The comm_dtype axis: grad (nullopt: the gradients' own dtype), bf16, fp16.
@@ -166,7 +181,8 @@ class Train final : public Workload {
  public:
   std::string name() const override { return "train"; }
   std::string description() const override {
-    return "Training throughput of a ResNet / ResNeXt or the image-compression autoencoder (images/s, TFLOP/s of forward + backward + update, % of the "
+    return "Training throughput of a ResNet / ResNeXt, the image-compression autoencoder or GPT-2 (images or "
+           "sequences/s, tokens/s, TFLOP/s of forward + backward + update, % of the "
            "measured GEMM ceiling of the precision): one step per iteration on a fixed synthetic batch, CUDA-graph "
            "replay by default; a loss trajectory is read first (NaN/Inf: status diverged; the autoencoder adds the "
            "PSNR of its reconstruction after it). profile=on writes a "
@@ -193,8 +209,10 @@ class Train final : public Workload {
  private:
   static void validate(const State& state, const TrainPoint& p, const TrainOptions& o) {
     o.validate();
-    if (p.asked.batch < 1 || p.asked.image_px < 1 || p.gpus < 1 || !(p.bucket_mib > 0) || !std::isfinite(p.bucket_mib))
-      throw UsageError("train needs batch, image_size, gpus >= 1 and bucket_mib > 0 (got " + state.point().label() + ")");
+    if (p.asked.batch < 1 || p.asked.image_px < 1 || p.asked.seq < 1 || p.gpus < 1 || !(p.bucket_mib > 0) ||
+        !std::isfinite(p.bucket_mib))
+      throw UsageError("train needs batch, image_size, seq, gpus >= 1 and bucket_mib > 0 (got " + state.point().label() +
+                       ")");
   }
 
   // Build and plan first (no memory): a layer that does not fit this image size fails here,
@@ -202,7 +220,8 @@ class Train final : public Workload {
   // this rank's slice of one global batch (samples rank * batch on), which every step trains on.
   static void build(State& state, const TrainPoint& p, const TrainOptions& o, const Ranks& ranks, Trainer& t) {
     t.spec = p.asked;
-    t.spec.fuse_batchnorm_relu = p.fuse == "on" || (p.fuse == "auto" && !is_compression_model(t.spec.model));
+    const bool has_batchnorm = !is_compression_model(t.spec.model) && !is_language_model(t.spec.model);
+    t.spec.fuse_batchnorm_relu = p.fuse == "on" || (p.fuse == "auto" && has_batchnorm);
     if (p.strong) t.spec.batch = p.asked.batch / p.gpus;
     t.global_batch = t.spec.batch * p.gpus;
     ranks.together([&] {
@@ -211,14 +230,12 @@ class Train final : public Workload {
       // Kernels before the graph and optimizer: their memory comes from its allocator.
       t.kernels = nn::make_device_kernels(state.backend());
       t.graph = std::make_unique<nn::Graph>(std::move(builder));
-      t.opt = make_optimizer(p.optimizer, o.lr, t.global_batch, t.model.compression);
+      t.opt = make_optimizer(resolved_optimizer(p.optimizer, t.model), o.lr, t.global_batch, t.model.compression);
       set_counts_and_plan_metrics(state, *t.graph, *t.opt, t.spec, p.gpus);
+      state.add_metric("optimizer", std::string(t.opt->name()));
       state.add_metric("learning_rate", t.opt->learning_rate());
       t.graph->bind(*t.kernels);
-      const auto first = static_cast<std::uint64_t>(ranks.comm.rank() * t.spec.batch);
-      const SyntheticBatch data = model_batch(t.model, first, t.spec.batch, t.spec.image_px);
-      t.graph->set_input(t.model.images, data.images);
-      if (!t.model.compression) t.graph->set_input(t.model.labels, data.labels);
+      upload_batch(*t.graph, t.model, static_cast<std::uint64_t>(ranks.comm.rank() * t.spec.batch), t.spec);
     });
   }
 
@@ -340,7 +357,9 @@ class Train final : public Workload {
     const auto fwd = static_cast<double>(g.forward_flops()), bwd = static_cast<double>(g.backward_flops());
     const auto batch = static_cast<double>(spec.batch), ranks = static_cast<double>(gpus);
     // An iteration is one step of every rank: the global batch's samples, FLOPs and bytes.
-    state.set_counts({batch * ranks, (fwd + bwd + static_cast<double>(opt.flops(params))) * ranks, bytes * ranks, "FLOP"});
+    const double tokens = is_language_model(spec.model) ? batch * static_cast<double>(spec.seq) * ranks : 0.0;
+    state.set_counts(
+        {batch * ranks, (fwd + bwd + static_cast<double>(opt.flops(params))) * ranks, bytes * ranks, "FLOP", tokens});
     // The ceiling is one GPU's: only a one-GPU point is placed against it.
     if (gpus == 1) state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
     const auto& plan = g.memory_plan();
@@ -357,14 +376,16 @@ std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
   std::vector<AxisSpec> axes = model_axes(
       device_kind, {.cuda_batches = {"256"},
                     .host_batches = {"16"},
-                    .batch_help = "images per step",
+                    .batch_help = "images (or sequences) per step",
                     .cuda_precision = "bf16",
                     .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16 / fp16 (fp32 master weights; "
                                       "fp16 with dynamic loss scaling); fp8 is inference only (infer)",
                     .precisions = model_precisions()});
   axes.insert(
       axes.end(),
-      {{"optimizer", AxisKind::text, one("sgd"), {"sgd", "lars"}, "SGD with momentum, or LARS (MLPerf)"},
+      {{"optimizer", AxisKind::text, one("auto"), {"auto", "sgd", "lars", "adamw"},
+        "SGD with momentum, LARS (MLPerf's ResNet), or AdamW (GPT-2's, gradient norm clipped to 1); auto = AdamW "
+        "for language models, else SGD"},
        {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
        // auto: on for the ResNets (checked on an H200 and faster there, bench/HISTORY.md), off for
        // models without batch norm, which refuse an explicit on.
