@@ -1,9 +1,9 @@
 """What the PyTorch peers share: Hugging Face models built from their configurations with sdpa
 attention, the precisions, AdamW as GPT-2 and BERT are trained, one training step's timing, and
 the loop over cases that prints one peer-result line per case (lines.py). Imported after the
-arguments are parsed (options.py), so --help works where PyTorch is absent. Timing is bench/compare_common.py's
-(CUDA events around batches of back-to-back steps, the median per step) and compare_resnet.py's
-(one call per latency sample)."""
+arguments are parsed (options.py), so --help works where PyTorch is absent. Timing is
+bench/compare_common.py's (CUDA events around batches of back-to-back steps, the median per step)
+and compare_resnet.py's (one call per latency sample)."""
 import gc
 import math
 import os
@@ -24,6 +24,7 @@ from compare_common import time_batches  # noqa: E402  (bench/)
 from compare_resnet import time_singles  # noqa: E402
 
 from lines import error_line, result_line  # noqa: E402
+
 
 def setup_precision(precision):
     """The autocast dtype of a training precision (None: fp32 math), TF32 allowed for tf32 only."""

@@ -4,7 +4,7 @@
 accelbench / peer (above 1: accelbench is faster). Standard library only.
   table.py llmc LOG --batch 16 --seq 1024 --warmup-steps 10
       llm.c's peer-result line from its log (the mean step time after the warm-up steps)
-  table.py compare --title TITLE --peers FILE... --accelbench DIR [--accelbench-log FILE]
+  table.py compare --title TITLE --peers FILE... --accelbench DIR [--accelbench-log [BENCH=]FILE]...
                    [--md FILE] [--json FILE]
       the table of every peer-result line in FILEs against the records under DIR/runs/*/points.jsonl
       (what `accelbench run ... --out DIR` wrote); a peer or accelbench that failed gets its row
@@ -66,7 +66,16 @@ def last_line(path):
     return lines[-1][:300] if lines else f"{path} is empty"
 
 
-def build_rows(peers, peer_errors, records, accelbench_log):
+def log_of(logs, bench):
+    """The accelbench log for rows of this bench among --accelbench-log's BENCH=FILE (or FILE: any)."""
+    for entry in logs:
+        name, sep, path = entry.partition("=")
+        if not sep or name == bench:
+            return path if sep else entry
+    return None
+
+
+def build_rows(peers, peer_errors, records, accelbench_logs):
     """Rows grouped by key in the peers' order: accelbench's first, then each peer's with its ratio."""
     ours = {}
     for rec in records:
@@ -78,7 +87,8 @@ def build_rows(peers, peer_errors, records, accelbench_log):
     for key in keys:
         mine = ours.get(key)
         if mine is None:
-            why = "no record" + (f" (accelbench's log ends: {last_line(accelbench_log)})" if accelbench_log else "")
+            log = log_of(accelbench_logs, key[0])
+            why = "no record" + (f" (accelbench's log ends: {last_line(log)})" if log else "")
             mine = {**dict(zip(KEY_FIELDS, key)), "peer": "accelbench", "mode": "accelbench", "error": why}
         rows.append(mine)
         for peer in (p for p in peers + peer_errors if key_of(p) == key):
@@ -99,6 +109,11 @@ def fmt(value, digits=0):
     return f"{value:,.{digits}f}"
 
 
+def ratio(row, name):
+    """A ratio's cell: blank on accelbench's own row, n/a where either side has no figure."""
+    return "" if row["peer"] == "accelbench" else fmt(row.get(name), 3)
+
+
 def markdown(title, rows):
     train = [r for r in rows if r.get("bench") == "train"]
     infer = [r for r in rows if r.get("bench") == "infer"]
@@ -113,11 +128,11 @@ def markdown(title, rows):
                 lines.append(f"| {what} | {who} | failed: {r['error'][:200]} | | | |")
                 continue
             lines.append(f"| {what} | {who} | {fmt(r['tokens_per_s'])} | {fmt(r.get('step_ms'), 2)} | "
-                         f"{fmt(r.get('peak_mem_gib'), 1)} | {fmt(r.get('accelbench_ratio'), 3)} |")
+                         f"{fmt(r.get('peak_mem_gib'), 1)} | {ratio(r, 'accelbench_ratio')} |")
         lines.append("")
     if infer:
-        lines += ["| what | who | sequences/s | p50 ms | p99 ms | accelbench / this (seq/s) | this p50 / accelbench p50 |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
+        lines += ["| what | who | sequences/s | p50 ms | p99 ms | accelbench / this (seq/s) "
+                  "| this p50 / accelbench p50 |", "|---|---|---:|---:|---:|---:|---:|"]
         for r in infer:
             what = f"infer {r['model']} {r['precision']} b{r['batch']} x {r['seq']}"
             who = "accelbench" if r["peer"] == "accelbench" else f"{r['peer']} {r['mode']}"
@@ -125,8 +140,8 @@ def markdown(title, rows):
                 lines.append(f"| {what} | {who} | failed: {r['error'][:200]} | | | | |")
                 continue
             lines.append(f"| {what} | {who} | {fmt(r['seqs_per_s'], 1)} | {fmt(r['p50_ms'], 3)} | "
-                         f"{fmt(r.get('p99_ms'), 3)} | {fmt(r.get('accelbench_ratio'), 3)} | "
-                         f"{fmt(r.get('accelbench_latency_ratio'), 3)} |")
+                         f"{fmt(r.get('p99_ms'), 3)} | {ratio(r, 'accelbench_ratio')} | "
+                         f"{ratio(r, 'accelbench_latency_ratio')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -173,7 +188,8 @@ def main(argv=None):
     p.add_argument("--title", required=True)
     p.add_argument("--peers", nargs="*", default=[], help="logs holding peer-result / peer-error lines")
     p.add_argument("--accelbench", required=True, help="the --out folder accelbench run wrote")
-    p.add_argument("--accelbench-log", help="its output, quoted where it left no record")
+    p.add_argument("--accelbench-log", action="append", default=[], metavar="[BENCH=]FILE",
+                   help="its output, quoted where it left no record (BENCH=FILE: for train or infer rows only)")
     p.add_argument("--md")
     p.add_argument("--json")
     args = ap.parse_args(argv)

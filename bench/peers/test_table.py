@@ -112,7 +112,9 @@ class Compare(unittest.TestCase):
         peer = self.write("infer.log", result_line({**key, "peer": "pytorch", "mode": "cudagraph", "seqs_per_s": 400.0,
                                                     "p50_ms": 2.5, "p99_ms": 2.7}) + "\n")
         log = self.write("accelbench.log", "error: unknown model 'bert_large' (models: resnet50, ...)\n")
-        code, rows, md = self.run_table([peer], ["--accelbench-log", log])
+        other = self.write("accelbench-train.log", "train ran\n")
+        code, rows, md = self.run_table([peer], ["--accelbench-log", f"train={other}",
+                                                 "--accelbench-log", f"infer={log}"])
         self.assertEqual(code, 0)
         self.assertIn("unknown model 'bert_large'", rows[0]["error"])
         self.assertNotIn("accelbench_ratio", rows[1])
@@ -121,8 +123,9 @@ class Compare(unittest.TestCase):
     def test_infer_latency_ratio_and_failed_point(self):
         key = {"bench": "infer", "model": "bert_large", "precision": "bf16", "seq": 384}
         peer = self.write("infer.log", "\n".join(
-            result_line({**key, "batch": b, "peer": "pytorch", "mode": "compile", "seqs_per_s": s, "p50_ms": b / s * 1e3,
-                         "p99_ms": 1.1 * b / s * 1e3}) for b, s in ((1, 400.0), (256, 2000.0))) + "\n")
+            result_line({**key, "batch": b, "peer": "pytorch", "mode": "compile", "seqs_per_s": s,
+                         "p50_ms": b / s * 1e3, "p99_ms": 1.1 * b / s * 1e3}) for b, s in ((1, 400.0), (256, 2000.0)))
+            + "\n")
         self.write("ab/runs/r1/points.jsonl", "\n".join(json.dumps(r) for r in (
             record("infer", "bert_large", 1, 384, 0.002), record("infer", "bert_large", 256, 384, None, status="oom",
                                                                  reason="out of memory"))) + "\n")
