@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # BERT on one GPU, accelbench beside PyTorch + Hugging Face transformers in one call, each in turn:
 #   train  masked-LM training of each --train-models at --train-batch x --train-seq (bert_base and
-#          bert_large, 32 x 512): PyTorch eager and torch.compile (bench/peers/bert_train.py), then
+#          bert_large, 32 x 512): PyTorch eager, torch.compile of the whole forward and loss, and
+#          of each layer and the head's loss (compile-blocks; bench/peers/bert_train.py), then
 #          `accelbench run train --axis model=bert_base,bert_large --axis batch=32 --axis seq=512
 #          --axis precision=bf16`; compared in tokens/s
 #   infer  inference of --infer-model at --infer-batch x --infer-seq (bert_large, 1 and 256 x 384):
@@ -11,13 +12,15 @@
 # then the table of accelbench / each peer (bench/peers/table.py; above 1: accelbench is faster),
 # also written to OUT/bert.md and OUT/bert.json. Each step has its own time limit and log
 # OUT/STEP.log; one that fails is reported, the others still run, and the exit status is 1.
-# OUT: --out, else $AB_LOGS/bert, else $OUT/bert, else ./device-out/bert. About 5 minutes a part
-# (torch.compile's compilations take most of it): where one call's time is short, run
-# `--part train` and `--part infer` in two calls.
+# OUT: --out, else $AB_LOGS/bert, else $OUT/bert, else ./device-out/bert. torch.compile's
+# compilations take most of the time: about 3 minutes for bert_base's training, 4 for bert_large's,
+# 4 for inference; where one call's time is short, run the parts in separate calls (`--part train
+# --train-models bert_base`, `... bert_large`, `--part infer`).
 #   usage: bench/bert.sh [--accelbench PATH] [--out DIR] [--part all|train|infer] [--precision bf16]
 #                        [--train-models bert_base,bert_large] [--train-batch 32] [--train-seq 512]
 #                        [--infer-model bert_large] [--infer-batch 1,256] [--infer-seq 384]
-#                        [--infer-head qa|mlm|encoder] [--skip eager,compile,cudagraph,accelbench]
+#                        [--infer-head qa|mlm|encoder]
+#                        [--skip eager,compile,compile-blocks,cudagraph,accelbench]
 #                        [--dry-run]
 #   on the GPU machine: scripts/device.sh bench bert [ARGS]
 set -uo pipefail
@@ -59,7 +62,7 @@ done
   exit 2
 }
 source bench/peers/steps.sh
-mkdir -p "$out"
+[[ $dry_run == 1 ]] || mkdir -p "$out"
 gpu=$(gpu_name) || exit 1
 echo "BERT ($part), $precision, on $gpu; logs in $out"
 peer_logs=()
@@ -67,7 +70,7 @@ peer_logs=()
 if [[ $part != infer ]]; then
   IFS=, read -ra models <<< "$train_models"
   for model in "${models[@]}"; do
-    for mode in eager compile; do
+    for mode in eager compile compile-blocks; do
       skipped "$mode" && continue
       limit=$([[ $mode == eager ]] && echo 180 || echo 360)
       step "pytorch-train-$model-$mode" "$limit" python3 -u bench/peers/bert_train.py --model "$model" \

@@ -4,15 +4,17 @@
 #            copies it from shared/anchors on the dev machine, and the device call carries .anchors);
 #            its figure: B*T tokens over the mean step time after --llmc-warmup steps
 #   eager    PyTorch + Hugging Face transformers, eager (bench/peers/gpt2_train.py)
-#   compile  the same under torch.compile
+#   compile  the same under torch.compile, the whole forward and loss
+#   compile-blocks  torch.compile of each block and of the classifier's loss (gpt2_train.py --help)
 #   accelbench  `accelbench run train --axis model=gpt2_124m --axis batch=B --axis seq=T --axis precision=bf16`
 # then the table of accelbench / each peer in tokens/s (bench/peers/table.py; above 1: accelbench
 # is faster), also written to OUT/gpt2.md and OUT/gpt2.json. Each step has its own time limit and
 # log OUT/STEP.log; one that fails is reported, the others still run, and the exit status is 1.
 # OUT: --out, else $AB_LOGS/gpt2, else $OUT/gpt2, else ./device-out/gpt2. About 5 minutes (llm.c's
-# build ~70 s, torch.compile's ~1 min).
+# build ~70 s, torch.compile's compilations ~1 min each).
 #   usage: bench/gpt2.sh [--accelbench PATH] [--out DIR] [--batch 16] [--seq 1024] [--precision bf16]
-#                        [--llmc-steps 60] [--llmc-warmup 10] [--skip llmc,eager,compile,accelbench]
+#                        [--llmc-steps 60] [--llmc-warmup 10]
+#                        [--skip llmc,eager,compile,compile-blocks,accelbench]
 #                        [--dry-run]
 #   on the GPU machine: scripts/device.sh bench gpt2 [ARGS]
 set -uo pipefail
@@ -44,7 +46,7 @@ for n in "$batch" "$seq" "$llmc_steps" "$llmc_warmup"; do
 done
 [[ $llmc_steps -gt $llmc_warmup ]] || { echo "gpt2.sh: --llmc-steps must exceed --llmc-warmup" >&2; exit 2; }
 source bench/peers/steps.sh
-mkdir -p "$out"
+[[ $dry_run == 1 ]] || mkdir -p "$out"
 gpu=$(gpu_name) || exit 1
 echo "GPT-2 124M training, batch $batch x $seq tokens, $precision, on $gpu; logs in $out"
 
@@ -59,9 +61,9 @@ if ! skipped llmc; then
       --warmup-steps "$llmc_warmup"
   fi
 fi
-for mode in eager compile; do
+for mode in eager compile compile-blocks; do
   skipped "$mode" && continue
-  limit=$([[ $mode == eager ]] && echo 180 || echo 360)
+  limit=$([[ $mode == eager ]] && echo 180 || echo 300)
   step "pytorch-$mode" "$limit" python3 -u bench/peers/gpt2_train.py --model gpt2_124m --batch "$batch" --seq "$seq" \
     --precision "$precision" --modes "$mode"
 done
@@ -71,7 +73,7 @@ skipped accelbench || accelbench_step accelbench 300 "$ab" train --axis model=gp
 [[ $dry_run == 1 ]] && exit 0
 title="GPT-2 124M training, batch $batch x $seq tokens, $precision, $gpu (accelbench / this above 1: accelbench faster)"
 python3 bench/peers/table.py compare --title "$title" \
-  --peers "$out/llmc-result.log" "$out/pytorch-eager.log" "$out/pytorch-compile.log" \
+  --peers "$out/llmc-result.log" "$out/pytorch-eager.log" "$out/pytorch-compile.log" "$out/pytorch-compile-blocks.log" \
   --accelbench "$out/accelbench" --accelbench-log "$out/accelbench.log" --md "$out/gpt2.md" --json "$out/gpt2.json" ||
   failed+=(table)
 finish

@@ -12,6 +12,8 @@ so sdpa runs flash attention). Modes:
   cudagraph  its forward captured once in a CUDA graph (after warm-up on a side stream), replayed
   compile    torch.compile(model, dynamic=False), mode reduce-overhead by default (Inductor's
              kernels replayed as CUDA graphs), compiled afresh for each batch
+  compile-blocks  each encoder layer compiled so, the model's forward eager (common.compile_blocks
+             says why; not in the default modes)
 Latency as accelbench's infer samples it: one forward per sample, timed alone with CUDA events
 (bench/compare_resnet.py's time_singles), after warm-up; p50 and p99 (type 7), sequences/s =
 batch / p50. One peer-result line per mode and batch (bench/peers/lines.py), a failure a
@@ -25,7 +27,7 @@ import options
 from bert_train import BERT_POSITIONS, BERT_SIZES, BERT_VOCAB, bert_config
 
 HEADS = {"qa": "BertForQuestionAnswering", "mlm": "BertForMaskedLM", "encoder": "BertModel"}
-MODES = ("eager", "cudagraph", "compile")
+MODES = ("eager", "cudagraph", "compile", "compile-blocks")
 LARGE_BATCH = 32  # above it a forward takes milliseconds: fewer samples suffice
 
 
@@ -46,7 +48,7 @@ def parse_args(argv=None):
     ap.add_argument("--seq", type=int, default=384)
     ap.add_argument("--precision", default="bf16", choices=options.PRECISIONS)
     ap.add_argument("--head", default="qa", choices=tuple(HEADS))
-    ap.add_argument("--modes", default=list(MODES), type=options.modes_list(MODES),
+    ap.add_argument("--modes", default=list(MODES[:3]), type=options.modes_list(MODES),
                     help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--compile-mode", default="reduce-overhead", choices=options.COMPILE_MODES)
     ap.add_argument("--warmup", type=int, default=20, help="untimed forwards first (compile compiles in the first)")
@@ -77,10 +79,15 @@ def captured(model, ids):
 
 def forward_of(model, ids, mode, compile_mode):
     import torch
+
+    from common import compile_blocks, submodule
     if mode == "eager":
         return lambda: model(input_ids=ids)
     if mode == "cudagraph":
         return captured(model, ids)
+    if mode == "compile-blocks":
+        compile_blocks(submodule(getattr(model, "bert", model), "encoder.layer"), compile_mode, dynamic=False)
+        return lambda: model(input_ids=ids)
     compiled = torch.compile(model, mode=compile_mode, dynamic=False)
     return lambda: compiled(input_ids=ids)
 
@@ -110,7 +117,7 @@ def main():
     common.require_gpu()
     what = {"peer": "pytorch", "bench": "infer", "model": args.model, "precision": args.precision,
             "seq": args.seq, "head": args.head}
-    if "compile" in args.modes:
+    if any(m.startswith("compile") for m in args.modes):
         what["compile_mode"] = args.compile_mode
     cases = [{"mode": m, "batch": b} for m in args.modes for b in args.batch]
     raise SystemExit(common.run_cases(cases, lambda case: measure(args, case), what))

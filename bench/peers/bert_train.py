@@ -10,10 +10,11 @@ dropout off (throughput; --dropout for BERT's 0.1), random tokens with no paddin
 positions masked (their input replaced by [MASK], their label the token), the others' labels
 -100, so the loss is over the masked positions (the head's logits over all of them, as Hugging
 Face computes it).
-Precision, fused AdamW, clipping, modes, timing and output as gpt2_train.py's (one peer-result
-line per mode, bench/peers/lines.py; exit 1 if any mode failed).
+Precision, fused AdamW, clipping, modes (compile-blocks: each encoder layer compiled, and the MLM
+head with its loss), timing and output as gpt2_train.py's (one peer-result line per mode,
+bench/peers/lines.py; exit 1 if any mode failed).
   usage: bert_train.py [--model bert_base|bert_large] [--batch 32] [--seq 512] [--precision bf16]
-                       [--modes eager,compile]
+                       [--modes eager,compile,compile-blocks]
 """
 import argparse
 
@@ -59,21 +60,38 @@ def masked_batch(batch, seq):
     return torch.where(masked, MASK_ID, tokens), torch.where(masked, tokens, -100)
 
 
-def measure(args, case):
+def loss_of(model, mode, compile_mode, autocast_dtype):
+    """loss_fn(ids, labels): the masked-LM loss (mean over the labelled positions), as the mode runs it."""
     import torch
+    import torch.nn.functional as F
+
+    from common import compile_blocks, submodule
+    autocast = torch.autocast("cuda", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None)
+    if mode == "compile-blocks":
+        compile_blocks(submodule(model, "bert.encoder.layer"), compile_mode)
+        mlm_head = submodule(model, "cls")
+        head = torch.compile(lambda hidden, labels: F.cross_entropy(
+            mlm_head(hidden).float().view(-1, BERT_VOCAB), labels.view(-1), ignore_index=-100), mode=compile_mode)
+
+        def loss_fn(ids, labels):
+            with autocast:
+                return head(model.bert(input_ids=ids).last_hidden_state, labels)
+        return loss_fn
+
+    def loss_fn(ids, labels):
+        with autocast:
+            return model(input_ids=ids, labels=labels).loss
+    return torch.compile(loss_fn, mode=compile_mode) if mode == "compile" else loss_fn
+
+
+def measure(args, case):
     from transformers import BertForMaskedLM
 
     from common import peak_gib, sdpa_model, setup_precision, time_train
     autocast_dtype = setup_precision(args.precision)
     model = sdpa_model(BertForMaskedLM, bert_config(args.model, args.dropout)).train()
     ids, labels = masked_batch(args.batch, args.seq)
-
-    def loss_fn(ids, labels):
-        with torch.autocast("cuda", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            return model(input_ids=ids, labels=labels).loss
-
-    if case["mode"] == "compile":
-        loss_fn = torch.compile(loss_fn, mode=args.compile_mode)
+    loss_fn = loss_of(model, case["mode"], args.compile_mode, autocast_dtype)
     step_s, loss = time_train(model, loss_fn, args, (ids, labels))
     return {"tokens_per_s": args.batch * args.seq / step_s, "samples_per_s": args.batch / step_s,
             "step_ms": step_s * 1e3, "peak_mem_gib": peak_gib(), "loss_last": loss,
@@ -86,7 +104,7 @@ def main():
     common.require_gpu()
     what = {"peer": "pytorch", "bench": "train", "model": args.model, "precision": args.precision,
             "batch": args.batch, "seq": args.seq}
-    if "compile" in args.modes:
+    if any(m.startswith("compile") for m in args.modes):
         what["compile_mode"] = args.compile_mode
     raise SystemExit(common.run_cases([{"mode": m} for m in args.modes], lambda case: measure(args, case), what))
 

@@ -51,6 +51,30 @@ def sdpa_model(model_class, config):
     return model.cuda()
 
 
+def compile_blocks(blocks, mode, dynamic=None):
+    """torch.compile each of a model's repeated blocks in place (regional compilation), the model's
+    own forward left eager. Why a peer needs it beside whole-model compilation: transformers' mask
+    helpers skip the attention mask (sdpa's is_causal, or none, and so flash attention) only when
+    not tracing; under a whole-model compile they may build a full [B, 1, T, T] mask, and sdpa then
+    runs a masked kernel that is slower. The blocks share their code, so one compilation serves all
+    of them; the cache limit is raised in case guards tell them apart."""
+    limit = 8 * len(blocks)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
+    torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, limit)
+    for block in blocks:
+        block.compile(mode=mode, dynamic=dynamic)
+
+
+def submodule(model, path):
+    """model's submodule at a dotted path, or an error naming what this transformers lacks."""
+    module = model
+    for name in path.split("."):
+        if not hasattr(module, name):
+            raise RuntimeError(f"{type(model).__name__} has no '{path}' (transformers {transformers.__version__})")
+        module = getattr(module, name)
+    return module
+
+
 def adamw(model, lr, weight_decay):
     """Fused AdamW, betas (0.9, 0.95), weight decay on the matrices (embeddings included) only, as
     llm.c and nanoGPT train GPT-2; tied weights counted once (named_parameters deduplicates)."""

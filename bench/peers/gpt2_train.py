@@ -7,14 +7,16 @@ vocabulary 50257, 1024 positions; 124M = 12 layers of 12 heads, 768 wide; tied e
 attention (flash attention where PyTorch has it), dropout off as llm.c trains, random tokens and
 next-token targets, the loss over every position. bf16 / fp16 autocast over fp32 weights (or tf32,
 fp32); fused AdamW (lr 6e-4, betas 0.9 / 0.95, weight decay 0.1 on the matrices only), gradients
-clipped to global norm 1.0. Modes: eager, compile (torch.compile of the forward and the loss, so
-the classifier's cross-entropy fuses with the logits). Each mode: warm-up steps, then batches of
+clipped to global norm 1.0. Modes: eager; compile (torch.compile of the forward and the loss, so
+the classifier's cross-entropy fuses with the logits); compile-blocks (each of the 12 blocks
+compiled, and the classifier with its loss, the model's forward eager: common.compile_blocks says
+why both are measured). Each mode: warm-up steps, then batches of
 back-to-back steps timed with CUDA events (bench/compare_common.py), the median step kept; one line
   peer-result {"bench": "train", "model": "gpt2_124m", "mode": "eager", "tokens_per_s": ..,
                "step_ms": .., "peak_mem_gib": .., ...}
 per mode (bench/peers/lines.py), a failed mode a peer-error line; exit 1 if any mode failed.
   usage: gpt2_train.py [--model gpt2_124m] [--batch 16] [--seq 1024] [--precision bf16]
-                       [--modes eager,compile] [--compile-mode default] [--vocab 50257]
+                       [--modes eager,compile,compile-blocks] [--compile-mode default] [--vocab 50257]
 """
 import argparse
 
@@ -57,9 +59,35 @@ def build(args):
     return model, count
 
 
-def measure(args, case):
+def loss_of(model, mode, compile_mode, autocast_dtype):
+    """loss_fn(x, y): the mean next-token cross-entropy over every position, as the mode runs it."""
     import torch
     import torch.nn.functional as F
+
+    from common import compile_blocks, submodule
+    autocast = torch.autocast("cuda", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None)
+
+    def classifier_loss(logits, y):
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+    if mode == "compile-blocks":
+        compile_blocks(submodule(model, "transformer.h"), compile_mode)
+        lm_head = submodule(model, "lm_head")
+        head = torch.compile(lambda hidden, y: classifier_loss(lm_head(hidden), y), mode=compile_mode)
+
+        def loss_fn(x, y):
+            with autocast:
+                return head(model.transformer(input_ids=x, use_cache=False).last_hidden_state, y)
+        return loss_fn
+
+    def loss_fn(x, y):
+        with autocast:
+            return classifier_loss(model(input_ids=x, use_cache=False).logits, y)
+    return torch.compile(loss_fn, mode=compile_mode) if mode == "compile" else loss_fn
+
+
+def measure(args, case):
+    import torch
 
     from common import peak_gib, setup_precision, time_train
     autocast_dtype = setup_precision(args.precision)
@@ -67,14 +95,7 @@ def measure(args, case):
     # GPT-2's token ids, as llm.c draws them (a padded vocabulary's extra rows are never a target).
     tokens = torch.randint(0, min(args.vocab, GPT2_VOCAB), (args.batch, args.seq + 1), device="cuda")
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-    def loss_fn(x, y):
-        with torch.autocast("cuda", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            logits = model(input_ids=x, use_cache=False).logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
-
-    if case["mode"] == "compile":
-        loss_fn = torch.compile(loss_fn, mode=args.compile_mode)
+    loss_fn = loss_of(model, case["mode"], args.compile_mode, autocast_dtype)
     step_s, loss = time_train(model, loss_fn, args, (x, y))
     return {"tokens_per_s": args.batch * args.seq / step_s, "step_ms": step_s * 1e3, "peak_mem_gib": peak_gib(),
             "loss_last": loss, "num_parameters": count, "vocab": args.vocab}
@@ -86,7 +107,7 @@ def main():
     common.require_gpu()
     what = {"peer": "pytorch", "bench": "train", "model": args.model, "precision": args.precision,
             "batch": args.batch, "seq": args.seq}
-    if "compile" in args.modes:
+    if any(m.startswith("compile") for m in args.modes):
         what["compile_mode"] = args.compile_mode
     raise SystemExit(common.run_cases([{"mode": m} for m in args.modes], lambda case: measure(args, case), what))
 

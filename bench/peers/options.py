@@ -4,6 +4,7 @@ import argparse
 
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+TRAIN_MODES = ("eager", "compile", "compile-blocks")
 
 
 def add_timing_args(ap, warmup_steps=10):
@@ -22,8 +23,10 @@ def add_train_args(ap, models, batch, seq):
     ap.add_argument("--precision", default="bf16", choices=PRECISIONS,
                     help="bf16 / fp16: autocast over fp32 weights (fp16 with dynamic loss scaling); "
                          "tf32: fp32 with TF32 matmuls; fp32")
-    ap.add_argument("--modes", default="eager,compile", type=modes_list(("eager", "compile")),
-                    help="comma-separated: eager, compile (torch.compile of the forward and loss)")
+    ap.add_argument("--modes", default=",".join(TRAIN_MODES), type=modes_list(TRAIN_MODES),
+                    help="comma-separated: eager; compile (torch.compile of the forward and the loss); "
+                         "compile-blocks (each transformer block and the classifier with its loss compiled, "
+                         "the model's own forward eager)")
     ap.add_argument("--compile-mode", default="default", choices=COMPILE_MODES, help="torch.compile's mode")
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--weight-decay", type=float, default=0.1)
