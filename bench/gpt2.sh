@@ -53,12 +53,14 @@ echo "GPT-2 124M training, batch $batch x $seq tokens, $precision, on $gpu; logs
 if ! skipped llmc; then
   if [[ $precision != bf16 ]]; then
     refuse llmc "llm.c trains in bf16 only, not $precision"
-  elif [[ ! -x .anchors/llmc/run.sh && $dry_run != 1 ]]; then
+  elif [[ ! -f .anchors/llmc/run.sh && $dry_run != 1 ]]; then
     refuse llmc "no .anchors/llmc/run.sh: run bench/fetch-anchors.sh on the dev machine before the device call" \
       "and carry .anchors"
-  elif quiet=1 step llmc 300 bash .anchors/llmc/run.sh "$batch" "$seq" "$llmc_steps"; then
-    step llmc-result 30 python3 bench/peers/table.py llmc "$out/llmc.log" --batch "$batch" --seq "$seq" \
-      --warmup-steps "$llmc_warmup"
+  else
+    quiet=1 step llmc 300 bash .anchors/llmc/run.sh "$batch" "$seq" "$llmc_steps" &&
+      step llmc-result 30 python3 bench/peers/table.py llmc "$out/llmc.log" --batch "$batch" --seq "$seq" \
+        --warmup-steps "$llmc_warmup"
+    [[ $dry_run != 1 && -f /tmp/llmc-build.log ]] && cp /tmp/llmc-build.log "$out/"  # run.sh's build log
   fi
 fi
 for mode in eager compile compile-blocks; do

@@ -58,9 +58,10 @@ def compile_blocks(blocks, mode, dynamic=None):
     not tracing; under a whole-model compile they may build a full [B, 1, T, T] mask, and sdpa then
     runs a masked kernel that is slower. The blocks share their code, so one compilation serves all
     of them; the cache limit is raised in case guards tell them apart."""
-    limit = 8 * len(blocks)
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
-    torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, limit)
+    limit, config = 8 * len(blocks), torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(config, name):  # renamed across PyTorch versions (the old names stay as aliases)
+            setattr(config, name, max(getattr(config, name), limit))
     for block in blocks:
         block.compile(mode=mode, dynamic=dynamic)
 

@@ -5,8 +5,10 @@ library only, so the table is made where PyTorch is absent):
   peer-error {json}    one per mode that failed, with the error; the script exits non-zero
 llm.c's per-step lines are the ones .anchors/llmc/run.sh keeps of train_gpt2cu's output:
   step    2/60 | loss 10.987654 (+0.12z)| norm 1.2345 (-0.50z)| lr 6.00e-04 | 33.91 ms | 45.1% bf16 MFU | 483140 tok/s
-Their tok/s is an exponential moving average from step 2 on; the figure kept here is the batch's
-tokens over the mean of the step times after a warm-up, as the PyTorch peers are timed."""
+llm.c times each step with CUDA events around all of it (its data loading and the host's reads of
+the loss and the gradient norm included); its tok/s is a moving average from step 2 on. The figure
+kept here is the batch's tokens over the mean of the step times after a warm-up. (The PyTorch peers
+take the median over batches of back-to-back steps, which nothing in them makes wait for the host.)"""
 import json
 import math
 import re

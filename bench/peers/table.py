@@ -39,7 +39,8 @@ def accelbench_row(rec):
     """A record as a row like the peers': its key, and its figures where it measured."""
     params, t = rec.get("params", {}), rec.get("time") or {}
     row = {"peer": "accelbench", "bench": rec.get("workload"), "model": params.get("model"),
-           "precision": params.get("precision"), "batch": params.get("batch"), "seq": params.get("seq"),
+           "precision": params.get("precision"), "batch": params.get("batch"),
+           "seq": params.get("seq", params.get("seq_len")),
            "mode": "accelbench", "status": rec.get("status")}
     median_s = t.get("median_s")
     if rec.get("status") != "ok" or not median_s:
