@@ -27,11 +27,16 @@ def key_of(fields):
 
 
 def read_records(directory):
-    """accelbench's records under DIR/runs/*/points.jsonl, oldest run first."""
+    """accelbench's records under DIR/runs/*/points.jsonl, oldest run first; a line that does not
+    parse (a run killed while writing it) is left out."""
     records = []
     for path in sorted(glob.glob(os.path.join(directory, "runs", "*", "points.jsonl")), key=os.path.getmtime):
-        with open(path) as f:
-            records += [json.loads(line) for line in f if line.strip()]
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
     return records
 
 
