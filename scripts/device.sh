@@ -3,9 +3,10 @@
 #   build                 only that (and `accelbench sysinfo` into the logs)
 #   test [REGEX]          every test (the GPU and MPI tests run there), or those ctest -R REGEX picks
 #   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy,
-#                         resnet50-train, resnext101-infer, ddp, nccl; ARGS go to its script (e.g.
-#                         `bench ddp --rounds 3 --warmup-s 25`). No NAME: every one the machine fits
-#                         (ddp and nccl need two GPUs).
+#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert; ARGS go to its script
+#                         (e.g. `bench ddp --rounds 3 --warmup-s 25`, `bench bert --part infer`). No NAME:
+#                         every one the machine fits (ddp and nccl need two GPUs) but gpt2 and bert (several
+#                         minutes each; gpt2 needs .anchors, see bench/fetch-anchors.sh), which run by name.
 #   suite FILE            a suite file (suites/*.yaml, suites/experiments/*.yaml) with the built
 #                         binary, under mpirun with one rank per GPU when it asks for several GPUs
 #                         (a `gpus` value above 1, or a collectives step), then its records' chosen
@@ -126,7 +127,9 @@ run_bench() {
           --train-precisions "" --infer-precisions fp16 --infer-batches 1 --torch-once "$@" ;;
     ddp) python3 -u bench/compare_ddp.py --accelbench $ab --out "$logs/ddp" "$@" ;;
     nccl) python3 -u bench/compare_nccl.py --accelbench $ab --out "$logs/nccl" "$@" ;;
-    *) echo "unknown comparison '$name': torch, timing, energy, resnet50-train, resnext101-infer, ddp, nccl" >&2; return 2 ;;
+    gpt2) bash bench/gpt2.sh --accelbench $ab --out "$logs/gpt2" "$@" ;;
+    bert) bash bench/bert.sh --accelbench $ab --out "$logs/bert" "$@" ;;
+    *) echo "unknown comparison '$name': torch, timing, energy, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert" >&2; return 2 ;;
   esac 2>&1 | tee "$logs/bench-$name.txt"
 }
 
