@@ -89,18 +89,23 @@ std::vector<double> trajectory(const json& r) { return r["metrics"]["loss_trajec
 // The zoo and the data
 
 TEST(ModelZoo, NamesBuildAndBadNamesListTheValidOnes) {
-  int autoencoders = 0;
+  int autoencoders = 0, language = 0;
   for (const auto& name : zoo::model_names()) {
-    if (!zoo::is_compression_model(name)) {
+    if (zoo::is_language_model(name)) {
+      ++language;
+      EXPECT_EQ(zoo::language_config(name).name, name);
+    } else if (zoo::is_compression_model(name)) {
+      ++autoencoders;
+      EXPECT_GE(zoo::compression_config(name).channels, 1);
+    } else {
       EXPECT_EQ(zoo::model_config(name).name, name);
       continue;
     }
-    ++autoencoders;
-    EXPECT_GE(zoo::compression_config(name).channels, 1);
     const std::string msg = test::usage_error([&] { zoo::model_config(name); });
-    EXPECT_TRUE(contains(msg, "compression autoencoder") && contains(msg, "resnet50")) << msg;
+    EXPECT_TRUE(contains(msg, "not an image classifier") && contains(msg, "resnet50")) << msg;
   }
   EXPECT_EQ(autoencoders, 2);
+  EXPECT_EQ(language, 5);
   EXPECT_EQ(zoo::compression_config("compression_ae").latent_channels, 192);
   EXPECT_FALSE(zoo::is_compression_model("resnet50"));
   const std::string msg = test::usage_error([] { zoo::model_config("resnet49"); });
@@ -439,6 +444,34 @@ TEST(Train, NonPositiveSizesAreInvalid) {
   const auto records = run_points("train", {"model=resnet50", "batch=1", "image_size=0", "trajectory_steps=1"});
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
+}
+
+// A language model: tokens per step and their rate, AdamW chosen by optimizer=auto, the copy
+// task's loss falling from ln(vocabulary), and the model's limits refused as invalid.
+TEST(Train, TinyGptPointCountsTokensAndALossThatFalls) {
+  const auto records =
+      run_points("train", {"model=tiny_gpt2", "batch=4", "seq=16", "trajectory_steps=40", "lr=0.01"});
+  ASSERT_EQ(records.size(), 1u);
+  const json& r = records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  EXPECT_EQ(r["params"]["optimizer"], "auto");
+  EXPECT_EQ(r["metrics"]["optimizer"], "adamw");
+  EXPECT_EQ(r["counts"]["samples"], 4.0);
+  EXPECT_EQ(r["counts"]["tokens"], 64.0);
+  EXPECT_NEAR(r["rates"]["tokens_per_s"].get<double>(), 16 * r["rates"]["samples_per_s"].get<double>(),
+              1e-9 * r["rates"]["tokens_per_s"].get<double>());
+  const auto losses = trajectory(r);
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_NEAR(losses.front(), std::log(64.0), 0.3);
+  EXPECT_LT(losses.back(), 0.85 * losses.front()) << "loss " << losses.front() << " -> " << losses.back();
+}
+
+TEST(Train, LanguageModelLimitsAreInvalidSayingWhy) {
+  const auto records =
+      run_points("train", {"model=tiny_gpt2", "batch=1", "seq=65", "trajectory_steps=1"});
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
+  EXPECT_TRUE(contains(records[0].dump(), "longer than its 64 positions")) << records[0].dump();
 }
 
 // ---------------------------------------------------------------------------------------------
