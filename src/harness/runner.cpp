@@ -209,8 +209,11 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
     scaling_.add(*entry.workload, entry.point, run_options, record);
     if (hooks_.telemetry) {
       const auto& r = *state.result();
-      nlohmann::json t = hooks_.telemetry(r.window_start_s, r.window_end_s,
-                                          c.samples * static_cast<double>(r.total_iterations));
+      const auto iterations = static_cast<double>(r.total_iterations);
+      nlohmann::json t = hooks_.telemetry(r.window_start_s, r.window_end_s, c.samples * iterations);
+      // A language model's energy per token, beside the samples per joule the sampler derives.
+      if (c.tokens > 0 && t.is_object() && t.contains("energy_j") && t["energy_j"].get<double>() > 0)
+        t["tokens_per_j"] = c.tokens * iterations / t["energy_j"].get<double>();
       if (!t.is_null()) record.telemetry = t;
     }
   }
