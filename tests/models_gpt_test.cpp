@@ -50,7 +50,8 @@ TEST(Gpt, ForwardFlopsAreTheMatmulsAndAttentionOfTheShapes) {
 }
 
 TEST(Gpt, BadConfigurationsAreRefusedWithTheReason) {
-  EXPECT_NE(test::usage_error([] { plan(tiny_gpt2(), 1, 65); }).find("longer than its 64 positions"), std::string::npos);
+  EXPECT_NE(test::usage_error([] { plan(tiny_gpt2(), 1, 65); }).find("longer than its 64 positions"),
+            std::string::npos);
   GptConfig odd = tiny_gpt2();
   odd.heads = 3;
   EXPECT_NE(test::usage_error([&] { plan(odd, 1, 8); }).find("3 heads do not divide the width 64"), std::string::npos);
@@ -70,7 +71,8 @@ TEST(Gpt, CopyTaskRepeatsTheFirstHalfAndLabelsTheNextToken) {
       if (t >= 5) {
         EXPECT_EQ(tok, b.tokens[static_cast<std::size_t>(s * 9 + t - 5)]);
       }
-      EXPECT_EQ(b.labels[static_cast<std::size_t>(s * 9 + t)], t < 8 ? b.tokens[static_cast<std::size_t>(s * 9 + t + 1)] : -1);
+      EXPECT_EQ(b.labels[static_cast<std::size_t>(s * 9 + t)],
+                t < 8 ? b.tokens[static_cast<std::size_t>(s * 9 + t + 1)] : -1);
     }
   EXPECT_EQ(copy_task_batch(7, 4, 1, 9, 50).tokens, std::vector<double>(b.tokens.begin() + 9, b.tokens.end()))
       << "a sample depends on its index, not on the batch holding it";

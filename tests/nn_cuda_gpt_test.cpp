@@ -59,7 +59,8 @@ struct Bound {
 };
 
 // max |got - want| <= tol * max |want|, naming the worst element.
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double scale = 0, worst = -1;
   std::size_t at = 0;
@@ -69,8 +70,8 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
     if (e > worst) worst = e, at = i;
   }
   EXPECT_GT(scale, 0) << what << ": an all-zero reference checks nothing";
-  EXPECT_LE(worst, tol * scale) << what << ": element " << at << " gpu " << got[at] << " ref " << want[at] << " (max |ref| "
-                                << scale << ")";
+  EXPECT_LE(worst, tol * scale) << what << ": element " << at << " gpu " << got[at] << " ref " << want[at]
+                                << " (max |ref| " << scale << ")";
 }
 
 class CudaGpt : public ::testing::Test {
@@ -103,7 +104,8 @@ TEST_F(CudaGpt, LossGradientsAndAnAdamWStepMatchTheReference) {
     const double tol = p == Precision::fp32 ? 2e-3 : 6e-2;
     Bound gpu(*cuda_, options(p));
     EXPECT_NEAR(gpu.step_loss(), want_loss, (p == Precision::fp32 ? 1e-4 : 2e-2) * want_loss);
-    for (const nn::Parameter& param : ref.g.parameters()) expect_close(gpu.grad(param.name), ref.grad(param.name), tol, param.name);
+    for (const nn::Parameter& param : ref.g.parameters())
+      expect_close(gpu.grad(param.name), ref.grad(param.name), tol, param.name);
     nn::AdamW ref_opt(1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0), gpu_opt(1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0);
     Bound ref_step(*ref_, ro);
     ref_step.step_loss();

@@ -449,8 +449,7 @@ TEST(Train, NonPositiveSizesAreInvalid) {
 // A language model: tokens per step and their rate, AdamW chosen by optimizer=auto, the copy
 // task's loss falling from ln(vocabulary), and the model's limits refused as invalid.
 TEST(Train, TinyGptPointCountsTokensAndALossThatFalls) {
-  const auto records =
-      run_points("train", {"model=tiny_gpt2", "batch=4", "seq=16", "trajectory_steps=40", "lr=0.01"});
+  const auto records = run_points("train", {"model=tiny_gpt2", "batch=4", "seq=16", "trajectory_steps=40", "lr=0.01"});
   ASSERT_EQ(records.size(), 1u);
   const json& r = records[0];
   ASSERT_EQ(r["status"], "ok") << r.dump();
@@ -467,8 +466,7 @@ TEST(Train, TinyGptPointCountsTokensAndALossThatFalls) {
 }
 
 TEST(Train, LanguageModelLimitsAreInvalidSayingWhy) {
-  const auto records =
-      run_points("train", {"model=tiny_gpt2", "batch=1", "seq=65", "trajectory_steps=1"});
+  const auto records = run_points("train", {"model=tiny_gpt2", "batch=1", "seq=65", "trajectory_steps=1"});
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
   EXPECT_TRUE(contains(records[0].dump(), "longer than its 64 positions")) << records[0].dump();

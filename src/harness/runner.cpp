@@ -86,7 +86,8 @@ Runner::Runner(backend::Backend& backend, measure::Settings settings, nlohmann::
 void Runner::add_rates(results::Record& record, const State& state) {
   const Counts& c = state.counts();
   const std::string& key = state.ceiling_key();
-  auto rates = results::rates_from_counts({c.samples, c.flops, c.bytes, c.ops_unit, c.tokens}, state.result()->summary.median, key);
+  auto rates = results::rates_from_counts({c.samples, c.flops, c.bytes, c.ops_unit, c.tokens},
+                                          state.result()->summary.median, key);
   if (!rates) return;
   // A point whose bytes fit in the device's cache is not bounded by DRAM bandwidth (nor by a
   // bandwidth ceiling measured from DRAM).
@@ -199,7 +200,8 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
   record.reason = reason;
   record.wall_s = measure::monotonic_seconds() - start;
   const Counts& c = state.counts();
-  if (c.samples > 0 || c.flops > 0 || c.bytes > 0) record.counts = results::Counts{c.samples, c.flops, c.bytes, c.ops_unit, c.tokens};
+  if (c.samples > 0 || c.flops > 0 || c.bytes > 0)
+    record.counts = results::Counts{c.samples, c.flops, c.bytes, c.ops_unit, c.tokens};
   if (!state.check_json().empty()) record.check = state.check_json();
   if (!state.metrics().empty()) record.metrics = state.metrics();
   if (state.scenario_result()) add_scenario(record, state);

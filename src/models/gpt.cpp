@@ -70,9 +70,11 @@ TokenBatch copy_task_batch(std::uint64_t seed, std::uint64_t first, std::int64_t
     double* tokens = out.tokens.data() + s * seq;
     for (std::int64_t t = 0; t < seq; ++t) {
       const std::int64_t source = t < half ? t : t - half;
-      tokens[t] = static_cast<double>(mix64(key, static_cast<std::uint64_t>(source)) % static_cast<std::uint64_t>(vocab));
+      tokens[t] =
+          static_cast<double>(mix64(key, static_cast<std::uint64_t>(source)) % static_cast<std::uint64_t>(vocab));
     }
-    for (std::int64_t t = 0; t < seq; ++t) out.labels[static_cast<std::size_t>(s * seq + t)] = t + 1 < seq ? tokens[t + 1] : -1.0;
+    for (std::int64_t t = 0; t < seq; ++t)
+      out.labels[static_cast<std::size_t>(s * seq + t)] = t + 1 < seq ? tokens[t + 1] : -1.0;
   }
   return out;
 }

@@ -44,7 +44,8 @@ void Graph::State::resolve_tied() {
       const auto it = declared.find(tied_to);
       if (it == declared.end())
         throw Error("parameter '" + name + "' is tied to '" + tied_to + "', which no earlier layer declares");
-      const ParamSpec& o = specs[static_cast<std::size_t>(it->second.first)][static_cast<std::size_t>(it->second.second)];
+      const ParamSpec& o =
+          specs[static_cast<std::size_t>(it->second.first)][static_cast<std::size_t>(it->second.second)];
       if (o.shape != spec.shape || o.dtype != spec.dtype || o.trainable() != spec.trainable())
         throw Error("parameter '" + name + "' (" + spec.shape.to_string() + ") is tied to '" + tied_to + "' (" +
                     o.shape.to_string() + "): shapes, dtypes and roles must match");

@@ -334,9 +334,9 @@ std::vector<ParamSpec> Linear::parameters() const {
   const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
   const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
   const ParamInit uniform{ParamInit::Dist::uniform, bound};
-  std::vector<ParamSpec> p{{"weight", Shape{out_features_, fan_in}, ParamRole::weight, weight_init_.value_or(uniform), t}};
-  if (bias_)
-    p.push_back({"bias", Shape{out_features_}, ParamRole::bias, weight_init_ ? ParamInit{} : uniform, t});
+  std::vector<ParamSpec> p{
+      {"weight", Shape{out_features_, fan_in}, ParamRole::weight, weight_init_.value_or(uniform), t}};
+  if (bias_) p.push_back({"bias", Shape{out_features_}, ParamRole::bias, weight_init_ ? ParamInit{} : uniform, t});
   return p;
 }
 

@@ -293,7 +293,8 @@ void ClassifierLoss::forward(Kernels& k, const OpTensors& t) {
 void ClassifierLoss::backward(Kernels& k, const OpTensors& t) {
   if (!t.training) throw Error("layer '" + name() + "' (classifier_loss): backward after an evaluation forward");
   if (t.dparams_accumulate[0])
-    throw Unsupported("layer '" + name() + "' (classifier_loss): its weight's gradient is written, never added to; "
+    throw Unsupported("layer '" + name() +
+                      "' (classifier_loss): its weight's gradient is written, never added to; "
                       "tie the embedding to the classifier, not the classifier to a later layer");
   const Tensor dlogits = logits(t);  // forward left the gradient there
   k.linear_backward_weights(t.in[0], dlogits, t.dparams[0], Tensor{});

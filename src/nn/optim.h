@@ -17,8 +17,8 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual std::string_view name() const = 0;
   // Allocates and zeroes moments() velocities per trainable parameter (in the parameter's dtype:
-  // the f32 master under bf16/fp16), and the optimizer's own state (bind_state). A no-op when already bound to these parameters; call it before
-  // capturing a step, which must not allocate (Graph::capture_step does).
+  // the f32 master under bf16/fp16), and the optimizer's own state (bind_state). A no-op when already bound to these
+  // parameters; call it before capturing a step, which must not allocate (Graph::capture_step does).
   void bind(Kernels& k, const std::vector<Parameter>& params);
   bool bound_to(const std::vector<Parameter>& params) const;
   // Binds if needed, then updates every trainable parameter and refreshes its 16-bit copy (the
@@ -99,7 +99,11 @@ class Lars final : public Optimizer {
 class AdamW final : public Optimizer {
  public:
   AdamW(double lr, double beta1, double beta2, double epsilon, double weight_decay, double max_grad_norm)
-      : Optimizer(lr), beta1_(beta1), beta2_(beta2), epsilon_(epsilon), weight_decay_(weight_decay),
+      : Optimizer(lr),
+        beta1_(beta1),
+        beta2_(beta2),
+        epsilon_(epsilon),
+        weight_decay_(weight_decay),
         max_grad_norm_(max_grad_norm) {}
   std::string_view name() const override { return "adamw"; }
   std::int64_t flops(std::int64_t elements) const override { return (max_grad_norm_ > 0 ? 14 : 12) * elements; }

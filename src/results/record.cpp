@@ -135,7 +135,8 @@ Rates rates_from_json(const json& j) {
   const Reader in(j, "rates.");
   Rates r;
   in.number("samples_per_s", r.samples_per_s), in.number("tflops", r.tflops), in.number("gbps", r.gbps);
-  in.number("tokens_per_s", r.tokens_per_s), in.number("pct_of_ceiling", r.pct_of_ceiling), in.text("primary", r.primary);
+  in.number("tokens_per_s", r.tokens_per_s), in.number("pct_of_ceiling", r.pct_of_ceiling),
+      in.text("primary", r.primary);
   if (const json* c = in.object("ceiling")) {
     const Reader cin(*c, "rates.ceiling.");
     CeilingRef& ref = r.ceiling.emplace();

@@ -233,14 +233,18 @@ Precision parse_model_precision(const std::string& name, bool training) {
 std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxesText& text) {
   const bool gpu = device_kind == "cuda";
   const auto one = [](const std::string& v) { return std::vector<std::string>{v}; };
-  return {{"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
-          {"batch", AxisKind::integer, gpu ? text.cuda_batches : text.host_batches, {}, text.batch_help},
-          {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"),
-           text.precisions.empty() ? model_precisions() : text.precisions, text.precision_help},
-          {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels (image models)"},
-          {"seq", AxisKind::integer, one(gpu ? "1024" : "16"), {},
-           "tokens per sequence (language models; at most the model's positions)"},
-          {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
+  return {
+      {"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
+      {"batch", AxisKind::integer, gpu ? text.cuda_batches : text.host_batches, {}, text.batch_help},
+      {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"),
+       text.precisions.empty() ? model_precisions() : text.precisions, text.precision_help},
+      {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels (image models)"},
+      {"seq",
+       AxisKind::integer,
+       one(gpu ? "1024" : "16"),
+       {},
+       "tokens per sequence (language models; at most the model's positions)"},
+      {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
 }
 
 void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k) {

@@ -95,8 +95,8 @@ nn::GraphOptions graph_options(const ModelSpec& s);
 // lacks are undefined (id -1).
 struct ZooModel {
   bool compression = false;
-  bool language = false;                      // tokens in; labels are the next tokens
-  std::int64_t in_channels = 3, classes = 0;  // classes: 0 for the autoencoder; the vocabulary of a language model
+  bool language = false;                        // tokens in; labels are the next tokens
+  std::int64_t in_channels = 3, classes = 0;    // classes: 0 for the autoencoder; the vocabulary of a language model
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
   nn::Value tokens;
 };

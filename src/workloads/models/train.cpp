@@ -211,8 +211,8 @@ class Train final : public Workload {
     o.validate();
     if (p.asked.batch < 1 || p.asked.image_px < 1 || p.asked.seq < 1 || p.gpus < 1 || !(p.bucket_mib > 0) ||
         !std::isfinite(p.bucket_mib))
-      throw UsageError("train needs batch, image_size, seq, gpus >= 1 and bucket_mib > 0 (got " + state.point().label() +
-                       ")");
+      throw UsageError("train needs batch, image_size, seq, gpus >= 1 and bucket_mib > 0 (got " +
+                       state.point().label() + ")");
   }
 
   // Build and plan first (no memory): a layer that does not fit this image size fails here,
@@ -383,22 +383,41 @@ std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
                     .precisions = model_precisions()});
   axes.insert(
       axes.end(),
-      {{"optimizer", AxisKind::text, one("auto"), {"auto", "sgd", "lars", "adamw"},
+      {{"optimizer",
+        AxisKind::text,
+        one("auto"),
+        {"auto", "sgd", "lars", "adamw"},
         "SGD with momentum, LARS (MLPerf's ResNet), or AdamW (GPT-2's, gradient norm clipped to 1); auto = AdamW "
         "for language models, else SGD"},
        {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
        // auto: on for the ResNets (checked on an H200 and faster there, bench/HISTORY.md), off for
        // models without batch norm, which refuse an explicit on.
-       {"fuse", AxisKind::text, one("auto"), {"auto", "off", "on"},
+       {"fuse",
+        AxisKind::text,
+        one("auto"),
+        {"auto", "off", "on"},
         "ResNets: each batch norm, the residual add and the ReLU after it as one op (cuDNN's fused NHWC "
         "16-bit kernels where it takes them); auto = on for models with batch norm"},
        {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing (slower step)"},
-       {"gpus", AxisKind::integer, one("1"), {},
+       {"gpus",
+        AxisKind::integer,
+        one("1"),
+        {},
         "data-parallel GPUs, one process each (under mpirun/srun; gpus=k trains on ranks 0..k-1)"},
-       {"scaling", AxisKind::text, one("weak"), {"weak", "strong"},
+       {"scaling",
+        AxisKind::text,
+        one("weak"),
+        {"weak", "strong"},
         "weak: batch is per GPU; strong: batch is global, split over the GPUs"},
-       {"bucket_mib", AxisKind::real, one("25"), {}, "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
-       {"comm_dtype", AxisKind::text, one("grad"), {"grad", "bf16", "fp16"},
+       {"bucket_mib",
+        AxisKind::real,
+        one("25"),
+        {},
+        "data parallelism: gradient all-reduce bucket size (MiB; DDP's 25)"},
+       {"comm_dtype",
+        AxisKind::text,
+        one("grad"),
+        {"grad", "bf16", "fp16"},
         "data parallelism: the dtype the gradients are all-reduced in; grad = their own (f32), bf16 / fp16 = "
         "each bucket cast to it and back (PyTorch DDP's bf16/fp16_compress_hook)"},
        {"comm_engine", AxisKind::text, one("auto"), comm_engine_names(),
