@@ -18,17 +18,22 @@ GptConfig tiny_gpt2() {
 }
 
 void check_gpt(const GptConfig& c, std::int64_t batch, std::int64_t seq) {
-  const std::string model = "model " + c.name + ": ";
+  check_language_model(c.name, c.heads, c.channels, c.vocab, c.positions, batch, seq);
+}
+
+void check_language_model(const std::string& name, std::int64_t heads, std::int64_t channels, std::int64_t vocab,
+                          std::int64_t positions, std::int64_t batch, std::int64_t seq) {
+  const std::string model = "model " + name + ": ";
   if (batch < 1 || seq < 1)
     throw UsageError(model + "batch and sequence length must be >= 1, got " + std::to_string(batch) + " and " +
                      std::to_string(seq));
-  if (seq > c.positions)
+  if (seq > positions)
     throw UsageError(model + "a sequence of " + std::to_string(seq) + " tokens is longer than its " +
-                     std::to_string(c.positions) + " positions");
-  if (c.heads < 1 || c.channels % c.heads != 0)
-    throw UsageError(model + std::to_string(c.heads) + " heads do not divide the width " + std::to_string(c.channels));
-  if (c.vocab < 1 || c.vocab > std::numeric_limits<std::int32_t>::max())
-    throw UsageError(model + "a vocabulary of " + std::to_string(c.vocab) + " does not fit i32 tokens");
+                     std::to_string(positions) + " positions");
+  if (heads < 1 || channels % heads != 0)
+    throw UsageError(model + std::to_string(heads) + " heads do not divide the width " + std::to_string(channels));
+  if (vocab < 1 || vocab > std::numeric_limits<std::int32_t>::max())
+    throw UsageError(model + "a vocabulary of " + std::to_string(vocab) + " does not fit i32 tokens");
 }
 
 LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq) {

@@ -36,6 +36,8 @@ struct LanguageModel {
 
 // Throws UsageError (before anything is built) for a sequence longer than the positions, heads
 // that do not divide the width, or a vocabulary that does not fit an i32 token.
+void check_language_model(const std::string& name, std::int64_t heads, std::int64_t channels, std::int64_t vocab,
+                          std::int64_t positions, std::int64_t batch, std::int64_t seq);
 void check_gpt(const GptConfig& c, std::int64_t batch, std::int64_t seq);
 LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq);
 

@@ -363,15 +363,15 @@ class Mlp final : public Op {
 // speed) and overwritten by their gradient in the same pass that computes the loss
 // (Kernels::cross_entropy_fused), so the largest tensor of a GPT step is written once and read
 // twice (both backward GEMMs). Its weight [V, C] may be tied to the token embedding (`tied_to`,
-// GPT-2 and BERT), else N(0, 0.02). In a training graph it must produce the graph's loss (its
+// GPT-2 and BERT), else N(0, 0.02); `bias` adds a zero-initialised bias [V] (BERT's decoder). In a training graph it must produce the graph's loss (its
 // gradient is the one backward seeds); an evaluation forward computes the loss only.
 class ClassifierLoss final : public Op {
  public:
-  ClassifierLoss(std::string name, std::int64_t vocab, std::string tied_to = {})
-      : Op(std::move(name)), vocab_(vocab), tied_to_(std::move(tied_to)) {}
+  ClassifierLoss(std::string name, std::int64_t vocab, std::string tied_to = {}, bool bias = false)
+      : Op(std::move(name)), vocab_(vocab), tied_to_(std::move(tied_to)), bias_(bias) {}
   std::string_view kind() const override { return "classifier_loss"; }
   std::vector<ParamSpec> parameters() const override;
-  std::string tied_to(std::size_t) const override { return tied_to_; }
+  std::string tied_to(std::size_t i) const override { return i == 0 ? tied_to_ : std::string{}; }
   std::vector<Tensor> saved() const override;  // the padded logits, then their gradient
   bool backward_reads_input(int i) const override { return i == 0; }
   void forward(Kernels& k, const OpTensors& t) override;
@@ -385,6 +385,7 @@ class ClassifierLoss final : public Op {
   Tensor logits(const OpTensors& t) const;  // [N, V] over the saved rows of padded_vocab()
   std::int64_t vocab_;
   std::string tied_to_;
+  bool bias_;
 };
 
 // ---- learned compression (ops_compress.cpp; models/compression.h)
@@ -490,7 +491,7 @@ Value gelu(GraphBuilder& b, const std::string& name, Value x);
 Value attention(GraphBuilder& b, const std::string& name, Value qkv, std::int64_t heads, std::int64_t seq, bool causal);
 Value mlp(GraphBuilder& b, const std::string& name, Value x, std::int64_t hidden, double std, double proj_std);
 Value classifier_loss(GraphBuilder& b, const std::string& name, Value x, Value labels, std::int64_t vocab,
-                      const std::string& tied_to = {});
+                      const std::string& tied_to = {}, bool bias = false);
 struct RateDistortion {
   Value loss, mse;
 };

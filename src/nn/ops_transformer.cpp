@@ -270,7 +270,9 @@ std::vector<Tensor> ClassifierLoss::do_infer(const std::vector<Tensor>& in) {
 std::vector<ParamSpec> ClassifierLoss::parameters() const {
   const std::int64_t c = in_.empty() ? 0 : in_[0].shape[1];
   const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
-  return {{"weight", Shape{vocab_, c}, ParamRole::weight, {ParamInit::Dist::normal, 0.02}, t}};
+  std::vector<ParamSpec> p{{"weight", Shape{vocab_, c}, ParamRole::weight, {ParamInit::Dist::normal, 0.02}, t}};
+  if (bias_) p.push_back({"bias", Shape{vocab_}, ParamRole::bias, {}, t});
+  return p;
 }
 
 std::vector<Tensor> ClassifierLoss::saved() const {
@@ -286,7 +288,7 @@ Tensor ClassifierLoss::logits(const OpTensors& t) const {
 
 void ClassifierLoss::forward(Kernels& k, const OpTensors& t) {
   const Tensor l = logits(t);
-  k.linear_forward(t.in[0], t.params[0], Tensor{}, l);
+  k.linear_forward(t.in[0], t.params[0], bias_ ? t.params[1] : Tensor{}, l);
   k.cross_entropy_fused(l, t.in[1], t.out[0], t.training ? l : Tensor{}, t.loss_seed);
 }
 
@@ -297,7 +299,7 @@ void ClassifierLoss::backward(Kernels& k, const OpTensors& t) {
                       "' (classifier_loss): its weight's gradient is written, never added to; "
                       "tie the embedding to the classifier, not the classifier to a later layer");
   const Tensor dlogits = logits(t);  // forward left the gradient there
-  k.linear_backward_weights(t.in[0], dlogits, t.dparams[0], Tensor{});
+  k.linear_backward_weights(t.in[0], dlogits, t.dparams[0], bias_ ? t.dparams[1] : Tensor{});
   if (t.din[0].defined()) k.linear_backward_data(dlogits, t.params[0], t.din[0], t.din_accumulate[0]);
 }
 
@@ -334,8 +336,8 @@ Value mlp(GraphBuilder& b, const std::string& name, Value x, std::int64_t hidden
   return b.add1(std::make_unique<Mlp>(name, hidden, std, proj_std), {x});
 }
 Value classifier_loss(GraphBuilder& b, const std::string& name, Value x, Value labels, std::int64_t vocab,
-                      const std::string& tied_to) {
-  return b.add1(std::make_unique<ClassifierLoss>(name, vocab, tied_to), {x, labels});
+                      const std::string& tied_to, bool bias) {
+  return b.add1(std::make_unique<ClassifierLoss>(name, vocab, tied_to, bias), {x, labels});
 }
 
 }  // namespace ab::nn

@@ -44,17 +44,27 @@ const std::vector<CompressionEntry>& compression_entries() {
   return all;
 }
 
-struct LanguageEntry {
-  const char* name;
-  ab::models::GptConfig (*make)();
-};
+LanguageConfig gpt_entry(const ab::models::GptConfig& c) {
+  LanguageConfig l;
+  l.name = c.name, l.heads = c.heads, l.channels = c.channels, l.vocab = c.vocab, l.positions = c.positions;
+  l.gpt = c;
+  return l;
+}
 
-const std::vector<LanguageEntry>& language_entries() {
-  static const std::vector<LanguageEntry> all{{"gpt2_124m", ab::models::gpt2_124m},
-                                              {"gpt2_350m", ab::models::gpt2_350m},
-                                              {"gpt2_774m", ab::models::gpt2_774m},
-                                              {"gpt2_1558m", ab::models::gpt2_1558m},
-                                              {"tiny_gpt2", ab::models::tiny_gpt2}};
+LanguageConfig bert_entry(const ab::models::BertConfig& c) {
+  LanguageConfig l;
+  l.name = c.name, l.heads = c.heads, l.channels = c.channels, l.vocab = c.vocab, l.positions = c.positions;
+  l.masked = true;
+  l.bert = c;
+  return l;
+}
+
+const std::vector<LanguageConfig>& language_entries() {
+  static const std::vector<LanguageConfig> all{
+      gpt_entry(ab::models::gpt2_124m()),   gpt_entry(ab::models::gpt2_350m()),
+      gpt_entry(ab::models::gpt2_774m()),   gpt_entry(ab::models::gpt2_1558m()),
+      gpt_entry(ab::models::tiny_gpt2()),   bert_entry(ab::models::bert_base()),
+      bert_entry(ab::models::bert_large()), bert_entry(ab::models::tiny_bert())};
   return all;
 }
 
@@ -77,9 +87,9 @@ bool is_language_model(const std::string& name) {
   return false;
 }
 
-ab::models::GptConfig language_config(const std::string& name) {
+LanguageConfig language_config(const std::string& name) {
   for (const auto& e : language_entries())
-    if (name == e.name) return e.make();
+    if (name == e.name) return e;
   throw UsageError("model '" + name + "' is not a language model");
 }
 
@@ -111,10 +121,13 @@ namespace {
 ZooModel build_language_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (s.fold_batchnorm || s.fuse_batchnorm_relu || s.fuse_conv_epilogue || s.precision == Precision::fp8)
     throw UsageError("model '" + s.model + "' has no batch norm to fold or fuse and no fp8 layers");
-  const ab::models::GptConfig c = language_config(s.model);
-  const ab::models::LanguageModel lm = ab::models::build_gpt(b, c, s.batch, s.seq);
+  const LanguageConfig c = language_config(s.model);
+  const ab::models::LanguageModel lm = c.masked ? ab::models::build_bert(b, c.bert, s.batch, s.seq)
+                                                : ab::models::build_gpt(b, c.gpt, s.batch, s.seq);
   ZooModel m;
   m.language = true;
+  m.masked = c.masked;
+  m.mask_token = c.mask_token();
   m.classes = c.vocab;
   m.tokens = lm.tokens;
   m.labels = lm.labels;
@@ -186,7 +199,9 @@ nn::ParameterValues folded_parameter_values(const ModelSpec& s) {
 SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
   const std::int64_t batch = s.batch, image_px = s.image_px;
   if (m.language) {
-    ab::models::TokenBatch t = ab::models::copy_task_batch(kDataSeed, first, batch, s.seq, m.classes);
+    ab::models::TokenBatch t =
+        m.masked ? ab::models::masked_copy_batch(kDataSeed, first, batch, s.seq, m.classes, m.mask_token)
+                 : ab::models::copy_task_batch(kDataSeed, first, batch, s.seq, m.classes);
     return {.images = {}, .labels = std::move(t.labels), .tokens = std::move(t.tokens)};
   }
   if (!m.compression) return synthetic_batch(kDataSeed, first, batch, m.in_channels, image_px, m.classes);
@@ -239,11 +254,9 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
       {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"),
        text.precisions.empty() ? model_precisions() : text.precisions, text.precision_help},
       {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels (image models)"},
-      {"seq",
-       AxisKind::integer,
-       one(gpu ? "1024" : "16"),
-       {},
-       "tokens per sequence (language models; at most the model's positions)"},
+      {"seq", AxisKind::integer, one("0"), {},
+       "tokens per sequence (language models; at most the model's positions); 0 = the model's positions "
+       "(GPT-2 1024, BERT 512)"},
       {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
 }
 
@@ -259,16 +272,17 @@ ModelSpec model_spec(const State& state, bool training) {
   spec.batch = state.get_int("batch");
   spec.image_px = state.get_int("image_size");
   spec.seq = state.get_int("seq");
+  if (spec.seq == 0 && is_language_model(spec.model)) spec.seq = language_config(spec.model).positions;
   spec.precision = parse_model_precision(state.get_text("precision"), training);
   spec.layout = parse_layout(state.get_text("layout"));
   spec.training = training;
   // Checked before any graph is planned: a batch of images whose size overflows 64 bits is refused
   // (`invalid`); one that fits in 64 bits but not in the device is left to the memory plan, whose
   // arena the bind refuses (`oom`, with the plan's size). Sizes below 1 are refused by train and infer.
-  if (spec.batch < 1 || spec.image_px < 1 || spec.seq < 1) return spec;
+  if (spec.batch < 1 || spec.image_px < 1 || spec.seq < 0) return spec;
   if (is_language_model(spec.model)) {
-    const ab::models::GptConfig c = language_config(spec.model);
-    ab::models::check_gpt(c, spec.batch, spec.seq);
+    const LanguageConfig c = language_config(spec.model);
+    ab::models::check_language_model(c.name, c.heads, c.channels, c.vocab, c.positions, spec.batch, spec.seq);
     checked_mul(checked_mul(checked_mul(spec.batch, spec.seq, "batch x seq"), c.vocab, "logits"), 8, "logits bytes");
     return spec;
   }

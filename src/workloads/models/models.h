@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "models/bert.h"
 #include "models/compression.h"
 #include "models/gpt.h"
 #include "models/resnet.h"
@@ -29,12 +30,21 @@ std::unique_ptr<Workload> make_infer();
 
 // resnet50, resnet101, resnext..., tiny_resnet (classifiers); compression_ae, tiny_compression_ae
 // (the image-compression autoencoder, models/compression.h); gpt2_124m ... gpt2_1558m, tiny_gpt2
-// (language models, models/gpt.h).
+// (language models, models/gpt.h); bert_base, bert_large, tiny_bert (models/bert.h).
 const std::vector<std::string>& model_names();
 // Whether the name is one of the language models (tokens in, no images; the seq axis applies).
 bool is_language_model(const std::string& name);
+// A language model of the zoo: GPT-2 (causal, next-token labels) or BERT (masked-LM labels).
+struct LanguageConfig {
+  std::string name;
+  bool masked = false;  // BERT: the masked copy task, mask token 103 ([MASK]) or the last id
+  std::int64_t heads = 0, channels = 0, vocab = 0, positions = 0;
+  ab::models::GptConfig gpt;    // where !masked
+  ab::models::BertConfig bert;  // where masked
+  std::int64_t mask_token() const { return vocab > 103 ? 103 : vocab - 1; }
+};
 // The named language model; UsageError for another name.
-ab::models::GptConfig language_config(const std::string& name);
+LanguageConfig language_config(const std::string& name);
 // The named classifier; throws UsageError listing the valid names (and for an autoencoder's name).
 // tiny_resnet takes 3 channels and 10 classes.
 ab::models::ResNetConfig model_config(const std::string& name);
@@ -75,7 +85,7 @@ struct ModelSpec {
   std::string model;
   std::int64_t batch = 1;  // images, or sequences of a language model
   std::int64_t image_px = 224;
-  std::int64_t seq = 1024;  // tokens per sequence (language models)
+  std::int64_t seq = 1024;  // tokens per sequence (language models; the axis's 0 becomes the positions)
   Precision precision = Precision::fp32;
   Layout layout = Layout::nchw;
   bool training = true;
@@ -95,7 +105,9 @@ nn::GraphOptions graph_options(const ModelSpec& s);
 // lacks are undefined (id -1).
 struct ZooModel {
   bool compression = false;
-  bool language = false;                        // tokens in; labels are the next tokens
+  bool language = false;  // tokens in; labels are the next tokens, or BERT's masked ones
+  bool masked = false;
+  std::int64_t mask_token = 0;
   std::int64_t in_channels = 3, classes = 0;    // classes: 0 for the autoencoder; the vocabulary of a language model
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
   nn::Value tokens;
@@ -111,7 +123,8 @@ nn::ParameterValues folded_parameter_values(const ModelSpec& s);
 // The model's batch of synthetic data from sample `first` on: synthetic_batch's images for a
 // classifier; for the autoencoder the same images scaled from [-1.5, 1.5] into [-0.5, 0.5] (a
 // range of 1, which its PSNR assumes; models/compression.h says why centred) and no labels; for a
-// language model the copy task's tokens and next-token labels (models::copy_task_batch).
+// language model the copy task's tokens and next-token labels (models::copy_task_batch), or for
+// BERT its masked form (models::masked_copy_batch).
 SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, const ModelSpec& s);
 // Uploads model_batch(m, first, s) into the graph's inputs.
 void upload_batch(nn::Graph& g, const ZooModel& m, std::uint64_t first, const ModelSpec& s);

@@ -209,9 +209,9 @@ class Train final : public Workload {
  private:
   static void validate(const State& state, const TrainPoint& p, const TrainOptions& o) {
     o.validate();
-    if (p.asked.batch < 1 || p.asked.image_px < 1 || p.asked.seq < 1 || p.gpus < 1 || !(p.bucket_mib > 0) ||
+    if (p.asked.batch < 1 || p.asked.image_px < 1 || p.asked.seq < 0 || p.gpus < 1 || !(p.bucket_mib > 0) ||
         !std::isfinite(p.bucket_mib))
-      throw UsageError("train needs batch, image_size, seq, gpus >= 1 and bucket_mib > 0 (got " +
+      throw UsageError("train needs batch, image_size, gpus >= 1, seq >= 0 and bucket_mib > 0 (got " +
                        state.point().label() + ")");
   }
 
