@@ -1,8 +1,9 @@
 // The attention family's CUDA kernels (attention.cu, attention_flash_fwd.cu, attention_flash_bwd.cu):
 // scaled dot-product attention forward and backward with nn::Kernels' semantics (nn/kernels.h).
 //
-// Fused flash-attention-2 kernels for f16 and bf16 at head dims 64 and 128 (tensor cores, f32
-// accumulation, online softmax, scores kept on chip, causal blocks above the diagonal skipped);
+// Fused flash-attention-2 kernels for f16 and bf16 at head dims 64 and 128 (mma.sync tensor cores,
+// f32 accumulation, online softmax, scores kept in registers, causal blocks above the diagonal
+// skipped);
 // a plain warp-per-row kernel for f32 and other head dims (up to kMaxSimpleDim). Backward is
 // deterministic without atomics: Di = rowsum(dO * O), then one pass over key blocks (dK, dV) and
 // one over query blocks (dQ), both rebuilding P from q, k and the saved log-sum-exp.

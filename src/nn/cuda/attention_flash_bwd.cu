@@ -1,60 +1,45 @@
 // The fused attention backward pass (flash attention 2's, without atomics): Di = rowsum(dO * O)
-// is already in `di`; one kernel per 64-key block (4 warps, 16 keys each) walks the query blocks
-// that see it, rebuilding P^T = exp(K Q^T * scale - lse) and dP^T = V dO^T on tensor cores, and
-// accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di)) in f32 fragments; one kernel per
-// 64-query block walks its visible key blocks for dQ += dS K. Each output element is summed by
-// one warp in a fixed order: bit-identical run to run.
+// is already in `di`. One kernel per 64-key block (4 warps, 16 keys each) walks the query blocks
+// that see it, rebuilding P^T = exp(K Q^T * scale - lse) and dP^T = V dO^T on mma.sync tensor
+// cores in registers, and accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di), packed to
+// 16 bits as the A operand) in f32 registers; one kernel per 64-query block walks its visible key
+// blocks for dQ += dS K. Each output element is summed by one lane in a fixed order: bit-identical
+// run to run.
 #include <cmath>
 
 #include "nn/cuda/attention_flash.cuh"
+#include "nn/cuda/attention_mma.cuh"
 #include "nn/cuda/device_common.cuh"
 
 namespace ab::nn::cuda_attention::detail {
 namespace {
 
-// Both kernels' shared memory: two tiles kept for the whole block (K, V or Q, dO), two streamed
-// (Q, dO or K, V), each warp's f32 score and dP tiles (at the end, the f32 stage of its 16 output
-// rows), its 16-bit P and dS tiles, and the streamed query rows' log2-domain lse and Di.
+// Both kernels' shared memory: two tiles kept for the whole block (K, V or Q, dO; at the end each
+// warp's own rows stage its outputs), two streamed (Q, dO or K, V), the streamed query rows'
+// log2-domain lse and Di.
 template <typename T, int D>
 struct BackwardSmem {
-  static constexpr int kLd = D + kPad16, kStageLd = D + kPadF32;
+  static constexpr int kLd = D + kPad16;
   static constexpr std::size_t kTileBytes = std::size_t{kTile} * kLd * sizeof(T);
-  static constexpr std::size_t kWarpScores = std::size_t{kFrag} * kScoreLd;  // floats
-  static constexpr std::size_t kWarpProbs = std::size_t{kFrag} * kProbLd;    // elements
   static constexpr std::size_t kept0 = 0, kept1 = kTileBytes, streamed0 = 2 * kTileBytes, streamed1 = 3 * kTileBytes;
-  static constexpr std::size_t scores = 4 * kTileBytes;
-  static constexpr std::size_t dprobs = scores + kWarps * kWarpScores * sizeof(float);
-  static constexpr std::size_t probs = dprobs + kWarps * kWarpScores * sizeof(float);
-  static constexpr std::size_t dscores = probs + kWarps * kWarpProbs * sizeof(T);
-  static constexpr std::size_t rows = dscores + kWarps * kWarpProbs * sizeof(T);
+  static constexpr std::size_t rows = 4 * kTileBytes;
   static constexpr std::size_t bytes = rows + 2 * kTile * sizeof(float);
-  static_assert(kWarps * kFrag * kStageLd <= 2 * kWarps * kWarpScores, "the output stage fits the score tiles");
-};
-
-template <typename T>
-struct BackwardTiles {
-  T *kept0, *kept1, *streamed0, *streamed1;
-  float *score_w, *dprob_w, *stage_w, *lse2, *di;
-  T *prob_w, *dscore_w;
 };
 
 template <typename T, int D>
-__device__ __forceinline__ BackwardTiles<T> backward_tiles(unsigned char* smem, int warp) {
-  using L = BackwardSmem<T, D>;
-  BackwardTiles<T> t;
-  t.kept0 = reinterpret_cast<T*>(smem + L::kept0);
-  t.kept1 = reinterpret_cast<T*>(smem + L::kept1);
-  t.streamed0 = reinterpret_cast<T*>(smem + L::streamed0);
-  t.streamed1 = reinterpret_cast<T*>(smem + L::streamed1);
-  t.score_w = reinterpret_cast<float*>(smem + L::scores) + warp * L::kWarpScores;
-  t.dprob_w = reinterpret_cast<float*>(smem + L::dprobs) + warp * L::kWarpScores;
-  t.stage_w = reinterpret_cast<float*>(smem + L::scores) + warp * kFrag * L::kStageLd;
-  t.prob_w = reinterpret_cast<T*>(smem + L::probs) + warp * L::kWarpProbs;
-  t.dscore_w = reinterpret_cast<T*>(smem + L::dscores) + warp * L::kWarpProbs;
-  t.lse2 = reinterpret_cast<float*>(smem + L::rows);
-  t.di = t.lse2 + kTile;
-  return t;
-}
+struct BackwardTiles {
+  T *kept0, *kept1, *streamed0, *streamed1;
+  float *lse2, *di;
+  explicit __device__ BackwardTiles(unsigned char* smem) {
+    using L = BackwardSmem<T, D>;
+    kept0 = reinterpret_cast<T*>(smem + L::kept0);
+    kept1 = reinterpret_cast<T*>(smem + L::kept1);
+    streamed0 = reinterpret_cast<T*>(smem + L::streamed0);
+    streamed1 = reinterpret_cast<T*>(smem + L::streamed1);
+    lse2 = reinterpret_cast<float*>(smem + L::rows);
+    di = lse2 + kTile;
+  }
+};
 
 // lse (in log2 units) and Di of query rows [q0, q0 + kTile); 0 past the last (never used: masked).
 __device__ __forceinline__ void load_row_stats(float* lse2, float* di_s, const float* lse, const float* di,
@@ -66,16 +51,66 @@ __device__ __forceinline__ void load_row_stats(float* lse2, float* di_s, const f
   }
 }
 
-// A warp's accumulators (f32, 16 x D) times `factor` into rows [row0, row0 + 16) below `rows`.
+// out (16 x 64: the warp's rows `a_row0`.. of a, times the 64 rows of b, transposed) = A B^T,
+// both tiles row-major with ld elements a row.
 template <typename T, int D>
-__device__ __forceinline__ void store_acc(const FragC (&acc)[D / kFrag], float* stage_w, const Heads& t, int b, int h,
-                                          int row0, int rows, float factor) {
+__device__ __forceinline__ void product_abt(Acc (&out)[kTile / 8], const T* a, const T* b, int a_row0, int ld) {
+  const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int dt = 0; dt < D / kFrag; ++dt)
-    wmma::store_matrix_sync(stage_w + dt * kFrag, acc[dt], D + kPadF32, wmma::mem_row_major);
+  for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[nt][e] = 0.0f;
+#pragma unroll
+  for (int kt = 0; kt < D / 16; ++kt) {
+    Frag4 fa;
+    ldmatrix_x4(fa, a + a_offset(lane, ld, a_row0, kt * 16));
+#pragma unroll
+    for (int n2 = 0; n2 < kTile / 16; ++n2) {
+      Frag4 fb;
+      ldmatrix_x4(fb, b + bt_offset(lane, ld, n2 * 16, kt * 16));
+      mma<T>(out[2 * n2], fa, fb[0], fb[1]);
+      mma<T>(out[2 * n2 + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// acc (16 x D) += x (16 x 64, accumulator layout, packed to 16 bits) times b (64 x D, row-major).
+template <typename T, int D>
+__device__ __forceinline__ void accumulate_xb(Acc (&acc)[D / 8], const Acc (&x)[kTile / 8], const T* b, int ld) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    Frag4 fa;
+    acc_to_a<T>(fa, x[2 * kk], x[2 * kk + 1]);
+#pragma unroll
+    for (int d2 = 0; d2 < D / 16; ++d2) {
+      Frag4 fb;
+      ldmatrix_x4_trans(fb, b + b_offset(lane, ld, kk * 16, d2 * 16));
+      mma<T>(acc[2 * d2], fa, fb[0], fb[1]);
+      mma<T>(acc[2 * d2 + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// A warp's accumulators (rows g and g + 8 of its 16) times `factor` into rows [row0, row0 + 16)
+// of head (b, h) below `rows`, staged through the warp's own 16 rows of `stage` for 16-byte stores.
+template <typename T, int D>
+__device__ __forceinline__ void store_acc(const Acc (&acc)[D / 8], float factor, T* stage, int ld, const Heads& out,
+                                          int b, int h, int row0, int rows) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    *reinterpret_cast<std::uint32_t*>(stage + g * ld + dt * 8 + 2 * t) = pack<T>(acc[dt][0] * factor, acc[dt][1] * factor);
+    *reinterpret_cast<std::uint32_t*>(stage + (g + 8) * ld + dt * 8 + 2 * t) =
+        pack<T>(acc[dt][2] * factor, acc[dt][3] * factor);
+  }
   __syncwarp();
-  store_rows<T, D>(t, b, h, row0, rows, stage_w, factor);
-  __syncwarp();
+  constexpr int kChunks = D / 8;
+  for (int idx = lane; idx < kFrag * kChunks; idx += 32) {
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    if (row0 + r < rows)
+      *reinterpret_cast<uint4*>(row_ptr<T>(out, b, h, row0 + r) + c) = *reinterpret_cast<const uint4*>(stage + r * ld + c);
+  }
 }
 
 template <typename T, int D>
@@ -83,18 +118,13 @@ __global__ void __launch_bounds__(kThreads) flash_dkv_kernel(Problem p, Heads q,
                                                              const float* lse, const float* di, Heads dk, Heads dv) {
   using L = BackwardSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-  const BackwardTiles<T> s = backward_tiles<T, D>(smem, warp);
+  const BackwardTiles<T, D> s(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, kb0 = blockIdx.y * kTile;
-  const int length = key_length(p, b), j = kb0 + warp * kFrag + r;
+  const int length = key_length(p, b), row0 = kb0 + warp * kFrag;
   const std::int64_t stats = (static_cast<std::int64_t>(b) * p.heads + h) * p.queries;
   const float scale_log2 = p.scale * kLog2e;
-  FragC dk_acc[D / kFrag], dv_acc[D / kFrag];
-#pragma unroll
-  for (int dt = 0; dt < D / kFrag; ++dt) {
-    wmma::fill_fragment(dk_acc[dt], 0.0f);
-    wmma::fill_fragment(dv_acc[dt], 0.0f);
-  }
+  Acc dk_acc[D / 8] = {}, dv_acc[D / 8] = {};
   if (kb0 < length) {  // a block of padding keys only gets zero gradients
     load_tile<T, D>(s.kept0, L::kLd, k, b, h, kb0, p.keys);
     load_tile<T, D>(s.kept1, L::kLd, v, b, h, kb0, p.keys);
@@ -104,25 +134,26 @@ __global__ void __launch_bounds__(kThreads) flash_dkv_kernel(Problem p, Heads q,
       load_tile<T, D>(s.streamed1, L::kLd, dout, b, h, q0, p.queries);
       load_row_stats(s.lse2, s.di, lse, di, stats, q0, p.queries);
       __syncthreads();
-      scores_16x64<T, D>(s.score_w, s.kept0 + warp * kFrag * L::kLd, L::kLd, s.streamed0, L::kLd);
-      scores_16x64<T, D>(s.dprob_w, s.kept1 + warp * kFrag * L::kLd, L::kLd, s.streamed1, L::kLd);
-      __syncwarp();
-#pragma unroll 8
-      for (int c = half * 32; c < half * 32 + 32; ++c) {  // row r is key j, column c query q0 + c
-        const int i = q0 + c;
-        const float prob =
-            i < p.queries && pair_visible(p, length, i, j) ? exp2f(s.score_w[r * kScoreLd + c] * scale_log2 - s.lse2[c]) : 0.0f;
-        s.prob_w[r * kProbLd + c] = from_f32<T>(prob);
-        s.dscore_w[r * kProbLd + c] = from_f32<T>(prob * (s.dprob_w[r * kScoreLd + c] - s.di[c]));
-      }
-      __syncwarp();
-      accumulate_16xD<T, D>(dv_acc, s.prob_w, s.streamed1, L::kLd);
-      accumulate_16xD<T, D>(dk_acc, s.dscore_w, s.streamed0, L::kLd);
+      Acc pt[kTile / 8], dst[kTile / 8];  // P^T, then dS^T: rows keys, columns queries
+      product_abt<T, D>(pt, s.kept0, s.streamed0, warp * kFrag, L::kLd);
+      product_abt<T, D>(dst, s.kept1, s.streamed1, warp * kFrag, L::kLd);
+#pragma unroll
+      for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + 2 * t + (e % 2), i = q0 + c, j = row0 + g + 8 * (e / 2);
+          const float prob =
+              i < p.queries && pair_visible(p, length, i, j) ? exp2f(pt[nt][e] * scale_log2 - s.lse2[c]) : 0.0f;
+          pt[nt][e] = prob;
+          dst[nt][e] = prob * (dst[nt][e] - s.di[c]);
+        }
+      accumulate_xb<T, D>(dv_acc, pt, s.streamed1, L::kLd);
+      accumulate_xb<T, D>(dk_acc, dst, s.streamed0, L::kLd);
     }
   }
-  __syncthreads();  // the stage overlays every warp's score tiles
-  store_acc<T, D>(dv_acc, s.stage_w, dv, b, h, kb0 + warp * kFrag, p.keys, 1.0f);
-  store_acc<T, D>(dk_acc, s.stage_w, dk, b, h, kb0 + warp * kFrag, p.keys, p.scale);
+  // The warp's own rows of the kept tiles (no other warp reads them) stage its outputs.
+  store_acc<T, D>(dv_acc, 1.0f, s.kept1 + warp * kFrag * L::kLd, L::kLd, dv, b, h, row0, p.keys);
+  store_acc<T, D>(dk_acc, p.scale, s.kept0 + warp * kFrag * L::kLd, L::kLd, dk, b, h, row0, p.keys);
 }
 
 template <typename T, int D>
@@ -130,40 +161,47 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Problem p, Heads q, 
                                                             const float* lse, const float* di, Heads dq) {
   using L = BackwardSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-  const BackwardTiles<T> s = backward_tiles<T, D>(smem, warp);
+  const BackwardTiles<T, D> s(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest causal rows start first
   const int length = key_length(p, b), key_end = p.causal ? min(length, q0 + kTile) : length;
-  const int row = warp * kFrag + r, i = q0 + row;
+  const int row0 = q0 + warp * kFrag;
+  const std::int64_t stats = (static_cast<std::int64_t>(b) * p.heads + h) * p.queries;
   const float scale_log2 = p.scale * kLog2e;
+  float row_lse2[2], row_di[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row0 + g + 8 * r;
+    row_lse2[r] = i < p.queries ? lse[stats + i] * kLog2e : 0.0f;
+    row_di[r] = i < p.queries ? di[stats + i] : 0.0f;
+  }
   load_tile<T, D>(s.kept0, L::kLd, q, b, h, q0, p.queries);
   load_tile<T, D>(s.kept1, L::kLd, dout, b, h, q0, p.queries);
-  load_row_stats(s.lse2, s.di, lse, di, (static_cast<std::int64_t>(b) * p.heads + h) * p.queries, q0, p.queries);
-  FragC dq_acc[D / kFrag];
-#pragma unroll
-  for (int dt = 0; dt < D / kFrag; ++dt) wmma::fill_fragment(dq_acc[dt], 0.0f);
+  Acc dq_acc[D / 8] = {};
   for (int kb0 = 0; kb0 < key_end; kb0 += kTile) {
-    __syncthreads();  // every warp is done with the previous K and V (and the first, with the row stats)
+    __syncthreads();  // every warp is done with the previous K and V (and the first, Q and dO are in)
     load_tile<T, D>(s.streamed0, L::kLd, k, b, h, kb0, p.keys);
     load_tile<T, D>(s.streamed1, L::kLd, v, b, h, kb0, p.keys);
     __syncthreads();
-    scores_16x64<T, D>(s.score_w, s.kept0 + warp * kFrag * L::kLd, L::kLd, s.streamed0, L::kLd);
-    scores_16x64<T, D>(s.dprob_w, s.kept1 + warp * kFrag * L::kLd, L::kLd, s.streamed1, L::kLd);
-    __syncwarp();
-    const float row_lse2 = s.lse2[row], row_di = s.di[row];
-#pragma unroll 8
-    for (int c = half * 32; c < half * 32 + 32; ++c) {  // row r is query i, column c key kb0 + c
-      const float prob = i < p.queries && pair_visible(p, length, i, kb0 + c)
-                             ? exp2f(s.score_w[r * kScoreLd + c] * scale_log2 - row_lse2)
-                             : 0.0f;
-      s.dscore_w[r * kProbLd + c] = from_f32<T>(prob * (s.dprob_w[r * kScoreLd + c] - row_di));
-    }
-    __syncwarp();
-    accumulate_16xD<T, D>(dq_acc, s.dscore_w, s.streamed0, L::kLd);
+    Acc sc[kTile / 8], ds[kTile / 8];  // S, then dS: rows queries, columns keys
+    product_abt<T, D>(sc, s.kept0, s.streamed0, warp * kFrag, L::kLd);
+    product_abt<T, D>(ds, s.kept1, s.streamed1, warp * kFrag, L::kLd);
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, i = row0 + g + 8 * r, j = kb0 + nt * 8 + 2 * t + (e % 2);
+        const float prob =
+            i < p.queries && pair_visible(p, length, i, j) ? exp2f(sc[nt][e] * scale_log2 - row_lse2[r]) : 0.0f;
+        ds[nt][e] = prob * (ds[nt][e] - row_di[r]);
+      }
+    accumulate_xb<T, D>(dq_acc, ds, s.streamed0, L::kLd);
   }
-  __syncthreads();  // the stage overlays every warp's score tiles
-  store_acc<T, D>(dq_acc, s.stage_w, dq, b, h, q0 + warp * kFrag, p.queries, p.scale);
+  // The warp's own rows of Q (no other warp reads them) stage its output; where no key block ran,
+  // every warp must first be done loading.
+  __syncthreads();
+  store_acc<T, D>(dq_acc, p.scale, s.kept0 + warp * kFrag * L::kLd, L::kLd, dq, b, h, row0, p.queries);
 }
 
 }  // namespace
