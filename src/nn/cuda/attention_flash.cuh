@@ -30,6 +30,26 @@ __device__ __forceinline__ void load_tile(T* dst, int ld, const Heads& t, int b,
   }
 }
 
+// load_tile's asynchronous form (cp.async, 16 bytes a copy, zero-filled past `rows`): lands while
+// the block computes on another buffer; cp_async_commit closes a group, cp_async_wait<N> waits
+// until at most N of this thread's groups are in flight (then a __syncthreads publishes them).
+template <typename T, int D>
+__device__ __forceinline__ void load_tile_async(T* dst, int ld, const Heads& t, int b, int h, int row0, int rows) {
+  constexpr int kChunks = D / 8;
+  for (int idx = threadIdx.x; idx < kTile * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    const bool in = row0 + r < rows;
+    const T* src = row_ptr<const T>(t, b, h, in ? row0 + r : row0) + c;  // a valid address even when unread
+    const auto dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * ld + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src), "r"(in ? 16 : 0));
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 // Whether query i sees key j: a real key (below the sequence's length), not after i when causal.
 __device__ __forceinline__ bool pair_visible(const Problem& p, int length, int i, int j) {
   return j < length && (!p.causal || j <= i);

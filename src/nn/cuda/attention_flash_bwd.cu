@@ -3,7 +3,7 @@
 // that see it, rebuilding P^T = exp(K Q^T * scale - lse) and dP^T = V dO^T on mma.sync tensor
 // cores in registers, and accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di), packed to
 // 16 bits as the A operand) in f32 registers; one kernel per 64-query block walks its visible key
-// blocks for dQ += dS K. Each output element is summed by one lane in a fixed order: bit-identical
+// blocks for dQ += dS K; the streamed tiles are double-buffered (cp.async). Each output element is summed by one lane in a fixed order: bit-identical
 // run to run.
 #include <cmath>
 
@@ -15,30 +15,29 @@ namespace ab::nn::cuda_attention::detail {
 namespace {
 
 // Both kernels' shared memory: two tiles kept for the whole block (K, V or Q, dO; at the end each
-// warp's own rows stage its outputs), two streamed (Q, dO or K, V), the streamed query rows'
-// log2-domain lse and Di.
+// warp's own rows stage its outputs), and two buffers of the two streamed tiles (Q, dO or K, V)
+// with the streamed query rows' log2-domain lse and Di: the next block lands (cp.async) while the
+// block computes on this one.
 template <typename T, int D>
 struct BackwardSmem {
   static constexpr int kLd = D + kPad16;
   static constexpr std::size_t kTileBytes = std::size_t{kTile} * kLd * sizeof(T);
-  static constexpr std::size_t kept0 = 0, kept1 = kTileBytes, streamed0 = 2 * kTileBytes, streamed1 = 3 * kTileBytes;
-  static constexpr std::size_t rows = 4 * kTileBytes;
-  static constexpr std::size_t bytes = rows + 2 * kTile * sizeof(float);
+  static constexpr std::size_t kRowBytes = 2 * kTile * sizeof(float);
+  static constexpr std::size_t bytes = 6 * kTileBytes + 2 * kRowBytes;
 };
 
 template <typename T, int D>
 struct BackwardTiles {
-  T *kept0, *kept1, *streamed0, *streamed1;
-  float *lse2, *di;
-  explicit __device__ BackwardTiles(unsigned char* smem) {
-    using L = BackwardSmem<T, D>;
-    kept0 = reinterpret_cast<T*>(smem + L::kept0);
-    kept1 = reinterpret_cast<T*>(smem + L::kept1);
-    streamed0 = reinterpret_cast<T*>(smem + L::streamed0);
-    streamed1 = reinterpret_cast<T*>(smem + L::streamed1);
-    lse2 = reinterpret_cast<float*>(smem + L::rows);
-    di = lse2 + kTile;
+  unsigned char* base;
+  using L = BackwardSmem<T, D>;
+  __device__ T* kept(int n) const { return reinterpret_cast<T*>(base + n * L::kTileBytes); }
+  __device__ T* streamed(int buffer, int n) const {
+    return reinterpret_cast<T*>(base + (2 + 2 * buffer + n) * L::kTileBytes);
   }
+  __device__ float* lse2(int buffer) const {
+    return reinterpret_cast<float*>(base + 6 * L::kTileBytes + buffer * L::kRowBytes);
+  }
+  __device__ float* di(int buffer) const { return lse2(buffer) + kTile; }
 };
 
 // lse (in log2 units) and Di of query rows [q0, q0 + kTile); 0 past the last (never used: masked).
@@ -118,42 +117,56 @@ __global__ void __launch_bounds__(kThreads) flash_dkv_kernel(Problem p, Heads q,
                                                              const float* lse, const float* di, Heads dk, Heads dv) {
   using L = BackwardSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const BackwardTiles<T, D> s(smem);
+  const BackwardTiles<T, D> s{smem};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, kb0 = blockIdx.y * kTile;
   const int length = key_length(p, b), row0 = kb0 + warp * kFrag;
   const std::int64_t stats = (static_cast<std::int64_t>(b) * p.heads + h) * p.queries;
   const float scale_log2 = p.scale * kLog2e;
+  const auto load_queries = [&](int q0, int buffer) {
+    load_tile_async<T, D>(s.streamed(buffer, 0), L::kLd, q, b, h, q0, p.queries);
+    load_tile_async<T, D>(s.streamed(buffer, 1), L::kLd, dout, b, h, q0, p.queries);
+    load_row_stats(s.lse2(buffer), s.di(buffer), lse, di, stats, q0, p.queries);
+  };
   Acc dk_acc[D / 8] = {}, dv_acc[D / 8] = {};
   if (kb0 < length) {  // a block of padding keys only gets zero gradients
-    load_tile<T, D>(s.kept0, L::kLd, k, b, h, kb0, p.keys);
-    load_tile<T, D>(s.kept1, L::kLd, v, b, h, kb0, p.keys);
-    for (int q0 = p.causal ? kb0 : 0; q0 < p.queries; q0 += kTile) {
-      __syncthreads();  // every warp is done with the previous Q and dO
-      load_tile<T, D>(s.streamed0, L::kLd, q, b, h, q0, p.queries);
-      load_tile<T, D>(s.streamed1, L::kLd, dout, b, h, q0, p.queries);
-      load_row_stats(s.lse2, s.di, lse, di, stats, q0, p.queries);
+    const int q_begin = p.causal ? kb0 : 0;
+    load_tile_async<T, D>(s.kept(0), L::kLd, k, b, h, kb0, p.keys);
+    load_tile_async<T, D>(s.kept(1), L::kLd, v, b, h, kb0, p.keys);
+    load_queries(q_begin, 0);
+    cp_async_commit();
+    for (int q0 = q_begin, buffer = 0; q0 < p.queries; q0 += kTile, buffer ^= 1) {
+      // The other buffer was last read in the previous block, which every warp has left.
+      if (q0 + kTile < p.queries) load_queries(q0 + kTile, buffer ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();  // this block's queries are in; the next block's may still fly
       __syncthreads();
+      const T* q_s = s.streamed(buffer, 0);
+      const T* do_s = s.streamed(buffer, 1);
+      const float* lse2 = s.lse2(buffer);
+      const float* di_s = s.di(buffer);
       Acc pt[kTile / 8], dst[kTile / 8];  // P^T, then dS^T: rows keys, columns queries
-      product_abt<T, D>(pt, s.kept0, s.streamed0, warp * kFrag, L::kLd);
-      product_abt<T, D>(dst, s.kept1, s.streamed1, warp * kFrag, L::kLd);
+      product_abt<T, D>(pt, s.kept(0), q_s, warp * kFrag, L::kLd);
+      product_abt<T, D>(dst, s.kept(1), do_s, warp * kFrag, L::kLd);
 #pragma unroll
       for (int nt = 0; nt < kTile / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = nt * 8 + 2 * t + (e % 2), i = q0 + c, j = row0 + g + 8 * (e / 2);
           const float prob =
-              i < p.queries && pair_visible(p, length, i, j) ? exp2f(pt[nt][e] * scale_log2 - s.lse2[c]) : 0.0f;
+              i < p.queries && pair_visible(p, length, i, j) ? exp2f(pt[nt][e] * scale_log2 - lse2[c]) : 0.0f;
           pt[nt][e] = prob;
-          dst[nt][e] = prob * (dst[nt][e] - s.di[c]);
+          dst[nt][e] = prob * (dst[nt][e] - di_s[c]);
         }
-      accumulate_xb<T, D>(dv_acc, pt, s.streamed1, L::kLd);
-      accumulate_xb<T, D>(dk_acc, dst, s.streamed0, L::kLd);
+      accumulate_xb<T, D>(dv_acc, pt, do_s, L::kLd);
+      accumulate_xb<T, D>(dk_acc, dst, q_s, L::kLd);
+      __syncthreads();  // every warp is done with this buffer before the next block refills it
     }
   }
+  cp_async_wait<0>();
   // The warp's own rows of the kept tiles (no other warp reads them) stage its outputs.
-  store_acc<T, D>(dv_acc, 1.0f, s.kept1 + warp * kFrag * L::kLd, L::kLd, dv, b, h, row0, p.keys);
-  store_acc<T, D>(dk_acc, p.scale, s.kept0 + warp * kFrag * L::kLd, L::kLd, dk, b, h, row0, p.keys);
+  store_acc<T, D>(dv_acc, 1.0f, s.kept(1) + warp * kFrag * L::kLd, L::kLd, dv, b, h, row0, p.keys);
+  store_acc<T, D>(dk_acc, p.scale, s.kept(0) + warp * kFrag * L::kLd, L::kLd, dk, b, h, row0, p.keys);
 }
 
 template <typename T, int D>
@@ -161,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Problem p, Heads q, 
                                                             const float* lse, const float* di, Heads dq) {
   using L = BackwardSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const BackwardTiles<T, D> s(smem);
+  const BackwardTiles<T, D> s{smem};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest causal rows start first
@@ -169,6 +182,10 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Problem p, Heads q, 
   const int row0 = q0 + warp * kFrag;
   const std::int64_t stats = (static_cast<std::int64_t>(b) * p.heads + h) * p.queries;
   const float scale_log2 = p.scale * kLog2e;
+  const auto load_keys = [&](int kb0, int buffer) {
+    load_tile_async<T, D>(s.streamed(buffer, 0), L::kLd, k, b, h, kb0, p.keys);
+    load_tile_async<T, D>(s.streamed(buffer, 1), L::kLd, v, b, h, kb0, p.keys);
+  };
   float row_lse2[2], row_di[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -176,17 +193,22 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Problem p, Heads q, 
     row_lse2[r] = i < p.queries ? lse[stats + i] * kLog2e : 0.0f;
     row_di[r] = i < p.queries ? di[stats + i] : 0.0f;
   }
-  load_tile<T, D>(s.kept0, L::kLd, q, b, h, q0, p.queries);
-  load_tile<T, D>(s.kept1, L::kLd, dout, b, h, q0, p.queries);
+  load_tile_async<T, D>(s.kept(0), L::kLd, q, b, h, q0, p.queries);
+  load_tile_async<T, D>(s.kept(1), L::kLd, dout, b, h, q0, p.queries);
+  if (key_end > 0) load_keys(0, 0);
+  cp_async_commit();
   Acc dq_acc[D / 8] = {};
-  for (int kb0 = 0; kb0 < key_end; kb0 += kTile) {
-    __syncthreads();  // every warp is done with the previous K and V (and the first, Q and dO are in)
-    load_tile<T, D>(s.streamed0, L::kLd, k, b, h, kb0, p.keys);
-    load_tile<T, D>(s.streamed1, L::kLd, v, b, h, kb0, p.keys);
+  for (int kb0 = 0, buffer = 0; kb0 < key_end; kb0 += kTile, buffer ^= 1) {
+    // The other buffer was last read in the previous block, which every warp has left.
+    if (kb0 + kTile < key_end) load_keys(kb0 + kTile, buffer ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this block's keys are in; the next block's may still fly
     __syncthreads();
+    const T* k_s = s.streamed(buffer, 0);
+    const T* v_s = s.streamed(buffer, 1);
     Acc sc[kTile / 8], ds[kTile / 8];  // S, then dS: rows queries, columns keys
-    product_abt<T, D>(sc, s.kept0, s.streamed0, warp * kFrag, L::kLd);
-    product_abt<T, D>(ds, s.kept1, s.streamed1, warp * kFrag, L::kLd);
+    product_abt<T, D>(sc, s.kept(0), k_s, warp * kFrag, L::kLd);
+    product_abt<T, D>(ds, s.kept(1), v_s, warp * kFrag, L::kLd);
 #pragma unroll
     for (int nt = 0; nt < kTile / 8; ++nt)
 #pragma unroll
@@ -196,12 +218,14 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Problem p, Heads q, 
             i < p.queries && pair_visible(p, length, i, j) ? exp2f(sc[nt][e] * scale_log2 - row_lse2[r]) : 0.0f;
         ds[nt][e] = prob * (ds[nt][e] - row_di[r]);
       }
-    accumulate_xb<T, D>(dq_acc, ds, s.streamed0, L::kLd);
+    accumulate_xb<T, D>(dq_acc, ds, k_s, L::kLd);
+    __syncthreads();  // every warp is done with this buffer before the next block refills it
   }
   // The warp's own rows of Q (no other warp reads them) stage its output; where no key block ran,
-  // every warp must first be done loading.
+  // every copy into them must first have landed.
+  cp_async_wait<0>();
   __syncthreads();
-  store_acc<T, D>(dq_acc, p.scale, s.kept0 + warp * kFrag * L::kLd, L::kLd, dq, b, h, row0, p.queries);
+  store_acc<T, D>(dq_acc, p.scale, s.kept(0) + warp * kFrag * L::kLd, L::kLd, dq, b, h, row0, p.queries);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The fused attention forward pass (flash attention 2): a block of 4 warps per 64 query rows of
 // one head, 16 rows a warp, its Q fragments held in registers; per 64-key block (K and V staged
-// in shared memory), S = Q K^T on mma.sync tensor cores into registers, an online softmax in f32
+// in shared memory by cp.async, the next block's while this one computes), S = Q K^T on mma.sync tensor cores into registers, an online softmax in f32
 // (each row's four lanes reduce its maximum with two shuffles), P packed to 16 bits straight into
 // the A operand of O += P V, O accumulated in f32 registers. Scores never leave registers; causal
 // key blocks above the diagonal and blocks past a sequence's length are never loaded.
@@ -13,12 +13,16 @@
 namespace ab::nn::cuda_attention::detail {
 namespace {
 
-// The block's shared memory: Q (then each warp's rows of O, staged for 16-byte stores), K, V.
+// The block's shared memory: Q (then each warp's rows of O, staged for 16-byte stores), and two
+// buffers of K and V: the next key block lands while the block computes on this one.
 template <typename T, int D>
 struct ForwardSmem {
   static constexpr int kLd = D + kPad16;
   static constexpr std::size_t kTileBytes = std::size_t{kTile} * kLd * sizeof(T);
-  static constexpr std::size_t q = 0, k = kTileBytes, v = 2 * kTileBytes, bytes = 3 * kTileBytes;
+  static constexpr std::size_t q = 0, bytes = 5 * kTileBytes;
+  // K of buffer n at k(n), its V right after.
+  static constexpr std::size_t k(int n) { return (1 + 2 * n) * kTileBytes; }
+  static constexpr std::size_t v(int n) { return (2 + 2 * n) * kTileBytes; }
 };
 
 // The lane's two rows (g and g + 8 of its warp's 16) through one key block: masks the scores
@@ -89,8 +93,6 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Problem p, Head
   using L = ForwardSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* q_s = reinterpret_cast<T*>(smem + L::q);
-  const T* k_s = reinterpret_cast<const T*>(smem + L::k);
-  const T* v_s = reinterpret_cast<const T*>(smem + L::v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest causal rows start first
@@ -98,19 +100,29 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Problem p, Head
   const int row0 = q0 + warp * kFrag;
   const int end0 = visible_end(p, length, row0 + g), end1 = visible_end(p, length, row0 + g + 8);
   const float scale_log2 = p.scale * kLog2e;
+  const auto load_keys = [&](int kb0, int buffer) {
+    load_tile_async<T, D>(reinterpret_cast<T*>(smem + L::k(buffer)), L::kLd, k, b, h, kb0, p.keys);
+    load_tile_async<T, D>(reinterpret_cast<T*>(smem + L::v(buffer)), L::kLd, v, b, h, kb0, p.keys);
+  };
 
-  load_tile<T, D>(q_s, L::kLd, q, b, h, q0, p.queries);
+  load_tile_async<T, D>(q_s, L::kLd, q, b, h, q0, p.queries);
+  if (key_end > 0) load_keys(0, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   Frag4 qf[D / 16];
 #pragma unroll
   for (int kt = 0; kt < D / 16; ++kt) ldmatrix_x4(qf[kt], q_s + a_offset(lane, L::kLd, warp * kFrag, kt * 16));
   Acc o_acc[D / 8] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int kb0 = 0; kb0 < key_end; kb0 += kTile) {
-    __syncthreads();  // every warp is done with the previous K and V
-    load_tile<T, D>(reinterpret_cast<T*>(smem + L::k), L::kLd, k, b, h, kb0, p.keys);
-    load_tile<T, D>(reinterpret_cast<T*>(smem + L::v), L::kLd, v, b, h, kb0, p.keys);
+  for (int kb0 = 0, buffer = 0; kb0 < key_end; kb0 += kTile, buffer ^= 1) {
+    // The other buffer was last read in the previous block, which every warp has left.
+    if (kb0 + kTile < key_end) load_keys(kb0 + kTile, buffer ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this block's keys are in; the next block's may still fly
     __syncthreads();
+    const T* k_s = reinterpret_cast<const T*>(smem + L::k(buffer));
+    const T* v_s = reinterpret_cast<const T*>(smem + L::v(buffer));
     Acc s[kTile / 8] = {};
 #pragma unroll
     for (int kt = 0; kt < D / 16; ++kt)
@@ -134,6 +146,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Problem p, Head
         mma<T>(o_acc[2 * d2 + 1], pa, vb[2], vb[3]);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next block refills it
   }
   float inv[2];
 #pragma unroll

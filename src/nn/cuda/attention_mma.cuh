@@ -27,13 +27,15 @@ __device__ __forceinline__ unsigned smem_address(const void* p) {
 __device__ __forceinline__ void ldmatrix_x4(Frag4& r, const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(row)));
+               : "r"(smem_address(row))
+               : "memory");
 }
 // The same, each block transposed.
 __device__ __forceinline__ void ldmatrix_x4_trans(Frag4& r, const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(row)));
+               : "r"(smem_address(row))
+               : "memory");
 }
 
 // c += a b for one 16 x 8 tile (b0, b1 one B tile).
