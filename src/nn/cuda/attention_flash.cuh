@@ -17,26 +17,15 @@ constexpr int kFrag = 16;
 // block reads fall in distinct banks.
 constexpr int kPad16 = 8;
 
-// rows [row0, row0 + kTile) of head (b, h) into dst (ld elements a row) by 16-byte chunks; rows
-// at or past `rows` are zero (so no stale value, NaN included, reaches a product).
-template <typename T, int D>
-__device__ __forceinline__ void load_tile(T* dst, int ld, const Heads& t, int b, int h, int row0, int rows) {
-  constexpr int kChunks = D / 8;
-  for (int idx = threadIdx.x; idx < kTile * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    uint4 chunk = make_uint4(0, 0, 0, 0);
-    if (row0 + r < rows) chunk = *reinterpret_cast<const uint4*>(row_ptr<const T>(t, b, h, row0 + r) + c);
-    *reinterpret_cast<uint4*>(dst + r * ld + c) = chunk;
-  }
-}
-
-// load_tile's asynchronous form (cp.async, 16 bytes a copy, zero-filled past `rows`): lands while
-// the block computes on another buffer; cp_async_commit closes a group, cp_async_wait<N> waits
-// until at most N of this thread's groups are in flight (then a __syncthreads publishes them).
-template <typename T, int D>
+// Rows [row0, row0 + Rows) of head (b, h) into dst (ld elements a row) by cp.async, 16 bytes a
+// copy; rows at or past `rows` are zero-filled (so no stale value, NaN included, reaches a
+// product). Lands while the block computes on another buffer; cp_async_commit closes a group,
+// cp_async_wait<N> waits until at most N of this thread's groups are in flight (then a
+// __syncthreads publishes them).
+template <typename T, int D, int Rows = kTile>
 __device__ __forceinline__ void load_tile_async(T* dst, int ld, const Heads& t, int b, int h, int row0, int rows) {
   constexpr int kChunks = D / 8;
-  for (int idx = threadIdx.x; idx < kTile * kChunks; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < Rows * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const bool in = row0 + r < rows;
     const T* src = row_ptr<const T>(t, b, h, in ? row0 + r : row0) + c;  // a valid address even when unread
