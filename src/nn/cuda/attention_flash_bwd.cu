@@ -3,8 +3,8 @@
 // that see it, rebuilding P^T = exp(K Q^T * scale - lse) and dP^T = V dO^T on mma.sync tensor
 // cores in registers, and accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di), packed to
 // 16 bits as the A operand) in f32 registers; one kernel per 64-query block walks its visible key
-// blocks for dQ += dS K; the streamed tiles are double-buffered (cp.async). Each output element is summed by one lane in a fixed order: bit-identical
-// run to run.
+// blocks for dQ += dS K. The streamed tiles are double-buffered (cp.async). Each output element
+// is summed by one lane in a fixed order: bit-identical run to run.
 #include <cmath>
 
 #include "nn/cuda/attention_flash.cuh"
