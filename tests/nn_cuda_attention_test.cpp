@@ -43,8 +43,8 @@ struct Case {
   bool causal;
   std::vector<std::int32_t> lengths;  // empty: no padding mask; 0: a sequence that sees no key
   std::string name() const {
-    std::string n = std::string(to_string(dtype)) + " B" + std::to_string(batch) + " H" + std::to_string(heads) +
-                    " T" + std::to_string(seq) + " D" + std::to_string(dim) + (causal ? " causal" : "");
+    std::string n = std::string(to_string(dtype)) + " B" + std::to_string(batch) + " H" + std::to_string(heads) + " T" +
+                    std::to_string(seq) + " D" + std::to_string(dim) + (causal ? " causal" : "");
     if (!lengths.empty()) {
       n += " lengths";
       for (const auto l : lengths) n += " " + std::to_string(l);
@@ -149,7 +149,8 @@ class CudaAttention : public ::testing::Test {
   std::vector<double> values(const Tensor& view_of, const Tensor& whole, const std::vector<unsigned char>& host) {
     Tensor v = view_of;
     v.device = DeviceKind::host;
-    v.data = const_cast<unsigned char*>(host.data()) + (static_cast<char*>(view_of.data) - static_cast<char*>(whole.data));
+    v.data =
+        const_cast<unsigned char*>(host.data()) + (static_cast<char*>(view_of.data) - static_cast<char*>(whole.data));
     return read_host(v);
   }
 
@@ -271,8 +272,8 @@ TEST_F(CudaAttention, RefusesWhatTheKernelsDoNotTake) {
   Tensor wide_stats = gpu_.stats;
   wide_stats.shape = Shape{1, 1, 4};
   wide_stats.strides = Shape{4, 4, 1};
-  const std::string dim = test::error_message<Unsupported>(
-      [&] { cuda_->attention_forward({}, wide, wide, wide, wide, wide_stats); });
+  const std::string dim =
+      test::error_message<Unsupported>([&] { cuda_->attention_forward({}, wide, wide, wide, wide, wide_stats); });
   EXPECT_NE(dim.find("head dim 512"), std::string::npos) << dim;
   Tensor f16_stats = gpu_.stats;
   f16_stats.dtype = DType::f16;
@@ -281,8 +282,8 @@ TEST_F(CudaAttention, RefusesWhatTheKernelsDoNotTake) {
   EXPECT_NE(stats.find("f32 stats"), std::string::npos) << stats;
   Tensor short_k = gpu_.part(gpu_.qkv, 3, 1, c);
   short_k.shape = Shape{1, 1, 8, 64};
-  const std::string causal =
-      test::error_message<Unsupported>([&] { cuda_->attention_forward({.causal = true}, q, short_k, short_k, o, gpu_.stats); });
+  const std::string causal = test::error_message<Unsupported>(
+      [&] { cuda_->attention_forward({.causal = true}, q, short_k, short_k, o, gpu_.stats); });
   EXPECT_NE(causal.find("as many queries as keys"), std::string::npos) << causal;
 }
 

@@ -191,12 +191,12 @@ void backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads
   if (fused(p, all, 7)) return flash_backward(stream, p, q, k, v, dout, lse, di, dq, dk, dv);
   dispatch(p, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    simple_dq_kernel<T><<<blocks_for_rows(p, p.queries), kWarpsPerBlock * 32, 0, stream>>>(p, q, k, v, dout, lse, di,
-                                                                                            dq);
+    simple_dq_kernel<T>
+        <<<blocks_for_rows(p, p.queries), kWarpsPerBlock * 32, 0, stream>>>(p, q, k, v, dout, lse, di, dq);
     device_common::check_launch("cuda_attention", "attention_backward (dq)");
     if (p.keys == 0) return;
-    simple_dkv_kernel<T><<<blocks_for_rows(p, p.keys), kWarpsPerBlock * 32, 0, stream>>>(p, q, k, v, dout, lse, di,
-                                                                                          dk, dv);
+    simple_dkv_kernel<T>
+        <<<blocks_for_rows(p, p.keys), kWarpsPerBlock * 32, 0, stream>>>(p, q, k, v, dout, lse, di, dk, dv);
     device_common::check_launch("cuda_attention", "attention_backward (dk, dv)");
   });
 }

@@ -81,14 +81,14 @@ void AttentionEngine::attention_backward(const AttentionDesc& d, const Tensor& q
   const ca::Problem p = check("attention_backward", d, q, k, v, o, stats);
   check("attention_backward", d, dq, dk, dv, dout, stats);
   if (dq.dtype != q.dtype)
-    refuse("attention_backward", "the gradients must share the operands' dtype, got " + dq.to_string() + " for " +
-                                     q.to_string());
+    refuse("attention_backward",
+           "the gradients must share the operands' dtype, got " + dq.to_string() + " for " + q.to_string());
   const std::int64_t rows = q.shape[0] * q.shape[1] * q.shape[2];
   if (rows > kScratchRows)
-    refuse("attention_backward", "B * H * Tq = " + std::to_string(rows) + " query rows exceed the engine's scratch of " +
-                                     std::to_string(kScratchRows));
-  ca::backward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), heads(dout), stats.as<const float>(),
-               heads(dq), heads(dk), heads(dv), row_dots_.as<float>());
+    refuse("attention_backward", "B * H * Tq = " + std::to_string(rows) +
+                                     " query rows exceed the engine's scratch of " + std::to_string(kScratchRows));
+  ca::backward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), heads(dout), stats.as<const float>(), heads(dq),
+               heads(dk), heads(dv), row_dots_.as<float>());
 }
 
 }  // namespace ab::nn::cuda

@@ -99,7 +99,8 @@ __device__ __forceinline__ void store_acc(const Acc (&acc)[D / 8], float factor,
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) {
-    *reinterpret_cast<std::uint32_t*>(stage + g * ld + dt * 8 + 2 * t) = pack<T>(acc[dt][0] * factor, acc[dt][1] * factor);
+    *reinterpret_cast<std::uint32_t*>(stage + g * ld + dt * 8 + 2 * t) =
+        pack<T>(acc[dt][0] * factor, acc[dt][1] * factor);
     *reinterpret_cast<std::uint32_t*>(stage + (g + 8) * ld + dt * 8 + 2 * t) =
         pack<T>(acc[dt][2] * factor, acc[dt][3] * factor);
   }
@@ -108,7 +109,8 @@ __device__ __forceinline__ void store_acc(const Acc (&acc)[D / 8], float factor,
   for (int idx = lane; idx < kFrag * kChunks; idx += 32) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     if (row0 + r < rows)
-      *reinterpret_cast<uint4*>(row_ptr<T>(out, b, h, row0 + r) + c) = *reinterpret_cast<const uint4*>(stage + r * ld + c);
+      *reinterpret_cast<uint4*>(row_ptr<T>(out, b, h, row0 + r) + c) =
+          *reinterpret_cast<const uint4*>(stage + r * ld + c);
   }
 }
 
@@ -170,8 +172,8 @@ __global__ void __launch_bounds__(kThreads) flash_dkv_kernel(Problem p, Heads q,
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) flash_dq_kernel(Problem p, Heads q, Heads k, Heads v, Heads dout,
-                                                            const float* lse, const float* di, Heads dq) {
+__global__ void __launch_bounds__(kThreads)
+    flash_dq_kernel(Problem p, Heads q, Heads k, Heads v, Heads dout, const float* lse, const float* di, Heads dq) {
   using L = BackwardSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   const BackwardTiles<T, D> s{smem};
@@ -257,12 +259,14 @@ void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const
     const std::size_t bytes = BackwardSmem<T, D>::bytes;
     const auto heads = static_cast<unsigned>(p.batch * p.heads);
     if (p.keys > 0) {
-      flash_dkv_kernel<T, D><<<dim3(heads, static_cast<unsigned>((p.keys + kTile - 1) / kTile)), kThreads, bytes,
-                               stream>>>(p, q, k, v, dout, lse, di, dk, dv);
+      flash_dkv_kernel<T, D>
+          <<<dim3(heads, static_cast<unsigned>((p.keys + kTile - 1) / kTile)), kThreads, bytes, stream>>>(
+              p, q, k, v, dout, lse, di, dk, dv);
       device_common::check_launch("cuda_attention", "attention_backward (fused dk, dv)");
     }
-    flash_dq_kernel<T, D><<<dim3(heads, static_cast<unsigned>((p.queries + kTile - 1) / kTile)), kThreads, bytes,
-                            stream>>>(p, q, k, v, dout, lse, di, dq);
+    flash_dq_kernel<T, D>
+        <<<dim3(heads, static_cast<unsigned>((p.queries + kTile - 1) / kTile)), kThreads, bytes, stream>>>(
+            p, q, k, v, dout, lse, di, dq);
     device_common::check_launch("cuda_attention", "attention_backward (fused dq)");
   });
 }

@@ -18,8 +18,11 @@ namespace {
 // 16-row tiles a warp owns: as many as the accumulators' registers allow.
 template <int D>
 constexpr int kRowTiles = D <= 64 ? 2 : 1;
+// (clang-format 14 reads this product of template variables as a pointer type)
+// clang-format off
 template <int D>
-constexpr int kBlockRows = kWarps * kFrag * kRowTiles<D>;
+constexpr int kBlockRows = kRowTiles<D> * kWarps * kFrag;
+// clang-format on
 
 // The block's shared memory: Q (then each warp's rows of O, staged for 16-byte stores), and two
 // buffers of K and V: the next key block lands while the block computes on this one.
@@ -87,8 +90,8 @@ __device__ __forceinline__ void online_softmax(Acc (&s)[kTile / 8], RowTile<D>& 
 // sum, through the tile's 16 rows of `stage` (the warp's own, ld elements a row) for 16-byte
 // stores; its log-sum-exp into lse (-inf for a row that saw no key).
 template <typename T, int D>
-__device__ __forceinline__ void finish_tile(RowTile<D>& r, T* stage, int ld, const Heads& out, float* lse_row0,
-                                            int b, int h, int row0, int rows) {
+__device__ __forceinline__ void finish_tile(RowTile<D>& r, T* stage, int ld, const Heads& out, float* lse_row0, int b,
+                                            int h, int row0, int rows) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float inv[2];
 #pragma unroll
@@ -157,8 +160,8 @@ __device__ __forceinline__ void key_block(RowTile<D> (&tiles)[kRowTiles<D>], con
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) flash_forward_kernel(Problem p, Heads q, Heads k, Heads v, Heads o,
-                                                                 float* lse) {
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(Problem p, Heads q, Heads k, Heads v, Heads o, float* lse) {
   using L = ForwardSmem<T, D>;
   constexpr int R = kRowTiles<D>;
   extern __shared__ __align__(128) unsigned char smem[];
