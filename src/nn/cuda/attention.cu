@@ -182,15 +182,12 @@ void forward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads&
 void backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v, const Heads& o,
               const Heads& dout, const float* lse, const Heads& dq, const Heads& dk, const Heads& dv, float* di) {
   if (p.batch == 0 || p.heads == 0 || p.queries == 0) return;
+  const Heads all[] = {q, k, v, o, dout, dq, dk, dv};
+  if (fused(p, all, 8)) return flash_backward(stream, p, q, k, v, o, dout, lse, di, dq, dk, dv);
   dispatch(p, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     row_dot_kernel<T><<<blocks_for_rows(p, p.queries), kWarpsPerBlock * 32, 0, stream>>>(p, o, dout, di);
     device_common::check_launch("cuda_attention", "attention_backward (row dots)");
-  });
-  const Heads all[] = {q, k, v, dout, dq, dk, dv};
-  if (fused(p, all, 7)) return flash_backward(stream, p, q, k, v, dout, lse, di, dq, dk, dv);
-  dispatch(p, "attention_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
     simple_dq_kernel<T>
         <<<blocks_for_rows(p, p.queries), kWarpsPerBlock * 32, 0, stream>>>(p, q, k, v, dout, lse, di, dq);
     device_common::check_launch("cuda_attention", "attention_backward (dq)");

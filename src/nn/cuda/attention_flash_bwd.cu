@@ -1,7 +1,7 @@
 // The fused attention backward pass (flash attention 2's, without atomics): Di = rowsum(dO * O)
-// is already in `di`. One kernel per 64-key block (4 warps, 16 keys each) walks the query blocks
-// that see it, rebuilding P^T = exp(K Q^T * scale - lse) and dP^T = V dO^T on mma.sync tensor
-// cores in registers, and accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di), packed to
+// first (one 16-byte chunk a lane), then one kernel per 64-key block (4 warps, 16 keys each)
+// walks the query blocks that see it, rebuilding P^T = exp(K Q^T * scale - lse) and
+// dP^T = V dO^T on mma.sync tensor cores in registers, and accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di), packed to
 // 16 bits as the A operand) in f32 registers; one kernel per 64-query block walks its visible key
 // blocks for dQ += dS K. The streamed tiles are double-buffered (cp.async). Each output element
 // is summed by one lane in a fixed order: bit-identical run to run.
@@ -112,6 +112,30 @@ __device__ __forceinline__ void store_acc(const Acc (&acc)[D / 8], float factor,
       *reinterpret_cast<uint4*>(row_ptr<T>(out, b, h, row0 + r) + c) =
           *reinterpret_cast<const uint4*>(stage + r * ld + c);
   }
+}
+
+// di = rowsum(dO * O) in f32 from the stored values: D / 8 lanes a row, a 16-byte chunk each,
+// summed by a fixed shuffle tree (every lane of the warp takes part).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) row_dot_kernel(Problem p, Heads o, Heads dout, float* di) {
+  constexpr int kLanesPerRow = D / 8;
+  const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const std::int64_t row = thread / kLanesPerRow;
+  const int c = static_cast<int>(thread % kLanesPerRow) * 8;
+  const bool in = row < static_cast<std::int64_t>(p.batch) * p.heads * p.queries;
+  float sum = 0.0f;
+  if (in) {
+    const auto i = static_cast<int>(row % p.queries), bh = static_cast<int>(row / p.queries);
+    const uint4 oc = *reinterpret_cast<const uint4*>(row_ptr<const T>(o, bh / p.heads, bh % p.heads, i) + c);
+    const uint4 dc = *reinterpret_cast<const uint4*>(row_ptr<const T>(dout, bh / p.heads, bh % p.heads, i) + c);
+    const T* ov = reinterpret_cast<const T*>(&oc);
+    const T* dv = reinterpret_cast<const T*>(&dc);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum += to_f32(ov[e]) * to_f32(dv[e]);
+  }
+#pragma unroll
+  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (in && c == 0) di[row] = sum;
 }
 
 template <typename T, int D>
@@ -251,13 +275,17 @@ void flash_backward_prepare() {
 }
 
 void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
-                    const Heads& dout, const float* lse, const float* di, const Heads& dq, const Heads& dk,
-                    const Heads& dv) {
+                    const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq,
+                    const Heads& dk, const Heads& dv) {
   dispatch_fused(p, [&](auto tag, auto d) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(d)::value;
     const std::size_t bytes = BackwardSmem<T, D>::bytes;
     const auto heads = static_cast<unsigned>(p.batch * p.heads);
+    const std::int64_t row_dot_threads = static_cast<std::int64_t>(heads) * p.queries * (D / 8);
+    row_dot_kernel<T, D><<<static_cast<unsigned>((row_dot_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        p, o, dout, di);
+    device_common::check_launch("cuda_attention", "attention_backward (fused row dots)");
     if (p.keys > 0) {
       flash_dkv_kernel<T, D>
           <<<dim3(heads, static_cast<unsigned>((p.keys + kTile - 1) / kTile)), kThreads, bytes, stream>>>(
