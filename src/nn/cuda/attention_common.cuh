@@ -52,7 +52,7 @@ void flash_forward(cudaStream_t stream, const Problem& p, const Heads& q, const 
                    const Heads& o, float* lse);
 // di: the row-dot scratch (B * H * Tq floats).
 void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
-                    const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq,
-                    const Heads& dk, const Heads& dv);
+                    const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq, const Heads& dk,
+                    const Heads& dv);
 
 }  // namespace ab::nn::cuda_attention::detail

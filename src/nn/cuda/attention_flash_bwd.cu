@@ -1,10 +1,11 @@
 // The fused attention backward pass (flash attention 2's, without atomics): Di = rowsum(dO * O)
 // first (one 16-byte chunk a lane), then one kernel per 64-key block (4 warps, 16 keys each)
 // walks the query blocks that see it, rebuilding P^T = exp(K Q^T * scale - lse) and
-// dP^T = V dO^T on mma.sync tensor cores in registers, and accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di), packed to
-// 16 bits as the A operand) in f32 registers; one kernel per 64-query block walks its visible key
-// blocks for dQ += dS K. The streamed tiles are double-buffered (cp.async). Each output element
-// is summed by one lane in a fixed order: bit-identical run to run.
+// dP^T = V dO^T on mma.sync tensor cores in registers, and accumulates dV += P^T dO and
+// dK += dS^T Q (dS = P (dP - Di), packed to 16 bits as the A operand) in f32 registers; one
+// kernel per 64-query block walks its visible key blocks for dQ += dS K. The streamed tiles are
+// double-buffered (cp.async). Each output element is summed by one lane in a fixed order:
+// bit-identical run to run.
 #include <cmath>
 
 #include "nn/cuda/attention_flash.cuh"
@@ -275,16 +276,16 @@ void flash_backward_prepare() {
 }
 
 void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
-                    const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq,
-                    const Heads& dk, const Heads& dv) {
+                    const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq, const Heads& dk,
+                    const Heads& dv) {
   dispatch_fused(p, [&](auto tag, auto d) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(d)::value;
     const std::size_t bytes = BackwardSmem<T, D>::bytes;
     const auto heads = static_cast<unsigned>(p.batch * p.heads);
     const std::int64_t row_dot_threads = static_cast<std::int64_t>(heads) * p.queries * (D / 8);
-    row_dot_kernel<T, D><<<static_cast<unsigned>((row_dot_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        p, o, dout, di);
+    row_dot_kernel<T, D>
+        <<<static_cast<unsigned>((row_dot_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, o, dout, di);
     device_common::check_launch("cuda_attention", "attention_backward (fused row dots)");
     if (p.keys > 0) {
       flash_dkv_kernel<T, D>
