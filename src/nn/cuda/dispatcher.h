@@ -5,6 +5,7 @@
 //   NormPoolEngine  batch norm (plain and fused with ReLU), max/avg pooling  norm_pool_engine.h
 //   LinearEngine    linear layers through cuBLASLt                          linear_engine.h
 //   PointwiseEngine elementwise ops, losses, optimizers, mixed precision    pointwise_engine.h
+//   AttentionEngine scaled dot-product attention (fused flash kernels)      attention_engine.h
 // The families share one EngineContext (context.h): stream, allocator, cuDNN handle, modes and the
 // searches' scratch. docs/ENGINE.md says how a new family joins.
 #pragma once
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "nn/cuda/attention_engine.h"
 #include "nn/cuda/context.h"
 #include "nn/cuda/conv_engine.h"
 #include "nn/cuda/kernels.h"
@@ -192,6 +194,17 @@ class CudaKernels final : public Kernels {
     pointwise_.update_loss_scale(rule, scale, good_steps, found_nonfinite);
   }
 
+  // ---- attention
+  void attention_forward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                         const Tensor& stats) override {
+    attention_.attention_forward(d, q, k, v, o, stats);
+  }
+  void attention_backward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                          const Tensor& dout, const Tensor& stats, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) override {
+    attention_.attention_backward(d, q, k, v, o, dout, stats, dq, dk, dv);
+  }
+
   // ---- reports (kernels.h's cuda_* functions)
   const CudaKernelStats& stats() const { return conv_.stats(); }
   std::vector<std::string> conv_choices() const { return conv_.conv_choices(); }
@@ -205,6 +218,7 @@ class CudaKernels final : public Kernels {
   NormPoolEngine norm_pool_;
   PointwiseEngine pointwise_;
   LinearEngine linear_;
+  AttentionEngine attention_;
 };
 
 }  // namespace ab::nn::cuda

@@ -1,0 +1,58 @@
+// Pieces the attention kernel files share (attention.cu, attention_flash_fwd.cu,
+// attention_flash_bwd.cu): storage conversions, operand addressing, the key mask, and the fused
+// kernels' launchers that attention.cu dispatches to.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "nn/cuda/attention.h"
+
+namespace ab::nn::cuda_attention::detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
+  else return __bfloat162float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_f32(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(x);
+  else return __float2bfloat16_rn(x);
+}
+
+// Row `row` of head (b, h).
+template <typename T>
+__device__ __forceinline__ T* row_ptr(const Heads& t, int b, int h, std::int64_t row) {
+  return static_cast<T*>(t.data) + b * t.batch_stride + h * t.head_stride + row * t.row_stride;
+}
+
+// Keys [0, length) of sequence b are real; the rest are padding.
+__device__ __forceinline__ int key_length(const Problem& p, int b) {
+  if (p.key_lengths == nullptr) return p.keys;
+  return min(max(p.key_lengths[b * p.key_lengths_stride], 0), p.keys);
+}
+
+// The keys query i may see: [0, end).
+__device__ __forceinline__ int visible_end(const Problem& p, int length, int i) {
+  return p.causal ? min(length, i + 1) : length;
+}
+
+// The fused kernels (f16/bf16, D 64 or 128; fused() has said yes).
+void flash_forward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
+                   const Heads& o, float* lse);
+// di: the row-dot scratch (B * H * Tq floats).
+void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
+                    const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq, const Heads& dk,
+                    const Heads& dv);
+
+}  // namespace ab::nn::cuda_attention::detail

@@ -1,0 +1,94 @@
+// The attention family's entry points: operand checks (what the kernels take, refused with the
+// reason as Unsupported), then one launch sequence on the engine's stream (attention.h).
+#include "nn/cuda/attention_engine.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "nn/cuda/attention.h"
+
+namespace ab::nn::cuda {
+namespace {
+
+namespace ca = cuda_attention;
+
+[[noreturn]] void refuse(const char* kernel, const std::string& why) {
+  throw Unsupported(std::string("cuda ") + kernel + ": " + why);
+}
+
+bool fits_int(std::int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
+
+// q, o [B, H, Tq, D]; k, v [B, H, Tk, D], each with a contiguous last dim; stats f32 [B, H, Tq]
+// contiguous; key_lengths i32 [B].
+ca::Problem check(const char* kernel, const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& o, const Tensor& stats) {
+  for (const Tensor* t : {&q, &k, &v, &o})
+    if (t->shape.rank() != 4 || t->strides.rank() != 4 || t->strides[3] != 1)
+      refuse(kernel, "needs [B, H, T, D] operands with a contiguous last dim, got " + t->to_string());
+  const Shape& s = q.shape;
+  if (!(o.shape == s) || !(k.shape == v.shape) || k.shape[0] != s[0] || k.shape[1] != s[1] || k.shape[3] != s[3])
+    refuse(kernel, "needs q, o [B, H, Tq, D] and k, v [B, H, Tk, D], got " + q.to_string() + ", " + k.to_string() +
+                       ", " + v.to_string() + ", " + o.to_string());
+  if (q.dtype != k.dtype || q.dtype != v.dtype || q.dtype != o.dtype)
+    refuse(kernel, "q, k, v and o must share one dtype, got " + q.to_string() + ", " + k.to_string() + ", " +
+                       v.to_string() + ", " + o.to_string());
+  if (q.dtype != DType::f32 && q.dtype != DType::f16 && q.dtype != DType::bf16)
+    refuse(kernel, "dtype " + std::string(to_string(q.dtype)) + " is not supported (valid: f32, f16, bf16)");
+  if (stats.dtype != DType::f32 || !(stats.shape == Shape{s[0], s[1], s[2]}) || !stats.is_contiguous())
+    refuse(kernel, "needs contiguous f32 stats [B, H, Tq], got " + stats.to_string());
+  if (s[3] < 1 || s[3] > ca::kMaxSimpleDim)
+    refuse(kernel, "head dim " + std::to_string(s[3]) + " outside [1, " + std::to_string(ca::kMaxSimpleDim) + "]");
+  if (!fits_int(s[0] * s[1]) || !fits_int(s[2]) || !fits_int(k.shape[2]))
+    refuse(kernel, "B * H and the sequence lengths must fit in 32 bits, got " + q.to_string());
+  if (d.causal && s[2] != k.shape[2]) refuse(kernel, "causal attention needs as many queries as keys");
+  ca::Problem p;
+  p.dtype = q.dtype;
+  p.batch = static_cast<int>(s[0]);
+  p.heads = static_cast<int>(s[1]);
+  p.queries = static_cast<int>(s[2]);
+  p.keys = static_cast<int>(k.shape[2]);
+  p.dim = static_cast<int>(s[3]);
+  p.scale = static_cast<float>(d.scale > 0 ? d.scale : 1.0 / std::sqrt(static_cast<double>(s[3])));
+  p.causal = d.causal;
+  if (d.key_lengths.defined()) {
+    if (d.key_lengths.dtype != DType::i32 || d.key_lengths.shape.rank() != 1 || d.key_lengths.shape[0] != s[0])
+      refuse(kernel, "key_lengths must be i32 [B], got " + d.key_lengths.to_string());
+    p.key_lengths = d.key_lengths.as<const std::int32_t>();
+    p.key_lengths_stride = d.key_lengths.strides[0];
+  }
+  return p;
+}
+
+ca::Heads heads(const Tensor& t) { return {t.data, t.strides[0], t.strides[1], t.strides[2]}; }
+
+}  // namespace
+
+AttentionEngine::AttentionEngine(EngineContext& ctx)
+    : ctx_(ctx), row_dots_(kScratchRows * 4, ctx.label + " attention row-dot scratch") {
+  ca::prepare();
+}
+
+void AttentionEngine::attention_forward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& o, const Tensor& stats) {
+  const ca::Problem p = check("attention_forward", d, q, k, v, o, stats);
+  ca::forward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), stats.as<float>());
+}
+
+void AttentionEngine::attention_backward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& o, const Tensor& dout, const Tensor& stats, const Tensor& dq,
+                                         const Tensor& dk, const Tensor& dv) {
+  const ca::Problem p = check("attention_backward", d, q, k, v, o, stats);
+  check("attention_backward", d, dq, dk, dv, dout, stats);
+  if (dq.dtype != q.dtype)
+    refuse("attention_backward",
+           "the gradients must share the operands' dtype, got " + dq.to_string() + " for " + q.to_string());
+  const std::int64_t rows = q.shape[0] * q.shape[1] * q.shape[2];
+  if (rows > kScratchRows)
+    refuse("attention_backward", "B * H * Tq = " + std::to_string(rows) +
+                                     " query rows exceed the engine's scratch of " + std::to_string(kScratchRows));
+  ca::backward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), heads(dout), stats.as<const float>(), heads(dq),
+               heads(dk), heads(dv), row_dots_.as<float>());
+}
+
+}  // namespace ab::nn::cuda

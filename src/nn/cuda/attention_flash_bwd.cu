@@ -1,0 +1,303 @@
+// The fused attention backward pass (flash attention 2's, without atomics): Di = rowsum(dO * O)
+// first (one 16-byte chunk a lane), then one kernel per 64-key block (4 warps, 16 keys each)
+// walks the query blocks that see it, rebuilding P^T = exp(K Q^T * scale - lse) and
+// dP^T = V dO^T on mma.sync tensor cores in registers, and accumulates dV += P^T dO and
+// dK += dS^T Q (dS = P (dP - Di), packed to 16 bits as the A operand) in f32 registers; one
+// kernel per 64-query block walks its visible key blocks for dQ += dS K. The streamed tiles are
+// double-buffered (cp.async). Each output element is summed by one lane in a fixed order:
+// bit-identical run to run.
+#include <cmath>
+
+#include "nn/cuda/attention_flash.cuh"
+#include "nn/cuda/attention_mma.cuh"
+#include "nn/cuda/device_common.cuh"
+
+namespace ab::nn::cuda_attention::detail {
+namespace {
+
+// Both kernels' shared memory: two tiles kept for the whole block (K, V or Q, dO; at the end each
+// warp's own rows stage its outputs), and two buffers of the two streamed tiles (Q, dO or K, V)
+// with the streamed query rows' log2-domain lse and Di: the next block lands (cp.async) while the
+// block computes on this one.
+template <typename T, int D>
+struct BackwardSmem {
+  static constexpr int kLd = D + kPad16;
+  static constexpr std::size_t kTileBytes = std::size_t{kTile} * kLd * sizeof(T);
+  static constexpr std::size_t kRowBytes = 2 * kTile * sizeof(float);
+  static constexpr std::size_t bytes = 6 * kTileBytes + 2 * kRowBytes;
+};
+
+template <typename T, int D>
+struct BackwardTiles {
+  unsigned char* base;
+  using L = BackwardSmem<T, D>;
+  __device__ T* kept(int n) const { return reinterpret_cast<T*>(base + n * L::kTileBytes); }
+  __device__ T* streamed(int buffer, int n) const {
+    return reinterpret_cast<T*>(base + (2 + 2 * buffer + n) * L::kTileBytes);
+  }
+  __device__ float* lse2(int buffer) const {
+    return reinterpret_cast<float*>(base + 6 * L::kTileBytes + buffer * L::kRowBytes);
+  }
+  __device__ float* di(int buffer) const { return lse2(buffer) + kTile; }
+};
+
+// lse (in log2 units) and Di of query rows [q0, q0 + kTile); 0 past the last (never used: masked).
+__device__ __forceinline__ void load_row_stats(float* lse2, float* di_s, const float* lse, const float* di,
+                                               std::int64_t base, int q0, int queries) {
+  for (int t = threadIdx.x; t < kTile; t += kThreads) {
+    const bool in = q0 + t < queries;
+    lse2[t] = in ? lse[base + q0 + t] * kLog2e : 0.0f;
+    di_s[t] = in ? di[base + q0 + t] : 0.0f;
+  }
+}
+
+// out (16 x 64: the warp's rows `a_row0`.. of a, times the 64 rows of b, transposed) = A B^T,
+// both tiles row-major with ld elements a row.
+template <typename T, int D>
+__device__ __forceinline__ void product_abt(Acc (&out)[kTile / 8], const T* a, const T* b, int a_row0, int ld) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[nt][e] = 0.0f;
+#pragma unroll
+  for (int kt = 0; kt < D / 16; ++kt) {
+    Frag4 fa;
+    ldmatrix_x4(fa, a + a_offset(lane, ld, a_row0, kt * 16));
+#pragma unroll
+    for (int n2 = 0; n2 < kTile / 16; ++n2) {
+      Frag4 fb;
+      ldmatrix_x4(fb, b + bt_offset(lane, ld, n2 * 16, kt * 16));
+      mma<T>(out[2 * n2], fa, fb[0], fb[1]);
+      mma<T>(out[2 * n2 + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// acc (16 x D) += x (16 x 64, accumulator layout, packed to 16 bits) times b (64 x D, row-major).
+template <typename T, int D>
+__device__ __forceinline__ void accumulate_xb(Acc (&acc)[D / 8], const Acc (&x)[kTile / 8], const T* b, int ld) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    Frag4 fa;
+    acc_to_a<T>(fa, x[2 * kk], x[2 * kk + 1]);
+#pragma unroll
+    for (int d2 = 0; d2 < D / 16; ++d2) {
+      Frag4 fb;
+      ldmatrix_x4_trans(fb, b + b_offset(lane, ld, kk * 16, d2 * 16));
+      mma<T>(acc[2 * d2], fa, fb[0], fb[1]);
+      mma<T>(acc[2 * d2 + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// A warp's accumulators (rows g and g + 8 of its 16) times `factor` into rows [row0, row0 + 16)
+// of head (b, h) below `rows`, staged through the warp's own 16 rows of `stage` for 16-byte stores.
+template <typename T, int D>
+__device__ __forceinline__ void store_acc(const Acc (&acc)[D / 8], float factor, T* stage, int ld, const Heads& out,
+                                          int b, int h, int row0, int rows) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    *reinterpret_cast<std::uint32_t*>(stage + g * ld + dt * 8 + 2 * t) =
+        pack<T>(acc[dt][0] * factor, acc[dt][1] * factor);
+    *reinterpret_cast<std::uint32_t*>(stage + (g + 8) * ld + dt * 8 + 2 * t) =
+        pack<T>(acc[dt][2] * factor, acc[dt][3] * factor);
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+  for (int idx = lane; idx < kFrag * kChunks; idx += 32) {
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    if (row0 + r < rows)
+      *reinterpret_cast<uint4*>(row_ptr<T>(out, b, h, row0 + r) + c) =
+          *reinterpret_cast<const uint4*>(stage + r * ld + c);
+  }
+}
+
+// di = rowsum(dO * O) in f32 from the stored values: D / 8 lanes a row, a 16-byte chunk each,
+// summed by a fixed shuffle tree (every lane of the warp takes part).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) row_dot_kernel(Problem p, Heads o, Heads dout, float* di) {
+  constexpr int kLanesPerRow = D / 8;
+  const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const std::int64_t row = thread / kLanesPerRow;
+  const int c = static_cast<int>(thread % kLanesPerRow) * 8;
+  const bool in = row < static_cast<std::int64_t>(p.batch) * p.heads * p.queries;
+  float sum = 0.0f;
+  if (in) {
+    const auto i = static_cast<int>(row % p.queries), bh = static_cast<int>(row / p.queries);
+    const uint4 oc = *reinterpret_cast<const uint4*>(row_ptr<const T>(o, bh / p.heads, bh % p.heads, i) + c);
+    const uint4 dc = *reinterpret_cast<const uint4*>(row_ptr<const T>(dout, bh / p.heads, bh % p.heads, i) + c);
+    const T* ov = reinterpret_cast<const T*>(&oc);
+    const T* dv = reinterpret_cast<const T*>(&dc);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum += to_f32(ov[e]) * to_f32(dv[e]);
+  }
+#pragma unroll
+  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (in && c == 0) di[row] = sum;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) flash_dkv_kernel(Problem p, Heads q, Heads k, Heads v, Heads dout,
+                                                             const float* lse, const float* di, Heads dk, Heads dv) {
+  using L = BackwardSmem<T, D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const BackwardTiles<T, D> s{smem};
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads, kb0 = blockIdx.y * kTile;
+  const int length = key_length(p, b), row0 = kb0 + warp * kFrag;
+  const std::int64_t stats = (static_cast<std::int64_t>(b) * p.heads + h) * p.queries;
+  const float scale_log2 = p.scale * kLog2e;
+  const auto load_queries = [&](int q0, int buffer) {
+    load_tile_async<T, D>(s.streamed(buffer, 0), L::kLd, q, b, h, q0, p.queries);
+    load_tile_async<T, D>(s.streamed(buffer, 1), L::kLd, dout, b, h, q0, p.queries);
+    load_row_stats(s.lse2(buffer), s.di(buffer), lse, di, stats, q0, p.queries);
+  };
+  Acc dk_acc[D / 8] = {}, dv_acc[D / 8] = {};
+  if (kb0 < length) {  // a block of padding keys only gets zero gradients
+    const int q_begin = p.causal ? kb0 : 0;
+    load_tile_async<T, D>(s.kept(0), L::kLd, k, b, h, kb0, p.keys);
+    load_tile_async<T, D>(s.kept(1), L::kLd, v, b, h, kb0, p.keys);
+    load_queries(q_begin, 0);
+    cp_async_commit();
+    for (int q0 = q_begin, buffer = 0; q0 < p.queries; q0 += kTile, buffer ^= 1) {
+      // The other buffer was last read in the previous block, which every warp has left.
+      if (q0 + kTile < p.queries) load_queries(q0 + kTile, buffer ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();  // this block's queries are in; the next block's may still fly
+      __syncthreads();
+      const T* q_s = s.streamed(buffer, 0);
+      const T* do_s = s.streamed(buffer, 1);
+      const float* lse2 = s.lse2(buffer);
+      const float* di_s = s.di(buffer);
+      Acc pt[kTile / 8], dst[kTile / 8];  // P^T, then dS^T: rows keys, columns queries
+      product_abt<T, D>(pt, s.kept(0), q_s, warp * kFrag, L::kLd);
+      product_abt<T, D>(dst, s.kept(1), do_s, warp * kFrag, L::kLd);
+#pragma unroll
+      for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + 2 * t + (e % 2), i = q0 + c, j = row0 + g + 8 * (e / 2);
+          const float prob =
+              i < p.queries && pair_visible(p, length, i, j) ? exp2f(pt[nt][e] * scale_log2 - lse2[c]) : 0.0f;
+          pt[nt][e] = prob;
+          dst[nt][e] = prob * (dst[nt][e] - di_s[c]);
+        }
+      accumulate_xb<T, D>(dv_acc, pt, do_s, L::kLd);
+      accumulate_xb<T, D>(dk_acc, dst, q_s, L::kLd);
+      __syncthreads();  // every warp is done with this buffer before the next block refills it
+    }
+  }
+  cp_async_wait<0>();
+  // The warp's own rows of the kept tiles (no other warp reads them) stage its outputs.
+  store_acc<T, D>(dv_acc, 1.0f, s.kept(1) + warp * kFrag * L::kLd, L::kLd, dv, b, h, row0, p.keys);
+  store_acc<T, D>(dk_acc, p.scale, s.kept(0) + warp * kFrag * L::kLd, L::kLd, dk, b, h, row0, p.keys);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+    flash_dq_kernel(Problem p, Heads q, Heads k, Heads v, Heads dout, const float* lse, const float* di, Heads dq) {
+  using L = BackwardSmem<T, D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const BackwardTiles<T, D> s{smem};
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kTile;  // the longest causal rows start first
+  const int length = key_length(p, b), key_end = p.causal ? min(length, q0 + kTile) : length;
+  const int row0 = q0 + warp * kFrag;
+  const std::int64_t stats = (static_cast<std::int64_t>(b) * p.heads + h) * p.queries;
+  const float scale_log2 = p.scale * kLog2e;
+  const auto load_keys = [&](int kb0, int buffer) {
+    load_tile_async<T, D>(s.streamed(buffer, 0), L::kLd, k, b, h, kb0, p.keys);
+    load_tile_async<T, D>(s.streamed(buffer, 1), L::kLd, v, b, h, kb0, p.keys);
+  };
+  float row_lse2[2], row_di[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = row0 + g + 8 * r;
+    row_lse2[r] = i < p.queries ? lse[stats + i] * kLog2e : 0.0f;
+    row_di[r] = i < p.queries ? di[stats + i] : 0.0f;
+  }
+  load_tile_async<T, D>(s.kept(0), L::kLd, q, b, h, q0, p.queries);
+  load_tile_async<T, D>(s.kept(1), L::kLd, dout, b, h, q0, p.queries);
+  if (key_end > 0) load_keys(0, 0);
+  cp_async_commit();
+  Acc dq_acc[D / 8] = {};
+  for (int kb0 = 0, buffer = 0; kb0 < key_end; kb0 += kTile, buffer ^= 1) {
+    // The other buffer was last read in the previous block, which every warp has left.
+    if (kb0 + kTile < key_end) load_keys(kb0 + kTile, buffer ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this block's keys are in; the next block's may still fly
+    __syncthreads();
+    const T* k_s = s.streamed(buffer, 0);
+    const T* v_s = s.streamed(buffer, 1);
+    Acc sc[kTile / 8], ds[kTile / 8];  // S, then dS: rows queries, columns keys
+    product_abt<T, D>(sc, s.kept(0), k_s, warp * kFrag, L::kLd);
+    product_abt<T, D>(ds, s.kept(1), v_s, warp * kFrag, L::kLd);
+#pragma unroll
+    for (int nt = 0; nt < kTile / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, i = row0 + g + 8 * r, j = kb0 + nt * 8 + 2 * t + (e % 2);
+        const float prob =
+            i < p.queries && pair_visible(p, length, i, j) ? exp2f(sc[nt][e] * scale_log2 - row_lse2[r]) : 0.0f;
+        ds[nt][e] = prob * (ds[nt][e] - row_di[r]);
+      }
+    accumulate_xb<T, D>(dq_acc, ds, k_s, L::kLd);
+    __syncthreads();  // every warp is done with this buffer before the next block refills it
+  }
+  // The warp's own rows of Q (no other warp reads them) stage its output; where no key block ran,
+  // every copy into them must first have landed.
+  cp_async_wait<0>();
+  __syncthreads();
+  store_acc<T, D>(dq_acc, p.scale, s.kept(0) + warp * kFrag * L::kLd, L::kLd, dq, b, h, row0, p.queries);
+}
+
+}  // namespace
+
+void flash_backward_prepare() {
+  for (const DType t : {DType::f16, DType::bf16})
+    for (const int dim : {64, 128}) {
+      Problem p;
+      p.dtype = t;
+      p.dim = dim;
+      dispatch_fused(p, [&](auto tag, auto d) {
+        using T = typename decltype(tag)::type;
+        constexpr int D = decltype(d)::value;
+        const int bytes = static_cast<int>(BackwardSmem<T, D>::bytes);
+        AB_CUDA(cudaFuncSetAttribute(flash_dkv_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                "attention backward (dk, dv) shared memory");
+        AB_CUDA(cudaFuncSetAttribute(flash_dq_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                "attention backward (dq) shared memory");
+      });
+    }
+}
+
+void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
+                    const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq, const Heads& dk,
+                    const Heads& dv) {
+  dispatch_fused(p, [&](auto tag, auto d) {
+    using T = typename decltype(tag)::type;
+    constexpr int D = decltype(d)::value;
+    const std::size_t bytes = BackwardSmem<T, D>::bytes;
+    const auto heads = static_cast<unsigned>(p.batch * p.heads);
+    const std::int64_t row_dot_threads = static_cast<std::int64_t>(heads) * p.queries * (D / 8);
+    row_dot_kernel<T, D>
+        <<<static_cast<unsigned>((row_dot_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, o, dout, di);
+    device_common::check_launch("cuda_attention", "attention_backward (fused row dots)");
+    if (p.keys > 0) {
+      flash_dkv_kernel<T, D>
+          <<<dim3(heads, static_cast<unsigned>((p.keys + kTile - 1) / kTile)), kThreads, bytes, stream>>>(
+              p, q, k, v, dout, lse, di, dk, dv);
+      device_common::check_launch("cuda_attention", "attention_backward (fused dk, dv)");
+    }
+    flash_dq_kernel<T, D>
+        <<<dim3(heads, static_cast<unsigned>((p.queries + kTile - 1) / kTile)), kThreads, bytes, stream>>>(
+            p, q, k, v, dout, lse, di, dq);
+    device_common::check_launch("cuda_attention", "attention_backward (fused dq)");
+  });
+}
+
+}  // namespace ab::nn::cuda_attention::detail
