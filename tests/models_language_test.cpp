@@ -1,7 +1,8 @@
-// GPT-2 as built by models/gpt: parameter counts of the four sizes as Hugging Face and llm.c count
-// them (tied embeddings counted once), FLOPs from the ops' shapes against the closed form, the
-// tied gradient against finite differences of the loss, a tiny GPT that learns the copy task on
-// the reference kernels with AdamW, determinism, and bad configurations refused before building.
+// GPT-2 and BERT as built by models/gpt and models/bert: parameter counts as Hugging Face and
+// llm.c count them (tied embeddings counted once), FLOPs from the ops' shapes against the closed
+// form, the tied gradient against finite differences of the loss, tiny models that learn their
+// copy tasks on the reference kernels with AdamW, determinism, and bad configurations refused
+// before building.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "models/bert.h"
 #include "models/gpt.h"
 #include "nn/graph.h"
 #include "nn/kernels.h"
@@ -154,6 +156,62 @@ TEST(Learnability, TinyGptLearnsTheCopyTaskWithAdamW) {
   EXPECT_LT(losses.back(), 0.8 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
   EXPECT_EQ(train_losses(seed, 5), std::vector<double>(losses.begin(), losses.begin() + 5))
       << "the reference is deterministic: the same losses twice";
+}
+
+nn::Graph plan_bert(const BertConfig& c, std::int64_t batch, std::int64_t seq) {
+  nn::GraphBuilder b;
+  build_bert(b, c, batch, seq);
+  return nn::Graph(std::move(b));
+}
+
+TEST(Bert, ParameterCountsAreHuggingFacesLessTheSegmentEmbeddings) {
+  // BertForMaskedLM's num_parameters() for bert-base-uncased and bert-large-uncased, less the
+  // token-type table (2 x channels) the benchmark does not build.
+  EXPECT_EQ(plan_bert(bert_base(), 1, 8).parameter_count(), 109'514'298 - 2 * 768);
+  EXPECT_EQ(plan_bert(bert_large(), 1, 8).parameter_count(), 335'174'458 - 2 * 1024);
+  EXPECT_NE(test::usage_error([] { plan_bert(bert_base(), 1, 513); }).find("longer than its 512 positions"),
+            std::string::npos);
+}
+
+TEST(Bert, MaskedCopyTaskScoresOnlyTheMaskedPositions) {
+  const TokenBatch plain = copy_task_batch(5, 0, 4, 64, 50), b = masked_copy_batch(5, 0, 4, 64, 50, 49);
+  int masked = 0;
+  for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+    if (b.labels[i] < 0) {
+      EXPECT_EQ(b.tokens[i], plain.tokens[i]) << i;
+      continue;
+    }
+    ++masked;
+    EXPECT_EQ(b.tokens[i], 49) << i;
+    EXPECT_EQ(b.labels[i], plain.tokens[i]) << i;
+  }
+  EXPECT_GT(masked, 20);  // about 15% of 256
+  EXPECT_LT(masked, 60);
+}
+
+TEST(Learnability, TinyBertLearnsTheMaskedCopyTaskWithAdamW) {
+  nn::GraphOptions o;
+  o.dtype = DType::f64;
+  o.seed = test::seed();
+  nn::GraphBuilder b(o);
+  const BertConfig c = tiny_bert();
+  const LanguageModel m = build_bert(b, c, 8, 16);
+  nn::Graph g(std::move(b));
+  auto kernels = nn::make_ref_kernels();
+  g.bind(*kernels);
+  const TokenBatch data = masked_copy_batch(o.seed, 0, 8, 16, c.vocab, c.vocab - 1);
+  g.set_input(m.tokens, data.tokens);
+  g.set_input(m.labels, data.labels);
+  nn::AdamW opt(1e-2, 0.9, 0.95, 1e-8, 0.0, 1.0);
+  std::vector<double> losses;
+  for (int i = 0; i < 60; ++i) {
+    g.forward();
+    losses.push_back(g.read(m.loss)[0]);
+    g.backward();
+    g.update(opt);
+  }
+  EXPECT_NEAR(losses.front(), std::log(64.0), 0.5);
+  EXPECT_LT(losses.back(), 0.8 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
 }
 
 }  // namespace
