@@ -181,6 +181,10 @@ const CudaKernelStats& cuda_kernel_stats(const Kernels& k) { return as_cuda(k, "
 
 std::vector<std::string> cuda_conv_choices(const Kernels& k) { return as_cuda(k, "cuda_conv_choices").conv_choices(); }
 
+std::vector<std::string> cuda_linear_choices(const Kernels& k) {
+  return as_cuda(k, "cuda_linear_choices").linear_choices();
+}
+
 std::vector<std::string> cuda_fp8_notes(const Kernels& k) { return as_cuda(k, "cuda_fp8_notes").fp8_notes(); }
 
 std::vector<std::string> cuda_bn_fusion_notes(const Kernels& k) {
