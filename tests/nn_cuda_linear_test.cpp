@@ -195,6 +195,9 @@ TEST_F(CudaLinearTest, FusedGeluForwardMatchesLinearThenGeluAndRunsTheEpilogue) 
                               }))
           << "no " << type_name(t) << " plan ran the " << epilogue << " epilogue: the call composed linear + gelu";
     }
+  const Kernels::FusionCounts counts = cuda_->fusion_counts();  // what records report
+  EXPECT_EQ(counts.fused, 2 * 2 * 2) << "GELU plans fused (2 dtypes x 2 shapes x pre kept or not)";
+  EXPECT_EQ(counts.unfused, 0) << "GELU plans that composed the separate kernels";
 }
 
 TEST_F(CudaLinearTest, FusedGeluBackwardDataMatchesLinearBackwardThenGeluBackward) {

@@ -125,6 +125,7 @@ Kernels::FusionCounts CudaKernels::fusion_counts() const {
   FusionCounts counts;
   norm_pool_.count_fusions(counts);
   conv_.count_fusions(counts);
+  linear_.count_fusions(counts);
   return counts;
 }
 

@@ -53,6 +53,7 @@ struct LtPlan {
   backend::cuda::LtLayoutPtr a, b, c;
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // false: cuBLASLt offers nothing for this epilogue (the caller composes)
+  bool gelu = false;    // a GELU epilogue: counted by fusion_counts
   std::string label, choice;
 };
 
@@ -72,6 +73,9 @@ class LinearEngine {
   // One line per plan made so far, sorted: the GEMM (shape, epilogue) and its algorithm, or why
   // cuBLASLt had none for the epilogue (the call then ran the separate kernels).
   std::vector<std::string> choices() const;
+  // Adds the GELU-fused plans (linear_gelu_forward, linear_backward_data_gelu) to `counts`: fused
+  // where cuBLASLt ran the epilogue, unfused where the call composed the separate kernels.
+  void count_fusions(Kernels::FusionCounts& counts) const;
 
  private:
   LtPlan& lt_plan(const GemmShape& g, const GemmOperands& ops);

@@ -114,6 +114,9 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
 
   auto plan = std::make_unique<LtPlan>();
   plan->label = plan_label(g, tf32);
+  plan->gelu = g.epilogue == LtEpilogue::gelu || g.epilogue == LtEpilogue::gelu_bias ||
+               g.epilogue == LtEpilogue::gelu_aux || g.epilogue == LtEpilogue::gelu_aux_bias ||
+               g.epilogue == LtEpilogue::dgelu;
   const std::string& label = plan->label;
   const cudaDataType_t t = lt_dtype(g.dtype);
   plan->op = backend::cuda::make_lt_matmul(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
@@ -199,6 +202,11 @@ void LinearEngine::choose_algorithm(LtPlan& plan, const GemmShape& g, const Gemm
     if (s < best_s) best_s = s, best = i;
   }
   AB_CUDA(cudaStreamSynchronize(ctx_.stream), what);  // the scratch D is freed on return
+  if (best_s == std::numeric_limits<double>::infinity()) {
+    plan.usable = false;
+    plan.choice = "cuBLASLt refused all " + std::to_string(found.size()) + " candidates of its heuristic on " + ctx_.label;
+    return;
+  }
   plan.algo = found[best].algo;
   plan.choice = backend::cuda::describe_lt_algo(plan.algo) + ", " + format_us(best_s) + " us, heuristic rank " +
                 std::to_string(best + 1) + " of " + std::to_string(found.size()) + " timed (us by rank:" + log + ")";
@@ -214,6 +222,11 @@ bool LinearEngine::matmul(const GemmShape& g, const GemmOperands& ops) {
   set_pointers(p, g, ops);
   AB_CUBLAS_LAZY(launch(p, p.algo, g, ops), p.label);
   return true;
+}
+
+void LinearEngine::count_fusions(Kernels::FusionCounts& counts) const {
+  for (const auto& [key, plan] : lt_plans_)
+    if (plan->gelu) ++(plan->usable ? counts.fused : counts.unfused);
 }
 
 std::vector<std::string> LinearEngine::choices() const {
