@@ -4,8 +4,9 @@
 // K = 768 and 3072 with rows off every tile size; that cuBLASLt's GELU is the tanh form (not erf);
 // padded rows (stride > width) for every operand of forward, backward data and backward weights,
 // the padding left untouched; the bias gradient inside the weight GEMM; bit-identical results twice
-// in deterministic mode; the algorithm choice (timed outside a capture, the heuristic's first
-// inside one) as cuda_linear_choices reports it. Skips where no GPU answers.
+// in deterministic mode; the classifier's logits at the full vocabulary (50257 stored 50304 wide);
+// the algorithm choice (timed outside a capture, the heuristic's first inside one) as
+// cuda_linear_choices reports it. Skips where no GPU answers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -314,12 +315,75 @@ TEST_F(CudaLinearTest, PaddedRowsInEveryOperandOfEveryCallMatchTheReferenceAndKe
   }
 }
 
+// [first, first + count) of a matrix's rows, or of its columns, as a view (the reference reads
+// any strides, so slices of the large case below are checked at a fraction of its cost).
+Tensor row_slice(const Tensor& t, int64_t first, int64_t count) {
+  Tensor s = t;
+  s.data = static_cast<unsigned char*>(t.data) + first * t.strides[0] * static_cast<int64_t>(size_bytes(t.dtype));
+  s.shape = Shape{count, t.shape[1]};
+  return s;
+}
+Tensor column_slice(const Tensor& t, int64_t first, int64_t count) {
+  Tensor s = t;
+  s.data = static_cast<unsigned char*>(t.data) + first * static_cast<int64_t>(size_bytes(t.dtype));
+  s.shape = Shape{t.shape[0], count};
+  return s;
+}
+
+// The classifier's layout at the real vocabulary: 50257 logits stored 50304 wide, as the rows of
+// the forward's D, the K of backward data and the columns of the weight gradient. The reference
+// runs on rows at both ends of the batch and vocabulary rows at both ends (the last before the
+// padding among them); the padding of every logits row stays untouched.
+TEST_F(CudaLinearTest, ClassifierLogitsStoredPaddedAtTheFullVocabularyWidth) {
+  const DType t = DType::bf16;
+  const int64_t n = 64, c = 64, v = 50257, ld = 50304;
+  Mat x = mat(t, n, c, c), w = mat(t, v, c, c), y = mat(t, n, v, ld), dy = mat(t, n, v, ld);
+  Mat dx = mat(t, n, c, c), dw = mat(t, v, c, c);
+  cuda_->linear_forward(x.dev, w.dev, Tensor{}, y.dev);
+  cuda_->linear_backward_data(dy.dev, w.dev, dx.dev, false);
+  cuda_->linear_backward_weights(x.dev, dy.dev, dw.dev, Tensor{});
+  const auto y_full = read_full(y), dx_got = read(dx), dw_got = read(dw);
+  // max |gpu - ref| <= tol * max |ref| over rows [first, first + count) of a matrix.
+  const auto expect_rows = [&](const std::vector<double>& got, int64_t got_ld, const Tensor& ref, int64_t first,
+                               const std::string& what) {
+    const int64_t count = 8, cols = ref.shape[1];
+    const auto slice = read_host(row_slice(ref, first, count));
+    double scale = 0, worst = 0;
+    for (double value : slice) scale = std::max(scale, std::abs(value));
+    for (int64_t r = 0; r < count; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        worst = std::max(worst, std::abs(got[sz((first + r) * got_ld + j)] - slice[sz(r * cols + j)]));
+    EXPECT_GT(scale, 0) << what;
+    EXPECT_LE(worst, tolerance(t) * scale) << what << " rows " << first << ".." << first + count - 1 << ": worst |gpu - ref| "
+                                           << worst << " (max |ref| " << scale << ", seed " << seed_ << ")";
+  };
+  for (const int64_t first : {int64_t{0}, n - 8}) {
+    ref_->linear_forward(row_slice(x.ref, first, 8), w.ref, Tensor{}, row_slice(y.ref, first, 8));
+    expect_rows(y_full, ld, y.ref, first, "logits");
+    ref_->linear_backward_data(row_slice(dy.ref, first, 8), w.ref, row_slice(dx.ref, first, 8), false);
+    expect_rows(dx_got, c, dx.ref, first, "dx from the padded dlogits");
+  }
+  for (const int64_t first : {int64_t{0}, v - 8}) {
+    ref_->linear_backward_weights(x.ref, column_slice(dy.ref, first, 8), row_slice(dw.ref, first, 8), Tensor{});
+    expect_rows(dw_got, c, dw.ref, first, "dw from the padded dlogits");
+  }
+  int64_t pad_written = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = v; j < ld; ++j) pad_written += y_full[sz(r * ld + j)] != kPad;
+  EXPECT_EQ(pad_written, 0) << "padding elements of the logits written";
+  choices_with("50257");  // for the log: the classifier's algorithms
+}
+
 TEST_F(CudaLinearTest, BiasGradientMatchesTheReferenceWithAndWithoutTheFusedEpilogue) {
   // 1000 rows: no multiple of any tile; 70000 rows: more than one chunk of the fallback's sums.
-  for (const auto& [t, n] : {std::pair{DType::bf16, int64_t{1000}}, std::pair{DType::f16, int64_t{1000}},
-                             std::pair{DType::f32, int64_t{1000}}, std::pair{DType::bf16, int64_t{70000}}}) {
-    SCOPED_TRACE(type_name(t) + " n=" + std::to_string(n));
-    const int64_t in = 64, out = 192;
+  struct BiasCase {
+    DType t;
+    int64_t n, in;
+  };
+  for (const auto& [t, n, in] : {BiasCase{DType::bf16, 1000, 64}, BiasCase{DType::f16, 1000, 64},
+                                 BiasCase{DType::f32, 1000, 64}, BiasCase{DType::bf16, 70000, 8}}) {
+    SCOPED_TRACE(type_name(t) + " n=" + std::to_string(n) + " in=" + std::to_string(in));
+    const int64_t out = 192;
     Mat x = mat(t, n, in, in), dy = mat(t, n, out, out), dw = mat(t, out, in, in), db = vec(t, out);
     cuda_->linear_backward_weights(x.dev, dy.dev, dw.dev, db.dev);
     ref_->linear_backward_weights(x.ref, dy.ref, dw.ref, db.ref);
