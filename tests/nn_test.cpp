@@ -981,6 +981,71 @@ TEST(Linear, ForwardAndBackward) {
   EXPECT_EQ(op.flops(Pass::forward), 2 * 3 * 4 * 5 + 3 * 5);
 }
 
+// The classifier's logits are stored wider than the vocabulary (50257 in rows of 50304): every
+// linear kernel reads and writes [rows, width] operands of any row stride >= width, leaves the
+// padding alone, and gives the contiguous operands' results bit for bit.
+TEST(Linear, PaddedRowsGiveTheContiguousResultsAndLeaveThePaddingAlone) {
+  const auto k = make_ref_kernels();
+  constexpr double kPad = 7.0;
+  const std::uint64_t seed = test::seed();
+  std::uint64_t counter = 0;
+  std::vector<std::vector<double>> storage;  // host memory of every matrix below
+  // A [rows, cols] matrix with row stride ld and the same values stored contiguously.
+  struct Pair {
+    Tensor padded, dense;
+    std::int64_t ld;
+  };
+  auto pair = [&](DType t, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+    std::vector<double> values(static_cast<std::size_t>(rows * cols));
+    for (double& v : values) v = uniform(seed, counter++, -1.0, 1.0);
+    Pair p;
+    p.ld = ld;
+    storage.emplace_back(static_cast<std::size_t>(rows * ld), 0.0);  // f64 slots hold any dtype's bytes
+    const Tensor backing = Tensor::describe(t, Shape{rows, ld}).with_data(storage.back().data());
+    write_host(backing, std::vector<double>(static_cast<std::size_t>(rows * ld), kPad));
+    p.padded = backing;
+    p.padded.shape = Shape{rows, cols};
+    write_host(p.padded, values);
+    storage.emplace_back(static_cast<std::size_t>(rows * cols), 0.0);
+    p.dense = Tensor::describe(t, Shape{rows, cols}).with_data(storage.back().data());
+    write_host(p.dense, values);
+    return p;
+  };
+  auto expect_same = [&](const Pair& p, const std::string& what) {
+    EXPECT_EQ(read_host(p.padded), read_host(p.dense)) << what;
+    Tensor backing = p.padded;
+    backing.shape = Shape{p.padded.shape[0], p.ld};
+    const auto full = read_host(backing);
+    std::int64_t written = 0;
+    for (std::size_t i = 0; i < full.size(); ++i)
+      written += static_cast<std::int64_t>(i) % p.ld >= p.padded.shape[1] && full[i] != kPad;
+    EXPECT_EQ(written, 0) << what << ": padding elements written";
+  };
+  for (DType t : {DType::f64, DType::bf16}) {
+    SCOPED_TRACE(std::string(to_string(t)));
+    const std::int64_t n = 5, in = 7, out = 11;
+    Pair x = pair(t, n, in, 8), w = pair(t, out, in, 9), y = pair(t, n, out, 16), dy = pair(t, n, out, 12);
+    Pair b = pair(t, 1, out, out), db = pair(t, 1, out, out), dw = pair(t, out, in, 10);
+    Tensor bias = b.dense, dbias = db.dense;
+    bias.shape = dbias.shape = Shape{out};
+    bias.strides = dbias.strides = Shape{1};
+    k->linear_forward(x.padded, w.padded, bias, y.padded);
+    k->linear_forward(x.dense, w.dense, bias, y.dense);
+    expect_same(y, "forward");
+    for (bool accumulate : {false, true}) {
+      Pair dx = pair(t, n, in, 13);
+      k->linear_backward_data(dy.padded, w.padded, dx.padded, accumulate);
+      k->linear_backward_data(dy.dense, w.dense, dx.dense, accumulate);
+      expect_same(dx, accumulate ? "backward data, accumulate" : "backward data");
+    }
+    k->linear_backward_weights(x.padded, dy.padded, dw.padded, dbias);
+    const auto dbias_padded = read_host(dbias);
+    k->linear_backward_weights(x.dense, dy.dense, dw.dense, dbias);
+    expect_same(dw, "backward weights");
+    EXPECT_EQ(dbias_padded, read_host(dbias)) << "bias gradient";
+  }
+}
+
 TEST(SoftmaxCrossEntropy, KnownValuesAndBackward) {
   SoftmaxCrossEntropy op("loss");
   const std::uint64_t seed = test::seed();

@@ -11,7 +11,6 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/lt_names.h"
 #include "backend/cuda/lt_plan.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -75,21 +74,6 @@ void check_supported(const GemmDesc& d, const Context& ctx) {
   if (d.precision == Precision::fp8 && (d.k % 16 != 0 || d.m % 8 != 0))
     throw Unsupported("fp8 GEMM in cuBLASLt needs k a multiple of 16 and m a multiple of 8 (16-byte aligned "
                       "columns); " + describe(d));
-}
-
-template <typename T>
-T algo_attribute(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T value{};
-  std::size_t written = 0;
-  AB_CUBLAS(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written), "algorithm config");
-  return value;
-}
-
-std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
-  return "cublasLt algo " + std::to_string(algo_attribute<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
-         tile_name(algo_attribute<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) + " stages " +
-         stages_name(algo_attribute<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitK " +
-         std::to_string(algo_attribute<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
 }
 
 class LtGemm final : public GemmPlan {
@@ -222,7 +206,7 @@ class LtGemm final : public GemmPlan {
                         describe(desc_) + " on " + ctx_->label);
     // Leave C holding the chosen algorithm's result, whatever ran last in the search.
     run();
-    algorithm_ = describe_algo(algo_) + " (heuristic rank " + std::to_string(best_rank + 1) + ", best of " +
+    algorithm_ = describe_lt_algo(algo_) + " (heuristic rank " + std::to_string(best_rank + 1) + ", best of " +
                  std::to_string(timed) + " timed of " + std::to_string(found.size()) + " heuristic candidates)";
   }
 

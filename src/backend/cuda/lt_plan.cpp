@@ -1,8 +1,20 @@
 #include "backend/cuda/lt_plan.h"
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/lt_names.h"
 
 namespace ab::backend::cuda {
+namespace {
+
+template <typename T>
+T algo_attribute(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  std::size_t written = 0;
+  AB_CUBLAS(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written), "algorithm config");
+  return value;
+}
+
+}  // namespace
 
 LtMatmulPtr make_lt_matmul(cublasComputeType_t compute, cudaDataType_t scale, bool trans_a, bool trans_b,
                            const std::string& what) {
@@ -49,6 +61,13 @@ std::vector<cublasLtMatmulHeuristicResult_t> lt_heuristic(cublasLtHandle_t lt, c
       if (results[static_cast<std::size_t>(i)].state == CUBLAS_STATUS_SUCCESS)
         usable.push_back(results[static_cast<std::size_t>(i)]);
   return usable;
+}
+
+std::string describe_lt_algo(const cublasLtMatmulAlgo_t& algo) {
+  return "cublasLt algo " + std::to_string(algo_attribute<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+         tile_name(algo_attribute<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) + " stages " +
+         stages_name(algo_attribute<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " splitK " +
+         std::to_string(algo_attribute<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
 }
 
 }  // namespace ab::backend::cuda

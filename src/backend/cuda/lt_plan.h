@@ -1,7 +1,7 @@
 // cuBLASLt plans, the CUDA foundation's part that both of the library's users build on: the GEMM
-// micro-benchmark (gemm_lt.cpp, which times the heuristic's candidates) and the engine's linear
-// layers (nn/cuda/linear.cpp, which takes its first). RAII owners for the descriptors, and the
-// heuristic query with the refusals it may answer filtered out.
+// micro-benchmark (gemm_lt.cpp) and the engine's linear layers (nn/cuda/linear.cpp), each of which
+// times the heuristic's candidates. RAII owners for the descriptors, the heuristic query with the
+// refusals it may answer filtered out, and an algorithm's description.
 #pragma once
 
 #include <cublasLt.h>
@@ -49,5 +49,9 @@ struct LtQuery {
 // Error naming `what`.
 std::vector<cublasLtMatmulHeuristicResult_t> lt_heuristic(cublasLtHandle_t lt, const LtQuery& q,
                                                           const std::string& what);
+
+// "cublasLt algo 21 tile 128x256 stages 64x4 splitK 1": what a result record or a plan label says
+// of the algorithm a GEMM ran.
+std::string describe_lt_algo(const cublasLtMatmulAlgo_t& algo);
 
 }  // namespace ab::backend::cuda

@@ -125,6 +125,7 @@ Kernels::FusionCounts CudaKernels::fusion_counts() const {
   FusionCounts counts;
   norm_pool_.count_fusions(counts);
   conv_.count_fusions(counts);
+  linear_.count_fusions(counts);
   return counts;
 }
 
@@ -180,6 +181,10 @@ const cuda::CudaKernels& as_cuda(const Kernels& k, const char* caller) {
 const CudaKernelStats& cuda_kernel_stats(const Kernels& k) { return as_cuda(k, "cuda_kernel_stats").stats(); }
 
 std::vector<std::string> cuda_conv_choices(const Kernels& k) { return as_cuda(k, "cuda_conv_choices").conv_choices(); }
+
+std::vector<std::string> cuda_linear_choices(const Kernels& k) {
+  return as_cuda(k, "cuda_linear_choices").linear_choices();
+}
 
 std::vector<std::string> cuda_fp8_notes(const Kernels& k) { return as_cuda(k, "cuda_fp8_notes").fp8_notes(); }
 

@@ -143,6 +143,13 @@ class CudaKernels final : public Kernels {
   void linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) override {
     linear_.linear_backward_weights(x, dy, dw, dbias);
   }
+  void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre,
+                           const Tensor& y) override {
+    linear_.linear_gelu_forward(x, w, bias, pre, y);
+  }
+  void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx) override {
+    linear_.linear_backward_data_gelu(dy, w, pre, dx);
+  }
 
   // ---- pointwise, losses, optimizers
   void relu_forward(const Tensor& x, const Tensor& y) override { pointwise_.relu_forward(x, y); }
@@ -208,6 +215,7 @@ class CudaKernels final : public Kernels {
   // ---- reports (kernels.h's cuda_* functions)
   const CudaKernelStats& stats() const { return conv_.stats(); }
   std::vector<std::string> conv_choices() const { return conv_.conv_choices(); }
+  std::vector<std::string> linear_choices() const { return linear_.choices(); }
   std::vector<std::string> fp8_notes() const { return conv_.fp8_notes(); }
   std::vector<std::string> bn_fusion_notes() const { return norm_pool_.bn_fusion_notes(); }
 

@@ -46,6 +46,12 @@ const CudaKernelStats& cuda_kernel_stats(const Kernels& k);
 // why a layer is slow. Throws Error when `k` is not the CUDA kernels.
 std::vector<std::string> cuda_conv_choices(const Kernels& k);
 
+// The linear GEMMs' plans made so far, one sorted line each: the GEMM (shape, leading dimensions,
+// epilogue) and its cuBLASLt algorithm with how it was chosen (timed candidates, or the
+// heuristic's first and why), or that cuBLASLt had none for a fused epilogue (the call then ran
+// the separate kernels). Throws Error when `k` is not the CUDA kernels.
+std::vector<std::string> cuda_linear_choices(const Kernels& k);
+
 // Per batch-norm shape met in training with its ReLU (bn_act ops), whether cuDNN's fused NHWC
 // kernels run it and why not where they do not, one sorted line each. Throws Error when `k` is
 // not the CUDA kernels.

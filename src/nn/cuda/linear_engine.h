@@ -1,7 +1,9 @@
-// The linear family: y = x w^T (+ bias) and its gradients through cuBLASLt (linear.cpp, on the
-// foundation's plans, backend/cuda/lt_plan.h), one heuristic choice per GEMM shape, cached. Owns
-// the cuBLASLt handle and workspace and the ones vectors the bias gradient's reduction GEMM reads.
-// The entry points are nn::Kernels'.
+// The linear family: y = x w^T (+ bias), its gradients, and the MLP's GELU fused into the GEMMs,
+// through cuBLASLt (linear.cpp, on the foundation's plans, backend/cuda/lt_plan.h). One plan per
+// GEMM shape, epilogue and operand alignment, cached; its algorithm is the fastest of the
+// heuristic's first candidates, timed once at the plan's first call (the heuristic's first inside
+// a CUDA-graph capture and in deterministic mode). Owns the cuBLASLt handle and workspace and the
+// ones vectors of the bias gradient's fallback reduction GEMM. The entry points are nn::Kernels'.
 #pragma once
 
 #include <cublasLt.h>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/lt_plan.h"
@@ -18,13 +21,10 @@
 
 namespace ab::nn::cuda {
 
-// A column-major D[m, n] = op(A) op(B) (+ bias over rows) with its heuristic's first algorithm.
-struct LtPlan {
-  backend::cuda::LtMatmulPtr op;
-  backend::cuda::LtLayoutPtr a, b, c;
-  cublasLtMatmulAlgo_t algo{};
-  std::string label;
-};
+// What the GEMM does after the product (cublasLtEpilogue_t) and the vector or matrix it touches:
+// bias (read, one per row of D), the GELU input `aux` (written by gelu_aux*, read by dgelu) and the
+// bias gradient (bgradb: written, the sums of B's columns over k, one per column of D).
+enum class LtEpilogue { none, bias, gelu, gelu_bias, gelu_aux, gelu_aux_bias, dgelu, bgradb };
 
 // Column-major GEMM shape for cuBLASLt (the row-major tensors are viewed transposed).
 struct GemmShape {
@@ -32,8 +32,29 @@ struct GemmShape {
   bool trans_a = false, trans_b = false;
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldc = 0;
-  bool bias = false;       // epilogue: D += bias broadcast over columns (length m)
-  bool allow_tf32 = true;  // f32 may use TF32 when set_tf32(true)
+  LtEpilogue epilogue = LtEpilogue::none;
+  std::int64_t aux_ld = 0;  // the GELU input's leading dimension (gelu_aux*, dgelu)
+  bool accumulate = false;  // beta = 1: D += op(A) op(B)
+  bool allow_tf32 = true;   // f32 may use TF32 when set_tf32(true)
+};
+
+// The device pointers of one call. bias: the bias read, or the bias gradient bgradb writes.
+struct GemmOperands {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  const void* bias = nullptr;
+  void* aux = nullptr;
+};
+
+// D = op(A) op(B) with its epilogue and chosen algorithm; `choice` says which and how it was chosen.
+struct LtPlan {
+  backend::cuda::LtMatmulPtr op;
+  backend::cuda::LtLayoutPtr a, b, c;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;  // false: cuBLASLt offers nothing for this epilogue (the caller composes)
+  bool gelu = false;    // a GELU epilogue: counted by fusion_counts
+  std::string label, choice;
 };
 
 class LinearEngine {
@@ -46,11 +67,26 @@ class LinearEngine {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y);
   void linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate);
   void linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias);
+  void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre, const Tensor& y);
+  void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx);
+
+  // One line per plan made so far, sorted: the GEMM (shape, epilogue) and its algorithm, or why
+  // cuBLASLt had none for the epilogue (the call then ran the separate kernels).
+  std::vector<std::string> choices() const;
+  // Adds the GELU-fused plans (linear_gelu_forward, linear_backward_data_gelu) to `counts`: fused
+  // where cuBLASLt ran the epilogue, unfused where the call composed the separate kernels.
+  void count_fusions(Kernels::FusionCounts& counts) const;
 
  private:
-  LtPlan& lt_plan(const GemmShape& g);
-  void matmul(const GemmShape& g, const void* a, const void* b, void* c, float beta, const void* bias);
-  void column_sums(const Tensor& dy, const Tensor& dbias);
+  LtPlan& lt_plan(const GemmShape& g, const GemmOperands& ops);
+  void choose_algorithm(LtPlan& plan, const GemmShape& g, const GemmOperands& ops,
+                        const std::vector<cublasLtMatmulHeuristicResult_t>& found);
+  void set_pointers(const LtPlan& p, const GemmShape& g, const GemmOperands& ops);
+  cublasStatus_t launch(const LtPlan& p, const cublasLtMatmulAlgo_t& algo, const GemmShape& g,
+                        const GemmOperands& ops);
+  // Runs the GEMM; false (nothing queued) where cuBLASLt has no algorithm for g's epilogue.
+  bool matmul(const GemmShape& g, const GemmOperands& ops);
+  void column_sums(const Tensor& dy, std::int64_t ld, const Tensor& dbias);
   const void* ones(DType t) const;  // ones_count_ ones of dtype t
 
   EngineContext& ctx_;

@@ -299,11 +299,40 @@ void require_same_dtype(const char* kernel, const Tensor& a, const Tensor& b, co
                       b.to_string() + ", " + c.to_string() + ")");
 }
 
+// Rows may be padded (any strides: View2 reads them), but the shapes must fit: [rows, cols].
+void require_shape(const char* kernel, const char* what, const Tensor& t, std::int64_t rows, std::int64_t cols) {
+  if (t.shape.rank() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    throw Error(std::string("ref ") + kernel + ": " + what + " is " + t.to_string() + ", not [" +
+                std::to_string(rows) + ", " + std::to_string(cols) + "]");
+}
+
+void require_bias(const char* kernel, const char* what, const Tensor& t, std::int64_t length) {
+  if (t.defined() && (t.shape.rank() != 1 || t.shape[0] != length))
+    throw Error(std::string("ref ") + kernel + ": " + what + " is " + t.to_string() + ", not [" +
+                std::to_string(length) + "]");
+}
+
+// The first two operands' rows and widths fix the shapes a linear kernel's three matrices must have.
+struct LinearDims {
+  std::int64_t n = 0, in = 0, out = 0;
+};
+
+LinearDims dims_of(const char* kernel, const Tensor& rows_of, const char* rows_name, const Tensor& w) {
+  if (rows_of.shape.rank() != 2 || w.shape.rank() != 2)
+    throw Error(std::string("ref ") + kernel + ": " + rows_name + " " + rows_of.to_string() + " and w " +
+                w.to_string() + " must be matrices");
+  return {rows_of.shape[0], w.shape[1], w.shape[0]};
+}
+
 }  // namespace
 
 void RefKernels::linear_forward(const Tensor& xt, const Tensor& wt, const Tensor& bt, const Tensor& yt) {
   if (deferred([=, this] { linear_forward(xt, wt, bt, yt); })) return;
   require_same_dtype("linear_forward", xt, wt, yt);
+  const LinearDims d = dims_of("linear_forward", xt, "x", wt);
+  require_shape("linear_forward", "x", xt, d.n, d.in);
+  require_shape("linear_forward", "y", yt, d.n, d.out);
+  require_bias("linear_forward", "bias", bt, d.out);
   dispatch(xt.dtype, [&](auto z) {
     using T = decltype(z);
     const View2<const T> x(xt), w(wt);
@@ -324,6 +353,9 @@ void RefKernels::linear_forward(const Tensor& xt, const Tensor& wt, const Tensor
 void RefKernels::linear_backward_data(const Tensor& dyt, const Tensor& wt, const Tensor& dxt, bool accumulate) {
   if (deferred([=, this] { linear_backward_data(dyt, wt, dxt, accumulate); })) return;
   require_same_dtype("linear_backward_data", dyt, wt, dxt);
+  const LinearDims d = dims_of("linear_backward_data", dyt, "dy", wt);
+  require_shape("linear_backward_data", "dy", dyt, d.n, d.out);
+  require_shape("linear_backward_data", "dx", dxt, d.n, d.in);
   dispatch(dyt.dtype, [&](auto z) {
     using T = decltype(z);
     const View2<const T> dy(dyt), w(wt);
@@ -341,6 +373,10 @@ void RefKernels::linear_backward_data(const Tensor& dyt, const Tensor& wt, const
 void RefKernels::linear_backward_weights(const Tensor& xt, const Tensor& dyt, const Tensor& dwt, const Tensor& dbt) {
   if (deferred([=, this] { linear_backward_weights(xt, dyt, dwt, dbt); })) return;
   require_same_dtype("linear_backward_weights", xt, dyt, dwt);
+  const LinearDims d = dims_of("linear_backward_weights", xt, "x", dwt);
+  require_shape("linear_backward_weights", "x", xt, d.n, d.in);
+  require_shape("linear_backward_weights", "dy", dyt, d.n, d.out);
+  require_bias("linear_backward_weights", "dbias", dbt, d.out);
   dispatch(xt.dtype, [&](auto z) {
     using T = decltype(z);
     const View2<const T> x(xt), dy(dyt);
