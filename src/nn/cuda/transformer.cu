@@ -351,14 +351,16 @@ std::size_t cub_sort_bytes(int64_t rows) {
 EmbeddingScratch embedding_scratch(void* base, int64_t rows, int64_t channels) {
   const auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
   const int64_t ids = up(rows * 4), parts = up(2 * ((rows + kSegment - 1) / kSegment) * channels * 4);
-  auto* p = static_cast<unsigned char*>(base);
+  const auto at = [base](int64_t offset) {  // address arithmetic: base may be null (a size query)
+    return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(offset));
+  };
   EmbeddingScratch s{};
-  s.keys = reinterpret_cast<std::uint32_t*>(p);
-  s.rows_of = reinterpret_cast<std::uint32_t*>(p + ids);
-  s.sorted_keys = reinterpret_cast<std::uint32_t*>(p + 2 * ids);
-  s.sorted_rows = reinterpret_cast<std::uint32_t*>(p + 3 * ids);
-  s.partials = reinterpret_cast<float*>(p + 4 * ids);
-  s.cub = p + 4 * ids + parts;
+  s.keys = static_cast<std::uint32_t*>(at(0));
+  s.rows_of = static_cast<std::uint32_t*>(at(ids));
+  s.sorted_keys = static_cast<std::uint32_t*>(at(2 * ids));
+  s.sorted_rows = static_cast<std::uint32_t*>(at(3 * ids));
+  s.partials = static_cast<float*>(at(4 * ids));
+  s.cub = at(4 * ids + parts);
   s.cub_bytes = cub_sort_bytes(rows);
   s.total = 4 * ids + parts + up(static_cast<int64_t>(s.cub_bytes));
   return s;
