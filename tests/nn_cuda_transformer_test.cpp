@@ -441,7 +441,10 @@ TEST_F(CudaTransformer, AdamWOverManyTensorsInACapturedStepReplayedTwiceIsTwoRef
     expect_close(got(*p.m), want(*p.m), 4 * kF32Eps, m_bound, "m");
     expect_close(got(*p.v), want(*p.v), 4 * kF32Eps, v_bound, "v");
     expect_close(got(*p.w), want(*p.w), 4 * kF32Eps, w_bound, "w");
-    if (p.copy != nullptr) expect_close(got(*p.copy), want(*p.copy), rounding(p.copy->dev.dtype), {0.0}, "copy");
+    if (p.copy != nullptr) {  // one rounding of w (f16's subnormals: their spacing)
+      const double floor = p.copy->dev.dtype == DType::f16 ? std::ldexp(1.0, -24) : 0.0;
+      expect_close(got(*p.copy), want(*p.copy), rounding(p.copy->dev.dtype), {floor}, "copy");
+    }
   }
   // A skipped step (fp16 loss scaling found a non-finite gradient): nothing moves, the count stays.
   std::vector<std::vector<unsigned char>> before;
