@@ -302,13 +302,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Calls f.template operator()<V>() with V = T's 16-byte width where `vector_ok`, else 1.
-template <typename T, typename F>
-void with_width(bool vector_ok, F&& f) {
-  if (vector_ok) f.template operator()<vec_of<T>()>();
-  else f.template operator()<1>();
-}
-
 }  // namespace
 
 void embedding_forward(cudaStream_t stream, DType t, const int32_t* tokens, const void* wte, const void* wpe, void* y,
@@ -338,17 +331,23 @@ struct EmbeddingScratch {
   int64_t total;
 };
 
-std::size_t cub_sort_bytes(int64_t rows) {
+// The key bits the sort looks at: enough for vocab itself (the key of a token outside it).
+int key_bits(int64_t vocab) {
+  return std::max(1, static_cast<int>(std::ceil(std::log2(static_cast<double>(vocab) + 1.0))));
+}
+
+std::size_t cub_sort_bytes(int64_t rows, int64_t vocab) {
   std::size_t bytes = 0;
   AB_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
                                           static_cast<std::uint32_t*>(nullptr),
                                           static_cast<const std::uint32_t*>(nullptr),
-                                          static_cast<std::uint32_t*>(nullptr), static_cast<int>(rows)),
+                                          static_cast<std::uint32_t*>(nullptr), static_cast<int>(rows), 0,
+                                          key_bits(vocab)),
           "cub radix sort size query");
   return bytes;
 }
 
-EmbeddingScratch embedding_scratch(void* base, int64_t rows, int64_t channels) {
+EmbeddingScratch embedding_scratch(void* base, int64_t rows, int64_t channels, int64_t vocab) {
   const auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
   const int64_t ids = up(rows * 4), parts = up(2 * ((rows + kSegment - 1) / kSegment) * channels * 4);
   const auto at = [base](int64_t offset) {  // address arithmetic: base may be null (a size query)
@@ -361,30 +360,29 @@ EmbeddingScratch embedding_scratch(void* base, int64_t rows, int64_t channels) {
   s.sorted_rows = static_cast<std::uint32_t*>(at(3 * ids));
   s.partials = static_cast<float*>(at(4 * ids));
   s.cub = at(4 * ids + parts);
-  s.cub_bytes = cub_sort_bytes(rows);
+  s.cub_bytes = cub_sort_bytes(rows, vocab);
   s.total = 4 * ids + parts + up(static_cast<int64_t>(s.cub_bytes));
   return s;
 }
 
 }  // namespace
 
-int64_t embedding_backward_scratch_bytes(int64_t rows, int64_t channels) {
-  return embedding_scratch(nullptr, rows, channels).total;
+int64_t embedding_backward_scratch_bytes(int64_t rows, int64_t channels, int64_t vocab) {
+  return embedding_scratch(nullptr, rows, channels, vocab).total;
 }
 
 void embedding_backward(cudaStream_t stream, DType dy_t, const void* dy, DType grad_t, const int32_t* tokens,
                         void* dwte, bool accumulate_wte, void* dwpe, int64_t rows, int64_t seq, int64_t channels,
                         int64_t vocab, int64_t positions, void* scratch, int64_t scratch_bytes) {
-  const EmbeddingScratch s = embedding_scratch(scratch, rows, channels);
+  const EmbeddingScratch s = embedding_scratch(scratch, rows, channels, vocab);
   if (s.total > scratch_bytes) throw Error("internal: embedding_backward scratch too small");
-  const auto key_bits = static_cast<int>(std::ceil(std::log2(static_cast<double>(vocab) + 1.0)));
   if (rows > 0) {
     embedding_keys_kernel<<<static_cast<int>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
         tokens, s.keys, s.rows_of, rows, vocab);
     check_launch("embedding_backward keys");
     std::size_t cub_bytes = s.cub_bytes;
     AB_CUDA_LAZY(cub::DeviceRadixSort::SortPairs(s.cub, cub_bytes, s.keys, s.sorted_keys, s.rows_of, s.sorted_rows,
-                                                 static_cast<int>(rows), 0, std::max(key_bits, 1), stream),
+                                                 static_cast<int>(rows), 0, key_bits(vocab), stream),
                  "cuda_transformer embedding_backward radix sort");
   }
   const auto vocab32 = static_cast<std::uint32_t>(vocab);

@@ -19,8 +19,8 @@ namespace ab::nn::cuda_transformer {
 // contiguous, all of dtype t. A token outside [0, vocab) gives a NaN row (the device cannot throw).
 void embedding_forward(cudaStream_t stream, DType t, const std::int32_t* tokens, const void* wte, const void* wpe,
                        void* y, std::int64_t rows, std::int64_t seq, std::int64_t channels, std::int64_t vocab);
-// Scratch bytes embedding_backward needs for `rows` tokens of `channels`.
-std::int64_t embedding_backward_scratch_bytes(std::int64_t rows, std::int64_t channels);
+// Scratch bytes embedding_backward needs for `rows` tokens of `channels` over `vocab`.
+std::int64_t embedding_backward_scratch_bytes(std::int64_t rows, std::int64_t channels, std::int64_t vocab);
 // dy [rows, C] of dy_t; dwte [vocab, C], dwpe [positions, C] of grad_t. A stable radix sort of
 // (token, row) groups each token's rows in row order; runs longer than kEmbeddingSegment rows are
 // summed in segments first (partials), so no warp sums more than that many rows or partials.

@@ -47,6 +47,13 @@ constexpr int vec_of() {
   return static_cast<int>(16 / sizeof(T));
 }
 
+// Calls f.template operator()<V>() with V = T's 16-byte width where `vector_ok`, else 1.
+template <typename T, typename F>
+void with_width(bool vector_ok, F&& f) {
+  if (vector_ok) f.template operator()<vec_of<T>()>();
+  else f.template operator()<1>();
+}
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }

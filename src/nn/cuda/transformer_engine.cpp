@@ -75,7 +75,7 @@ void TransformerEngine::embedding_forward(const Tensor& tokens, const Tensor& wt
 void TransformerEngine::embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
                                            bool accumulate_wte, const Tensor& dwpe) {
   check_embedding("embedding_backward", tokens, dwte, dwpe, dy);
-  const std::int64_t need = tx::embedding_backward_scratch_bytes(dy.shape[0], dy.shape[1]);
+  const std::int64_t need = tx::embedding_backward_scratch_bytes(dy.shape[0], dy.shape[1], dwte.shape[0]);
   need_scratch("embedding_backward", need);
   tx::embedding_backward(ctx_.stream, dy.dtype, dy.data, dwte.dtype, tokens.as<const std::int32_t>(), dwte.data,
                          accumulate_wte, dwpe.data, dy.shape[0], tokens.shape[1], dy.shape[1], dwte.shape[0],

@@ -364,13 +364,11 @@ void cross_entropy_fused(cudaStream_t stream, DType t, const void* logits, int64
       constexpr int V = vec_of<T>();
       const bool vector_ok = aligned(logits, 16) && logits_stride % V == 0 &&
                              (dlogits == nullptr || (aligned(dlogits, 16) && dlogits_stride % V == 0));
-      const auto run = [&]<int W>() {
+      with_width<T>(vector_ok, [&]<int W>() {
         xent_row_kernel<T, W><<<static_cast<int>(rows), kLossThreads, 0, stream>>>(
             static_cast<const T*>(logits), logits_stride, labels, static_cast<T*>(dlogits), dlogits_stride, seed,
             scored, row_loss, vocab);
-      };
-      if (vector_ok) run.template operator()<V>();
-      else run.template operator()<1>();
+      });
     });
     check_launch("cross_entropy_fused rows");
   }
