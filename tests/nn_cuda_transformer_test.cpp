@@ -71,8 +71,8 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
       worst = i;
     }
   }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements outside the bound; worst at "
-                     << worst << ": got " << got[worst] << ", reference " << want[worst] << ", bound "
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements outside the bound; worst at " << worst
+                     << ": got " << got[worst] << ", reference " << want[worst] << ", bound "
                      << rel * std::abs(want[worst]) + abs[abs.size() == 1 ? 0 : worst];
 }
 
@@ -162,7 +162,8 @@ std::vector<double> skewed_tokens(int64_t n, int64_t vocab, const std::vector<do
   std::vector<double> ids(sz(n));
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const double r = u[2 * i], s = u[2 * i + 1];
-    ids[i] = r < 0.35 ? std::floor(s * static_cast<double>(std::min<int64_t>(5, vocab))) : std::floor(s * static_cast<double>(vocab));
+    ids[i] = r < 0.35 ? std::floor(s * static_cast<double>(std::min<int64_t>(5, vocab)))
+                      : std::floor(s * static_cast<double>(vocab));
   }
   return ids;
 }
@@ -217,7 +218,8 @@ void check_embedding(CudaTransformer& t, DType act, DType grad_t, const Embeddin
 
 TEST_F(CudaTransformer, EmbeddingMatchesTheReferenceAndItsBackwardIsDeterministic) {
   SCOPED_TRACE(trace());
-  // Small: a vocabulary of 37 over 1000 rows (every token in long runs), C off the vector width.
+  // Small: a vocabulary of 37 over 1000 rows (every token in long runs) at C 40 (vector loads),
+  // and C 13 (element by element).
   for (const DType act : kActivationTypes) {
     check_embedding(*this, act, DType::f32, {4, 250, 40, 37, 300}, false);
     check_embedding(*this, act, act, {3, 7, 13, 11, 9}, true);
@@ -281,8 +283,8 @@ void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows,
 TEST_F(CudaTransformer, LayerNormMatchesTheReferenceBothWays) {
   SCOPED_TRACE(trace());
   for (const DType act : kActivationTypes) {
-    check_layernorm(*this, act, DType::f32, 5, 20, false);   // C off the vector width: scalar loads
-    check_layernorm(*this, act, act, 9, 64, true);           // 16-bit parameters; dx accumulates
+    check_layernorm(*this, act, DType::f32, 5, 20, false);     // C off the vector width: scalar loads
+    check_layernorm(*this, act, act, 9, 64, true);             // 16-bit parameters; dx accumulates
     check_layernorm(*this, act, DType::f32, 4099, 768, true);  // GPT-2's C, rows off the 8-row block
   }
   check_layernorm(*this, DType::bf16, DType::f32, 1027, 1024, false);  // BERT-large's C
@@ -364,7 +366,8 @@ double adamw_step_sizes(const AdamWStep& s, double decay, double w, double g, do
   for (int step = first_step; step < first_step + steps; ++step) {
     m = s.beta1 * m + (1 - s.beta1) * g;
     v = s.beta2 * v + (1 - s.beta2) * g * g;
-    const double update = m / (1 - std::pow(s.beta1, step)) / (std::sqrt(v / (1 - std::pow(s.beta2, step))) + s.epsilon);
+    const double update =
+        m / (1 - std::pow(s.beta1, step)) / (std::sqrt(v / (1 - std::pow(s.beta2, step))) + s.epsilon);
     total += s.learning_rate * (std::abs(update) + decay * std::abs(w));
     w -= s.learning_rate * (update + decay * w);
   }
@@ -386,8 +389,16 @@ TEST_F(CudaTransformer, AdamWOverManyTensorsInACapturedStepReplayedTwiceIsTwoRef
   const std::vector<int64_t> big = {1, 7, 4099, 65539, 300000, 768 * 768 + 3};
   for (int i = 0; i < 136; ++i) {
     const int64_t n = i < 6 ? big[sz(i)] : 1 + i % 37;
-    Param p{&random(DType::f32, {n}), &random(DType::f32, {n}), &random(DType::f32, {n}, -0.1, 0.1),
-            &random(DType::f32, {n}, 1e-4, 1e-2), nullptr, i % 2 ? 0.1 : 0.0, {}, {}, {}, {}};
+    Param p{&random(DType::f32, {n}),
+            &random(DType::f32, {n}),
+            &random(DType::f32, {n}, -0.1, 0.1),
+            &random(DType::f32, {n}, 1e-4, 1e-2),
+            nullptr,
+            i % 2 ? 0.1 : 0.0,
+            {},
+            {},
+            {},
+            {}};
     if (i % 3 != 2) p.copy = &random(i % 3 == 0 ? DType::bf16 : DType::f16, {n});
     p.w0 = want(*p.w), p.g0 = want(*p.g), p.m0 = want(*p.m), p.v0 = want(*p.v);
     const Tensor no_copy{};
@@ -402,9 +413,16 @@ TEST_F(CudaTransformer, AdamWOverManyTensorsInACapturedStepReplayedTwiceIsTwoRef
   auto& norm2 = random(DType::f32, {1});
   const auto step_of = [&](bool on_gpu) {
     const auto pick = [&](Twin& w) { return on_gpu ? w.dev : w.ref; };
-    return AdamWStep{.learning_rate = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .epsilon = 1e-8, .weight_decay = 0.0,
-                     .step = 1000, .step_count = pick(counter), .max_grad_norm = 1.0,
-                     .grad_norm_squared = pick(norm2), .skip_if = pick(skip)};
+    return AdamWStep{.learning_rate = 1e-3,
+                     .beta1 = 0.9,
+                     .beta2 = 0.95,
+                     .epsilon = 1e-8,
+                     .weight_decay = 0.0,
+                     .step = 1000,
+                     .step_count = pick(counter),
+                     .max_grad_norm = 1.0,
+                     .grad_norm_squared = pick(norm2),
+                     .skip_if = pick(skip)};
   };
   const AdamWStep dev_step = step_of(true), host_step = step_of(false);
   auto gpu = cuda().capture([&] {
@@ -531,8 +549,8 @@ void check_cross_entropy(CudaTransformer& t, DType act, const LossCase& c) {
 TEST_F(CudaTransformer, FusedCrossEntropyMatchesTheReferenceOnPaddedRowsInPlace) {
   SCOPED_TRACE(trace());
   for (const DType act : kActivationTypes) {
-    check_cross_entropy(*this, act, {5, 7, 9, false, true});    // rows not 16-byte aligned: scalar loads
-    check_cross_entropy(*this, act, {6, 13, 16, true, false});  // vector loads and a tail
+    check_cross_entropy(*this, act, {5, 7, 9, false, true});          // rows not 16-byte aligned: scalar loads
+    check_cross_entropy(*this, act, {6, 13, 16, true, false});        // vector loads and a tail
     check_cross_entropy(*this, act, {67, 50257, 50304, true, true});  // GPT-2's padded vocabulary
   }
   check_cross_entropy(*this, DType::bf16, {33, 50257, 50304, false, false});

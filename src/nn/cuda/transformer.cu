@@ -41,8 +41,8 @@ constexpr int64_t kSegment = 32;
 
 // Sort keys (tokens; vocab for one outside the vocabulary, which sorts last and is never summed)
 // and values (row numbers).
-__global__ void embedding_keys_kernel(const int32_t* tokens, std::uint32_t* keys, std::uint32_t* rows_of,
-                                      int64_t rows, int64_t vocab) {
+__global__ void embedding_keys_kernel(const int32_t* tokens, std::uint32_t* keys, std::uint32_t* rows_of, int64_t rows,
+                                      int64_t vocab) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= rows) return;
   const int32_t id = tokens[i];
@@ -53,7 +53,9 @@ __global__ void embedding_keys_kernel(const int32_t* tokens, std::uint32_t* keys
 // The partial slot of the segment starting at sorted position p of a run starting at lo: a window
 // of kSegment positions holds at most one run start and one mid-run start of runs longer than
 // kSegment, so (window, which) is unique.
-__device__ __forceinline__ int64_t segment_slot(int64_t p, int64_t lo) { return 2 * (p / kSegment) + (p == lo ? 0 : 1); }
+__device__ __forceinline__ int64_t segment_slot(int64_t p, int64_t lo) {
+  return 2 * (p / kSegment) + (p == lo ? 0 : 1);
+}
 
 // Adds rows sorted_rows[first, last) of dy (channels [c, c + V)) to acc, in order.
 template <typename T, int V>
@@ -70,8 +72,8 @@ __device__ __forceinline__ void add_rows(float (&acc)[V], const T* dy, const std
 // segment's dy rows into its partial slot.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    embedding_segments_kernel(const T* dy, const std::uint32_t* keys, const std::uint32_t* sorted_rows,
-                              float* partials, int64_t rows, int64_t channels, std::uint32_t vocab) {
+    embedding_segments_kernel(const T* dy, const std::uint32_t* keys, const std::uint32_t* sorted_rows, float* partials,
+                              int64_t rows, int64_t channels, std::uint32_t vocab) {
   const int64_t p = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (p >= rows || keys[p] >= vocab) return;
@@ -338,12 +340,11 @@ int key_bits(int64_t vocab) {
 
 std::size_t cub_sort_bytes(int64_t rows, int64_t vocab) {
   std::size_t bytes = 0;
-  AB_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
-                                          static_cast<std::uint32_t*>(nullptr),
-                                          static_cast<const std::uint32_t*>(nullptr),
-                                          static_cast<std::uint32_t*>(nullptr), static_cast<int>(rows), 0,
-                                          key_bits(vocab)),
-          "cub radix sort size query");
+  AB_CUDA(
+      cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const std::uint32_t*>(nullptr),
+                                      static_cast<std::uint32_t*>(nullptr), static_cast<const std::uint32_t*>(nullptr),
+                                      static_cast<std::uint32_t*>(nullptr), static_cast<int>(rows), 0, key_bits(vocab)),
+      "cub radix sort size query");
   return bytes;
 }
 
@@ -394,13 +395,14 @@ void embedding_backward(cudaStream_t stream, DType dy_t, const void* dy, DType g
       with_width<T>(vector_ok, [&]<int V>() {
         const auto* d = static_cast<const T*>(dy);
         if (rows > 0) {
-          embedding_segments_kernel<T, V><<<static_cast<int>((rows * 32 + kThreads - 1) / kThreads), kThreads, 0,
-                                            stream>>>(d, s.sorted_keys, s.sorted_rows, s.partials, rows, channels,
-                                                      vocab32);
+          embedding_segments_kernel<T, V>
+              <<<static_cast<int>((rows * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+                  d, s.sorted_keys, s.sorted_rows, s.partials, rows, channels, vocab32);
         }
-        embedding_wte_kernel<T, G, V><<<static_cast<int>((vocab * 32 + kThreads - 1) / kThreads), kThreads, 0,
-                                        stream>>>(d, s.sorted_keys, s.sorted_rows, s.partials, static_cast<G*>(dwte),
-                                                  accumulate_wte, rows, channels, vocab32);
+        embedding_wte_kernel<T, G, V>
+            <<<static_cast<int>((vocab * 32 + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+                d, s.sorted_keys, s.sorted_rows, s.partials, static_cast<G*>(dwte), accumulate_wte, rows, channels,
+                vocab32);
         embedding_wpe_kernel<T, G, V><<<blocks_for(positions * channels / V), kThreads, 0, stream>>>(
             d, static_cast<G*>(dwpe), rows, seq, channels, positions);
       });
@@ -417,8 +419,8 @@ void layernorm_forward(cudaStream_t stream, DType t, DType param_t, const void* 
     dispatch(param_t, "layernorm_forward", [&](auto ptag) {
       using P = typename decltype(ptag)::type;
       if constexpr (std::is_same_v<P, float> || std::is_same_v<P, T>) {
-        const bool vector_ok = channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(y, 16) &&
-                               aligned(gamma, 32) && aligned(beta, 32);
+        const bool vector_ok =
+            channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(y, 16) && aligned(gamma, 32) && aligned(beta, 32);
         with_width<T>(vector_ok, [&]<int V>() {
           layernorm_forward_kernel<T, P, V><<<static_cast<int>((rows + 7) / 8), kThreads, 0, stream>>>(
               static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta), static_cast<T*>(y),
@@ -443,16 +445,16 @@ void layernorm_backward(cudaStream_t stream, DType t, DType param_t, const void*
                         const float* mean, const float* rstd, void* dx, bool accumulate, void* dgamma, void* dbeta,
                         int64_t rows, int64_t channels, float* scratch) {
   const int warps = layernorm_warps(channels);
-  if (warps < 1) throw Unsupported("cuda_transformer layernorm_backward: C above " +
-                                   std::to_string(layernorm_max_channels()));
+  if (warps < 1)
+    throw Unsupported("cuda_transformer layernorm_backward: C above " + std::to_string(layernorm_max_channels()));
   const int grid = layernorm_grid(rows, warps);
   dispatch(t, "layernorm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     dispatch(param_t, "layernorm_backward", [&](auto ptag) {
       using P = typename decltype(ptag)::type;
       if constexpr (std::is_same_v<P, float> || std::is_same_v<P, T>) {
-        const bool vector_ok = channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(dy, 16) &&
-                               aligned(dx, 16) && aligned(gamma, 32);
+        const bool vector_ok =
+            channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(dy, 16) && aligned(dx, 16) && aligned(gamma, 32);
         with_width<T>(vector_ok, [&]<int V>() {
           const auto smem = static_cast<std::size_t>(warps) * 2 * static_cast<std::size_t>(channels) * 4;
           layernorm_backward_kernel<T, P, V><<<grid, warps * 32, smem, stream>>>(
@@ -474,8 +476,8 @@ void gelu_forward(cudaStream_t stream, DType t, const void* x, void* y, int64_t 
   dispatch(t, "gelu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_width<T>(n % vec_of<T>() == 0 && aligned(x, 16) && aligned(y, 16), [&]<int V>() {
-      gelu_forward_kernel<T, V><<<blocks_for(n / V), kThreads, 0, stream>>>(static_cast<const T*>(x),
-                                                                            static_cast<T*>(y), n);
+      gelu_forward_kernel<T, V>
+          <<<blocks_for(n / V), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n);
     });
   });
   check_launch("gelu_forward");

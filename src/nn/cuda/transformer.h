@@ -76,8 +76,7 @@ struct AdamWScalars {
   const std::int32_t* skip_if;
 };
 // copy_t: f16 or bf16, or f32 for a group whose copies are all null.
-void adamw_update_many(cudaStream_t stream, const std::vector<AdamWParam>& params, DType copy_t,
-                       const AdamWScalars& s);
+void adamw_update_many(cudaStream_t stream, const std::vector<AdamWParam>& params, DType copy_t, const AdamWScalars& s);
 // *counter += 1 unless skip_if (may be null) holds non-zero.
 void count_step(cudaStream_t stream, std::int32_t* counter, const std::int32_t* skip_if);
 

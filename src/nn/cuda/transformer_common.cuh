@@ -17,12 +17,12 @@
 namespace ab::nn::cuda_transformer {
 namespace {
 
-using std::int32_t;
-using std::int64_t;
 using device_common::Chunk;
 using device_common::load;
 using device_common::store;
 using device_common::Tag;
+using std::int32_t;
+using std::int64_t;
 
 constexpr int kThreads = 256;
 
@@ -34,7 +34,9 @@ void dispatch(DType t, const char* what, F&& f) {
   device_common::dispatch_storage<false>(t, "cuda_transformer", what, std::forward<F>(f));
 }
 
-__host__ __device__ inline bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+__host__ __device__ inline bool aligned(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
 
 // Grid-stride grids hold at most 8 blocks of kThreads per SM: one resident wave.
 inline int blocks_for(int64_t items) {
@@ -61,11 +63,17 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162flo
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // The xor butterfly leaves the same sum in every lane, in an order fixed by the lane numbers.
 template <typename A>

@@ -68,8 +68,8 @@ void TransformerEngine::need_scratch(const char* kernel, std::int64_t bytes) con
 void TransformerEngine::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& y) {
   check_embedding("embedding_forward", tokens, wte, wpe, y);
   if (y.dtype != wte.dtype) refuse("embedding_forward", "y must have the tables' dtype, got " + y.to_string());
-  tx::embedding_forward(ctx_.stream, y.dtype, tokens.as<const std::int32_t>(), wte.data, wpe.data, y.data,
-                        y.shape[0], tokens.shape[1], y.shape[1], wte.shape[0]);
+  tx::embedding_forward(ctx_.stream, y.dtype, tokens.as<const std::int32_t>(), wte.data, wpe.data, y.data, y.shape[0],
+                        tokens.shape[1], y.shape[1], wte.shape[0]);
 }
 
 void TransformerEngine::embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
@@ -83,15 +83,15 @@ void TransformerEngine::embedding_backward(const Tensor& tokens, const Tensor& d
 }
 
 void TransformerEngine::layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma,
-                                          const Tensor& beta, const Tensor& y, const Tensor& mean,
-                                          const Tensor& rstd) {
+                                          const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   if (!is_matrix(x) || !(y.shape == x.shape) || y.dtype != x.dtype || !y.is_contiguous() ||
       !is_param(gamma, x.shape[1], x.dtype) || !is_param(beta, x.shape[1], x.dtype) || beta.dtype != gamma.dtype ||
       !is_f32_vector(mean, x.shape[0]) || !is_f32_vector(rstd, x.shape[0]))
-    refuse("layernorm_forward", "needs contiguous x, y [rows, C] of one dtype, gamma and beta [C] of f32 or x's "
-                                "dtype, f32 mean and rstd [rows]; got " + x.to_string() + ", " + y.to_string() +
-                                    ", " + gamma.to_string() + ", " + beta.to_string() + ", " + mean.to_string() +
-                                    ", " + rstd.to_string());
+    refuse("layernorm_forward",
+           "needs contiguous x, y [rows, C] of one dtype, gamma and beta [C] of f32 or x's "
+           "dtype, f32 mean and rstd [rows]; got " +
+               x.to_string() + ", " + y.to_string() + ", " + gamma.to_string() + ", " + beta.to_string() + ", " +
+               mean.to_string() + ", " + rstd.to_string());
   if (!(d.epsilon > 0)) throw Error("cuda layernorm_forward: epsilon must be > 0");
   tx::layernorm_forward(ctx_.stream, x.dtype, gamma.dtype, x.data, gamma.data, beta.data, y.data, mean.as<float>(),
                         rstd.as<float>(), x.shape[0], x.shape[1], d.epsilon);
@@ -104,17 +104,18 @@ void TransformerEngine::layernorm_backward(const Tensor& x, const Tensor& dy, co
   if (!is_matrix(x) || !like_x(dy) || !like_x(dx) || !is_param(gamma, x.shape[1], x.dtype) ||
       !is_param(dgamma, x.shape[1], x.dtype) || !is_param(dbeta, x.shape[1], x.dtype) || dgamma.dtype != gamma.dtype ||
       dbeta.dtype != gamma.dtype || !is_f32_vector(mean, x.shape[0]) || !is_f32_vector(rstd, x.shape[0]))
-    refuse("layernorm_backward", "needs contiguous x, dy, dx [rows, C] of one dtype, gamma, dgamma, dbeta [C] of "
-                                 "f32 or x's dtype, f32 mean and rstd [rows]; got " + x.to_string() + ", " +
-                                     dy.to_string() + ", " + dx.to_string() + ", " + gamma.to_string() + ", " +
-                                     dgamma.to_string() + ", " + mean.to_string());
+    refuse("layernorm_backward",
+           "needs contiguous x, dy, dx [rows, C] of one dtype, gamma, dgamma, dbeta [C] of "
+           "f32 or x's dtype, f32 mean and rstd [rows]; got " +
+               x.to_string() + ", " + dy.to_string() + ", " + dx.to_string() + ", " + gamma.to_string() + ", " +
+               dgamma.to_string() + ", " + mean.to_string());
   if (x.shape[1] > tx::layernorm_max_channels())
     refuse("layernorm_backward", "C = " + std::to_string(x.shape[1]) + " is above the " +
                                      std::to_string(tx::layernorm_max_channels()) + " it takes");
   need_scratch("layernorm_backward", tx::layernorm_backward_scratch_bytes(x.shape[0], x.shape[1]));
   tx::layernorm_backward(ctx_.stream, x.dtype, gamma.dtype, x.data, dy.data, gamma.data, mean.as<const float>(),
-                         rstd.as<const float>(), dx.data, accumulate, dgamma.data, dbeta.data, x.shape[0],
-                         x.shape[1], scratch_.as<float>());
+                         rstd.as<const float>(), dx.data, accumulate, dgamma.data, dbeta.data, x.shape[0], x.shape[1],
+                         scratch_.as<float>());
 }
 
 void TransformerEngine::gelu_forward(const Tensor& x, const Tensor& y) {
@@ -143,13 +144,15 @@ void TransformerEngine::sum_squares(const std::vector<Tensor>& tensors, const Te
 
 void TransformerEngine::adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m,
                                      const Tensor& v) {
-  adamw_update_many(s, {AdamWTensors{.w = w, .g = g, .m = m, .v = v, .copy = Tensor{}, .weight_decay = s.weight_decay}});
+  adamw_update_many(s,
+                    {AdamWTensors{.w = w, .g = g, .m = m, .v = v, .copy = Tensor{}, .weight_decay = s.weight_decay}});
 }
 
 void TransformerEngine::adamw_update_many(const AdamWStep& s, const std::vector<AdamWTensors>& params) {
   if (!s.step_count.defined() && s.step < 1)
     throw Error("cuda adamw_update: step counts from 1, got " + std::to_string(s.step));
-  if (s.grad_norm_squared.defined()) require_scalar("adamw_update", "grad_norm_squared", s.grad_norm_squared, DType::f32);
+  if (s.grad_norm_squared.defined())
+    require_scalar("adamw_update", "grad_norm_squared", s.grad_norm_squared, DType::f32);
   const tx::AdamWScalars scalars{s.learning_rate,
                                  s.beta1,
                                  s.beta2,
@@ -174,9 +177,9 @@ void TransformerEngine::adamw_update_many(const AdamWStep& s, const std::vector<
                                         p.copy.to_string() + " for " + p.w.to_string());
       ctx_.written(p.copy.data);
     }
-    groups[p.copy.defined() ? p.copy.dtype : DType::f32].push_back(
-        {p.w.as<float>(), p.g.as<const float>(), p.m.as<float>(), p.v.as<float>(), p.copy.data, p.w.numel(),
-         p.weight_decay});
+    groups[p.copy.defined() ? p.copy.dtype : DType::f32].push_back({p.w.as<float>(), p.g.as<const float>(),
+                                                                    p.m.as<float>(), p.v.as<float>(), p.copy.data,
+                                                                    p.w.numel(), p.weight_decay});
   }
   for (const auto& [copy_t, group] : groups) tx::adamw_update_many(ctx_.stream, group, copy_t, scalars);
 }
@@ -189,13 +192,14 @@ void TransformerEngine::count_step(const Tensor& counter, const Tensor& skip_if)
 void TransformerEngine::cross_entropy_fused(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                                             const Tensor& dlogits, const Tensor& seed) {
   const std::int64_t rows = logits.shape.rank() == 2 ? logits.shape[0] : -1;
-  if (!is_padded_matrix(logits) || labels.dtype != DType::i32 || labels.shape.rank() != 1 ||
-      labels.shape[0] != rows || !labels.is_contiguous() ||
-      (dlogits.defined() && (!is_padded_matrix(dlogits) || !(dlogits.shape == logits.shape) ||
-                             dlogits.dtype != logits.dtype)))
-    refuse("cross_entropy_fused", "needs logits [N, V] (rows may be padded), i32 labels [N] and dlogits like logits; "
-                                  "got " + logits.to_string() + ", " + labels.to_string() +
-                                      (dlogits.defined() ? ", " + dlogits.to_string() : ""));
+  if (!is_padded_matrix(logits) || labels.dtype != DType::i32 || labels.shape.rank() != 1 || labels.shape[0] != rows ||
+      !labels.is_contiguous() ||
+      (dlogits.defined() &&
+       (!is_padded_matrix(dlogits) || !(dlogits.shape == logits.shape) || dlogits.dtype != logits.dtype)))
+    refuse("cross_entropy_fused",
+           "needs logits [N, V] (rows may be padded), i32 labels [N] and dlogits like logits; "
+           "got " +
+               logits.to_string() + ", " + labels.to_string() + (dlogits.defined() ? ", " + dlogits.to_string() : ""));
   require_scalar("cross_entropy_fused", "loss", loss, DType::f32);
   if (seed.defined()) require_scalar("cross_entropy_fused", "seed", seed, DType::f32);
   need_scratch("cross_entropy_fused", tx::cross_entropy_scratch_bytes(rows));

@@ -30,8 +30,9 @@ class TransformerEngine {
                           const Tensor& dwpe);
   void layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                          const Tensor& y, const Tensor& mean, const Tensor& rstd);
-  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                          const Tensor& dx, bool accumulate, const Tensor& dgamma, const Tensor& dbeta);
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
+                          const Tensor& dbeta);
   void gelu_forward(const Tensor& x, const Tensor& y);
   void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate);
   void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out);

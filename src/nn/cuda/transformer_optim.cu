@@ -149,8 +149,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const AdamWBatch batch,
     float *w = batch.w[k], *m = batch.m[k], *v = batch.v[k];
     const float* g = batch.g[k];
     C* copy = static_cast<C*>(batch.copy[k]);
-    const bool vector_ok = aligned(w, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) &&
-                           aligned(copy, 8);
+    const bool vector_ok = aligned(w, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && aligned(copy, 8);
     int64_t i = begin + int64_t{threadIdx.x} * 4;
     if (vector_ok) {
       for (; i + 4 <= end; i += int64_t{blockDim.x} * 4) {
@@ -314,9 +313,15 @@ void sum_squares(cudaStream_t stream, const std::vector<SquaresTensor>& tensors,
 
 void adamw_update_many(cudaStream_t stream, const std::vector<AdamWParam>& params, DType copy_t,
                        const AdamWScalars& s) {
-  const AdamWDevice dev{static_cast<float>(s.learning_rate), static_cast<float>(s.beta1), static_cast<float>(s.beta2),
-                        static_cast<float>(s.epsilon),       static_cast<float>(s.max_grad_norm), s.step,
-                        s.step_count,                         s.grad_norm_squared,                s.skip_if};
+  const AdamWDevice dev{static_cast<float>(s.learning_rate),
+                        static_cast<float>(s.beta1),
+                        static_cast<float>(s.beta2),
+                        static_cast<float>(s.epsilon),
+                        static_cast<float>(s.max_grad_norm),
+                        s.step,
+                        s.step_count,
+                        s.grad_norm_squared,
+                        s.skip_if};
   const auto launch = [&](auto tag) {
     using C = typename decltype(tag)::type;
     for (std::size_t first = 0; first < params.size(); first += kAdamWPerLaunch) {
@@ -351,9 +356,9 @@ void count_step(cudaStream_t stream, int32_t* counter, const int32_t* skip_if) {
 
 int64_t cross_entropy_scratch_bytes(int64_t rows) { return 256 + (rows * 4 + 255) / 256 * 256; }
 
-void cross_entropy_fused(cudaStream_t stream, DType t, const void* logits, int64_t logits_stride,
-                         const int32_t* labels, float* loss, void* dlogits, int64_t dlogits_stride, const float* seed,
-                         int64_t rows, int64_t vocab, void* scratch) {
+void cross_entropy_fused(cudaStream_t stream, DType t, const void* logits, int64_t logits_stride, const int32_t* labels,
+                         float* loss, void* dlogits, int64_t dlogits_stride, const float* seed, int64_t rows,
+                         int64_t vocab, void* scratch) {
   auto* scored = static_cast<int32_t*>(scratch);
   auto* row_loss = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch) + 256);
   count_scored_kernel<<<1, 1024, 0, stream>>>(labels, rows, scored);

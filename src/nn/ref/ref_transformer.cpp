@@ -129,7 +129,8 @@ std::vector<double> scores(const AttentionShape& s, const Tensor& q, const Tenso
 
 // i32 [1] device scalars (step counters, skip flags).
 void check_counter(const std::string& kernel, const char* what, const Tensor& t) {
-  if (t.dtype != DType::i32 || t.numel() != 1) bad_operands(kernel, std::string(what) + " must be i32 [1], got " + t.to_string());
+  if (t.dtype != DType::i32 || t.numel() != 1)
+    bad_operands(kernel, std::string(what) + " must be i32 [1], got " + t.to_string());
 }
 
 // AdamWStep's step: step_count's value where it is defined, else `step`; from 1 on.
