@@ -500,8 +500,8 @@ TEST_F(CudaTransformer, AdamWTakesTheHostStepWithoutACounter) {
 // ---- the fused cross-entropy
 
 // The error of an f32 log-sum-exp over `vocab` logits in [-4, 4]: a thread's share of the row (a
-// block of at least 512 threads) and the block's combine steps in the sum, the log and the max's roundings, and
-// __expf's few ulps per term on 16-bit rows.
+// block of at least 512 threads) and the block's combine steps in the sum, the log and the max's
+// roundings, and __expf's few ulps per term on 16-bit rows.
 double lse_error(DType act, int64_t vocab) {
   return (static_cast<double>(vocab) / 512 + 40) * kF32Eps + 4 * kF32Eps * (4 + std::log(static_cast<double>(vocab))) +
          (act == DType::f32 ? 0 : 2e-6);
