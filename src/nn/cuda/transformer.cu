@@ -189,6 +189,13 @@ int layernorm_grid(int64_t rows, int warps) {
   return static_cast<int>(std::clamp<int64_t>(needed, 1, int64_t{cuda_pointwise::sm_count()} * 4));
 }
 
+// Where channel j of the V-vector at c keeps its sum in a warp's shared memory: [j][c / V], so the
+// lanes of one access (consecutive c / V) hit consecutive banks.
+template <int V>
+__device__ __forceinline__ int64_t sum_slot(int64_t c, int j, int64_t channels) {
+  return j * (channels / V) + c / V;
+}
+
 // Stage 1: dx per row (warp per row, rows grid-strided), and each warp's sums of dy * xhat and dy
 // per channel in shared memory (each lane owns its channels: no atomics); the block then writes the
 // sums over its warps, in warp order, to partials[block][2C].
@@ -201,7 +208,7 @@ __global__ void __launch_bounds__(kThreads)
   float* mine = sums + int64_t{warp} * 2 * channels;
   for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V)
 #pragma unroll
-    for (int j = 0; j < V; ++j) mine[c + j] = mine[channels + c + j] = 0.0f;
+    for (int j = 0; j < V; ++j) mine[sum_slot<V>(c, j, channels)] = mine[channels + sum_slot<V>(c, j, channels)] = 0.0f;
   const auto n = static_cast<float>(channels);
   for (int64_t r = int64_t{blockIdx.x} * warps + warp; r < rows; r += int64_t{gridDim.x} * warps) {
     const float mu = mean[r], inv = rstd[r];
@@ -229,16 +236,17 @@ __global__ void __launch_bounds__(kThreads)
         const float xhat = (to_f32(a.v[j]) - mu) * inv, dj = to_f32(d.v[j]);
         const float v = inv * (dj * to_f32(g.v[j]) - g_mean - xhat * gx_mean);
         out.v[j] = from_f32<T>(accumulate ? to_f32(out.v[j]) + v : v);
-        mine[c + j] += dj * xhat;
-        mine[channels + c + j] += dj;
+        mine[sum_slot<V>(c, j, channels)] += dj * xhat;
+        mine[channels + sum_slot<V>(c, j, channels)] += dj;
       }
       store<V>(dx + r * channels, c, out);
     }
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < 2 * channels; i += blockDim.x) {
+    const int64_t ch = i % channels, at = i - ch + sum_slot<V>(ch - ch % V, static_cast<int>(ch % V), channels);
     float s = 0.0f;
-    for (int w = 0; w < warps; ++w) s += sums[int64_t{w} * 2 * channels + i];
+    for (int w = 0; w < warps; ++w) s += sums[int64_t{w} * 2 * channels + at];
     partials[int64_t{blockIdx.x} * 2 * channels + i] = s;
   }
 }
