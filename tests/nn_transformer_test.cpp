@@ -353,8 +353,8 @@ TEST(TransformerRef, AdamWReadsTheDeviceStepCountAtEveryReplayOfACapturedStep) {
   const Tensor w = t.make(DType::f64, {n}, w0), g = t.make(DType::f64, {n}, g0);
   const Tensor m = t.zeros(DType::f64, {n}), v = t.zeros(DType::f64, {n});
   const Tensor counter = t.ints({1}, {1}), no_skip = t.ints({1}, {0});
-  const AdamWStep s{.learning_rate = 0.02, .beta1 = 0.8, .beta2 = 0.9, .weight_decay = 0.05, .step = 7,
-                    .step_count = counter};
+  const AdamWStep s{
+      .learning_rate = 0.02, .beta1 = 0.8, .beta2 = 0.9, .weight_decay = 0.05, .step = 7, .step_count = counter};
   auto replay = t.k().capture([&] {
     t.k().adamw_update(s, w, g, m, v);
     t.k().count_step(counter, no_skip);

@@ -207,8 +207,9 @@ class CudaKernels final : public Kernels {
                          const Tensor& y, const Tensor& mean, const Tensor& rstd) override {
     transformer_.layernorm_forward(d, x, gamma, beta, y, mean, rstd);
   }
-  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                          const Tensor& dx, bool accumulate, const Tensor& dgamma, const Tensor& dbeta) override {
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
+                          const Tensor& dbeta) override {
     transformer_.layernorm_backward(x, dy, gamma, mean, rstd, dx, accumulate, dgamma, dbeta);
   }
   void gelu_forward(const Tensor& x, const Tensor& y) override { transformer_.gelu_forward(x, y); }
