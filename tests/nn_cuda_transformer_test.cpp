@@ -4,7 +4,8 @@
 // row counts off every block size, a 50257-token vocabulary padded to 50304), in place where the
 // contract allows it, embedding backward bit-identical run to run, AdamW over many tensors in a
 // captured step replayed twice against two reference steps (the device step count advancing),
-// skip flags honoured. Tolerances: the output dtype's rounding plus the f32 arithmetic's bound.
+// skip flags honoured, refusals named. Tolerances: the output dtype's rounding plus the f32
+// arithmetic's bound.
 // Skips where no GPU answers.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -570,6 +572,40 @@ TEST_F(CudaTransformer, FusedCrossEntropyWithNoScoredRowIsZero) {
   ref().cross_entropy_fused(kept.ref, ints({3}, {0, 39, 7}).ref, loss.ref, Tensor{}, Tensor{});
   EXPECT_EQ(got(kept), before);
   expect_close(got(loss), want(loss), 4 * kF32Eps, {lse_error(DType::f32, 40)}, "loss");
+}
+
+// ---- what the family refuses, by name
+
+TEST_F(CudaTransformer, RefusesOperandsItCannotTakeWithTheReason) {
+  auto& w16 = random(DType::bf16, {8});
+  auto& f = random(DType::f32, {8});
+  const auto message = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const Unsupported& e) {
+      return std::string(e.what());
+    }
+    return std::string("no Unsupported");
+  };
+  EXPECT_NE(message([&] { cuda().adamw_update({}, w16.dev, w16.dev, w16.dev, w16.dev); }).find("must be f32"),
+            std::string::npos);
+  auto& x = random(DType::bf16, {2, 8000});
+  auto& gamma = random(DType::f32, {8000});
+  auto& stats = random(DType::f32, {2});
+  EXPECT_NE(message([&] {
+              cuda().layernorm_backward(x.dev, x.dev, gamma.dev, stats.dev, stats.dev, x.dev, false, gamma.dev,
+                                        gamma.dev);
+            }).find("C = 8000"),
+            std::string::npos);
+  auto& logits = random(DType::bf16, {2, 8});
+  EXPECT_NE(message([&] {
+              cuda().cross_entropy_fused(logits.dev, ints({3}, {0, 1, 2}).dev, f.dev, Tensor{}, Tensor{});
+            }).find("cross_entropy_fused"),
+            std::string::npos);
+  // No tensor at all: the norm is 0.
+  auto& out = random(DType::f32, {1});
+  cuda().sum_squares({}, out.dev);
+  EXPECT_EQ(got(out)[0], 0.0);
 }
 
 }  // namespace
