@@ -1,7 +1,8 @@
 // The transformer kernels of the reference backend (nn/ref/ref_transformer.cpp): every forward
 // against an independent naive formula and every backward against central finite differences, on
 // fresh random f64 inputs; attention with causal and padding masks on strided views of one QKV
-// buffer; 16-bit storage rounded once; bad operands refused with the reason; AdamW by hand.
+// buffer; 16-bit storage rounded once; bad operands refused with the reason; AdamW by hand, and
+// with its device step count across a captured replay; the fused cross-entropy on padded rows.
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -342,6 +343,106 @@ TEST(TransformerRef, AdamWFollowsTheUpdateRuleWithBiasCorrectionClippingAndSkips
   t.k().adamw_update({.skip_if = skip}, w, g, m2, v2);
   EXPECT_EQ(read_host(w), kept);
   EXPECT_THROW(t.k().adamw_update({.step = 0}, w, g, m2, v2), Error);
+}
+
+TEST(TransformerRef, AdamWReadsTheDeviceStepCountAtEveryReplayOfACapturedStep) {
+  Tensors t;
+  SCOPED_TRACE("seed " + std::to_string(t.seed()));
+  const std::int64_t n = 6;
+  const std::vector<double> w0 = t.draw(n, -1, 1), g0 = t.draw(n, -1, 1);
+  const Tensor w = t.make(DType::f64, {n}, w0), g = t.make(DType::f64, {n}, g0);
+  const Tensor m = t.zeros(DType::f64, {n}), v = t.zeros(DType::f64, {n});
+  const Tensor counter = t.ints({1}, {1}), no_skip = t.ints({1}, {0});
+  const AdamWStep s{
+      .learning_rate = 0.02, .beta1 = 0.8, .beta2 = 0.9, .weight_decay = 0.05, .step = 7, .step_count = counter};
+  auto replay = t.k().capture([&] {
+    t.k().adamw_update(s, w, g, m, v);
+    t.k().count_step(counter, no_skip);
+  });
+  EXPECT_EQ(read_host(counter)[0], 1) << "capture ran count_step";
+  EXPECT_EQ(read_host(w), w0) << "capture ran adamw_update";
+  replay->replay();
+  replay->replay();
+  EXPECT_EQ(read_host(counter)[0], 3);
+  // Two plain steps numbered 1 and 2 (not s.step = 7: step_count wins).
+  const Tensor w2 = t.make(DType::f64, {n}, w0), m2 = t.zeros(DType::f64, {n}), v2 = t.zeros(DType::f64, {n});
+  AdamWStep plain = s;
+  plain.step_count = Tensor{};
+  for (plain.step = 1; plain.step <= 2; ++plain.step) t.k().adamw_update(plain, w2, g, m2, v2);
+  EXPECT_EQ(read_host(w), read_host(w2));
+  EXPECT_EQ(read_host(m), read_host(m2));
+  EXPECT_EQ(read_host(v), read_host(v2));
+  // A skipped step leaves the counter; a counter at 0 is refused as step 0 is.
+  const Tensor skip = t.ints({1}, {1});
+  t.k().count_step(counter, skip);
+  EXPECT_EQ(read_host(counter)[0], 3);
+  const Tensor zero = t.ints({1}, {0});
+  EXPECT_THROW(t.k().adamw_update({.step_count = zero}, w, g, m, v), Error);
+  EXPECT_THROW(t.k().count_step(t.zeros(DType::f32, {1}), Tensor{}), Error);
+}
+
+// ---- the classifier's fused cross-entropy
+
+// A [rows, cols] view into random [rows, stride] storage: rows padded as a 50257-token vocabulary's
+// logits are, 50304 wide.
+Tensor padded_rows(Tensors& t, DType d, std::int64_t rows, std::int64_t cols, std::int64_t stride, double lo,
+                   double hi) {
+  Tensor full = t.random(d, {rows, stride}, lo, hi);
+  full.shape = Shape{rows, cols};
+  return full;
+}
+
+TEST(TransformerRef, FusedCrossEntropyIsTheMeanOverScoredRowsAndItsGradientInPlace) {
+  Tensors t;
+  SCOPED_TRACE("seed " + std::to_string(t.seed()));
+  const std::int64_t rows = 5, vocab = 7, stride = 9;
+  const Tensor logits = padded_rows(t, DType::f64, rows, vocab, stride, -3, 3);
+  const std::vector<double> labels_v = {3, -1, 0, 6, 2};
+  const Tensor labels = t.ints({rows}, labels_v);
+  const Tensor loss = t.zeros(DType::f32, {1}), loss64 = t.zeros(DType::f64, {1});
+  const Tensor seed = t.make(DType::f32, {1}, {0.75});
+  const Tensor dlogits = padded_rows(t, DType::f64, rows, vocab, stride, -1, 1);
+  t.k().cross_entropy_fused(logits, labels, loss64, dlogits, seed);
+  const std::vector<double> x = read_host(logits);
+  double want = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (labels_v[sz(r)] < 0) continue;
+    double sum = 0;
+    for (std::int64_t c = 0; c < vocab; ++c) sum += std::exp(x[sz(r * vocab + c)]);
+    want += std::log(sum) - x[sz(r * vocab + std::int64_t(labels_v[sz(r)]))];
+  }
+  EXPECT_NEAR(read_host(loss64)[0], want / 4, 1e-13);
+  // dlogits = seed * d(loss)/d(logits), the unscored row's zero.
+  const auto loss_of = [&] {
+    t.k().cross_entropy_fused(logits, labels, loss64, Tensor{}, Tensor{});
+    return read_host(loss64)[0] * 0.75;
+  };
+  const std::vector<double> grad = read_host(dlogits);
+  for (std::int64_t c = 0; c < vocab; ++c) EXPECT_EQ(grad[sz(vocab + c)], 0.0) << "unscored row, column " << c;
+  expect_gradient(logits, grad, loss_of, "dlogits");
+  // In place (dlogits = logits), in f32 loss: the same values; the padding columns untouched.
+  std::vector<double> storage_before(sz(rows * stride));
+  const Tensor whole = Tensor::describe(DType::f64, {rows, stride}).with_data(logits.data);
+  storage_before = read_host(whole);
+  t.k().cross_entropy_fused(logits, labels, loss, logits, seed);
+  EXPECT_NEAR(read_host(loss)[0], want / 4, 1e-6);
+  const std::vector<double> in_place = read_host(logits), storage_after = read_host(whole);
+  for (std::size_t i = 0; i < grad.size(); ++i) EXPECT_EQ(in_place[i], grad[i]) << i;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = vocab; c < stride; ++c)
+      EXPECT_EQ(storage_after[sz(r * stride + c)], storage_before[sz(r * stride + c)]) << "padding " << r << ", " << c;
+}
+
+TEST(TransformerRef, FusedCrossEntropyWithNoScoredRowIsZeroAndBadLabelsAreRefused) {
+  Tensors t;
+  const Tensor logits = t.random(DType::bf16, {3, 4}, -2, 2), dlogits = t.random(DType::f32, {3, 4});
+  const Tensor loss = t.random(DType::f32, {1});
+  t.k().cross_entropy_fused(logits, t.ints({3}, {-1, -1, -1}), loss, dlogits, Tensor{});
+  EXPECT_EQ(read_host(loss)[0], 0.0);
+  EXPECT_EQ(read_host(dlogits), std::vector<double>(12, 0.0));
+  EXPECT_THROW(t.k().cross_entropy_fused(logits, t.ints({3}, {0, 4, 1}), loss, dlogits, Tensor{}), Error);
+  EXPECT_THROW(t.k().cross_entropy_fused(logits, t.ints({3}, {0, -2, 1}), loss, dlogits, Tensor{}), Error);
+  EXPECT_THROW(t.k().cross_entropy_fused(logits, t.ints({2}, {0, 1}), loss, dlogits, Tensor{}), Error);
 }
 
 TEST(TransformerRef, BackendsWithoutTheKernelsRefuseByName) {

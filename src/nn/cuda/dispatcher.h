@@ -6,6 +6,8 @@
 //   LinearEngine    linear layers through cuBLASLt                          linear_engine.h
 //   PointwiseEngine elementwise ops, losses, optimizers, mixed precision    pointwise_engine.h
 //   AttentionEngine scaled dot-product attention (fused flash kernels)      attention_engine.h
+//   TransformerEngine embedding, LayerNorm, GELU, gradient norm, AdamW,     transformer_engine.h
+//                   the fused classifier loss
 // The families share one EngineContext (context.h): stream, allocator, cuDNN handle, modes and the
 // searches' scratch. docs/ENGINE.md says how a new family joins.
 #pragma once
@@ -23,6 +25,7 @@
 #include "nn/cuda/linear_engine.h"
 #include "nn/cuda/norm_pool_engine.h"
 #include "nn/cuda/pointwise_engine.h"
+#include "nn/cuda/transformer_engine.h"
 #include "nn/kernels.h"
 
 namespace ab::nn::cuda {
@@ -212,6 +215,42 @@ class CudaKernels final : public Kernels {
     attention_.attention_backward(d, q, k, v, o, dout, stats, dq, dk, dv);
   }
 
+  // ---- transformer (attention and linear + GELU are other families')
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& y) override {
+    transformer_.embedding_forward(tokens, wte, wpe, y);
+  }
+  void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte, bool accumulate_wte,
+                          const Tensor& dwpe) override {
+    transformer_.embedding_backward(tokens, dy, dwte, accumulate_wte, dwpe);
+  }
+  void layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                         const Tensor& y, const Tensor& mean, const Tensor& rstd) override {
+    transformer_.layernorm_forward(d, x, gamma, beta, y, mean, rstd);
+  }
+  void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
+                          const Tensor& dbeta) override {
+    transformer_.layernorm_backward(x, dy, gamma, mean, rstd, dx, accumulate, dgamma, dbeta);
+  }
+  void gelu_forward(const Tensor& x, const Tensor& y) override { transformer_.gelu_forward(x, y); }
+  void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate) override {
+    transformer_.gelu_backward(x, dy, dx, accumulate);
+  }
+  void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) override {
+    transformer_.sum_squares(tensors, out);
+  }
+  void adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v) override {
+    transformer_.adamw_update(s, w, g, m, v);
+  }
+  void adamw_update_many(const AdamWStep& s, const std::vector<AdamWTensors>& params) override {
+    transformer_.adamw_update_many(s, params);
+  }
+  void count_step(const Tensor& counter, const Tensor& skip_if) override { transformer_.count_step(counter, skip_if); }
+  void cross_entropy_fused(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
+                           const Tensor& seed) override {
+    transformer_.cross_entropy_fused(logits, labels, loss, dlogits, seed);
+  }
+
   // ---- reports (kernels.h's cuda_* functions)
   const CudaKernelStats& stats() const { return conv_.stats(); }
   std::vector<std::string> conv_choices() const { return conv_.conv_choices(); }
@@ -227,6 +266,7 @@ class CudaKernels final : public Kernels {
   PointwiseEngine pointwise_;
   LinearEngine linear_;
   AttentionEngine attention_;
+  TransformerEngine transformer_;
 };
 
 }  // namespace ab::nn::cuda

@@ -223,6 +223,9 @@ class RefKernels : public Kernels {
                           const Tensor& dv) override;
   void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) override;
   void adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v) override;
+  void count_step(const Tensor& counter, const Tensor& skip_if) override;
+  void cross_entropy_fused(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
+                           const Tensor& seed) override;
 
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;

@@ -1,7 +1,8 @@
 // Reference kernels of the transformer ops: token + position embedding, LayerNorm, GELU (tanh
-// form), scaled dot-product attention (causal and padding masks), the global gradient norm and
-// AdamW. Every sum in float64 in a fixed order; operands read and written through load/store, so
-// any floating storage type and any strides are taken (16-bit values rounded once on store).
+// form), scaled dot-product attention (causal and padding masks), the global gradient norm, AdamW
+// with its device step counter, and the classifier's fused cross-entropy. Every sum in float64 in
+// a fixed order; operands read and written through load/store, so any floating storage type and
+// any strides are taken (16-bit values rounded once on store).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -124,6 +125,46 @@ std::vector<double> scores(const AttentionShape& s, const Tensor& q, const Tenso
     row[sz(j)] = dot * s.scale;
   }
   return row;
+}
+
+// i32 [1] device scalars (step counters, skip flags).
+void check_counter(const std::string& kernel, const char* what, const Tensor& t) {
+  if (t.dtype != DType::i32 || t.numel() != 1)
+    bad_operands(kernel, std::string(what) + " must be i32 [1], got " + t.to_string());
+}
+
+// AdamWStep's step: step_count's value where it is defined, else `step`; from 1 on.
+std::int64_t step_number(const std::string& kernel, const AdamWStep& s) {
+  std::int64_t step = s.step;
+  if (s.step_count.defined()) {
+    check_counter(kernel, "step_count", s.step_count);
+    step = *s.step_count.as<const std::int32_t>();
+  }
+  if (step < 1) bad_operands(kernel, "step counts from 1, got " + std::to_string(step));
+  return step;
+}
+
+// logits [N, V] (any strides: padded rows); labels i32 [N] in [0, V) or -1; dlogits (if defined)
+// logits' shape; loss and seed (if defined) [1]. Returns the number of scored rows.
+std::int64_t check_cross_entropy(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
+                                 const Tensor& seed) {
+  const std::string kernel = "cross_entropy_fused";
+  if (logits.shape.rank() != 2 || labels.dtype != DType::i32 || labels.shape.rank() != 1 ||
+      labels.shape[0] != logits.shape[0] || loss.numel() != 1 || (seed.defined() && seed.numel() != 1) ||
+      (dlogits.defined() && !(dlogits.shape == logits.shape)))
+    bad_operands(kernel, "needs logits [N, V], i32 labels [N], loss [1], dlogits like logits and seed [1], got " +
+                             logits.to_string() + ", " + labels.to_string() + ", " + loss.to_string() +
+                             (dlogits.defined() ? ", " + dlogits.to_string() : "") +
+                             (seed.defined() ? ", " + seed.to_string() : ""));
+  std::int64_t scored = 0;
+  for (std::int64_t r = 0; r < logits.shape[0]; ++r) {
+    const std::int64_t label = labels.as<const std::int32_t>()[r * labels.strides[0]];
+    if (label < -1 || label >= logits.shape[1])
+      bad_operands(kernel, "label " + std::to_string(label) + " of row " + std::to_string(r) + " outside [0, " +
+                               std::to_string(logits.shape[1]) + ") and not -1 (unscored)");
+    scored += label >= 0 ? 1 : 0;
+  }
+  return scored;
 }
 
 }  // namespace
@@ -314,15 +355,16 @@ void RefKernels::adamw_update(const AdamWStep& s, const Tensor& w, const Tensor&
   require_same_flat("adamw_update", w, g);
   require_same_flat("adamw_update", w, m);
   require_same_flat("adamw_update", w, v);
-  if (s.step < 1) bad_operands("adamw_update", "step counts from 1, got " + std::to_string(s.step));
+  // The step number as the device holds it now (a replay of a captured step reads it here).
+  const std::int64_t step = step_number("adamw_update", s);
   if (s.skip_if.defined() && *s.skip_if.as<const std::int32_t>() != 0) return;
   double clip = 1.0;
   if (s.max_grad_norm > 0 && s.grad_norm_squared.defined()) {
     const double norm = std::sqrt(load(s.grad_norm_squared, 0));
     if (norm > s.max_grad_norm) clip = s.max_grad_norm / norm;
   }
-  const double beta1_correction = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
-  const double beta2_correction = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+  const double beta1_correction = 1.0 - std::pow(s.beta1, static_cast<double>(step));
+  const double beta2_correction = 1.0 - std::pow(s.beta2, static_cast<double>(step));
   for (std::int64_t i = 0; i < w.numel(); ++i) {
     const double grad = load(g, i) * clip, weight = load(w, i);
     const double mom = s.beta1 * load(m, i) + (1.0 - s.beta1) * grad;
@@ -332,6 +374,42 @@ void RefKernels::adamw_update(const AdamWStep& s, const Tensor& w, const Tensor&
     const double update = mom / beta1_correction / (std::sqrt(var / beta2_correction) + s.epsilon);
     store(w, i, weight - s.learning_rate * (update + s.weight_decay * weight));
   }
+}
+
+void RefKernels::count_step(const Tensor& counter, const Tensor& skip_if) {
+  if (deferred([=, this] { count_step(counter, skip_if); })) return;
+  check_counter("count_step", "counter", counter);
+  if (skip_if.defined()) {
+    check_counter("count_step", "skip_if", skip_if);
+    if (*skip_if.as<const std::int32_t>() != 0) return;
+  }
+  ++*counter.as<std::int32_t>();
+}
+
+void RefKernels::cross_entropy_fused(const Tensor& logits, const Tensor& labels, const Tensor& loss,
+                                     const Tensor& dlogits, const Tensor& seed) {
+  if (deferred([=, this] { cross_entropy_fused(logits, labels, loss, dlogits, seed); })) return;
+  const std::int64_t scored = check_cross_entropy(logits, labels, loss, dlogits, seed);
+  const std::int64_t rows = logits.shape[0], vocab = logits.shape[1];
+  const double scale = (seed.defined() ? load(seed, 0) : 1.0) / static_cast<double>(std::max<std::int64_t>(scored, 1));
+  std::vector<double> row(sz(vocab));
+  double total = 0.0;  // rows in increasing order
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t label = labels.as<const std::int32_t>()[r * labels.strides[0]];
+    // The whole row is read before dlogits (which may be logits itself) is written.
+    for (std::int64_t c = 0; c < vocab; ++c) row[sz(c)] = load(logits, at2(logits, r, c));
+    const double top = *std::max_element(row.begin(), row.end());
+    double sum = 0.0;
+    for (const double x : row) sum += std::exp(x - top);
+    const double lse = top + std::log(sum);
+    if (label >= 0) total += lse - row[sz(label)];
+    if (!dlogits.defined()) continue;
+    for (std::int64_t c = 0; c < vocab; ++c) {
+      const double grad = label < 0 ? 0.0 : scale * (std::exp(row[sz(c)] - lse) - (c == label ? 1.0 : 0.0));
+      store(dlogits, at2(dlogits, r, c), grad);
+    }
+  }
+  store(loss, 0, scored > 0 ? total / static_cast<double>(scored) : 0.0);
 }
 
 }  // namespace ab::nn::ref
