@@ -105,7 +105,7 @@ TEST(ModelZoo, NamesBuildAndBadNamesListTheValidOnes) {
     EXPECT_TRUE(contains(msg, "not an image classifier") && contains(msg, "resnet50")) << msg;
   }
   EXPECT_EQ(autoencoders, 2);
-  EXPECT_EQ(language, 5);
+  EXPECT_EQ(language, 8);  // four GPT-2s, two BERTs and a tiny one of each
   EXPECT_EQ(zoo::compression_config("compression_ae").latent_channels, 192);
   EXPECT_FALSE(zoo::is_compression_model("resnet50"));
   const std::string msg = test::usage_error([] { zoo::model_config("resnet49"); });

@@ -383,6 +383,10 @@ class ClassifierLoss final : public Op {
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   Tensor logits(const OpTensors& t) const;  // [N, V] over the saved rows of padded_vocab()
+  struct VocabBlock {
+    std::int64_t first, count;
+  };
+  std::vector<VocabBlock> vocab_blocks() const;  // the GEMMs' split of the vocabulary
   std::int64_t vocab_;
   std::string tied_to_;
   bool bias_;

@@ -280,6 +280,11 @@ class Train final : public Workload {
   // waiting in an all-reduce); the first non-finite loss is reported after.
   static void run_trajectory(State& state, const TrainPoint& p, const TrainOptions& o, const Ranks& ranks, Trainer& t) {
     ranks.together([&] {
+      // One forward and backward first, outside any capture and changing no parameter: kernels
+      // that choose an algorithm by timing it at a shape's first call (cuBLASLt's candidates) can
+      // only do so eagerly. Both step modes run it, so their trajectories stay equal.
+      t.graph->forward();
+      t.graph->backward();
       if (p.use_graph) t.captured = t.graph->capture_step(t.opt.get());
       t.step = p.use_graph ? std::function<void()>([&t] { t.captured->replay(); })
                            : std::function<void()>([&t] { t.eager_step(); });
