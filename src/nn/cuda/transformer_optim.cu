@@ -100,6 +100,10 @@ static_assert(sizeof(AdamWBatch) < 32000, "kernel parameters are limited to 32,7
 
 struct AdamWDevice {
   float lr, beta1, beta2, epsilon, max_grad_norm;
+  // 1 - beta and beta itself from the host's doubles: 1.0f - 0.99f is 0.01 to 1e-6 only, which
+  // a second moment of small gradients would carry; the bias corrections' powers take the doubles.
+  float one_minus_beta1, one_minus_beta2;
+  double beta1_exact, beta2_exact;
   int64_t step;
   const int32_t* step_count;
   const float* grad_norm_squared;
@@ -114,8 +118,8 @@ template <typename C>
 __device__ __forceinline__ void adamw_element(const AdamWDevice& s, const AdamWRates& r, float wd, float* w,
                                               const float* g, float* m, float* v, C* copy, int64_t i) {
   const float grad = g[i] * r.clip, weight = w[i];
-  const float mom = s.beta1 * m[i] + (1.0f - s.beta1) * grad;
-  const float var = s.beta2 * v[i] + (1.0f - s.beta2) * grad * grad;
+  const float mom = s.beta1 * m[i] + s.one_minus_beta1 * grad;
+  const float var = s.beta2 * v[i] + s.one_minus_beta2 * grad * grad;
   m[i] = mom;
   v[i] = var;
   const float update = mom / r.correction1 / (sqrtf(var / r.correction2) + s.epsilon);
@@ -129,8 +133,8 @@ __device__ __forceinline__ void adamw_element(const AdamWDevice& s, const AdamWR
 // The step's run-time scalars, read on the device: the step number, the clip factor.
 __device__ AdamWRates adamw_rates(const AdamWDevice& s) {
   const int64_t step = s.step_count != nullptr ? int64_t{*s.step_count} : s.step;
-  AdamWRates r{1.0f, static_cast<float>(1.0 - pow(double{s.beta1}, static_cast<double>(step))),
-               static_cast<float>(1.0 - pow(double{s.beta2}, static_cast<double>(step)))};
+  AdamWRates r{1.0f, static_cast<float>(1.0 - pow(s.beta1_exact, static_cast<double>(step))),
+               static_cast<float>(1.0 - pow(s.beta2_exact, static_cast<double>(step)))};
   if (s.grad_norm_squared != nullptr && s.max_grad_norm > 0.0f) {
     const float norm = sqrtf(*s.grad_norm_squared);
     if (norm > s.max_grad_norm) r.clip = s.max_grad_norm / norm;
@@ -320,6 +324,10 @@ void adamw_update_many(cudaStream_t stream, const std::vector<AdamWParam>& param
                         static_cast<float>(s.beta2),
                         static_cast<float>(s.epsilon),
                         static_cast<float>(s.max_grad_norm),
+                        static_cast<float>(1.0 - s.beta1),
+                        static_cast<float>(1.0 - s.beta2),
+                        s.beta1,
+                        s.beta2,
                         s.step,
                         s.step_count,
                         s.grad_norm_squared,
