@@ -134,6 +134,7 @@ struct Figure {
 };
 constexpr Figure kFigures[] = {
     {"samples/s", [](const results::Record& r) { return r.rate_of(&results::Rates::samples_per_s); }},
+    {"tokens/s", [](const results::Record& r) { return r.rate_of(&results::Rates::tokens_per_s); }},
     {"TFLOP/s", [](const results::Record& r) { return r.rate_of(&results::Rates::tflops); }},
     {"GB/s", [](const results::Record& r) { return r.rate_of(&results::Rates::gbps); }},
     {"samples/J", [](const results::Record& r) { return r.telemetry_number("samples_per_j"); }},
