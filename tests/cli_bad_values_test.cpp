@@ -93,8 +93,10 @@ const std::vector<BadValue>& bad_values() {
         {"--warmup", {"nan", "inf", "-1", "garbage"}},
         {"--telemetry-period", {"nan", "inf", "-1", "0", "garbage"}}};
     for (const auto& [option, values] : settings)
-      for (const auto& v : values) r.push_back({{"run", "stream", "--device", "cpu", option, v, "--out", "$OUT"}, option});
-    for (const auto& v : {"nan", "inf", "-5", "0", "garbage"}) r.push_back({{"monitor", "--interval", v}, "--interval"});
+      for (const auto& v : values)
+        r.push_back({{"run", "stream", "--device", "cpu", option, v, "--out", "$OUT"}, option});
+    for (const auto& v : {"nan", "inf", "-5", "0", "garbage"})
+      r.push_back({{"monitor", "--interval", v}, "--interval"});
     for (const auto& v : {"nan", "inf", "-1", "garbage"}) r.push_back({{"monitor", "--duration", v}, "--duration"});
     return r;
   }();
@@ -150,7 +152,8 @@ TEST(CliBadValues, EverySubcommandRefusesBadValuesOfEveryOptionNamingIt) {
     const Ran o = test::accelbench(args);
     EXPECT_EQ(o.code, row.code) << "accelbench" << shown << ":\n" << o.output;
     EXPECT_NE(o.output.find(substitute(row.names, out, run_id)), std::string::npos)
-        << "accelbench" << shown << ": the message should name '" << row.names << "':\n" << o.output;
+        << "accelbench" << shown << ": the message should name '" << row.names << "':\n"
+        << o.output;
     EXPECT_EQ(o.output.find("terminate called"), std::string::npos) << "accelbench" << shown << ":\n" << o.output;
     EXPECT_EQ(o.output.find("what():"), std::string::npos) << "accelbench" << shown << ":\n" << o.output;
   }

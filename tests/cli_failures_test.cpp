@@ -110,8 +110,9 @@ bool wait_for_points(const fs::path& out, std::size_t n, double timeout_s) {
 
 // 64 small CPU stream points, slow enough to be stopped in the middle.
 std::vector<std::string> long_sweep(const fs::path& out) {
-  return {"run", "stream", "--device", "cpu", "--axis", "array_bytes=65536:1048576:+65536", "--min-time", "0.3",
-          "--max-noise", "50", "--out", out.string(), "--quiet"};
+  return {"run",        "stream", "--device",    "cpu", "--axis", "array_bytes=65536:1048576:+65536",
+          "--min-time", "0.3",    "--max-noise", "50",  "--out",  out.string(),
+          "--quiet"};
 }
 
 void small_run(const fs::path& out) {
@@ -188,7 +189,8 @@ TEST(FailingWrites, OutputToAFullDeviceFailsWithTheReasonAndKeepsTheDevice) {
     const Ran o = run(args);
     expect_no_abort(o, what);
     EXPECT_EQ(o.code, 1) << what << ": " << o.output;
-    EXPECT_NE(o.output.find("cannot write /dev/full: No space left on device"), std::string::npos) << what << ": " << o.output;
+    EXPECT_NE(o.output.find("cannot write /dev/full: No space left on device"), std::string::npos)
+        << what << ": " << o.output;
     EXPECT_TRUE(is_character_device("/dev/full")) << what << " replaced /dev/full";
   }
   // Standard output on the full device: the command fails and says so on stderr.
@@ -210,12 +212,17 @@ TEST(FailingWrites, ADiskThatFillsMidRunEndsWithTheFirstErrorAndNoRunLeftRunning
   const std::string bin = test::quote(kBinary), d = test::quote(disk.string());
   std::string sweep;
   for (const auto& a : long_sweep(disk)) sweep += " " + test::quote(a);
-  const std::string script =
-      "mount -t tmpfs -o size=2m tmpfs " + d + " || exit 99\n" + bin + sweep + " >" + test::quote(log.string()) +
-      " 2>&1 & pid=$!\n"
-      "i=0; while [ $i -lt 3000 ] && ! [ -s " + d + "/runs/*/points.jsonl ]; do sleep 0.02; i=$((i+1)); done\n"
-      "dd if=/dev/zero of=" + d + "/fill bs=4096 2>/dev/null\n"
-      "wait $pid; echo \"exit=$?\"\n" + bin + " results --out " + d + " 2>&1\n";
+  const std::string script = "mount -t tmpfs -o size=2m tmpfs " + d + " || exit 99\n" + bin + sweep + " >" +
+                             test::quote(log.string()) +
+                             " 2>&1 & pid=$!\n"
+                             "i=0; while [ $i -lt 3000 ] && ! [ -s " +
+                             d +
+                             "/runs/*/points.jsonl ]; do sleep 0.02; i=$((i+1)); done\n"
+                             "dd if=/dev/zero of=" +
+                             d +
+                             "/fill bs=4096 2>/dev/null\n"
+                             "wait $pid; echo \"exit=$?\"\n" +
+                             bin + " results --out " + d + " 2>&1\n";
   const Ran o = test::shell("unshare --user --map-root-user --mount sh -c " + test::quote(script) + " 2>&1");
   if (o.code == 99 || o.output.find("unshare:") != std::string::npos)
     GTEST_SKIP() << "this machine allows no private tmpfs mount (unshare --user --mount): " << o.output;
@@ -244,7 +251,8 @@ TEST(LockedStore, ARunWhoseStoreStaysLockedEndsWithTheFirstErrorAndIsMarkedFaile
   {
     HeldLock lock(dir.path() / "runs" / "accelbench.db");
     code = wait_exit(pid, 60);  // with the lock still held
-    const Ran listed = run({"results", "--out", dir.path().string()});
+    const Ran listed = test::shell("AB_STORE_WAIT_MS=300 " + test::quote(kBinary) + " results --out " +
+                                   test::quote(dir.path().string()) + " 2>&1");
     expect_no_abort(listed, "results on a locked store");
     EXPECT_EQ(listed.code, 1) << listed.output;
     EXPECT_NE(listed.output.find("database is locked"), std::string::npos) << listed.output;
@@ -292,14 +300,14 @@ TEST(LockedStore, ARunAgainstAStoreLockedFromTheStartIsRefusedAndLeavesNoRun) {
 // A point stopped by its timeout did not give the answer asked for: the run fails (1), as a failed point does.
 TEST(RunExitCode, APointStoppedByItsTimeoutMakesTheRunFail) {
   TempDir dir;
-  const Ran o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,2048", "--timeout", "0.2", "--warmup", "0",
+  const Ran o = run({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64,2560", "--timeout", "0.2", "--warmup", "0",
                      "--min-time", "0.01", "--max-noise", "50", "--out", dir.path().string(), "--quiet"});
   const auto dirs = run_dirs(dir.path());
   ASSERT_EQ(dirs.size(), 1u) << o.output;
   const auto read = ab::results::read_jsonl(dirs[0] / "points.jsonl");
   ASSERT_EQ(read.records.size(), 2u) << o.output;
   EXPECT_EQ(read.records[0]["status"], "ok") << read.records[0].dump();
-  EXPECT_EQ(read.records[1]["status"], "timeout") << "2048^3 on the CPU takes longer than 0.2 s";
+  EXPECT_EQ(read.records[1]["status"], "timeout") << "ten 2560^3 products on a CPU take longer than 0.2 s";
   EXPECT_EQ(o.code, 1) << o.output;
 }
 

@@ -200,7 +200,8 @@ void write_in_place(const fs::path& output, std::string_view contents) {
 void write_output_file(const fs::path& output, const fs::path& out_dir, std::string_view contents) {
   check_output_path(output, out_dir);
   std::error_code ec;
-  if (const auto type = fs::status(output, ec).type(); !ec && type != fs::file_type::regular && type != fs::file_type::not_found)
+  if (const auto type = fs::status(output, ec).type();
+      !ec && type != fs::file_type::regular && type != fs::file_type::not_found)
     return write_in_place(output, contents);
   // Through a symlink the file it names is replaced, and the link kept.
   const fs::path target = fs::is_symlink(output, ec) ? fs::weakly_canonical(output, ec) : output;

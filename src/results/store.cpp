@@ -173,7 +173,8 @@ ResultStore::Impl::Impl(const fs::path& out_dir, const RunInfo& info) : run(info
 
   std::error_code ec;
   fs::create_directories(runs_dir, ec);
-  if (ec) throw UsageError("cannot create results directory " + runs_dir.string() + ": " + ec.message());  // a bad --out
+  if (ec)
+    throw UsageError("cannot create results directory " + runs_dir.string() + ": " + ec.message());  // a bad --out
   const bool created = fs::create_directory(run_dir, ec);
   if (ec) throw Error("cannot create run directory " + run_dir.string() + ": " + ec.message());
   if (!created) throw Error("run directory " + run_dir.string() + " already exists; a run id is used once");
@@ -346,7 +347,8 @@ void store_whole_run(const fs::path& out_dir, RunInfo run, const std::vector<jso
   const fs::path partial = runs_dir / ("." + run.run_id + ".partial");
   std::error_code ec;
   fs::create_directories(runs_dir, ec);
-  if (ec) throw UsageError("cannot create results directory " + runs_dir.string() + ": " + ec.message());  // a bad --out
+  if (ec)
+    throw UsageError("cannot create results directory " + runs_dir.string() + ": " + ec.message());  // a bad --out
   if (fs::exists(run_dir, ec))
     throw Error("run directory " + run_dir.string() + " already exists; a run id is used once");
   fs::remove_all(partial, ec);
