@@ -70,6 +70,28 @@ TEST(Planner, RandomLifetimesNeverOverlapWhileAlive) {
   EXPECT_LT(plan.peak_bytes, plan.total_bytes / 2);  // short lifetimes over 120 steps: much reuse
 }
 
+// Sizes whose rounding or sum does not fit in 64 bits, negative sizes and backwards lifetimes are
+// refused with the buffer's name, never planned with wrapped-around offsets.
+TEST(Planner, SizesThatOverflowOrAreNegativeAreRefusedNamingTheBuffer) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  std::string msg = test::usage_error([&] { plan_memory({{kMax, 0, 1, "huge"}}); });
+  EXPECT_NE(msg.find("buffer huge bytes overflows 64 bits"), std::string::npos) << msg;
+  // Each fits alone; together they do not.
+  const std::int64_t half = kMax / 2;
+  msg = test::usage_error([&] { plan_memory({{half, 0, 1, "a"}, {half, 0, 1, "b"}}); });
+  EXPECT_NE(msg.find("total bytes overflows 64 bits"), std::string::npos) << msg;
+  msg = test::usage_error([&] { plan_memory({{-512, 0, 1, "negative"}}); });
+  EXPECT_NE(msg.find("buffer negative bytes: negative size"), std::string::npos) << msg;
+  msg = test::error_message<Error>([&] { plan_memory({{512, 3, 1, "backwards"}}); });
+  EXPECT_NE(msg.find("buffer backwards: lifetime [3, 1]"), std::string::npos) << msg;
+  // The largest sizes that do fit are still planned exactly.
+  const std::int64_t big = kMax / 4 / kAllocAlignment * kAllocAlignment;
+  const MemoryPlan plan = plan_memory({{big, 0, 1, "x"}, {big, 0, 1, "y"}, {big, 2, 3, "z"}});
+  EXPECT_EQ(plan.total_bytes, 3 * big);
+  EXPECT_EQ(plan.peak_bytes, 2 * big);
+  EXPECT_EQ(plan.live_bound_bytes, 2 * big);
+}
+
 // ---------------------------------------------------------------------------------------------
 // a small network with the ResNet ingredients; `p` feeds three layers (gradients sum there)
 

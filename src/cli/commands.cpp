@@ -199,11 +199,12 @@ int list(bool json) {
   return 0;
 }
 
-// A failed point is a failure (1); a point refused for its values (a bad axis value the plan could
-// not see, e.g. out of range) a usage error (2), after every other point has run and been kept.
-// A run that measured nothing (every point oom, skipped, ...) has no result to show: 1.
+// A failed point is a failure (1), and so is one stopped by its timeout (what it measured is not
+// the answer asked for); a point refused for its values (a bad axis value the plan could not see,
+// e.g. out of range) a usage error (2), after every other point has run and been kept. A run that
+// measured nothing (every point oom, skipped, ...) has no result to show: 1.
 static int exit_code(const harness::RunTotals& totals) {
-  if (totals.by_status.count("error")) return 1;
+  if (totals.by_status.count("error") || totals.by_status.count("timeout")) return 1;
   if (totals.by_status.count("invalid")) return 2;
   return totals.by_status.count("ok") ? 0 : 1;
 }

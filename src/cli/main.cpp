@@ -9,6 +9,15 @@
 #include "cli/report_commands.h"
 #include "results/output.h"
 
+namespace {
+
+// An option given as "" would silently mean its default (the best device, the current folder, the
+// default timeout): refused instead, so what was typed is what runs.
+const CLI::Validator kNotEmpty(
+    [](const std::string& value) { return value.empty() ? std::string("must not be empty") : std::string(); }, "", "");
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"accelbench: measures what an accelerator really does on training, inference and kernels"};
   app.require_subcommand(1);
@@ -25,23 +34,33 @@ int main(int argc, char** argv) {
   ab::cli::RunOptions run_opts;
   auto* run = app.add_subcommand("run", "Run a workload or a suite file, writing records to OUT/runs/<run_id>/");
   run->add_option("target", run_opts.target, "workload name (see `accelbench list`) or SUITE.yaml")->required();
-  run->add_option("--device", run_opts.device, "cpu or cuda:N (default: the best device present)");
-  run->add_option("--axis", run_opts.axes, "override an axis: name=values, e.g. batch=1:256:pow2, m,n,k=4096, "
-                                           "m,n,k=@deepbench-train")->allow_extra_args(false);
+  run->add_option("--device", run_opts.device, "cpu or cuda:N (default: the best device present)")->check(kNotEmpty);
+  run->add_option("--axis", run_opts.axes,
+                  "override an axis: name=values, e.g. batch=1:256:pow2, m,n,k=4096, "
+                  "m,n,k=@deepbench-train")
+      ->allow_extra_args(false);
   run->add_option("--option", run_opts.options,
                   "set a workload's tuning option: name=value, one value (see `accelbench list`), e.g. "
-                  "trajectory_steps=5; repeatable")->allow_extra_args(false);
-  run->add_option("--min-time", run_opts.min_time_s, "seconds measured per point before it may stop (default 0.5)");
-  run->add_option("--max-noise", run_opts.max_noise_pct, "target relative spread of the median, percent (default 1)");
-  run->add_option("--timeout", run_opts.timeout_s, "hard limit per point, seconds, warm-up included (default 60)");
+                  "trajectory_steps=5; repeatable")
+      ->allow_extra_args(false);
+  run->add_option("--min-time", run_opts.min_time_s, "seconds measured per point before it may stop (default 0.5)")
+      ->check(kNotEmpty);
+  run->add_option("--max-noise", run_opts.max_noise_pct, "target relative spread of the median, percent (default 1)")
+      ->check(kNotEmpty);
+  run->add_option("--timeout", run_opts.timeout_s, "hard limit per point, seconds, warm-up included (default 60)")
+      ->check(kNotEmpty);
   run->add_option("--warmup", run_opts.warmup_s,
                   "seconds of untimed iterations before each point's samples, under half of --timeout (default 0.1; "
-                  "tens of seconds bring a GPU to the clocks and temperature of sustained load)");
+                  "tens of seconds bring a GPU to the clocks and temperature of sustained load)")
+      ->check(kNotEmpty);
   run->add_option("--mode", run_opts.mode, "GPU timing: batch (back-to-back) or cold (L2 flushed per sample)")
       ->check(CLI::IsMember({"batch", "cold"}));
-  run->add_option("--out", run_opts.out_dir, "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db");
+  run->add_option("--out", run_opts.out_dir,
+                  "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db")
+      ->check(kNotEmpty);
   run->add_flag("--telemetry-trace", run_opts.telemetry_trace, "also write the raw telemetry time series");
-  run->add_option("--telemetry-period", run_opts.telemetry_period_ms, "telemetry sampling period, ms (default 20)");
+  run->add_option("--telemetry-period", run_opts.telemetry_period_ms, "telemetry sampling period, ms (default 20)")
+      ->check(kNotEmpty);
   run->add_flag("--no-gpu-telemetry", run_opts.no_gpu_telemetry,
                 "read no GPU counters through NVML (no power, energy or clocks in the records; host telemetry stays)");
   run->add_flag("--quiet,-q", run_opts.quiet, "no progress lines");
@@ -50,38 +69,53 @@ int main(int argc, char** argv) {
   bool results_csv = false;
   auto* results = app.add_subcommand("results", "Runs in the store; a run's points; CSV export; chosen record fields");
   results->add_option("run_id", results_run, "a run to show (default: list the runs)");
-  results->add_option("--out", results_out, "the folder given to `run --out`");
+  results->add_option("--out", results_out, "the folder given to `run --out`")->check(kNotEmpty);
   results->add_flag("--csv", results_csv, "export the points as CSV (the newest run unless run_id is given)");
   results->add_option("-o,--output", results_file, "write to this file instead of standard output");
-  results->add_option("--fields", results_fields,
-                      "a table of these record fields, one row per point (the newest run unless run_id is given): "
-                      "dotted paths, comma-separated, e.g. params.batch,telemetry.gpus.0.mean_sm_clock_mhz");
+  results
+      ->add_option("--fields", results_fields,
+                   "a table of these record fields, one row per point (the newest run unless run_id is given): "
+                   "dotted paths, comma-separated, e.g. params.batch,telemetry.gpus.0.mean_sm_clock_mhz")
+      ->check(kNotEmpty);
 
   double monitor_interval_ms = 1000, monitor_duration_s = 0;
-  auto* monitor = app.add_subcommand("monitor", "Print live power, clocks, utilisation and host CPU, like nvidia-smi dmon");
-  monitor->add_option("--interval", monitor_interval_ms, "milliseconds between lines (default 1000)");
-  monitor->add_option("--duration", monitor_duration_s, "seconds to run (default: until Ctrl-C)");
+  auto* monitor =
+      app.add_subcommand("monitor", "Print live power, clocks, utilisation and host CPU, like nvidia-smi dmon");
+  monitor->add_option("--interval", monitor_interval_ms, "milliseconds between lines (default 1000)")->check(kNotEmpty);
+  monitor->add_option("--duration", monitor_duration_s, "seconds to run (default: until Ctrl-C)")->check(kNotEmpty);
 
   ab::cli::ReportOptions report_opts;
   auto* report = app.add_subcommand("report", "One offline HTML file (or Markdown) with charts and tables of runs");
-  report->add_option("runs", report_opts.runs, "run ids, run folders, points.jsonl files or system names (default: the newest run)");
-  report->add_option("-o,--output", report_opts.output, "file to write (default: report.html; Markdown goes to standard output)");
+  report->add_option("runs", report_opts.runs,
+                     "run ids, run folders, points.jsonl files or system names (default: the newest run)");
+  report->add_option("-o,--output", report_opts.output,
+                     "file to write (default: report.html; Markdown goes to standard output)");
   report->add_option("--format", report_opts.format, "html (default) or md")->check(CLI::IsMember({"html", "md"}));
-  report->add_option("--out", report_opts.out_dir, "the folder given to `run --out`, where run ids are looked up");
+  report->add_option("--out", report_opts.out_dir, "the folder given to `run --out`, where run ids are looked up")
+      ->check(kNotEmpty);
 
   ab::cli::CompareOptions compare_opts;
   auto* compare = app.add_subcommand("compare", "Runs or systems side by side: ratio and verdict per matched point");
-  compare->add_option("runs", compare_opts.runs, "two or more runs (ids, folders or system names); the first is the baseline")
-      ->required()->expected(2, -1);
-  compare->add_option("--format", compare_opts.format, "text (default), md or html")->check(CLI::IsMember({"text", "md", "html"}));
+  compare
+      ->add_option("runs", compare_opts.runs,
+                   "two or more runs (ids, folders or system names); the first is the baseline")
+      ->required()
+      ->expected(2, -1);
+  compare->add_option("--format", compare_opts.format, "text (default), md or html")
+      ->check(CLI::IsMember({"text", "md", "html"}));
   compare->add_option("-o,--output", compare_opts.output, "write to this file instead of standard output");
-  compare->add_option("--out", compare_opts.out_dir, "the folder given to `run --out`, where run ids are looked up");
+  compare->add_option("--out", compare_opts.out_dir, "the folder given to `run --out`, where run ids are looked up")
+      ->check(kNotEmpty);
 
   std::string import_file, import_system, import_out = ".";
-  auto* import = app.add_subcommand("import", "Bring published figures (CSV) into the store, marked external with their source");
-  import->add_option("file", import_file, "CSV with header workload,params,metric,value,unit,source (docs/RESULTS.md)")->required();
-  import->add_option("--system", import_system, "name of the system the figures are for, e.g. IPU-M2000")->required();
-  import->add_option("--out", import_out, "the store's folder, as given to `run --out`");
+  auto* import =
+      app.add_subcommand("import", "Bring published figures (CSV) into the store, marked external with their source");
+  import->add_option("file", import_file, "CSV with header workload,params,metric,value,unit,source (docs/RESULTS.md)")
+      ->required();
+  import->add_option("--system", import_system, "name of the system the figures are for, e.g. IPU-M2000")
+      ->required()
+      ->check(kNotEmpty);
+  import->add_option("--out", import_out, "the store's folder, as given to `run --out`")->check(kNotEmpty);
 
   try {
     app.parse(argc, argv);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/checked.h"
 #include "core/tensor.h"
 
 namespace ab::nn {
@@ -10,6 +11,16 @@ namespace {
 
 bool lifetimes_intersect(const BufferLifetime& a, const BufferLifetime& b) {
   return a.first_step <= b.last_step && b.first_step <= a.last_step;
+}
+
+// The buffer's bytes rounded up to the arena's alignment; a size that cannot be rounded in 64 bits,
+// or a lifetime that ends before it starts, is refused rather than planned with wrapped values.
+std::int64_t aligned_size(const BufferLifetime& b) {
+  if (b.first_step < 0 || b.last_step < b.first_step)
+    throw Error("buffer " + b.label + ": lifetime [" + std::to_string(b.first_step) + ", " +
+                std::to_string(b.last_step) + "] is not a range of steps");
+  const std::int64_t rounded = checked_add(b.bytes, kAllocAlignment - 1, "buffer " + b.label + " bytes");
+  return checked_mul(rounded / kAllocAlignment, kAllocAlignment, "buffer " + b.label + " bytes");
 }
 
 }  // namespace
@@ -20,8 +31,8 @@ MemoryPlan plan_memory(const std::vector<BufferLifetime>& buffers) {
   plan.offsets_bytes.assign(n, 0);
   std::vector<std::int64_t> sizes(n);
   for (std::size_t i = 0; i < n; ++i) {
-    sizes[i] = align_up(buffers[i].bytes);
-    plan.total_bytes += sizes[i];
+    sizes[i] = aligned_size(buffers[i]);
+    plan.total_bytes = checked_add(plan.total_bytes, sizes[i], "the activation buffers' total bytes");
   }
 
   // Largest first (ties: earlier start, then index) so that big buffers claim low offsets and small
@@ -50,6 +61,7 @@ MemoryPlan plan_memory(const std::vector<BufferLifetime>& buffers) {
       offset = std::max(offset, end);
     }
     plan.offsets_bytes[i] = offset;
+    // offset + size <= total_bytes, which fitted: no overflow here or in the busy ranges above.
     plan.peak_bytes = std::max(plan.peak_bytes, offset + sizes[i]);
     placed.push_back(i);
   }

@@ -168,9 +168,12 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     text += " Of the measured points, " + std::to_string(unconverged) + " did not converge and " + std::to_string(noisy) +
             " are noisier than their target: their numbers are shown, marked, and deserve a re-run before anyone acts on them.";
   if (external) text += " " + std::to_string(external) + " points are published figures (external), not measurements.";
+  int incomplete = 0;
   for (const auto& run : runs) {  // a run that ended short of its plan says so before anything else is read
     const std::string status = run.info.is_object() ? run.info.value("status", std::string()) : std::string();
-    if (status.rfind("incomplete", 0) == 0) text += " Run " + run.id + " is " + status + ": its sweep did not finish.";
+    if (status.rfind("incomplete", 0) != 0) continue;
+    ++incomplete;
+    text += " Run " + run.id + " is " + status + ": its sweep did not finish.";
   }
   s.blocks.push_back(Paragraph{text, false});
 
@@ -197,7 +200,13 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
                                      " line(s) of the points files could not be read and are in no table or chart: "
                                      "the runs section names them.",
                                  true});
-  if (t.rows.empty() && unreadable > 0)
+  // "Nothing needs attention" only where nothing is missing: unread lines and unmeasured points are.
+  if (t.rows.empty() && incomplete > 0)
+    s.blocks.push_back(Paragraph{"Of the points recorded, none needs attention; the points the unfinished sweep " +
+                                     std::string(incomplete == 1 ? "never reached are" : "s never reached are") +
+                                     " in no table or chart.",
+                                 true});
+  else if (t.rows.empty() && unreadable > 0)
     s.blocks.push_back(Paragraph{"Of the points that could be read, none needs attention.", false});
   else if (t.rows.empty())
     s.blocks.push_back(Paragraph{"No point needs attention: every point is ok, and every measured one converged and met its "

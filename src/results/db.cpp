@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -16,6 +18,19 @@ namespace {
 // Runs of several processes share one database. A wait only happens between points, so it costs
 // no measurement, while giving up would drop a point from the index: wait generously.
 constexpr int kBusyTimeoutMs = 30000;
+
+// The wait for a lock another process holds: AB_STORE_WAIT_MS where set (whole milliseconds; the
+// tests hold a lock past it), else kBusyTimeoutMs.
+int busy_timeout_ms() {
+  const char* env = std::getenv("AB_STORE_WAIT_MS");
+  if (env == nullptr || *env == '\0') return kBusyTimeoutMs;
+  char* end = nullptr;
+  errno = 0;
+  const long ms = std::strtol(env, &end, 10);
+  if (errno != 0 || *end != '\0' || ms < 0 || ms > 3'600'000)
+    throw Error(std::string("AB_STORE_WAIT_MS='") + env + "' is not a whole number of milliseconds from 0 to 3600000");
+  return static_cast<int>(ms);
+}
 
 // Version 1. A later version adds a migration step in check_schema, never edits this text.
 constexpr const char* kSchemaV1 = R"sql(
@@ -79,7 +94,7 @@ Db::Db(std::filesystem::path path, Mode mode) : path_(std::move(path)) {
   }
   try {
     sqlite3_extended_result_codes(db_, 1);
-    sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+    sqlite3_busy_timeout(db_, busy_timeout_ms());
     // FULL: every commit is synced (journal and database) before it returns, so an appended
     // point survives power loss. The default rollback journal, not WAL: WAL needs shared memory,
     // which network file systems (where cluster runs often write) do not provide.

@@ -106,7 +106,8 @@ void write_fields(std::ostream& out, const std::vector<json>& records, const std
   for (std::size_t i = 0; i < paths.size(); ++i)
     if (!records.empty() && !seen[i]) unknown += (unknown.empty() ? "" : ", ") + paths[i];
   if (!unknown.empty())
-    throw UsageError("no record of the run has " + unknown + " (" + std::to_string(records.size()) + " records)");
+    throw UsageError("--fields: no record of the run has " + unknown + " (" + std::to_string(records.size()) +
+                     " records)");
   std::vector<std::size_t> widths(paths.size());
   for (std::size_t i = 0; i < paths.size(); ++i) {
     widths[i] = paths[i].size();

@@ -15,9 +15,7 @@
 #include "results/results.h"
 
 namespace ab::results::detail {
-namespace {
 
-// write(2) may write less than asked or be interrupted; loop until all is written.
 bool write_all(int fd, std::string_view data, int& err) {
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), data.size());
@@ -30,8 +28,6 @@ bool write_all(int fd, std::string_view data, int& err) {
   }
   return true;
 }
-
-}  // namespace
 
 void throw_errno(const std::string& what, const std::filesystem::path& path, int err) {
   throw Error(what + " " + path.string() + ": " + std::error_code(err, std::generic_category()).message());
@@ -168,6 +164,9 @@ void check_output_path(const fs::path& output, const fs::path& out_dir) {
   std::error_code ec;
   const fs::path resolved = fs::weakly_canonical(fs::absolute(output), ec);
   if (is_store_file_name(output) || (!ec && is_store_file_name(resolved))) refuse("named as a file of the results store");
+  // A folder that is not there fails before any work, as a usage error, not after it at the rename.
+  if (const fs::path folder = fs::absolute(output, ec).parent_path(); !ec && !fs::is_directory(folder, ec))
+    throw UsageError("cannot write " + output.string() + ": " + folder.string() + " is not an existing folder");
   if (!fs::exists(output, ec)) return;
   if (fs::is_directory(output, ec)) refuse("a directory");
   const fs::path runs = out_dir / "runs";
@@ -180,13 +179,31 @@ void check_output_path(const fs::path& output, const fs::path& out_dir) {
         if (same_file(output, entry.path() / name)) refuse("the run file " + (entry.path() / name).string());
     }
   }
+  if (!fs::is_regular_file(output, ec)) return;  // a device or a pipe: reading its head could block
   if (const std::string what = store_content(output); !what.empty()) refuse(what);
+}
+
+// Writes `contents` into an existing file that is not a regular one (a terminal, a pipe, /dev/null,
+// /dev/full): renaming a temporary over it would replace the device itself.
+void write_in_place(const fs::path& output, std::string_view contents) {
+  const int fd = ::open(output.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) detail::throw_errno("cannot open", output, errno);
+  int err = 0;
+  bool ok = detail::write_all(fd, contents, err);
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok) detail::throw_errno("cannot write", output, err);
 }
 
 void write_output_file(const fs::path& output, const fs::path& out_dir, std::string_view contents) {
   check_output_path(output, out_dir);
-  // Through a symlink the file it names is replaced, and the link kept.
   std::error_code ec;
+  if (const auto type = fs::status(output, ec).type();
+      !ec && type != fs::file_type::regular && type != fs::file_type::not_found)
+    return write_in_place(output, contents);
+  // Through a symlink the file it names is replaced, and the link kept.
   const fs::path target = fs::is_symlink(output, ec) ? fs::weakly_canonical(output, ec) : output;
   detail::replace_file_durably(ec ? output : target, contents);
 }

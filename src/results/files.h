@@ -9,6 +9,9 @@
 
 namespace ab::results::detail {
 
+// Writes all of `data` to `fd`, looping over short writes and EINTR; false with `err` set on failure.
+bool write_all(int fd, std::string_view data, int& err);
+
 // Throws ab::Error "<what> <path>: <strerror(errno)>".
 [[noreturn]] void throw_errno(const std::string& what, const std::filesystem::path& path, int err);
 

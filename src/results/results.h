@@ -72,7 +72,8 @@ struct RunRow {
 // The status to show for a run: the recorded one, or "incomplete (N of M points)" for a run whose
 // end is known to be short of its plan: `running` while its owner process is gone (same host) or
 // its heartbeat is stale, or finished with fewer points than planned. Reads <run_dir>/run.json;
-// without one the recorded status stands. Never throws.
+// without one the recorded status stands. A `running` row whose run.json holds a final status (the
+// end could not be written to a locked or full database) shows run.json's. Never throws.
 std::string displayed_run_status(const std::filesystem::path& run_dir, const std::string& recorded_status, int points);
 
 // Newest first. Throws ab::Error naming the file if it is missing or not our database.

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <exception>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -172,7 +173,8 @@ ResultStore::Impl::Impl(const fs::path& out_dir, const RunInfo& info) : run(info
 
   std::error_code ec;
   fs::create_directories(runs_dir, ec);
-  if (ec) throw Error("cannot create results directory " + runs_dir.string() + ": " + ec.message());
+  if (ec)
+    throw UsageError("cannot create results directory " + runs_dir.string() + ": " + ec.message());  // a bad --out
   const bool created = fs::create_directory(run_dir, ec);
   if (ec) throw Error("cannot create run directory " + run_dir.string() + ": " + ec.message());
   if (!created) throw Error("run directory " + run_dir.string() + " already exists; a run id is used once");
@@ -213,16 +215,28 @@ void ResultStore::Impl::write_run_json(const std::string& status, const std::str
 void ResultStore::Impl::finish(const std::string& status) {
   if (!valid_final_status(status))
     throw Error("run status '" + status + "' is not one of complete, interrupted, failed, external");
+  // One attempt: a marking that fails is the caller's to report, never retried at exit under
+  // another status (nor after waiting out a lock a second time).
+  finished = true;
   const std::string ended_at = utc_now_iso8601();
-  {
+  std::exception_ptr db_error;
+  try {
     detail::Transaction tx(*db);
     detail::Stmt upd(*db, "UPDATE runs SET status = ?1, ended_at = ?2 WHERE run_id = ?3");
     upd.bind_text(1, status).bind_text(2, ended_at).bind_text(3, run.run_id);
     upd.step();
     tx.commit();
+  } catch (...) {
+    db_error = std::current_exception();
   }
-  write_run_json(status, ended_at);
-  finished = true;
+  // run.json records the end even where the database could not (locked, or its disk full):
+  // readers believe it over a row still `running`. The database's error is the one reported.
+  try {
+    write_run_json(status, ended_at);
+  } catch (...) {
+    if (!db_error) throw;
+  }
+  if (db_error) std::rethrow_exception(db_error);
 }
 
 ResultStore::ResultStore(const fs::path& out_dir, const RunInfo& run) : impl_(std::make_unique<Impl>(out_dir, run)) {}
@@ -274,13 +288,20 @@ std::string displayed_run_status(const fs::path& run_dir, const std::string& rec
     const json info = json::parse(in, nullptr, false);
     if (!info.is_object()) return recorded_status;
     const std::int64_t planned = info.value("planned_points", static_cast<std::int64_t>(-1));
-    if (recorded_status == "running") {
-      const double beat = info.value("heartbeat_unix_s", 0.0), stale_after = info.value("stale_after_s", 0.0);
-      const bool stale = beat > 0 && stale_after > 0 && unix_seconds() - beat > stale_after;
-      if (stale || owner_gone(info.value("owner", json()))) return incomplete(points, planned);
-      return recorded_status;
+    std::string status = recorded_status;
+    if (status == "running") {
+      // Ended, where the database could not be told (finish writes run.json regardless).
+      if (const auto ended = string_field(info, "status"); ended && valid_final_status(*ended)) {
+        status = *ended;
+      } else {
+        const double beat = info.value("heartbeat_unix_s", 0.0), stale_after = info.value("stale_after_s", 0.0);
+        const bool stale = beat > 0 && stale_after > 0 && unix_seconds() - beat > stale_after;
+        if (stale || owner_gone(info.value("owner", json()))) return incomplete(points, planned);
+        return recorded_status;
+      }
     }
-    if (recorded_status != "external" && planned >= 0 && points < planned) return incomplete(points, planned);
+    if (status != "external" && planned >= 0 && points < planned) return incomplete(points, planned);
+    return status;
   } catch (const std::exception&) {
     // An unreadable run.json leaves the recorded status; the report says what it could not read.
   }
@@ -326,7 +347,8 @@ void store_whole_run(const fs::path& out_dir, RunInfo run, const std::vector<jso
   const fs::path partial = runs_dir / ("." + run.run_id + ".partial");
   std::error_code ec;
   fs::create_directories(runs_dir, ec);
-  if (ec) throw Error("cannot create results directory " + runs_dir.string() + ": " + ec.message());
+  if (ec)
+    throw UsageError("cannot create results directory " + runs_dir.string() + ": " + ec.message());  // a bad --out
   if (fs::exists(run_dir, ec))
     throw Error("run directory " + run_dir.string() + " already exists; a run id is used once");
   fs::remove_all(partial, ec);
