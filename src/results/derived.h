@@ -34,10 +34,14 @@ PhysicalLimit physical_limit(std::string_view device_name, std::string_view ceil
 // Why a measured or stored ceiling cannot be divided by (not finite, <= 0, above the physical
 // limit); "" when it is plausible.
 std::string implausible_ceiling(double ceiling, const PhysicalLimit& limit);
-// How far above a plausible measured ceiling a rate may go (noise, a luckier shape) before it is impossible.
+// How far above a plausible measured ceiling a rate may go (noise, a luckier shape) before it is
+// impossible: on a device with a datasheet (a dedicated accelerator), and on any other (a host
+// CPU, whose rates move with other processes' load: a ceiling measured on a busy machine may be
+// several times below a later point measured on an idle one).
 inline constexpr double kCeilingMargin = 1.5;
-// Why `achieved` (in `unit`) cannot be true: not finite, above the physical limit, or above
-// kCeilingMargin × `ceiling` (a plausible ceiling, when there is one); "" when it can.
+inline constexpr double kSharedHostCeilingMargin = 10.0;
+// Why `achieved` (in `unit`) cannot be true: not finite, above the physical limit, or above the
+// margin × `ceiling` (a plausible ceiling, when there is one); "" when it can.
 std::string impossible_rate(double achieved, std::string_view unit, const PhysicalLimit& limit,
                             std::optional<double> ceiling);
 
