@@ -190,6 +190,7 @@ TEST(Bert, MaskedCopyTaskScoresOnlyTheMaskedPositions) {
 }
 
 TEST(Learnability, TinyBertLearnsTheMaskedCopyTaskWithAdamW) {
+  auto kernels = nn::make_ref_kernels();  // outlives the graph, whose memory it holds
   nn::GraphOptions o;
   o.dtype = DType::f64;
   o.seed = test::seed();
@@ -197,7 +198,6 @@ TEST(Learnability, TinyBertLearnsTheMaskedCopyTaskWithAdamW) {
   const BertConfig c = tiny_bert();
   const LanguageModel m = build_bert(b, c, 8, 16);
   nn::Graph g(std::move(b));
-  auto kernels = nn::make_ref_kernels();
   g.bind(*kernels);
   const TokenBatch data = masked_copy_batch(o.seed, 0, 8, 16, c.vocab, c.vocab - 1);
   g.set_input(m.tokens, data.tokens);
