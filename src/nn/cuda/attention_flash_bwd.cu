@@ -1,11 +1,15 @@
-// The fused attention backward pass (flash attention 2's, without atomics): Di = rowsum(dO * O)
-// first (one 16-byte chunk a lane), then one kernel per 64-key block (4 warps, 16 keys each)
-// walks the query blocks that see it, rebuilding P^T = exp(K Q^T * scale - lse) and
-// dP^T = V dO^T on mma.sync tensor cores in registers, and accumulates dV += P^T dO and
-// dK += dS^T Q (dS = P (dP - Di), packed to 16 bits as the A operand) in f32 registers; one
-// kernel per 64-query block walks its visible key blocks for dQ += dS K. The streamed tiles are
-// double-buffered (cp.async). Each output element is summed by one lane in a fixed order:
-// bit-identical run to run.
+// The fused attention backward pass (flash attention 2's): Di = rowsum(dO * O) first (one
+// 16-byte chunk a lane), then one kernel per 64-key block (4 warps, 16 keys each) walks the query
+// blocks that see it, rebuilding P^T = exp(K Q^T * scale - lse) and dP^T = V dO^T on mma.sync
+// tensor cores in registers, and accumulates dV += P^T dO and dK += dS^T Q (dS = P (dP - Di),
+// packed to 16 bits as the A operand) in f32 registers. dQ two ways:
+// - deterministic: one kernel per 64-query block walks its visible key blocks for dQ += dS K
+//   (rebuilding S and dP a second time); each output element is summed by one lane in a fixed
+//   order, bit-identical run to run;
+// - with an f32 accumulator: the key-block kernel stages dS in shared memory and adds dS K into
+//   it with vector reductions (red.global.add.v2.f32, in whatever order the blocks run), then a
+//   small kernel scales it into dq's 16-bit view. No second pass over S and dP.
+// The streamed tiles are double-buffered (cp.async).
 #include <cmath>
 
 #include "nn/cuda/attention_flash.cuh"
@@ -25,6 +29,9 @@ struct BackwardSmem {
   static constexpr std::size_t kTileBytes = std::size_t{kTile} * kLd * sizeof(T);
   static constexpr std::size_t kRowBytes = 2 * kTile * sizeof(float);
   static constexpr std::size_t bytes = 6 * kTileBytes + 2 * kRowBytes;
+  // With the dQ accumulator: dS^T of the block (keys by queries) after the rest.
+  static constexpr int kDsLd = kTile + kPad16;
+  static constexpr std::size_t ds = bytes, ds_bytes = bytes + std::size_t{kTile} * kDsLd * sizeof(T);
 };
 
 template <typename T, int D>
@@ -115,6 +122,78 @@ __device__ __forceinline__ void store_acc(const Acc (&acc)[D / 8], float factor,
   }
 }
 
+// dS^T (the warp's 16 key rows by the block's 64 queries, accumulator layout) as 16 bits into
+// rows warp * 16.. of ds_s (ld elements a row): the A operand of dQ += dS K for every warp.
+template <typename T>
+__device__ __forceinline__ void stage_ds(T* ds_s, int ld, const Acc (&dst)[kTile / 8]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, row = (threadIdx.x / 32) * kFrag + g;
+#pragma unroll
+  for (int nt = 0; nt < kTile / 8; ++nt) {
+    *reinterpret_cast<std::uint32_t*>(ds_s + row * ld + nt * 8 + 2 * t) = pack<T>(dst[nt][0], dst[nt][1]);
+    *reinterpret_cast<std::uint32_t*>(ds_s + (row + 8) * ld + nt * 8 + 2 * t) = pack<T>(dst[nt][2], dst[nt][3]);
+  }
+}
+
+// acc[dst..] += {x, y} in global memory, one vector reduction (no value returned).
+__device__ __forceinline__ void red_add2(float* dst, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
+
+// The warp's 16 query rows (q0 + warp * 16..) of dS K, from ds_s (dS^T: keys by queries, ld
+// elements a row) and k_s (the block's keys, ld_k elements a row), added into the f32 accumulator
+// rows of head (b, h) (`accum_head`: [Tq, D] contiguous) below `queries`, 64 columns at a time
+// (so that only 32 accumulators are live beside dK and dV).
+template <typename T, int D>
+__device__ __forceinline__ void add_dq(float* accum_head, const T* ds_s, int ld, const T* k_s, int ld_k, int q0,
+                                       int queries) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row = q0 + warp * kFrag + g;
+  if (q0 + warp * kFrag >= queries) return;  // the warp's rows are all past the last
+#pragma unroll
+  for (int c0 = 0; c0 < D; c0 += 64) {
+    Acc acc[8] = {};
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      Frag4 fa;  // A = dS (queries by keys) from its transpose: the B-tile addressing, transposed
+      ldmatrix_x4_trans(fa, ds_s + bt_offset(lane, ld, kk * 16, warp * kFrag));
+#pragma unroll
+      for (int d2 = 0; d2 < 4; ++d2) {
+        Frag4 fb;
+        ldmatrix_x4_trans(fb, k_s + b_offset(lane, ld_k, kk * 16, c0 + d2 * 16));
+        mma<T>(acc[2 * d2], fa, fb[0], fb[1]);
+        mma<T>(acc[2 * d2 + 1], fa, fb[2], fb[3]);
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt) {
+      const int col = c0 + dt * 8 + 2 * t;
+      if (row < queries) red_add2(accum_head + static_cast<std::int64_t>(row) * D + col, acc[dt][0], acc[dt][1]);
+      if (row + 8 < queries)
+        red_add2(accum_head + static_cast<std::int64_t>(row + 8) * D + col, acc[dt][2], acc[dt][3]);
+    }
+  }
+}
+
+// dq = scale * the f32 accumulator ([B * H, Tq, D] contiguous), 8 elements (one 16-byte store) a
+// thread.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) dq_convert_kernel(Problem p, const float* accum, Heads dq) {
+  constexpr int kChunks = D / 8;
+  const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (thread >= static_cast<std::int64_t>(p.batch) * p.heads * p.queries * kChunks) return;
+  const std::int64_t row = thread / kChunks;
+  const int c = static_cast<int>(thread % kChunks) * 8;
+  const auto i = static_cast<int>(row % p.queries), bh = static_cast<int>(row / p.queries);
+  const float4 lo = *reinterpret_cast<const float4*>(accum + row * D + c);
+  const float4 hi = *reinterpret_cast<const float4*>(accum + row * D + c + 4);
+  uint4 out;
+  out.x = pack<T>(lo.x * p.scale, lo.y * p.scale);
+  out.y = pack<T>(lo.z * p.scale, lo.w * p.scale);
+  out.z = pack<T>(hi.x * p.scale, hi.y * p.scale);
+  out.w = pack<T>(hi.z * p.scale, hi.w * p.scale);
+  *reinterpret_cast<uint4*>(row_ptr<T>(dq, bh / p.heads, bh % p.heads, i) + c) = out;
+}
+
 // di = rowsum(dO * O) in f32 from the stored values: D / 8 lanes a row, a 16-byte chunk each,
 // summed by a fixed shuffle tree (every lane of the warp takes part).
 template <typename T, int D>
@@ -139,9 +218,11 @@ __global__ void __launch_bounds__(kThreads) row_dot_kernel(Problem p, Heads o, H
   if (in && c == 0) di[row] = sum;
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) flash_dkv_kernel(Problem p, Heads q, Heads k, Heads v, Heads dout,
-                                                             const float* lse, const float* di, Heads dk, Heads dv) {
+// FusedDq: dQ too, added into dq_accum (f32 [B * H, Tq, D], zeroed before).
+template <typename T, int D, bool FusedDq>
+__global__ void __launch_bounds__(kThreads)
+    flash_dkv_kernel(Problem p, Heads q, Heads k, Heads v, Heads dout, const float* lse, const float* di, Heads dk,
+                     Heads dv, float* dq_accum) {
   using L = BackwardSmem<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   const BackwardTiles<T, D> s{smem};
@@ -185,9 +266,16 @@ __global__ void __launch_bounds__(kThreads) flash_dkv_kernel(Problem p, Heads q,
           pt[nt][e] = prob;
           dst[nt][e] = prob * (dst[nt][e] - di_s[c]);
         }
+      if constexpr (FusedDq) stage_ds<T>(reinterpret_cast<T*>(smem + L::ds), L::kDsLd, dst);
       accumulate_xb<T, D>(dv_acc, pt, do_s, L::kLd);
       accumulate_xb<T, D>(dk_acc, dst, q_s, L::kLd);
-      __syncthreads();  // every warp is done with this buffer before the next block refills it
+      if constexpr (FusedDq) {
+        __syncthreads();  // every warp's dS^T is staged
+        add_dq<T, D>(dq_accum + stats * D, reinterpret_cast<const T*>(smem + L::ds), L::kDsLd, s.kept(0), L::kLd, q0,
+                     p.queries);
+      }
+      // Every warp is done with this buffer (and the staged dS^T) before the next block refills it.
+      __syncthreads();
     }
   }
   cp_async_wait<0>();
@@ -267,8 +355,11 @@ void flash_backward_prepare() {
         using T = typename decltype(tag)::type;
         constexpr int D = decltype(d)::value;
         const int bytes = static_cast<int>(BackwardSmem<T, D>::bytes);
-        AB_CUDA(cudaFuncSetAttribute(flash_dkv_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+        AB_CUDA(cudaFuncSetAttribute(flash_dkv_kernel<T, D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                 "attention backward (dk, dv) shared memory");
+        AB_CUDA(cudaFuncSetAttribute(flash_dkv_kernel<T, D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(BackwardSmem<T, D>::ds_bytes)),
+                "attention backward (dk, dv, dq) shared memory");
         AB_CUDA(cudaFuncSetAttribute(flash_dq_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                 "attention backward (dq) shared memory");
       });
@@ -277,24 +368,38 @@ void flash_backward_prepare() {
 
 void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
                     const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq, const Heads& dk,
-                    const Heads& dv) {
+                    const Heads& dv, float* dq_accum) {
   dispatch_fused(p, [&](auto tag, auto d) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(d)::value;
-    const std::size_t bytes = BackwardSmem<T, D>::bytes;
+    using L = BackwardSmem<T, D>;
     const auto heads = static_cast<unsigned>(p.batch * p.heads);
     const std::int64_t row_dot_threads = static_cast<std::int64_t>(heads) * p.queries * (D / 8);
-    row_dot_kernel<T, D>
-        <<<static_cast<unsigned>((row_dot_threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, o, dout, di);
+    const auto blocks_of = [](std::int64_t threads) {
+      return static_cast<unsigned>((threads + kThreads - 1) / kThreads);
+    };
+    row_dot_kernel<T, D><<<blocks_of(row_dot_threads), kThreads, 0, stream>>>(p, o, dout, di);
     device_common::check_launch("cuda_attention", "attention_backward (fused row dots)");
+    const dim3 key_grid(heads, static_cast<unsigned>((p.keys + kTile - 1) / kTile));
+    if (dq_accum != nullptr) {
+      AB_CUDA(cudaMemsetAsync(dq_accum, 0, static_cast<std::size_t>(row_dot_threads) * 8 * sizeof(float), stream),
+              "attention backward dq accumulator");
+      if (p.keys > 0) {
+        flash_dkv_kernel<T, D, true>
+            <<<key_grid, kThreads, L::ds_bytes, stream>>>(p, q, k, v, dout, lse, di, dk, dv, dq_accum);
+        device_common::check_launch("cuda_attention", "attention_backward (fused dk, dv, dq)");
+      }
+      dq_convert_kernel<T, D><<<blocks_of(row_dot_threads), kThreads, 0, stream>>>(p, dq_accum, dq);
+      device_common::check_launch("cuda_attention", "attention_backward (fused dq from its accumulator)");
+      return;
+    }
     if (p.keys > 0) {
-      flash_dkv_kernel<T, D>
-          <<<dim3(heads, static_cast<unsigned>((p.keys + kTile - 1) / kTile)), kThreads, bytes, stream>>>(
-              p, q, k, v, dout, lse, di, dk, dv);
+      flash_dkv_kernel<T, D, false>
+          <<<key_grid, kThreads, L::bytes, stream>>>(p, q, k, v, dout, lse, di, dk, dv, nullptr);
       device_common::check_launch("cuda_attention", "attention_backward (fused dk, dv)");
     }
     flash_dq_kernel<T, D>
-        <<<dim3(heads, static_cast<unsigned>((p.queries + kTile - 1) / kTile)), kThreads, bytes, stream>>>(
+        <<<dim3(heads, static_cast<unsigned>((p.queries + kTile - 1) / kTile)), kThreads, L::bytes, stream>>>(
             p, q, k, v, dout, lse, di, dq);
     device_common::check_launch("cuda_attention", "attention_backward (fused dq)");
   });
