@@ -3,7 +3,8 @@
 // events around back-to-back calls after a warm-up) and TFLOP/s on the counted FLOPs (4 * pairs
 // * D forward, 8 * pairs * D backward; pairs = B * H * the visible query-key pairs of a head).
 // The operands are views into one interleaved QKV row buffer, as the Attention op reads them.
-// Variants: deterministic mode (the second dQ pass) and the default mode's atomic dQ.
+// Backward variants: deterministic mode (the second dQ pass) and the default mode's atomic dQ at
+// 64 and 128 keys a block (nn/cuda/attention_variants.h).
 //   build/cuda/bench/ab_attention_bench [repetitions]
 #include <cuda_runtime.h>
 
@@ -19,6 +20,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "nn/cuda/attention_variants.h"
 #include "nn/cuda/device_kernels.h"
 #include "nn/kernels.h"
 
@@ -92,12 +94,19 @@ class Bench {
     const double flop = 4.0 * static_cast<double>(s.pairs()) * static_cast<double>(s.dim);
     report(shape, "any", "forward", time_ms(forward, repetitions), flop);
     forward();
-    for (const bool deterministic : {true, false}) {
-      kernels_->set_deterministic(deterministic);
-      report(shape, deterministic ? "deterministic" : "atomic_dq", "backward", time_ms(backward, repetitions),
-             2 * flop);
+    struct Variant {
+      const char* name;
+      bool deterministic;
+      int keys_per_block;
+    };
+    for (const Variant& var : {Variant{"deterministic", true, 64}, Variant{"atomic_dq_k64", false, 64},
+                               Variant{"atomic_dq_k128", false, 128}}) {
+      kernels_->set_deterministic(var.deterministic);
+      ab::nn::cuda_attention::variants().backward_keys_per_block = var.keys_per_block;
+      report(shape, var.name, "backward", time_ms(backward, repetitions), 2 * flop);
     }
     kernels_->set_deterministic(false);
+    ab::nn::cuda_attention::variants() = {};
   }
 
  private:
@@ -125,7 +134,7 @@ class Bench {
   }
 
   static void report(const std::string& shape, const char* variant, const char* pass, double ms, double flop) {
-    std::printf("%-28s %-14s %-9s %9.4f ms %8.1f TFLOP/s\n", shape.c_str(), variant, pass, ms,
+    std::printf("%-28s %-15s %-9s %9.4f ms %8.1f TFLOP/s\n", shape.c_str(), variant, pass, ms,
                 flop / (ms * 1e-3) / 1e12);
     std::fflush(stdout);
   }
@@ -141,7 +150,7 @@ int run_bench(int repetitions) {
     return 2;
   }
   Bench bench;
-  std::printf("%-28s %-14s %-9s %12s %16s\n", "shape (bf16)", "variant", "pass", "time", "counted rate");
+  std::printf("%-28s %-15s %-9s %12s %16s\n", "shape (bf16)", "variant", "pass", "time", "counted rate");
   bench.run({16, 12, 1024, 64, true}, repetitions);  // GPT-2 124M, B=16
   bench.run({16, 6, 1024, 128, true}, repetitions);  // the same width at D=128
   bench.run({16, 12, 512, 64, false}, repetitions);  // non-causal (BERT-like)

@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "nn/cuda/attention_variants.h"
 #include "nn/cuda/kernels.h"
 #include "nn/kernels.h"
 #include "nn/ref/ref_kernels.h"
@@ -85,6 +86,17 @@ class CudaAttention : public ::testing::Test {
     backend_ = backend::make_backend("cuda:0");
     cuda_ = make_cuda_kernels(*backend_);
     ref_ = make_ref_kernels();
+  }
+  // The variants are process-wide: every test leaves the defaults behind.
+  void TearDown() override { cuda_attention::variants() = {}; }
+
+  // The backward paths: deterministic mode's second dQ pass, and the default mode's atomic dQ
+  // with 64 or 128 keys a block. Sets the kernels to `path` and names it.
+  static constexpr int kPaths = 3;
+  std::string set_path(int path) {
+    cuda_->set_deterministic(path == 0);
+    cuda_attention::variants().backward_keys_per_block = path == 1 ? 64 : 128;
+    return path == 0 ? "deterministic mode" : path == 1 ? "atomic dq, 64 keys a block" : "atomic dq, 128 keys a block";
   }
 
   Tensor make(Kernels& k, Buffer& buf, DType t, const Shape& s, DeviceKind dev) {
@@ -213,11 +225,10 @@ class CudaAttention : public ::testing::Test {
 // The fused kernels' cases for one 16-bit type: T off the 64-row tile, one block and several,
 // padding with a sequence of one key and one of none, causal with and without padding. (Sizes
 // kept small: the f64 reference takes about a second per 5M query-key-dim products.)
-// Both backward dQ paths: deterministic mode's second pass and the default's atomic one.
+// Every backward path (set_path).
 void CudaAttention::fused_cases(DType t) {
-  for (const bool deterministic : {false, true}) {
-    SCOPED_TRACE(deterministic ? "deterministic mode" : "default mode (atomic dq)");
-    cuda_->set_deterministic(deterministic);
+  for (int path = 0; path < kPaths; ++path) {
+    SCOPED_TRACE(set_path(path));
     for (const int64_t dim : {64, 128}) {
       check_against_reference({t, 1, 2, 77, dim, /*causal=*/true, {}});
       check_against_reference({t, 1, 1, 150, dim, /*causal=*/false, {}});
@@ -242,9 +253,8 @@ TEST_F(CudaAttention, PlainKernelsMatchTheReference) {
 }
 
 TEST_F(CudaAttention, LongCausalSequenceWalksManyBlocks) {
-  for (const bool deterministic : {false, true}) {
-    cuda_->set_deterministic(deterministic);
-    SCOPED_TRACE(deterministic ? "deterministic mode" : "default mode (atomic dq)");
+  for (int path = 0; path < kPaths; ++path) {
+    SCOPED_TRACE(set_path(path));
     check_against_reference({DType::bf16, 1, 2, 321, 64, /*causal=*/true, {}});
   }
 }
@@ -290,29 +300,29 @@ TEST_F(CudaAttention, ResultsAreBitIdenticalRunToRunAndCapturedInDeterministicMo
 // dk and dv are bit-identical run to run and captured, and dq agrees within its 16-bit rounding
 // of an f32 sum taken in another order (the reference comparisons bound its error).
 TEST_F(CudaAttention, OnlyTheAtomicDqVariesRunToRunInTheDefaultMode) {
-  cuda_->set_deterministic(false);
-  for (const Case& c : kRepeatCases) {
-    SCOPED_TRACE(c.name());
-    const auto passes = three_runs(c);
-    const std::vector<double> dq0 = values(gpu_.part(gpu_.dqkv, 3, 0, c), gpu_.dqkv, passes[0][2]);
-    double dq_scale = 0;
-    for (const double x : dq0) dq_scale = std::max(dq_scale, std::abs(x));
-    ASSERT_GT(dq_scale, 0) << "dq all zero";
-    for (std::size_t pass = 1; pass < passes.size(); ++pass) {
-      const char* where = pass == 2 ? " (graph replay)" : "";
-      EXPECT_TRUE(passes[pass][0] == passes[0][0]) << "o differs in pass " << pass << where;
-      EXPECT_TRUE(passes[pass][1] == passes[0][1]) << "stats differ in pass " << pass << where;
-      for (const int64_t part : {1, 2})
-        EXPECT_TRUE(values(gpu_.part(gpu_.dqkv, 3, part, c), gpu_.dqkv, passes[pass][2]) ==
-                    values(gpu_.part(gpu_.dqkv, 3, part, c), gpu_.dqkv, passes[0][2]))
-            << (part == 1 ? "dk" : "dv") << " differs in pass " << pass << where;
-      const std::vector<double> dq = values(gpu_.part(gpu_.dqkv, 3, 0, c), gpu_.dqkv, passes[pass][2]);
-      double worst = 0;
-      for (std::size_t n = 0; n < dq.size(); ++n) worst = std::max(worst, std::abs(dq[n] - dq0[n]));
-      // Two roundings of the same f32 sum to 16 bits: a few units of the last place of the largest.
-      EXPECT_LE(worst, (c.dtype == DType::f16 ? 4e-3 : 2e-2) * dq_scale) << "dq in pass " << pass << where;
+  for (int path = 1; path < kPaths; ++path)
+    for (const Case& c : kRepeatCases) {
+      SCOPED_TRACE(set_path(path) + ", " + c.name());
+      const auto passes = three_runs(c);
+      const std::vector<double> dq0 = values(gpu_.part(gpu_.dqkv, 3, 0, c), gpu_.dqkv, passes[0][2]);
+      double dq_scale = 0;
+      for (const double x : dq0) dq_scale = std::max(dq_scale, std::abs(x));
+      ASSERT_GT(dq_scale, 0) << "dq all zero";
+      for (std::size_t pass = 1; pass < passes.size(); ++pass) {
+        const char* where = pass == 2 ? " (graph replay)" : "";
+        EXPECT_TRUE(passes[pass][0] == passes[0][0]) << "o differs in pass " << pass << where;
+        EXPECT_TRUE(passes[pass][1] == passes[0][1]) << "stats differ in pass " << pass << where;
+        for (const int64_t part : {1, 2})
+          EXPECT_TRUE(values(gpu_.part(gpu_.dqkv, 3, part, c), gpu_.dqkv, passes[pass][2]) ==
+                      values(gpu_.part(gpu_.dqkv, 3, part, c), gpu_.dqkv, passes[0][2]))
+              << (part == 1 ? "dk" : "dv") << " differs in pass " << pass << where;
+        const std::vector<double> dq = values(gpu_.part(gpu_.dqkv, 3, 0, c), gpu_.dqkv, passes[pass][2]);
+        double worst = 0;
+        for (std::size_t n = 0; n < dq.size(); ++n) worst = std::max(worst, std::abs(dq[n] - dq0[n]));
+        // Two roundings of the same f32 sum to 16 bits: a few units of the last place of the largest.
+        EXPECT_LE(worst, (c.dtype == DType::f16 ? 4e-3 : 2e-2) * dq_scale) << "dq in pass " << pass << where;
+      }
     }
-  }
 }
 
 TEST_F(CudaAttention, RefusesWhatTheKernelsDoNotTake) {

@@ -8,7 +8,8 @@
 // Di = rowsum(dO * O), then one pass over key blocks (dK, dV) rebuilding P from q, k and the
 // saved log-sum-exp; dQ either from a second pass over query blocks (deterministic, no atomics)
 // or, given an f32 accumulator (fused kernels only), added in the key-block pass by atomic
-// reductions (flash attention 2's way: S and dP built once; the sum's order varies run to run).
+// reductions (flash attention 2's way: S and dP built once; the sum's order varies run to run),
+// 64 or 128 keys a block (attention_variants.h).
 //
 // Every function enqueues on `stream` and returns: no allocation, no host sync, no host reads of
 // device values (key lengths are read on the device), so calls can be captured into a CUDA graph.
@@ -20,6 +21,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "nn/cuda/attention_variants.h"
 
 namespace ab::nn::cuda_attention {
 
@@ -59,12 +61,5 @@ void forward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads&
 void backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v, const Heads& o,
               const Heads& dout, const float* lse, const Heads& dq, const Heads& dk, const Heads& dv, float* di,
               float* dq_accum);
-
-// The lab's switches (bench/attention_bench.cu times each variant): not part of nn::Kernels'
-// contract, process-wide, read at each call. Defaults are the fastest measured.
-struct Variants {
-  bool atomic_dq = true;  // outside deterministic mode, dQ by atomics where the accumulator fits
-};
-Variants& variants();
 
 }  // namespace ab::nn::cuda_attention
