@@ -3,8 +3,9 @@
 // events around back-to-back calls after a warm-up) and TFLOP/s on the counted FLOPs (4 * pairs
 // * D forward, 8 * pairs * D backward; pairs = B * H * the visible query-key pairs of a head).
 // The operands are views into one interleaved QKV row buffer, as the Attention op reads them.
-// Backward variants: deterministic mode (the second dQ pass) and the default mode's atomic dQ at
-// 64 and 128 keys a block (nn/cuda/attention_variants.h).
+// Variants (nn/cuda/attention_variants.h): the forward's block shapes (4 warps of 32 rows at D
+// 64, or 8 of 16); backward in deterministic mode (the second dQ pass) and the default mode's
+// atomic dQ at 64 and 128 keys a block.
 //   build/cuda/bench/ab_attention_bench [repetitions]
 #include <cuda_runtime.h>
 
@@ -92,7 +93,11 @@ class Bench {
     const std::string shape = "B" + std::to_string(s.batch) + " H" + std::to_string(s.heads) + " T" +
                               std::to_string(s.seq) + " D" + std::to_string(s.dim) + (s.causal ? " causal" : " full");
     const double flop = 4.0 * static_cast<double>(s.pairs()) * static_cast<double>(s.dim);
-    report(shape, "any", "forward", time_ms(forward, repetitions), flop);
+    for (const bool eight_warps : {false, true}) {
+      ab::nn::cuda_attention::variants().forward_eight_warps = eight_warps;
+      report(shape, eight_warps ? "fwd_8warps" : "fwd_default", "forward", time_ms(forward, repetitions), flop);
+    }
+    ab::nn::cuda_attention::variants() = {};
     forward();
     struct Variant {
       const char* name;

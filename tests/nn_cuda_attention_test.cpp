@@ -3,10 +3,11 @@
 // views into one fused QKV row buffer): o and the log-sum-exp statistics forward, dq, dk and dv
 // backward, in bf16, f16 (the fused kernels at D 64 and 128, plain ones at other head dims) and
 // f32 (plain kernels); causal, non-causal and padded (short key lengths, one sequence of none),
-// sequence lengths off the 64-row tile; the fused backward's two dQ paths (deterministic mode's
-// second pass, the default's atomic accumulation); bit-identical results run to run and from a
-// captured CUDA graph in deterministic mode, and in the default mode everything but the atomic
-// dq (which must stay within rounding); shapes the kernels refuse. Skips where no GPU answers.
+// sequence lengths off the 64-row tile; every variant of the fused kernels (deterministic mode's
+// second dQ pass, the default's atomic dQ at 64 and 128 keys a block, both forward block shapes:
+// attention_variants.h); bit-identical results run to run and from a captured CUDA graph in
+// deterministic mode, and in the default mode everything but the atomic dq (which must stay
+// within rounding); shapes the kernels refuse. Skips where no GPU answers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,13 +91,17 @@ class CudaAttention : public ::testing::Test {
   // The variants are process-wide: every test leaves the defaults behind.
   void TearDown() override { cuda_attention::variants() = {}; }
 
-  // The backward paths: deterministic mode's second dQ pass, and the default mode's atomic dQ
-  // with 64 or 128 keys a block. Sets the kernels to `path` and names it.
-  static constexpr int kPaths = 3;
+  // The kernels' paths: deterministic mode's second dQ pass, the default mode's atomic dQ with 64
+  // or 128 keys a block, and the last with the forward's 8-warp blocks. Sets the kernels to
+  // `path` and names it.
+  static constexpr int kPaths = 4;
   std::string set_path(int path) {
     cuda_->set_deterministic(path == 0);
     cuda_attention::variants().backward_keys_per_block = path == 1 ? 64 : 128;
-    return path == 0 ? "deterministic mode" : path == 1 ? "atomic dq, 64 keys a block" : "atomic dq, 128 keys a block";
+    cuda_attention::variants().forward_eight_warps = path == 3;
+    const char* names[] = {"deterministic mode", "atomic dq, 64 keys a block", "atomic dq, 128 keys a block",
+                           "atomic dq, 128 keys a block, 8-warp forward"};
+    return names[path];
   }
 
   Tensor make(Kernels& k, Buffer& buf, DType t, const Shape& s, DeviceKind dev) {

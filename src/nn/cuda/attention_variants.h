@@ -12,6 +12,9 @@ struct Variants {
   // Keys a block of that key-block pass: 64 (4 warps) or 128 (8 warps: Q and dO loaded, and dQ
   // added, once per 128 keys).
   int backward_keys_per_block = 128;
+  // Forward blocks of 8 warps of 16 query rows (128 rows) rather than 4 warps of 32 rows at D 64
+  // (16 at D 128).
+  bool forward_eight_warps = false;
 };
 Variants& variants();
 
