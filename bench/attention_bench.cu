@@ -3,12 +3,17 @@
 // events around back-to-back calls after a warm-up) and TFLOP/s on the counted FLOPs (4 * pairs
 // * D forward, 8 * pairs * D backward; pairs = B * H * the visible query-key pairs of a head).
 // The operands are views into one interleaved QKV row buffer, as the Attention op reads them.
+// Each line ends with the variant's largest difference from the pass's first variant (o forward,
+// dqkv backward), relative to the largest value: about 1e-2 (bf16 rounding of a sum taken in
+// another order) is agreement; O(1) or inf is a broken variant.
 // Variants (nn/cuda/attention_variants.h): the forward's block shapes (4 warps of 32 rows at D
 // 64, or 8 of 16); backward in deterministic mode (the second dQ pass) and the default mode's
 // atomic dQ at 64 and 128 keys a block.
 //   build/cuda/bench/ab_attention_bench [repetitions]
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -93,12 +98,15 @@ class Bench {
     const std::string shape = "B" + std::to_string(s.batch) + " H" + std::to_string(s.heads) + " T" +
                               std::to_string(s.seq) + " D" + std::to_string(s.dim) + (s.causal ? " causal" : " full");
     const double flop = 4.0 * static_cast<double>(s.pairs()) * static_cast<double>(s.dim);
+    std::vector<float> first;
     for (const bool eight_warps : {false, true}) {
       ab::nn::cuda_attention::variants().forward_eight_warps = eight_warps;
-      report(shape, eight_warps ? "fwd_8warps" : "fwd_default", "forward", time_ms(forward, repetitions), flop);
+      const double ms = time_ms(forward, repetitions);
+      report(shape, eight_warps ? "fwd_8warps" : "fwd_default", "forward", ms, flop, agreement(o, first));
     }
     ab::nn::cuda_attention::variants() = {};
     forward();
+    first.clear();
     struct Variant {
       const char* name;
       bool deterministic;
@@ -108,7 +116,8 @@ class Bench {
                                Variant{"atomic_dq_k128", false, 128}}) {
       kernels_->set_deterministic(var.deterministic);
       ab::nn::cuda_attention::variants().backward_keys_per_block = var.keys_per_block;
-      report(shape, var.name, "backward", time_ms(backward, repetitions), 2 * flop);
+      const double ms = time_ms(backward, repetitions);
+      report(shape, var.name, "backward", ms, 2 * flop, agreement(dqkv, first));
     }
     kernels_->set_deterministic(false);
     ab::nn::cuda_attention::variants() = {};
@@ -138,9 +147,29 @@ class Bench {
     return static_cast<double>(ms) / repetitions;
   }
 
-  static void report(const std::string& shape, const char* variant, const char* pass, double ms, double flop) {
-    std::printf("%-28s %-15s %-9s %9.4f ms %8.1f TFLOP/s\n", shape.c_str(), variant, pass, ms,
-                flop / (ms * 1e-3) / 1e12);
+  // max |t - first| / max |first| over bf16 tensor t's values (first: the pass's first variant's,
+  // taken from t when empty): a variant that computes something else shows at once.
+  double agreement(const Tensor& t, std::vector<float>& first) {
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(t.numel()));
+    kernels_->download(t, bits.data());
+    std::vector<float> got(bits.size());
+    for (std::size_t n = 0; n < bits.size(); ++n) {
+      const std::uint32_t b = std::uint32_t{bits[n]} << 16;
+      std::memcpy(&got[n], &b, 4);
+    }
+    if (first.empty()) first = got;
+    double worst = 0, scale = 0;
+    for (std::size_t n = 0; n < got.size(); ++n) {
+      worst = std::max(worst, std::isnan(got[n]) ? INFINITY : static_cast<double>(std::fabs(got[n] - first[n])));
+      scale = std::max(scale, static_cast<double>(std::fabs(first[n])));
+    }
+    return worst / scale;
+  }
+
+  static void report(const std::string& shape, const char* variant, const char* pass, double ms, double flop,
+                     double difference) {
+    std::printf("%-28s %-15s %-9s %9.4f ms %8.1f TFLOP/s   %.2e\n", shape.c_str(), variant, pass, ms,
+                flop / (ms * 1e-3) / 1e12, difference);
     std::fflush(stdout);
   }
 
@@ -155,7 +184,8 @@ int run_bench(int repetitions) {
     return 2;
   }
   Bench bench;
-  std::printf("%-28s %-15s %-9s %12s %16s\n", "shape (bf16)", "variant", "pass", "time", "counted rate");
+  std::printf("%-28s %-15s %-9s %12s %16s   %s\n", "shape (bf16)", "variant", "pass", "time", "counted rate",
+              "max diff from the pass's first variant (of max |first|)");
   bench.run({16, 12, 1024, 64, true}, repetitions);  // GPT-2 124M, B=16
   bench.run({16, 6, 1024, 128, true}, repetitions);  // the same width at D=128
   bench.run({16, 12, 512, 64, false}, repetitions);  // non-causal (BERT-like)

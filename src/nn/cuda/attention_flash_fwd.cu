@@ -2,12 +2,12 @@
 // of one head at D 64 (32 rows a warp: two 16-row tiles share each K and V fragment) or 64 rows
 // at D 128 (16 a warp, what the registers hold), or (attention_variants.h) 8 warps of 16 rows
 // per 128 (more warps an SM, each K and V fragment read by a warp for one tile), the Q
-// fragments in registers; per 64-key block
-// (K and V staged in shared memory by cp.async, the next block's while this one computes),
-// S = Q K^T on mma.sync tensor cores into registers, an online softmax in f32 (each row's four
-// lanes reduce its maximum with two shuffles), P packed to 16 bits straight into the A operand
-// of O += P V, O accumulated in f32 registers. Scores never leave registers; causal key blocks
-// above the diagonal and blocks past a sequence's length are never loaded.
+// fragments in registers; per 64-key block (K and V staged in shared memory by cp.async, the
+// next block's while this one computes), S = Q K^T on mma.sync tensor cores into registers, an
+// online softmax in f32 (each row's four lanes reduce its maximum with two shuffles), P packed to
+// 16 bits straight into the A operand of O += P V, O accumulated in f32 registers. Scores never
+// leave registers; causal key blocks above the diagonal and blocks past a sequence's length are
+// never loaded, and a warp skips a key block on the diagonal that none of its rows sees.
 #include <cmath>
 
 #include "nn/cuda/attention_flash.cuh"
@@ -171,6 +171,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockRows;  // the longest causal rows start first
   const int length = key_length(p, b), key_end = p.causal ? min(length, q0 + kBlockRows) : length;
   const int warp_row0 = warp * kFrag * R;  // the warp's first row in the block
+  // Keys past its last row's end are masked for all the warp's rows: a causal warp skips the key
+  // blocks there (on the diagonal), which would leave its state as it is.
+  const int warp_key_end = visible_end(p, length, q0 + warp_row0 + R * kFrag - 1);
   const float scale_log2 = p.scale * kLog2e;
   const auto load_keys = [&](int kb0, int buffer) {
     load_tile_async<T, D, kTile, kBlockThreads>(reinterpret_cast<T*>(smem + L::k(buffer)), L::kLd, k, b, h, kb0,
@@ -201,8 +204,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     cp_async_commit();
     cp_async_wait<1>();  // this block's keys are in; the next block's may still fly
     __syncthreads();
-    key_block<T, D, R>(tiles, qf, reinterpret_cast<const T*>(smem + L::k(buffer)),
-                       reinterpret_cast<const T*>(smem + L::v(buffer)), L::kLd, kb0, scale_log2);
+    if (kb0 < warp_key_end)
+      key_block<T, D, R>(tiles, qf, reinterpret_cast<const T*>(smem + L::k(buffer)),
+                         reinterpret_cast<const T*>(smem + L::v(buffer)), L::kLd, kb0, scale_log2);
     __syncthreads();  // every warp is done with this buffer before the next block refills it
   }
   // The warp's rows of q_s are its own (its Q fragments are in registers): the stage for O.
