@@ -197,12 +197,23 @@ class CudaAttention : public ::testing::Test {
                                   << " ref " << want[at] << " (max |ref| " << scale << ", seed " << seed_ << ")";
   }
 
-  void check_against_reference(const Case& c) {
+  // The reference once, then the GPU on the kernels' current settings or (every_path) on each
+  // path in turn (set_path), its outputs first filled with a value no path leaves.
+  void check_against_reference(const Case& c, bool every_path = false) {
     SCOPED_TRACE(c.name());
     build(c);
-    run(*cuda_, gpu_, c);
     run(*ref_, ref_side_, c);
-    cuda_->synchronize();
+    for (int path = 0; path < (every_path ? kPaths : 1); ++path) {
+      SCOPED_TRACE(every_path ? set_path(path) : "the current settings");
+      cuda_->fill(gpu_.o, 7.0);
+      cuda_->fill(gpu_.dqkv, 7.0);
+      cuda_->fill(gpu_.stats, 7.0);
+      run(*cuda_, gpu_, c);
+      cuda_->synchronize();
+      compare(c);
+    }
+  }
+  void compare(const Case& c) {
     const double tol = tolerance(c.dtype);
     const auto o = bytes(gpu_.o), stats = bytes(gpu_.stats), dqkv = bytes(gpu_.dqkv);
     expect_close(c, "o", values(gpu_.part(gpu_.o, 1, 0, c), gpu_.o, o), read_host(ref_side_.part(ref_side_.o, 1, 0, c)),
@@ -229,17 +240,14 @@ class CudaAttention : public ::testing::Test {
 
 // The fused kernels' cases for one 16-bit type: T off the 64-row tile, one block and several,
 // padding with a sequence of one key and one of none, causal with and without padding. (Sizes
-// kept small: the f64 reference takes about a second per 5M query-key-dim products.)
-// Every backward path (set_path).
+// kept small: the f64 reference takes about a second per 5M query-key-dim products.) Each on
+// every path of the kernels (set_path).
 void CudaAttention::fused_cases(DType t) {
-  for (int path = 0; path < kPaths; ++path) {
-    SCOPED_TRACE(set_path(path));
-    for (const int64_t dim : {64, 128}) {
-      check_against_reference({t, 1, 2, 77, dim, /*causal=*/true, {}});
-      check_against_reference({t, 1, 1, 150, dim, /*causal=*/false, {}});
-      check_against_reference({t, 3, 1, 130, dim, /*causal=*/false, {130, 70, 0}});
-      check_against_reference({t, 3, 1, 130, dim, /*causal=*/true, {1, 0, 129}});
-    }
+  for (const int64_t dim : {64, 128}) {
+    check_against_reference({t, 1, 2, 77, dim, /*causal=*/true, {}}, true);
+    check_against_reference({t, 1, 1, 150, dim, /*causal=*/false, {}}, true);
+    check_against_reference({t, 3, 1, 130, dim, /*causal=*/false, {130, 70, 0}}, true);
+    check_against_reference({t, 3, 1, 130, dim, /*causal=*/true, {1, 0, 129}}, true);
   }
 }
 
@@ -258,10 +266,7 @@ TEST_F(CudaAttention, PlainKernelsMatchTheReference) {
 }
 
 TEST_F(CudaAttention, LongCausalSequenceWalksManyBlocks) {
-  for (int path = 0; path < kPaths; ++path) {
-    SCOPED_TRACE(set_path(path));
-    check_against_reference({DType::bf16, 1, 2, 321, 64, /*causal=*/true, {}});
-  }
+  check_against_reference({DType::bf16, 1, 2, 321, 64, /*causal=*/true, {}}, true);
 }
 
 std::vector<std::vector<std::vector<unsigned char>>> CudaAttention::three_runs(const Case& c) {
