@@ -135,9 +135,17 @@ __device__ __forceinline__ void stage_ds(T* ds_s, int ld, const Acc (&dst)[kTile
   }
 }
 
-// dst[0..3] += v in global memory (16-byte aligned), one vector reduction (no value returned).
+// dst[0..3] += v in global memory (16-byte aligned), one vector reduction (no value returned;
+// sm_90, else four scalar atomics).
 __device__ __forceinline__ void red_add4(float* dst, float x, float y, float z, float w) {
+#if __CUDA_ARCH__ >= 900
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+  atomicAdd(dst + 2, z);
+  atomicAdd(dst + 3, w);
+#endif
 }
 
 // The block's dS K (queries q0.. by D) from ds_s (dS^T: KeyRows keys by 64 queries, ld elements
