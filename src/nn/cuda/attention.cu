@@ -155,6 +155,11 @@ bool aligned16(const Heads& t) {
 
 }  // namespace
 
+Variants& variants() {
+  static Variants v;
+  return v;
+}
+
 void prepare() {
   flash_forward_prepare();
   flash_backward_prepare();
@@ -180,10 +185,11 @@ void forward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads&
 }
 
 void backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v, const Heads& o,
-              const Heads& dout, const float* lse, const Heads& dq, const Heads& dk, const Heads& dv, float* di) {
+              const Heads& dout, const float* lse, const Heads& dq, const Heads& dk, const Heads& dv, float* di,
+              float* dq_accum) {
   if (p.batch == 0 || p.heads == 0 || p.queries == 0) return;
   const Heads all[] = {q, k, v, o, dout, dq, dk, dv};
-  if (fused(p, all, 8)) return flash_backward(stream, p, q, k, v, o, dout, lse, di, dq, dk, dv);
+  if (fused(p, all, 8)) return flash_backward(stream, p, q, k, v, o, dout, lse, di, dq, dk, dv, dq_accum);
   dispatch(p, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     row_dot_kernel<T><<<blocks_for_rows(p, p.queries), kWarpsPerBlock * 32, 0, stream>>>(p, o, dout, di);

@@ -4,9 +4,12 @@
 // Fused flash-attention-2 kernels for f16 and bf16 at head dims 64 and 128 (mma.sync tensor cores,
 // f32 accumulation, online softmax, scores kept in registers, causal blocks above the diagonal
 // skipped);
-// a plain warp-per-row kernel for f32 and other head dims (up to kMaxSimpleDim). Backward is
-// deterministic without atomics: Di = rowsum(dO * O), then one pass over key blocks (dK, dV) and
-// one over query blocks (dQ), both rebuilding P from q, k and the saved log-sum-exp.
+// a plain warp-per-row kernel for f32 and other head dims (up to kMaxSimpleDim). Backward:
+// Di = rowsum(dO * O), then one pass over key blocks (dK, dV) rebuilding P from q, k and the
+// saved log-sum-exp; dQ either from a second pass over query blocks (deterministic, no atomics)
+// or, given an f32 accumulator (fused kernels only), added in the key-block pass by atomic
+// reductions (flash attention 2's way: S and dP built once; the sum's order varies run to run),
+// 64 or 128 keys a block (attention_variants.h).
 //
 // Every function enqueues on `stream` and returns: no allocation, no host sync, no host reads of
 // device values (key lengths are read on the device), so calls can be captured into a CUDA graph.
@@ -18,6 +21,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "nn/cuda/attention_variants.h"
 
 namespace ab::nn::cuda_attention {
 
@@ -52,8 +56,10 @@ bool fused(const Problem& p, const Heads* operands, int count);
 void forward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v, const Heads& o,
              float* lse);
 
-// dq, dk, dv written. di: f32 scratch of B * H * Tq floats.
+// dq, dk, dv written. di: f32 scratch of B * H * Tq floats. dq_accum: null (deterministic), or
+// f32 scratch of B * H * Tq * D floats for the atomic dQ (used where the fused kernels run).
 void backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v, const Heads& o,
-              const Heads& dout, const float* lse, const Heads& dq, const Heads& dk, const Heads& dv, float* di);
+              const Heads& dout, const float* lse, const Heads& dq, const Heads& dk, const Heads& dv, float* di,
+              float* dq_accum);
 
 }  // namespace ab::nn::cuda_attention

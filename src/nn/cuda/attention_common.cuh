@@ -50,9 +50,9 @@ __device__ __forceinline__ int visible_end(const Problem& p, int length, int i) 
 // The fused kernels (f16/bf16, D 64 or 128; fused() has said yes).
 void flash_forward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
                    const Heads& o, float* lse);
-// di: the row-dot scratch (B * H * Tq floats).
+// di: the row-dot scratch (B * H * Tq floats); dq_accum: null, or the dQ accumulator (backward()).
 void flash_backward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
                     const Heads& o, const Heads& dout, const float* lse, float* di, const Heads& dq, const Heads& dk,
-                    const Heads& dv);
+                    const Heads& dv, float* dq_accum);
 
 }  // namespace ab::nn::cuda_attention::detail

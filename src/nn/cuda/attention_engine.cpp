@@ -65,7 +65,9 @@ ca::Heads heads(const Tensor& t) { return {t.data, t.strides[0], t.strides[1], t
 }  // namespace
 
 AttentionEngine::AttentionEngine(EngineContext& ctx)
-    : ctx_(ctx), row_dots_(kScratchRows * 4, ctx.label + " attention row-dot scratch") {
+    : ctx_(ctx),
+      row_dots_(kScratchRows * 4, ctx.label + " attention row-dot scratch"),
+      dq_accum_(kDqAccumElements * 4, ctx.label + " attention dq accumulator") {
   ca::prepare();
 }
 
@@ -87,8 +89,10 @@ void AttentionEngine::attention_backward(const AttentionDesc& d, const Tensor& q
   if (rows > kScratchRows)
     refuse("attention_backward", "B * H * Tq = " + std::to_string(rows) +
                                      " query rows exceed the engine's scratch of " + std::to_string(kScratchRows));
+  // The atomic dQ (faster; its sum's order varies) outside deterministic mode, where it fits.
+  const bool atomic_dq = !ctx_.modes.deterministic && ca::variants().atomic_dq && rows * q.shape[3] <= kDqAccumElements;
   ca::backward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), heads(dout), stats.as<const float>(), heads(dq),
-               heads(dk), heads(dv), row_dots_.as<float>());
+               heads(dk), heads(dv), row_dots_.as<float>(), atomic_dq ? dq_accum_.as<float>() : nullptr);
 }
 
 }  // namespace ab::nn::cuda

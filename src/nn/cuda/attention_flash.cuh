@@ -22,10 +22,11 @@ constexpr int kPad16 = 8;
 // product). Lands while the block computes on another buffer; cp_async_commit closes a group,
 // cp_async_wait<N> waits until at most N of this thread's groups are in flight (then a
 // __syncthreads publishes them).
-template <typename T, int D, int Rows = kTile>
+// Threads: the block's size (every thread takes part).
+template <typename T, int D, int Rows = kTile, int Threads = kThreads>
 __device__ __forceinline__ void load_tile_async(T* dst, int ld, const Heads& t, int b, int h, int row0, int rows) {
   constexpr int kChunks = D / 8;
-  for (int idx = threadIdx.x; idx < Rows * kChunks; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < Rows * kChunks; idx += Threads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const bool in = row0 + r < rows;
     const T* src = row_ptr<const T>(t, b, h, in ? row0 + r : row0) + c;  // a valid address even when unread

@@ -1,11 +1,13 @@
 // The fused attention forward pass (flash attention 2): a block of 4 warps per 128 query rows
 // of one head at D 64 (32 rows a warp: two 16-row tiles share each K and V fragment) or 64 rows
-// at D 128 (16 a warp, what the registers hold), the Q fragments in registers; per 64-key block
-// (K and V staged in shared memory by cp.async, the next block's while this one computes),
-// S = Q K^T on mma.sync tensor cores into registers, an online softmax in f32 (each row's four
-// lanes reduce its maximum with two shuffles), P packed to 16 bits straight into the A operand
-// of O += P V, O accumulated in f32 registers. Scores never leave registers; causal key blocks
-// above the diagonal and blocks past a sequence's length are never loaded.
+// at D 128 (16 a warp, what the registers hold), or (attention_variants.h) 8 warps of 16 rows
+// per 128 (more warps an SM, each K and V fragment read by a warp for one tile), the Q
+// fragments in registers; per 64-key block (K and V staged in shared memory by cp.async, the
+// next block's while this one computes), S = Q K^T on mma.sync tensor cores into registers, an
+// online softmax in f32 (each row's four lanes reduce its maximum with two shuffles), P packed to
+// 16 bits straight into the A operand of O += P V, O accumulated in f32 registers. Scores never
+// leave registers; causal key blocks above the diagonal and blocks past a sequence's length are
+// never loaded, and a warp skips a key block on the diagonal that none of its rows sees.
 #include <cmath>
 
 #include "nn/cuda/attention_flash.cuh"
@@ -15,22 +17,21 @@
 namespace ab::nn::cuda_attention::detail {
 namespace {
 
-// 16-row tiles a warp owns: as many as the accumulators' registers allow.
-template <int D>
-constexpr int kRowTiles = D <= 64 ? 2 : 1;
-// (clang-format 14 reads this product of template variables as a pointer type)
-// clang-format off
-template <int D>
-constexpr int kBlockRows = kRowTiles<D> * kWarps * kFrag;
-// clang-format on
+// A block's shape: Warps warps of R 16-row tiles each (R 2 only where the accumulators' registers
+// allow it: D 64), MinBlocks of them resident on an SM (what the registers a thread may use are
+// cut to).
+template <int Warps, int R, int MinBlocks = 0>
+struct FwdShape {
+  static constexpr int kRowTiles = R, kThreads = Warps * 32, kRows = Warps * R * kFrag, kMinBlocks = MinBlocks;
+};
 
 // The block's shared memory: Q (then each warp's rows of O, staged for 16-byte stores), and two
 // buffers of K and V: the next key block lands while the block computes on this one.
-template <typename T, int D>
+template <typename T, int D, typename S>
 struct ForwardSmem {
   static constexpr int kLd = D + kPad16;
   static constexpr std::size_t kTileBytes = std::size_t{kTile} * kLd * sizeof(T);
-  static constexpr std::size_t kQBytes = std::size_t{kBlockRows<D>} * kLd * sizeof(T);
+  static constexpr std::size_t kQBytes = std::size_t{S::kRows} * kLd * sizeof(T);
   static constexpr std::size_t q = 0, bytes = kQBytes + 4 * kTileBytes;
   // K of buffer n at k(n), its V right after.
   static constexpr std::size_t k(int n) { return kQBytes + 2 * n * kTileBytes; }
@@ -121,10 +122,9 @@ __device__ __forceinline__ void finish_tile(RowTile<D>& r, T* stage, int ld, con
 
 // One key block (K and V in shared memory) for every tile of the warp: each K and V fragment
 // loaded once and used by all of them.
-template <typename T, int D>
-__device__ __forceinline__ void key_block(RowTile<D> (&tiles)[kRowTiles<D>], const Frag4 (&qf)[kRowTiles<D>][D / 16],
-                                          const T* k_s, const T* v_s, int ld, int kb0, float scale_log2) {
-  constexpr int R = kRowTiles<D>;
+template <typename T, int D, int R>
+__device__ __forceinline__ void key_block(RowTile<D> (&tiles)[R], const Frag4 (&qf)[R][D / 16], const T* k_s,
+                                          const T* v_s, int ld, int kb0, float scale_log2) {
   const int lane = threadIdx.x % 32;
   Acc s[R][kTile / 8] = {};
 #pragma unroll
@@ -159,25 +159,30 @@ __device__ __forceinline__ void key_block(RowTile<D> (&tiles)[kRowTiles<D>], con
   }
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+template <typename T, int D, typename S>
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     flash_forward_kernel(Problem p, Heads q, Heads k, Heads v, Heads o, float* lse) {
-  using L = ForwardSmem<T, D>;
-  constexpr int R = kRowTiles<D>;
+  using L = ForwardSmem<T, D, S>;
+  constexpr int R = S::kRowTiles, kBlockRows = S::kRows, kBlockThreads = S::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   T* q_s = reinterpret_cast<T*>(smem + L::q);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const int b = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockRows<D>;  // the longest causal rows start first
-  const int length = key_length(p, b), key_end = p.causal ? min(length, q0 + kBlockRows<D>) : length;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBlockRows;  // the longest causal rows start first
+  const int length = key_length(p, b), key_end = p.causal ? min(length, q0 + kBlockRows) : length;
   const int warp_row0 = warp * kFrag * R;  // the warp's first row in the block
+  // Keys past its last row's end are masked for all the warp's rows: a causal warp skips the key
+  // blocks there (on the diagonal), which would leave its state as it is.
+  const int warp_key_end = visible_end(p, length, q0 + warp_row0 + R * kFrag - 1);
   const float scale_log2 = p.scale * kLog2e;
   const auto load_keys = [&](int kb0, int buffer) {
-    load_tile_async<T, D>(reinterpret_cast<T*>(smem + L::k(buffer)), L::kLd, k, b, h, kb0, p.keys);
-    load_tile_async<T, D>(reinterpret_cast<T*>(smem + L::v(buffer)), L::kLd, v, b, h, kb0, p.keys);
+    load_tile_async<T, D, kTile, kBlockThreads>(reinterpret_cast<T*>(smem + L::k(buffer)), L::kLd, k, b, h, kb0,
+                                                p.keys);
+    load_tile_async<T, D, kTile, kBlockThreads>(reinterpret_cast<T*>(smem + L::v(buffer)), L::kLd, v, b, h, kb0,
+                                                p.keys);
   };
 
-  load_tile_async<T, D, kBlockRows<D>>(q_s, L::kLd, q, b, h, q0, p.queries);
+  load_tile_async<T, D, kBlockRows, kBlockThreads>(q_s, L::kLd, q, b, h, q0, p.queries);
   if (key_end > 0) load_keys(0, 0);
   cp_async_commit();
   cp_async_wait<0>();
@@ -199,8 +204,9 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<1>();  // this block's keys are in; the next block's may still fly
     __syncthreads();
-    key_block<T, D>(tiles, qf, reinterpret_cast<const T*>(smem + L::k(buffer)),
-                    reinterpret_cast<const T*>(smem + L::v(buffer)), L::kLd, kb0, scale_log2);
+    if (kb0 < warp_key_end)
+      key_block<T, D, R>(tiles, qf, reinterpret_cast<const T*>(smem + L::k(buffer)),
+                         reinterpret_cast<const T*>(smem + L::v(buffer)), L::kLd, kb0, scale_log2);
     __syncthreads();  // every warp is done with this buffer before the next block refills it
   }
   // The warp's rows of q_s are its own (its Q fragments are in registers): the stage for O.
@@ -210,6 +216,22 @@ __global__ void __launch_bounds__(kThreads)
     const int row0 = warp_row0 + x * kFrag;
     finish_tile<T, D>(tiles[x], q_s + row0 * L::kLd, L::kLd, o, lse_head + q0 + row0, b, h, q0 + row0, p.queries);
   }
+}
+
+// The block shapes: the default (4 warps: 2 row tiles each at D 64, 1 at D 128) and 8 warps of one
+// (two blocks an SM at D 64: 16 warps).
+template <int D>
+using DefaultShape = FwdShape<kWarps, D <= 64 ? 2 : 1>;
+template <int D>
+using EightWarps = FwdShape<8, 1, D <= 64 ? 2 : 1>;
+
+template <typename T, int D, typename S>
+void launch_forward(cudaStream_t stream, const Problem& p, const Heads& q, const Heads& k, const Heads& v,
+                    const Heads& o, float* lse) {
+  const dim3 grid(static_cast<unsigned>(p.batch * p.heads),
+                  static_cast<unsigned>((p.queries + S::kRows - 1) / S::kRows));
+  flash_forward_kernel<T, D, S><<<grid, S::kThreads, ForwardSmem<T, D, S>::bytes, stream>>>(p, q, k, v, o, lse);
+  device_common::check_launch("cuda_attention", "attention_forward (fused)");
 }
 
 }  // namespace
@@ -223,9 +245,12 @@ void flash_forward_prepare() {
       dispatch_fused(p, [&](auto tag, auto d) {
         using T = typename decltype(tag)::type;
         constexpr int D = decltype(d)::value;
-        AB_CUDA(cudaFuncSetAttribute(flash_forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(ForwardSmem<T, D>::bytes)),
-                "attention forward shared memory");
+        const auto set = [](auto kernel, std::size_t bytes) {
+          AB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                  "attention forward shared memory");
+        };
+        set(flash_forward_kernel<T, D, DefaultShape<D>>, ForwardSmem<T, D, DefaultShape<D>>::bytes);
+        set(flash_forward_kernel<T, D, EightWarps<D>>, ForwardSmem<T, D, EightWarps<D>>::bytes);
       });
     }
 }
@@ -235,10 +260,8 @@ void flash_forward(cudaStream_t stream, const Problem& p, const Heads& q, const 
   dispatch_fused(p, [&](auto tag, auto d) {
     using T = typename decltype(tag)::type;
     constexpr int D = decltype(d)::value;
-    const dim3 grid(static_cast<unsigned>(p.batch * p.heads),
-                    static_cast<unsigned>((p.queries + kBlockRows<D> - 1) / kBlockRows<D>));
-    flash_forward_kernel<T, D><<<grid, kThreads, ForwardSmem<T, D>::bytes, stream>>>(p, q, k, v, o, lse);
-    device_common::check_launch("cuda_attention", "attention_forward (fused)");
+    if (variants().forward_eight_warps) launch_forward<T, D, EightWarps<D>>(stream, p, q, k, v, o, lse);
+    else launch_forward<T, D, DefaultShape<D>>(stream, p, q, k, v, o, lse);
   });
 }
 

@@ -1,0 +1,21 @@
+// The attention kernels' variants, switched at run time for the lab's bench
+// (bench/attention_bench.cu) and the tests that cover each: not part of nn::Kernels' contract.
+// Process-wide, read at each call; the defaults are the best guess of the fastest.
+#pragma once
+
+namespace ab::nn::cuda_attention {
+
+struct Variants {
+  // Outside deterministic mode, dQ added by atomics in the key-block pass (where the engine's
+  // accumulator holds it) rather than by a second pass over query blocks.
+  bool atomic_dq = true;
+  // Keys a block of that key-block pass: 64 (4 warps) or 128 (8 warps: Q and dO loaded, and dQ
+  // added, once per 128 keys).
+  int backward_keys_per_block = 128;
+  // Forward blocks of 8 warps of 16 query rows (128 rows) rather than 4 warps of 32 rows at D 64
+  // (16 at D 128).
+  bool forward_eight_warps = false;
+};
+Variants& variants();
+
+}  // namespace ab::nn::cuda_attention
