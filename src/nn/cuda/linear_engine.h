@@ -54,6 +54,7 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // false: cuBLASLt offers nothing for this epilogue (the caller composes)
   bool gelu = false;    // a GELU epilogue: counted by fusion_counts
+  bool optional = false;  // DGELU_BGRAD: where unusable, DGELU still fuses the GELU (not counted)
   std::string label, choice;
 };
 

@@ -120,6 +120,7 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
   plan->gelu = g.epilogue == LtEpilogue::gelu || g.epilogue == LtEpilogue::gelu_bias ||
                g.epilogue == LtEpilogue::gelu_aux || g.epilogue == LtEpilogue::gelu_aux_bias ||
                g.epilogue == LtEpilogue::dgelu || g.epilogue == LtEpilogue::dgelu_bgrad;
+  plan->optional = g.epilogue == LtEpilogue::dgelu_bgrad;
   const std::string& label = plan->label;
   const cudaDataType_t t = lt_dtype(g.dtype);
   plan->op = backend::cuda::make_lt_matmul(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
@@ -229,7 +230,7 @@ bool LinearEngine::matmul(const GemmShape& g, const GemmOperands& ops) {
 
 void LinearEngine::count_fusions(Kernels::FusionCounts& counts) const {
   for (const auto& [key, plan] : lt_plans_)
-    if (plan->gelu) ++(plan->usable ? counts.fused : counts.unfused);
+    if (plan->gelu && (plan->usable || !plan->optional)) ++(plan->usable ? counts.fused : counts.unfused);
 }
 
 std::vector<std::string> LinearEngine::choices() const {
