@@ -203,17 +203,22 @@ TEST_F(CudaLinearTest, FusedGeluForwardMatchesLinearThenGeluAndRunsTheEpilogue) 
 
 TEST_F(CudaLinearTest, FusedGeluBackwardDataMatchesLinearBackwardThenGeluBackward) {
   for (DType t : {DType::bf16, DType::f16})
-    for (const GeluCase& c : kGeluCases) {
-      // The layer after the GELU: dy [n, out], w [out, in]; K = out. So K = 768 and 3072 here too.
-      const int64_t n = c.n, k = c.in, in = c.out;
-      SCOPED_TRACE(type_name(t) + " n=" + std::to_string(n) + " K=" + std::to_string(k) + " in=" + std::to_string(in));
-      Mat dy = mat(t, n, k, k), w = mat(t, k, in, in, -0.08, 0.08), pre = mat(t, n, in, in, -3, 3);
-      Mat dx = mat(t, n, in, in);
-      cuda_->linear_backward_data_gelu(dy.dev, w.dev, pre.dev, dx.dev);
-      ref_->linear_backward_data(dy.ref, w.ref, dx.ref, false);
-      ref_->gelu_backward(pre.ref, dx.ref, dx.ref, false);
-      ASSERT_NO_FATAL_FAILURE(expect_close(dx, tolerance(t), "dx = gelu'(pre) * (dy w)"));
-    }
+    for (const GeluCase& c : kGeluCases)
+      for (const bool with_bias : {false, true}) {
+        // The layer after the GELU: dy [n, out], w [out, in]; K = out. So K = 768 and 3072 here too.
+        const int64_t n = c.n, k = c.in, in = c.out;
+        SCOPED_TRACE(type_name(t) + " n=" + std::to_string(n) + " K=" + std::to_string(k) + " in=" + std::to_string(in) +
+                     (with_bias ? ", with the bias gradient" : ""));
+        Mat dy = mat(t, n, k, k), w = mat(t, k, in, in, -0.08, 0.08), pre = mat(t, n, in, in, -3, 3);
+        Mat dx = mat(t, n, in, in), db = vec(t, in);
+        cuda_->linear_backward_data_gelu(dy.dev, w.dev, pre.dev, dx.dev, with_bias ? db.dev : Tensor{});
+        ref_->linear_backward_data(dy.ref, w.ref, dx.ref, false);
+        ref_->gelu_backward(pre.ref, dx.ref, dx.ref, false);
+        ASSERT_NO_FATAL_FAILURE(expect_close(dx, tolerance(t), "dx = gelu'(pre) * (dy w)"));
+        if (!with_bias) continue;
+        ref_->column_sums(dx.ref, db.ref);
+        ASSERT_NO_FATAL_FAILURE(expect_close(db, tolerance(t), "dbias = the column sums of dx"));
+      }
   for (DType t : {DType::bf16, DType::f16}) {
     const auto lines = choices_with("gemm " + type_name(t) + " ");
     EXPECT_TRUE(std::any_of(lines.begin(), lines.end(),
@@ -222,6 +227,7 @@ TEST_F(CudaLinearTest, FusedGeluBackwardDataMatchesLinearBackwardThenGeluBackwar
                             }))
         << "no " << type_name(t) << " plan ran the DGELU epilogue: the call composed linear + gelu_backward";
   }
+  choices_with("+dgelu_bgrad");  // for the log: where cuBLASLt summed the bias gradient in the epilogue
 }
 
 // The tanh form (GPT-2's, the reference's) and the erf form differ by up to ~5e-4, most in
@@ -247,7 +253,7 @@ TEST_F(CudaLinearTest, CublasLtGeluIsTheTanhFormForwardAndBackward) {
     Mat w = mat(t, d, d, d, 0, 0, eye), x = mat(t, n, d, d, -5, 3), y = mat(t, n, d, d);
     Mat dy = mat(t, n, d, d, 0.5, 2), dx = mat(t, n, d, d);
     cuda_->linear_gelu_forward(x.dev, w.dev, Tensor{}, Tensor{}, y.dev);
-    cuda_->linear_backward_data_gelu(dy.dev, w.dev, x.dev, dx.dev);
+    cuda_->linear_backward_data_gelu(dy.dev, w.dev, x.dev, dx.dev, Tensor{});
     ref_->gelu_forward(x.ref, y.ref);
     ref_->gelu_backward(x.ref, dy.ref, dx.ref, false);
     ASSERT_NO_FATAL_FAILURE(expect_close(y, tolerance(t), "forward gelu(x), the tanh form"));
@@ -393,6 +399,27 @@ TEST_F(CudaLinearTest, BiasGradientMatchesTheReferenceWithAndWithoutTheFusedEpil
   choices_with("+bgradb");  // for the log: where cuBLASLt ran the bias gradient in the weight GEMM
 }
 
+// The engine's column sums (Kernels::column_sums; the bias gradients' kernel under
+// AB_BIAS_GRADIENT=columns and after a DGELU without BGRAD): against the reference's f64 sums, on
+// GPT-2's widths, padded rows and widths off the 16-byte vector, the same bits twice.
+TEST_F(CudaLinearTest, ColumnSumsMatchTheReferenceAndRepeatBitForBit) {
+  struct Case {
+    int64_t n, cols, ld;
+  };
+  for (DType t : {DType::bf16, DType::f16, DType::f32})
+    for (const Case& c : {Case{4099, 768, 768}, Case{1000, 2304, 2304}, Case{77, 64, 72}, Case{333, 37, 40}}) {
+      SCOPED_TRACE(type_name(t) + " [" + std::to_string(c.n) + ", " + std::to_string(c.cols) + "] row stride " +
+                   std::to_string(c.ld));
+      Mat x = mat(t, c.n, c.cols, c.ld), sums = vec(t, c.cols);
+      cuda_->column_sums(x.dev, sums.dev);
+      ref_->column_sums(x.ref, sums.ref);
+      ASSERT_NO_FATAL_FAILURE(expect_close(sums, tolerance(t), "column sums"));
+      const std::vector<double> first = read(sums);
+      cuda_->column_sums(x.dev, sums.dev);
+      EXPECT_TRUE(read(sums) == first) << "the column sums differ between two runs";
+    }
+}
+
 TEST_F(CudaLinearTest, DeterministicModeGivesBitIdenticalResultsTwice) {
   cuda_->set_deterministic(true);
   for (DType t : {DType::bf16, DType::f16, DType::f32}) {
@@ -403,14 +430,14 @@ TEST_F(CudaLinearTest, DeterministicModeGivesBitIdenticalResultsTwice) {
     std::vector<std::vector<double>> runs[2];
     for (auto& run : runs) {
       Mat y = mat(t, n, out, out), pre = mat(t, n, out, out), dx = mat(t, n, in, in), dxg = mat(t, n, out, out);
-      Mat dw = mat(t, out, in, in), db = vec(t, out);
+      Mat dw = mat(t, out, in, in), db = vec(t, out), dbg = vec(t, out);
       cuda_->linear_gelu_forward(x.dev, w.dev, b.dev, pre.dev, y.dev);
       cuda_->linear_backward_data(dy.dev, w.dev, dx.dev, false);
       cuda_->linear_backward_weights(x.dev, dy.dev, dw.dev, db.dev);
-      cuda_->linear_backward_data_gelu(dy.dev, w2.dev, pre.dev, dxg.dev);
-      run = {read(y), read(pre), read(dx), read(dw), read(db), read(dxg)};
+      cuda_->linear_backward_data_gelu(dy.dev, w2.dev, pre.dev, dxg.dev, dbg.dev);
+      run = {read(y), read(pre), read(dx), read(dw), read(db), read(dxg), read(dbg)};
     }
-    const char* names[] = {"y", "pre", "dx", "dw", "dbias", "dx through the GELU"};
+    const char* names[] = {"y", "pre", "dx", "dw", "dbias", "dx through the GELU", "dbias through the GELU"};
     for (std::size_t i = 0; i < runs[0].size(); ++i) {
       std::size_t differ = 0;
       for (std::size_t j = 0; j < runs[0][i].size(); ++j) differ += std::memcmp(&runs[0][i][j], &runs[1][i][j], 8) != 0;

@@ -2,10 +2,10 @@
 // kernels on the same fresh random inputs, stored in the same dtype (the reference holds f16/bf16
 // exactly and sums in f64): every activation dtype, small shapes and GPT-2-like ones (C = 768,
 // row counts off every block size, a 50257-token vocabulary padded to 50304), in place where the
-// contract allows it, embedding backward bit-identical run to run, AdamW over many tensors in a
-// captured step replayed twice against two reference steps (the device step count advancing),
-// skip flags honoured, refusals named. Tolerances: the output dtype's rounding plus the f32
-// arithmetic's bound.
+// contract allows it, embedding and LayerNorm backward and the loss bit-identical run to run,
+// AdamW over many tensors in a captured step replayed twice against two reference steps (the
+// device step count advancing), skip flags honoured, refusals named. Tolerances: the output
+// dtype's rounding plus the f32 arithmetic's bound.
 // Skips where no GPU answers.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -280,6 +280,13 @@ void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows,
   for (auto& b : beta_mag) b *= reduction_terms * kF32Eps;
   expect_close(t.got(dgamma), CudaTransformer::want(dgamma), rounding(param_t), gamma_mag, "dgamma");
   expect_close(t.got(dbeta), CudaTransformer::want(dbeta), rounding(param_t), beta_mag, "dbeta");
+  if (accumulate) return;
+  // Fixed-order sums: a second run gives the same bits.
+  const std::vector<double> dx_first = t.got(dx), dgamma_first = t.got(dgamma), dbeta_first = t.got(dbeta);
+  t.cuda().layernorm_backward(x.dev, dy.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, false, dgamma.dev, dbeta.dev);
+  EXPECT_TRUE(t.got(dx) == dx_first) << "dx differs between two runs";
+  EXPECT_TRUE(t.got(dgamma) == dgamma_first) << "dgamma differs between two runs";
+  EXPECT_TRUE(t.got(dbeta) == dbeta_first) << "dbeta differs between two runs";
 }
 
 TEST_F(CudaTransformer, LayerNormMatchesTheReferenceBothWays) {
@@ -288,6 +295,7 @@ TEST_F(CudaTransformer, LayerNormMatchesTheReferenceBothWays) {
     check_layernorm(*this, act, DType::f32, 5, 20, false);     // C off the vector width: scalar loads
     check_layernorm(*this, act, act, 9, 64, true);             // 16-bit parameters; dx accumulates
     check_layernorm(*this, act, DType::f32, 4099, 768, true);  // GPT-2's C, rows off the 8-row block
+    check_layernorm(*this, act, DType::f32, 333, 320, false);  // a lane's last chunk partly past C
   }
   check_layernorm(*this, DType::bf16, DType::f32, 1027, 1024, false);  // BERT-large's C
 }
@@ -563,6 +571,25 @@ TEST_F(CudaTransformer, FusedCrossEntropyMatchesTheReferenceOnPaddedRowsInPlace)
     check_cross_entropy(*this, act, {67, 50257, 50304, true, true});  // GPT-2's padded vocabulary
   }
   check_cross_entropy(*this, DType::bf16, {33, 50257, 50304, false, false});
+  // f32 rows wider than shared memory holds (240 KB): read twice instead of staged.
+  check_cross_entropy(*this, DType::f32, {3, 60001, 60004, true, false});
+}
+
+TEST_F(CudaTransformer, FusedCrossEntropyIsBitIdenticalRunToRun) {
+  SCOPED_TRACE(trace());
+  for (const int64_t vocab : {int64_t{50257}, int64_t{60001}}) {  // bf16 staged; f32 wider than shared memory
+    const DType act = vocab == 50257 ? DType::bf16 : DType::f32;
+    SCOPED_TRACE(std::string(to_string(act)) + ", vocabulary " + std::to_string(vocab));
+    auto& logits = random(act, {9, vocab}, -4, 4);
+    auto& labels = ints({9}, {0, 3, -1, 7, static_cast<double>(vocab - 1), 11, 2, 5, 1});
+    auto& loss = random(DType::f32, {1});
+    auto& dl = random(act, {9, vocab});
+    cuda().cross_entropy_fused(logits.dev, labels.dev, loss.dev, dl.dev, Tensor{});
+    const std::vector<double> first_loss = got(loss), first_grad = got(dl);
+    cuda().cross_entropy_fused(logits.dev, labels.dev, loss.dev, dl.dev, Tensor{});
+    EXPECT_EQ(got(loss), first_loss) << "the loss differs between two runs";
+    EXPECT_TRUE(got(dl) == first_grad) << "dlogits differ between two runs";
+  }
 }
 
 TEST_F(CudaTransformer, FusedCrossEntropyWithNoScoredRowIsZero) {

@@ -151,6 +151,32 @@ TEST(TransformerRef, GeluIsTheTanhFormAndItsDerivative) {
   }, "dgelu");
 }
 
+TEST(TransformerRef, BackwardDataThroughTheGeluSumsTheBiasGradientByDefault) {
+  // The contract's default (RefKernels keeps it): linear_backward_data, gelu_backward, then the
+  // column sums of dx (RefKernels' column_sums) into dbias.
+  Tensors t;
+  SCOPED_TRACE("seed " + std::to_string(t.seed()));
+  const std::int64_t n = 5, out = 3, in = 4;
+  const Tensor dy = t.random(DType::f64, {n, out}), w = t.random(DType::f64, {out, in});
+  const Tensor pre = t.random(DType::f64, {n, in}, -3, 3);
+  const Tensor dx = t.random(DType::f64, {n, in}), db = t.random(DType::f64, {in});
+  const Tensor want_dx = t.zeros(DType::f64, {n, in});
+  t.k().linear_backward_data_gelu(dy, w, pre, dx, db);
+  t.k().linear_backward_data(dy, w, want_dx, false);
+  t.k().gelu_backward(pre, want_dx, want_dx, false);
+  const std::vector<double> got_dx = read_host(dx), wanted = read_host(want_dx), got_db = read_host(db);
+  EXPECT_EQ(got_dx, wanted) << "dx differs from linear_backward_data then gelu_backward";
+  for (std::int64_t c = 0; c < in; ++c) {
+    double sum = 0.0;
+    for (std::int64_t r = 0; r < n; ++r) sum += wanted[sz(r * in + c)];
+    EXPECT_NEAR(got_db[sz(c)], sum, 1e-14) << "dbias[" << c << "]";
+  }
+  // Undefined dbias: dx alone.
+  const Tensor dx2 = t.random(DType::f64, {n, in});
+  t.k().linear_backward_data_gelu(dy, w, pre, dx2, Tensor{});
+  EXPECT_EQ(read_host(dx2), wanted);
+}
+
 // ---- attention
 
 // q, k and v as GPT-2's attention reads them: [B, H, T, D] views into one [B, T, 3, H, D] buffer.
@@ -458,6 +484,7 @@ TEST(TransformerRef, BackendsWithoutTheKernelsRefuseByName) {
     EXPECT_STREQ(e.what(), "ref kernels have no gelu_forward (transformer ops)");
   }
   EXPECT_THROW(k.Kernels::attention_forward({}, x, x, x, y, y), Unsupported);
+  EXPECT_THROW(k.Kernels::column_sums(t.random(DType::f32, {2, 2}), y), Unsupported);
   EXPECT_THROW(k.Kernels::adamw_update({}, x, x, x, x), Unsupported);
 }
 

@@ -90,10 +90,14 @@ void Kernels::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor
   gelu_forward(pre, y);
 }
 
-void Kernels::linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx) {
+void Kernels::linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx,
+                                        const Tensor& dbias) {
   linear_backward_data(dy, w, dx, false);
   gelu_backward(pre, dx, dx, false);
+  if (dbias.defined()) column_sums(dx, dbias);
 }
+
+void Kernels::column_sums(const Tensor&, const Tensor&) { no_transformer_kernel(name(), "column_sums"); }
 
 std::string fp8_conv_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
   const std::string label = "fp8 convolution of x " + x.to_string() + ", w " + w.to_string() + ": ";

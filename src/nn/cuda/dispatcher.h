@@ -150,8 +150,12 @@ class CudaKernels final : public Kernels {
                            const Tensor& y) override {
     linear_.linear_gelu_forward(x, w, bias, pre, y);
   }
-  void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx) override {
-    linear_.linear_backward_data_gelu(dy, w, pre, dx);
+  void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx,
+                                 const Tensor& dbias) override {
+    linear_.linear_backward_data_gelu(dy, w, pre, dx, dbias);
+  }
+  void column_sums(const Tensor& x, const Tensor& sums) override {
+    linear_.column_sums(x, sums);
   }
 
   // ---- pointwise, losses, optimizers

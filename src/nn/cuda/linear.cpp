@@ -4,7 +4,8 @@
 //   forward        Yc [out, N]  = Wc^T Xc        (+ bias over rows: the BIAS epilogue; with the
 //                                                 GELU: GELU_AUX_BIAS writes pre as the aux matrix)
 //   backward data  dXc [in, N]  = Wc dYc         (beta = 1 accumulates; through the GELU: DGELU
-//                                                 reads pre as the aux matrix)
+//                                                 reads pre as the aux matrix, DGELU_BGRAD also
+//                                                 sums dXc's rows into the bias gradient [in])
 //   backward w     dWc [in, out] = Xc dYc^T      (+ bias gradient db [out] = dYc 1_N, the sums of
 //                                                 B's columns over k: the BGRADB epilogue)
 // Where cuBLASLt has no algorithm for an epilogue (a dtype, an aux leading dimension that is not a
@@ -12,9 +13,12 @@
 // the bias gradient a GEMM against a ones vector, in chunks of rows. f32 computes in f32 (TF32
 // when allowed), f16/bf16 in f32. Plans and the algorithm choice: linear_plan.cpp.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "nn/cuda/linear_engine.h"
 #include "nn/cuda/pointwise.h"
+#include "nn/cuda/transformer.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -74,6 +78,7 @@ GemmShape backward_data_shape(const char* k, const Tensor& dy, const Tensor& w, 
 
 constexpr std::int64_t kLtWorkspaceBytes = std::int64_t{32} << 20;
 constexpr std::int64_t kOnesCount = std::int64_t{1} << 16;  // rows reduced per bias-gradient GEMM
+constexpr std::int64_t kColumnScratchBytes = std::int64_t{4} << 20;  // column_sums' partials: 1M columns
 
 }  // namespace
 
@@ -86,6 +91,9 @@ LinearEngine::LinearEngine(EngineContext& ctx) : ctx_(ctx) {
   cuda_pointwise::fill(ctx_.stream, DType::f32, base, ones_count_, 1.0);
   cuda_pointwise::fill(ctx_.stream, DType::f16, base + 4 * ones_count_, ones_count_, 1.0);
   cuda_pointwise::fill(ctx_.stream, DType::bf16, base + 6 * ones_count_, ones_count_, 1.0);
+  column_scratch_ = backend::cuda::DeviceBuffer(kColumnScratchBytes, ctx_.label + " column sums' partials");
+  const char* env = std::getenv("AB_BIAS_GRADIENT");
+  bias_by_columns_ = env != nullptr && std::string_view(env) == "columns";
 }
 
 const void* LinearEngine::ones(DType t) const {
@@ -129,14 +137,25 @@ void LinearEngine::linear_backward_data(const Tensor& dy, const Tensor& w, const
   matmul(g, {w.data, dy.data, dx.data, nullptr, nullptr});
 }
 
-void LinearEngine::linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx) {
+void LinearEngine::linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx,
+                                             const Tensor& dbias) {
   const char* k = "linear_backward_data_gelu";
   GemmShape g = backward_data_shape(k, dy, w, dx);
   g.aux_ld = row_stride(k, pre, "pre", dy.dtype);
   if (!(pre.shape == dx.shape)) shape_mismatch(k, "dy", dy, "pre", pre, "dx", dx);
-  g.epilogue = LtEpilogue::dgelu;
-  if (g.aux_ld % kAuxLdMultiple == 0 && matmul(g, {w.data, dy.data, dx.data, nullptr, pre.data})) return;
-  ctx_.kernels.Kernels::linear_backward_data_gelu(dy, w, pre, dx);
+  if (dbias.defined()) require_vector(k, dbias, "dbias", dy.dtype, dx.shape[1]);
+  if (g.aux_ld % kAuxLdMultiple == 0) {
+    // The bias gradient in the same epilogue (DGELU_BGRAD: dx is summed as it is written); where
+    // cuBLASLt has no such kernel, DGELU and then the column sums.
+    g.epilogue = dbias.defined() ? LtEpilogue::dgelu_bgrad : LtEpilogue::dgelu;
+    if (matmul(g, {w.data, dy.data, dx.data, dbias.data, pre.data})) return;
+    g.epilogue = LtEpilogue::dgelu;
+    if (dbias.defined() && matmul(g, {w.data, dy.data, dx.data, nullptr, pre.data})) {
+      column_sums(dx, g.ldc, dbias);
+      return;
+    }
+  }
+  ctx_.kernels.Kernels::linear_backward_data_gelu(dy, w, pre, dx, dbias);
 }
 
 void LinearEngine::linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) {
@@ -152,18 +171,36 @@ void LinearEngine::linear_backward_weights(const Tensor& x, const Tensor& dy, co
   g.trans_b = true;
   g.m = in, g.n = out, g.k = n;
   const GemmOperands ops{x.data, dy.data, dw.data, dbias.data, nullptr};
-  if (dbias.defined()) {
-    // The bias gradient inside the weight GEMM: B = dYc^T is read once for both. Where cuBLASLt
-    // has no BGRADB kernel for the case, the ones-vector reduction below runs after a plain GEMM.
+  if (dbias.defined() && !bias_by_columns_) {
+    // The bias gradient with the weight GEMM (BGRADB). Where cuBLASLt has no BGRADB kernel for
+    // the case, the ones-vector reduction below runs after a plain GEMM.
     g.epilogue = LtEpilogue::bgradb;
     if (matmul(g, ops)) return;
     g.epilogue = LtEpilogue::none;
   }
   matmul(g, ops);
-  if (dbias.defined()) column_sums(dy, g.ldb, dbias);
+  if (!dbias.defined()) return;
+  if (bias_by_columns_) column_sums(dy, g.ldb, dbias);
+  else column_sums_by_gemm(dy, g.ldb, dbias);
 }
 
-void LinearEngine::column_sums(const Tensor& dy, std::int64_t ld, const Tensor& dbias) {
+void LinearEngine::column_sums(const Tensor& x, const Tensor& sums) {
+  const char* k = "column_sums";
+  if (x.shape.rank() != 2) throw Unsupported(std::string("cuda ") + k + ": x must be [N, C], got " + x.to_string());
+  require_vector(k, sums, "sums", x.dtype, x.shape[1]);
+  column_sums(x, row_stride(k, x, "x", x.dtype), sums);
+}
+
+void LinearEngine::column_sums(const Tensor& x, std::int64_t ld, const Tensor& sums) {
+  if (x.shape[1] * 4 > kColumnScratchBytes) {
+    column_sums_by_gemm(x, ld, sums);
+    return;
+  }
+  cuda_transformer::column_sums(ctx_.stream, x.dtype, x.data, ld, x.shape[0], x.shape[1], sums.data,
+                                column_scratch_.as<float>(), kColumnScratchBytes);
+}
+
+void LinearEngine::column_sums_by_gemm(const Tensor& dy, std::int64_t ld, const Tensor& dbias) {
   const std::int64_t n = dy.shape[0], out = dy.shape[1];
   // db [out] = dYc [out, rows] x ones [rows], chunk by chunk, accumulating after the first; the
   // sum stays in f32 (no TF32: it is a handful of FLOPs).

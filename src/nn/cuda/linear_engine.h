@@ -24,7 +24,7 @@ namespace ab::nn::cuda {
 // What the GEMM does after the product (cublasLtEpilogue_t) and the vector or matrix it touches:
 // bias (read, one per row of D), the GELU input `aux` (written by gelu_aux*, read by dgelu) and the
 // bias gradient (bgradb: written, the sums of B's columns over k, one per column of D).
-enum class LtEpilogue { none, bias, gelu, gelu_bias, gelu_aux, gelu_aux_bias, dgelu, bgradb };
+enum class LtEpilogue { none, bias, gelu, gelu_bias, gelu_aux, gelu_aux_bias, dgelu, dgelu_bgrad, bgradb };
 
 // Column-major GEMM shape for cuBLASLt (the row-major tensors are viewed transposed).
 struct GemmShape {
@@ -54,6 +54,7 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // false: cuBLASLt offers nothing for this epilogue (the caller composes)
   bool gelu = false;    // a GELU epilogue: counted by fusion_counts
+  bool optional = false;  // DGELU_BGRAD: where unusable, DGELU still fuses the GELU (not counted)
   std::string label, choice;
 };
 
@@ -68,7 +69,11 @@ class LinearEngine {
   void linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate);
   void linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias);
   void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre, const Tensor& y);
-  void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx);
+  void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx,
+                                 const Tensor& dbias);
+  // sums[c] = the sum over rows of x[:, c]: the project's kernel (one read of x, f32 sums in a
+  // fixed order).
+  void column_sums(const Tensor& x, const Tensor& sums);
 
   // One line per plan made so far, sorted: the GEMM (shape, epilogue) and its algorithm, or why
   // cuBLASLt had none for the epilogue (the call then ran the separate kernels).
@@ -86,7 +91,8 @@ class LinearEngine {
                         const GemmOperands& ops);
   // Runs the GEMM; false (nothing queued) where cuBLASLt has no algorithm for g's epilogue.
   bool matmul(const GemmShape& g, const GemmOperands& ops);
-  void column_sums(const Tensor& dy, std::int64_t ld, const Tensor& dbias);
+  void column_sums(const Tensor& x, std::int64_t ld, const Tensor& sums);
+  void column_sums_by_gemm(const Tensor& dy, std::int64_t ld, const Tensor& dbias);
   const void* ones(DType t) const;  // ones_count_ ones of dtype t
 
   EngineContext& ctx_;
@@ -94,6 +100,10 @@ class LinearEngine {
   backend::cuda::DeviceBuffer lt_workspace_;
   backend::cuda::DeviceBuffer ones_;  // f32/f16/bf16 ones for the bias gradient's reduction GEMM
   std::int64_t ones_count_ = 0;
+  backend::cuda::DeviceBuffer column_scratch_;  // column_sums' partials
+  // AB_BIAS_GRADIENT=columns: linear_backward_weights' bias gradient by column_sums after a plain
+  // GEMM instead of cuBLASLt's BGRADB epilogue (which runs as a separate pass too), to time both.
+  bool bias_by_columns_ = false;
   std::unordered_map<Key, std::unique_ptr<LtPlan>, KeyHash> lt_plans_;
 };
 

@@ -1,6 +1,6 @@
 // Internal to the CUDA engine: the launchers of the transformer family's own kernels
 // (transformer.cu: embedding, LayerNorm, GELU; transformer_optim.cu: the gradient norm, AdamW, the
-// step counter, the fused cross-entropy). Raw device pointers and dtypes; the engine
+// step counter, the fused cross-entropy; column_sums.cu: the bias gradients' column sums). Raw device pointers and dtypes; the engine
 // (transformer_engine.h) checks the tensors. Activations are f32, f16 or bf16; every sum is in f32
 // or f64 in an order fixed by the shapes and the device's SM count, never by scheduling, so results
 // are bit-identical run to run. Scratch is the caller's device memory (256-byte aligned).
@@ -29,6 +29,13 @@ void embedding_backward(cudaStream_t stream, DType dy_t, const void* dy, DType g
                         void* dwte, bool accumulate_wte, void* dwpe, std::int64_t rows, std::int64_t seq,
                         std::int64_t channels, std::int64_t vocab, std::int64_t positions, void* scratch,
                         std::int64_t scratch_bytes);
+
+// ---- column sums (column_sums.cu): sums[c] = the sum over rows of x[:, c]; x [rows, cols] of
+// dtype t with row stride ld, sums [cols] of t. Scratch: f32 partials, up to
+// column_sums_scratch_bytes(cols) (less splits the rows more coarsely; at least cols * 4).
+std::int64_t column_sums_scratch_bytes(std::int64_t cols);
+void column_sums(cudaStream_t stream, DType t, const void* x, std::int64_t ld, std::int64_t rows, std::int64_t cols,
+                 void* sums, float* scratch, std::int64_t scratch_bytes);
 
 // ---- LayerNorm over rows of C: x, y, dy, dx of dtype t; gamma, beta, dgamma, dbeta of param_t
 // (f32 or t); mean, rstd f32 [rows].

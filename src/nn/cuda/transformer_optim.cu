@@ -1,10 +1,12 @@
 // The transformer family's reductions and steps (transformer.h): the global gradient norm, AdamW
 // over many tensors (their pointers in the kernel's parameters), the device step counter and the
-// classifier's fused cross-entropy (a block per row, online max and sum, dlogits in place).
+// classifier's fused cross-entropy (a block per row staged in shared memory, online max and sum,
+// dlogits in place).
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
+#include "core/error.h"
 #include "nn/cuda/transformer_common.cuh"
 
 namespace ab::nn::cuda_transformer {
@@ -191,9 +193,12 @@ __global__ void count_step_kernel(int32_t* counter, const int32_t* skip_if) {
 
 // ---- the fused cross-entropy
 
-// A row per block of 1024 threads: two blocks per SM keep ~260 rows (26 MB of a 50304-wide bf16
-// vocabulary) in flight, so each row's second read (for dlogits) finds it in L2.
-constexpr int kLossThreads = 1024;
+// A row per block of 512 threads. Where the row fits in shared memory (a 50304-wide bf16 row is
+// 100 KB: two blocks per SM), it is staged there on its one read from global memory and dlogits
+// come from the copy, so the logits are read once and dlogits written once; two rows per SM keep
+// one block's loads overlapping the other's reductions and stores. Wider rows are read twice.
+constexpr int kLossThreads = 512;
+constexpr int kLossUnroll = 4;  // 16-byte loads in flight per thread
 
 template <typename T>
 __device__ __forceinline__ float exp_of(float v) {
@@ -212,6 +217,18 @@ __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float ea = a.max == -INFINITY ? 0.0f : a.sum * exp_of<T>(a.max - top);
   const float eb = b.max == -INFINITY ? 0.0f : b.sum * exp_of<T>(b.max - top);
   return {top, ea + eb};
+}
+
+// acc with V more values folded in: one rescale for the chunk.
+template <typename T, int V>
+__device__ __forceinline__ MaxSum fold(MaxSum acc, const Chunk<T, V>& a) {
+  float top = acc.max;
+#pragma unroll
+  for (int j = 0; j < V; ++j) top = fmaxf(top, to_f32(a.v[j]));
+  float sum = acc.max == -INFINITY ? 0.0f : acc.sum * exp_of<T>(acc.max - top);
+#pragma unroll
+  for (int j = 0; j < V; ++j) sum += exp_of<T>(to_f32(a.v[j]) - top);
+  return {top, sum};
 }
 
 template <typename T>
@@ -236,38 +253,58 @@ __global__ void __launch_bounds__(1024) count_scored_kernel(const int32_t* label
   if (threadIdx.x == 0) *scored = total;
 }
 
-// A block per row: the online max and sum over the row, the row's loss, then dlogits written over
-// the row (in place allowed: each element is read before the same thread writes it).
+// The row's online (max, sum) from global memory, kLossUnroll chunks of V per thread in flight;
+// `staged` (when not null) receives a copy of the row.
 template <typename T, int V>
-__global__ void __launch_bounds__(kLossThreads)
+__device__ MaxSum row_max_sum(const T* x, T* staged, int64_t vocab) {
+  constexpr int64_t step = int64_t{kLossThreads} * V;
+  const int64_t body = vocab - vocab % V;
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int64_t base = int64_t{threadIdx.x} * V; base < body; base += step * kLossUnroll) {
+    Chunk<T, V> a[kLossUnroll];
+#pragma unroll
+    for (int u = 0; u < kLossUnroll; ++u)
+      if (base + u * step < body) a[u] = load<V>(x, base + u * step);
+#pragma unroll
+    for (int u = 0; u < kLossUnroll; ++u) {
+      if (base + u * step >= body) break;
+      if (staged != nullptr) store<V>(staged, base + u * step, a[u]);
+      acc = fold<T, V>(acc, a[u]);
+    }
+  }
+  for (int64_t i = body + threadIdx.x; i < vocab; i += blockDim.x) {
+    const T v = x[i];
+    if (staged != nullptr) staged[i] = v;
+    acc = combine<T>(acc, {to_f32(v), 1.0f});
+  }
+  return acc;
+}
+
+// A block per row: the online max and sum over the row, the row's loss, then dlogits written over
+// the row from the staged copy (kStaged) or from a second read of the logits (in place allowed:
+// each element is read before the same thread writes it).
+template <typename T, int V, bool kStaged>
+__global__ void __launch_bounds__(kLossThreads, 2)
     xent_row_kernel(const T* logits, int64_t stride, const int32_t* labels, T* dlogits, int64_t dstride,
                     const float* seed, const int32_t* scored, float* row_loss, int64_t vocab) {
+  extern __shared__ uint4 staged_row[];  // 16-byte aligned for the chunks
+  T* staged = kStaged ? reinterpret_cast<T*>(staged_row) : nullptr;
   const int64_t row = blockIdx.x;
   const T* x = logits + row * stride;
   const int32_t label = labels[row];
   // The label's logit before anything is written (dlogits may be logits).
   const float at_label = label >= 0 && label < vocab ? to_f32(x[label]) : __int_as_float(0x7fc00000);
-  MaxSum acc{-INFINITY, 0.0f};
-  const int64_t body = vocab - vocab % V;
-  for (int64_t i = int64_t{threadIdx.x} * V; i < body; i += int64_t{blockDim.x} * V) {
-    const auto a = load<V>(x, i);
-    float top = acc.max;
-#pragma unroll
-    for (int j = 0; j < V; ++j) top = fmaxf(top, to_f32(a.v[j]));
-    float sum = acc.max == -INFINITY ? 0.0f : acc.sum * exp_of<T>(acc.max - top);
-#pragma unroll
-    for (int j = 0; j < V; ++j) sum += exp_of<T>(to_f32(a.v[j]) - top);
-    acc = {top, sum};
-  }
-  for (int64_t i = body + threadIdx.x; i < vocab; i += blockDim.x) acc = combine<T>(acc, {to_f32(x[i]), 1.0f});
-  const MaxSum total = block_max_sum<T>(acc);
+  const MaxSum total = block_max_sum<T>(row_max_sum<T, V>(x, staged, vocab));  // syncs: the row is staged
   const float lse = total.max + logf(total.sum);
   if (threadIdx.x == 0) row_loss[row] = label < 0 ? 0.0f : lse - at_label;
   if (dlogits == nullptr) return;
+  const T* src = kStaged ? staged : x;
   T* d = dlogits + row * dstride;
   const float scale = (seed != nullptr ? *seed : 1.0f) / static_cast<float>(max(*scored, 1));
-  for (int64_t i = int64_t{threadIdx.x} * V; i < body; i += int64_t{blockDim.x} * V) {
-    const auto a = load<V>(x, i);
+  const int64_t body = vocab - vocab % V;
+#pragma unroll 4
+  for (int64_t i = int64_t{threadIdx.x} * V; i < body; i += int64_t{kLossThreads} * V) {
+    const auto a = load<V>(src, i);
     Chunk<T, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -277,7 +314,7 @@ __global__ void __launch_bounds__(kLossThreads)
     store<V>(d, i, out);
   }
   for (int64_t i = body + threadIdx.x; i < vocab; i += blockDim.x) {
-    const float p = exp_of<T>(to_f32(x[i]) - lse) - (i == label ? 1.0f : 0.0f);
+    const float p = exp_of<T>(to_f32(src[i]) - lse) - (i == label ? 1.0f : 0.0f);
     d[i] = from_f32<T>(label < 0 ? 0.0f : scale * p);
   }
 }
@@ -364,6 +401,20 @@ void count_step(cudaStream_t stream, int32_t* counter, const int32_t* skip_if) {
   check_launch("count_step");
 }
 
+namespace {
+
+// The largest row the loss stages in shared memory: the device's opt-in limit less the block
+// reduction's static share.
+int64_t staged_limit_bytes() {
+  int device = 0, optin = 0;
+  AB_CUDA(cudaGetDevice(&device), "cuda_transformer: current device");
+  AB_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+          "cuda_transformer: shared memory per block");
+  return int64_t{optin} - 1024;
+}
+
+}  // namespace
+
 int64_t cross_entropy_scratch_bytes(int64_t rows) { return 256 + (rows * 4 + 255) / 256 * 256; }
 
 void cross_entropy_fused(cudaStream_t stream, DType t, const void* logits, int64_t logits_stride, const int32_t* labels,
@@ -379,10 +430,19 @@ void cross_entropy_fused(cudaStream_t stream, DType t, const void* logits, int64
       constexpr int V = vec_of<T>();
       const bool vector_ok = aligned(logits, 16) && logits_stride % V == 0 &&
                              (dlogits == nullptr || (aligned(dlogits, 16) && dlogits_stride % V == 0));
+      const auto staged_bytes = static_cast<int>((vocab + V - 1) / V * 16);
+      const bool staged = dlogits != nullptr && staged_bytes <= staged_limit_bytes();
       with_width<T>(vector_ok, [&]<int W>() {
-        xent_row_kernel<T, W><<<static_cast<int>(rows), kLossThreads, 0, stream>>>(
-            static_cast<const T*>(logits), logits_stride, labels, static_cast<T*>(dlogits), dlogits_stride, seed,
-            scored, row_loss, vocab);
+        const auto launch = [&](auto kernel, int smem) {
+          if (smem > 48 * 1024)
+            AB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                    "cuda_transformer cross_entropy_fused shared memory");
+          kernel<<<static_cast<int>(rows), kLossThreads, smem, stream>>>(
+              static_cast<const T*>(logits), logits_stride, labels, static_cast<T*>(dlogits), dlogits_stride, seed,
+              scored, row_loss, vocab);
+        };
+        if (staged) launch(xent_row_kernel<T, W, true>, staged_bytes);
+        else launch(xent_row_kernel<T, W, false>, 0);
       });
     });
     check_launch("cross_entropy_fused rows");

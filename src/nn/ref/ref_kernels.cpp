@@ -397,6 +397,23 @@ void RefKernels::linear_backward_weights(const Tensor& xt, const Tensor& dyt, co
   });
 }
 
+void RefKernels::column_sums(const Tensor& xt, const Tensor& st) {
+  if (deferred([=, this] { column_sums(xt, st); })) return;
+  if (xt.shape.rank() != 2) throw Error("ref column_sums: x " + xt.to_string() + " must be a matrix");
+  if (!st.defined()) throw Error("ref column_sums: sums undefined");
+  require_same_dtype("column_sums", xt, st, st);
+  require_bias("column_sums", "sums", st, xt.shape[1]);
+  dispatch(xt.dtype, [&](auto z) {
+    using T = decltype(z);
+    const View2<const T> x(xt);
+    for (std::int64_t c = 0; c < x.cols; ++c) {
+      double acc = 0.0;
+      for (std::int64_t n = 0; n < x.rows; ++n) acc += x.at(n, c);
+      store(st, c * st.strides[0], acc);
+    }
+  });
+}
+
 // ---- softmax cross-entropy (logits and their gradient in one type; probs, loss, dloss in any)
 
 void RefKernels::softmax_cross_entropy_forward(const Tensor& zt, const Tensor& labels, const Tensor& pt,

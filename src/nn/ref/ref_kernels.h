@@ -193,6 +193,7 @@ class RefKernels : public Kernels {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
   void linear_backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx, bool accumulate) override;
   void linear_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& dbias) override;
+  void column_sums(const Tensor& x, const Tensor& sums) override;
 
   void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
                                      const Tensor& loss) override;
