@@ -437,9 +437,8 @@ class Kernels {
                                    const Tensor& y);
   // The data gradient of the layer that follows a GELU, through the GELU (the DGELU epilogue):
   // dx = gelu'(pre) * (dy w), written; pre and dx [N, in]. dbias (may be undefined; [in] of dy's
-  // dtype) = the column sums of dx, written: the bias gradient of the layer before the GELU in the
-  // same epilogue (DGELU_BGRAD). The default runs linear_backward_data, then gelu_backward in place
-  // on dx, then column_sums.
+  // dtype) = the column sums of dx, written: the bias gradient of the layer before the GELU. The
+  // default runs linear_backward_data, then gelu_backward in place on dx, then column_sums.
   virtual void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx,
                                          const Tensor& dbias);
   // sums [C] = the sum over rows of x [N, C], written; sums of x's dtype. The default refuses as

@@ -232,7 +232,7 @@ void Mlp::backward(Kernels& k, const OpTensors& t) {
   const Tensor& h = t.saved[1];
   k.linear_backward_weights(h, t.dout[0], t.dparams[2], t.dparams[3]);
   const Tensor& dpre = h;  // h is read: its bytes take the gradient of the GELU's input
-  // c_fc's bias gradient comes with dpre (the DGELU_BGRAD epilogue), not from a second read of it.
+  // c_fc's bias gradient with dpre (its column sums), not by the weight-gradient GEMM's epilogue.
   k.linear_backward_data_gelu(t.dout[0], t.params[2], pre, dpre, t.dparams[1]);
   k.linear_backward_weights(t.in[0], dpre, t.dparams[0], Tensor{});
   if (t.din[0].defined()) k.linear_backward_data(dpre, t.params[0], t.din[0], t.din_accumulate[0]);

@@ -7,8 +7,10 @@ namespace ab::nn::cuda_attention {
 
 struct Variants {
   // Outside deterministic mode, dQ added by atomics in the key-block pass (where the engine's
-  // accumulator holds it) rather than by a second pass over query blocks.
-  bool atomic_dq = true;
+  // accumulator holds it) rather than by a second pass over query blocks. Off: on an H200 at
+  // B16 H12 T1024 D64 causal the second pass was faster (0.533 ms against 0.554 at 64 keys a
+  // block and 0.583 at 128: bench/attention_bench.cu).
+  bool atomic_dq = false;
   // Keys a block of that key-block pass: 64 (4 warps) or 128 (8 warps: Q and dO loaded, and dQ
   // added, once per 128 keys).
   int backward_keys_per_block = 128;

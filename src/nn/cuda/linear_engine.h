@@ -24,7 +24,7 @@ namespace ab::nn::cuda {
 // What the GEMM does after the product (cublasLtEpilogue_t) and the vector or matrix it touches:
 // bias (read, one per row of D), the GELU input `aux` (written by gelu_aux*, read by dgelu) and the
 // bias gradient (bgradb: written, the sums of B's columns over k, one per column of D).
-enum class LtEpilogue { none, bias, gelu, gelu_bias, gelu_aux, gelu_aux_bias, dgelu, dgelu_bgrad, bgradb };
+enum class LtEpilogue { none, bias, gelu, gelu_bias, gelu_aux, gelu_aux_bias, dgelu, bgradb };
 
 // Column-major GEMM shape for cuBLASLt (the row-major tensors are viewed transposed).
 struct GemmShape {
@@ -54,7 +54,6 @@ struct LtPlan {
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // false: cuBLASLt offers nothing for this epilogue (the caller composes)
   bool gelu = false;    // a GELU epilogue: counted by fusion_counts
-  bool optional = false;  // DGELU_BGRAD: where unusable, DGELU still fuses the GELU (not counted)
   std::string label, choice;
 };
 
@@ -101,9 +100,6 @@ class LinearEngine {
   backend::cuda::DeviceBuffer ones_;  // f32/f16/bf16 ones for the bias gradient's reduction GEMM
   std::int64_t ones_count_ = 0;
   backend::cuda::DeviceBuffer column_scratch_;  // column_sums' partials
-  // AB_BIAS_GRADIENT=columns: linear_backward_weights' bias gradient by column_sums after a plain
-  // GEMM instead of cuBLASLt's BGRADB epilogue (which runs as a separate pass too), to time both.
-  bool bias_by_columns_ = false;
   std::unordered_map<Key, std::unique_ptr<LtPlan>, KeyHash> lt_plans_;
 };
 

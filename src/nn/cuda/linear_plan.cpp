@@ -38,7 +38,6 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
     case LtEpilogue::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
     case LtEpilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case LtEpilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
-    case LtEpilogue::dgelu_bgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
     case LtEpilogue::bgradb: return CUBLASLT_EPILOGUE_BGRADB;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
@@ -53,7 +52,6 @@ const char* epilogue_name(LtEpilogue e) {
     case LtEpilogue::gelu_aux: return " +gelu_aux";
     case LtEpilogue::gelu_aux_bias: return " +gelu_aux_bias";
     case LtEpilogue::dgelu: return " +dgelu";
-    case LtEpilogue::dgelu_bgrad: return " +dgelu_bgrad";
     case LtEpilogue::bgradb: return " +bgradb";
   }
   return "";
@@ -61,11 +59,10 @@ const char* epilogue_name(LtEpilogue e) {
 
 bool reads_or_writes_bias(LtEpilogue e) {
   return e == LtEpilogue::bias || e == LtEpilogue::gelu_bias || e == LtEpilogue::gelu_aux_bias ||
-         e == LtEpilogue::dgelu_bgrad || e == LtEpilogue::bgradb;
+         e == LtEpilogue::bgradb;
 }
 bool uses_aux(LtEpilogue e) {
-  return e == LtEpilogue::gelu_aux || e == LtEpilogue::gelu_aux_bias || e == LtEpilogue::dgelu ||
-         e == LtEpilogue::dgelu_bgrad;
+  return e == LtEpilogue::gelu_aux || e == LtEpilogue::gelu_aux_bias || e == LtEpilogue::dgelu;
 }
 
 // The power of two a pointer is aligned to, up to 256: kernels the heuristic offers depend on it
@@ -119,8 +116,7 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
   plan->label = plan_label(g, tf32);
   plan->gelu = g.epilogue == LtEpilogue::gelu || g.epilogue == LtEpilogue::gelu_bias ||
                g.epilogue == LtEpilogue::gelu_aux || g.epilogue == LtEpilogue::gelu_aux_bias ||
-               g.epilogue == LtEpilogue::dgelu || g.epilogue == LtEpilogue::dgelu_bgrad;
-  plan->optional = g.epilogue == LtEpilogue::dgelu_bgrad;
+               g.epilogue == LtEpilogue::dgelu;
   const std::string& label = plan->label;
   const cudaDataType_t t = lt_dtype(g.dtype);
   plan->op = backend::cuda::make_lt_matmul(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F,
@@ -230,7 +226,7 @@ bool LinearEngine::matmul(const GemmShape& g, const GemmOperands& ops) {
 
 void LinearEngine::count_fusions(Kernels::FusionCounts& counts) const {
   for (const auto& [key, plan] : lt_plans_)
-    if (plan->gelu && (plan->usable || !plan->optional)) ++(plan->usable ? counts.fused : counts.unfused);
+    if (plan->gelu) ++(plan->usable ? counts.fused : counts.unfused);
 }
 
 std::vector<std::string> LinearEngine::choices() const {

@@ -1,12 +1,10 @@
 // The transformer family's row kernels (transformer.h): token + position embedding both ways
 // (backward deterministic through a stable radix sort), LayerNorm both ways (a warp per row, 16-byte
-// loads, f32 statistics, the backward's row in registers where C allows, dgamma/dbeta by a two-stage
-// fixed-order reduction) and GELU.
+// loads, f32 statistics, dgamma/dbeta by a two-stage fixed-order reduction) and GELU.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
 #include <string>
-#include <type_traits>
 
 #include "core/error.h"
 #include "nn/cuda/transformer_common.cuh"
@@ -142,8 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- LayerNorm: a warp per row; the forward reads the row again from L1 for each pass, the
-// backward keeps it in registers where C allows.
+// ---- LayerNorm: a warp per row; the row is read again from L1 for each pass.
 
 template <typename T, typename P, int V>
 __global__ void __launch_bounds__(kThreads)
@@ -252,82 +249,6 @@ __global__ void __launch_bounds__(kThreads)
     for (int w = 0; w < warps; ++w) s += sums[int64_t{w} * 2 * channels + at];
     partials[int64_t{blockIdx.x} * 2 * channels + i] = s;
   }
-}
-
-// Stage 1 where a lane's share of the row fits in registers (K chunks of V, C <= 32 * V * K): a warp
-// per row (rows grid-strided), x and dy loaded at once and read once (the old dx prefetched into
-// L2 meanwhile); each lane sums dy * xhat and dy for its channels in registers across its rows,
-// and the block's warps then add theirs in warp order into shared memory, which the block writes
-// to partials[block][2C]. At C = 768 in 16-bit (K = 3) it fits 128 registers without spilling.
-constexpr int kLayerNormBlocksPerSm = 2;
-template <typename T, typename P, int V, int K>
-__global__ void __launch_bounds__(kThreads, kLayerNormBlocksPerSm)
-    layernorm_backward_rows_kernel(const T* x, const T* dy, const P* gamma, const float* mean, const float* rstd,
-                                   T* dx, bool accumulate, float* partials, int64_t rows, int64_t channels) {
-  extern __shared__ float sums[];  // [2C]: dgamma then dbeta
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const auto n = static_cast<float>(channels);
-  float dgamma[K][V] = {}, dbeta[K][V] = {};
-  for (int64_t r = int64_t{blockIdx.x} * warps + warp; r < rows; r += int64_t{gridDim.x} * warps) {
-    const float mu = mean[r], inv = rstd[r];
-    Chunk<T, V> a[K], d[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int64_t c = (int64_t{k} * 32 + lane) * V;
-      if (c >= channels) continue;
-      a[k] = load<V>(x + r * channels, c);
-      d[k] = load<V>(dy + r * channels, c);
-      // The old dx on its way to L2 (no registers held: they would spill), read after the sums.
-      if (accumulate) asm volatile("prefetch.global.L2 [%0];" ::"l"(dx + r * channels + c));
-    }
-    float g_sum = 0.0f, gx_sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int64_t c = (int64_t{k} * 32 + lane) * V;
-      if (c >= channels) continue;
-      const auto g = load<V>(gamma, c);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float gj = to_f32(d[k].v[j]) * to_f32(g.v[j]);
-        g_sum += gj;
-        gx_sum += gj * (to_f32(a[k].v[j]) - mu) * inv;
-      }
-    }
-    const float g_mean = warp_sum(g_sum) / n, gx_mean = warp_sum(gx_sum) / n;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int64_t c = (int64_t{k} * 32 + lane) * V;
-      if (c >= channels) continue;
-      const auto g = load<V>(gamma, c);
-      Chunk<T, V> out;
-      if (accumulate) out = load<V>(dx + r * channels, c);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float xhat = (to_f32(a[k].v[j]) - mu) * inv, dj = to_f32(d[k].v[j]);
-        const float v = inv * (dj * to_f32(g.v[j]) - g_mean - xhat * gx_mean);
-        out.v[j] = from_f32<T>(accumulate ? to_f32(out.v[j]) + v : v);
-        dgamma[k][j] += dj * xhat;
-        dbeta[k][j] += dj;
-      }
-      store<V>(dx + r * channels, c, out);
-    }
-  }
-  for (int w = 0; w < warps; ++w) {  // warp order: fixed sums
-    if (warp == w) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int64_t c = (int64_t{k} * 32 + lane) * V;
-        if (c >= channels) continue;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          sums[c + j] = w == 0 ? dgamma[k][j] : sums[c + j] + dgamma[k][j];
-          sums[channels + c + j] = w == 0 ? dbeta[k][j] : sums[channels + c + j] + dbeta[k][j];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  for (int64_t i = threadIdx.x; i < 2 * channels; i += blockDim.x) partials[int64_t{blockIdx.x} * 2 * channels + i] = sums[i];
 }
 
 // Stage 2: a 32 x 32 block per 32 of the 2C sums: thread (ty, tx) sums blocks ty, ty + 32, ... of
@@ -523,37 +444,9 @@ void layernorm_forward(cudaStream_t stream, DType t, DType param_t, const void* 
 
 int64_t layernorm_max_channels() { return kLayerNormSmemBytes / 8; }
 
-namespace {
-
-// The register-resident backward's chunks per lane for C (its K), 0 where it does not apply.
-constexpr int kLayerNormMaxChunks = 4;
-template <typename T>
-int layernorm_chunks(int64_t channels) {
-  const int64_t k = (channels + 32 * vec_of<T>() - 1) / (32 * vec_of<T>());
-  return k <= kLayerNormMaxChunks ? static_cast<int>(k) : 0;
-}
-
-int layernorm_rows_grid(int64_t rows) {
-  const int64_t needed = (rows + kThreads / 32 - 1) / (kThreads / 32);
-  return static_cast<int>(std::clamp<int64_t>(needed, 1, int64_t{cuda_pointwise::sm_count()} * kLayerNormBlocksPerSm));
-}
-
-// f(std::integral_constant<int, K>) for K in [1, kLayerNormMaxChunks].
-template <typename F>
-void with_chunks(int k, F&& f) {
-  switch (k) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    default: f(std::integral_constant<int, 4>{}); break;
-  }
-}
-
-}  // namespace
-
 int64_t layernorm_backward_scratch_bytes(int64_t rows, int64_t channels) {
   const int warps = std::max(layernorm_warps(channels), 1);
-  return int64_t{std::max(layernorm_grid(rows, warps), layernorm_rows_grid(rows))} * 2 * channels * 4;
+  return int64_t{layernorm_grid(rows, warps)} * 2 * channels * 4;
 }
 
 void layernorm_backward(cudaStream_t stream, DType t, DType param_t, const void* x, const void* dy, const void* gamma,
@@ -570,25 +463,14 @@ void layernorm_backward(cudaStream_t stream, DType t, DType param_t, const void*
       if constexpr (std::is_same_v<P, float> || std::is_same_v<P, T>) {
         const bool vector_ok =
             channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(dy, 16) && aligned(dx, 16) && aligned(gamma, 32);
-        const int chunks = vector_ok ? layernorm_chunks<T>(channels) : 0;
-        const int blocks = chunks > 0 ? layernorm_rows_grid(rows) : grid;
-        if (chunks > 0) {
-          with_chunks(chunks, [&](auto k) {
-            layernorm_backward_rows_kernel<T, P, vec_of<T>(), decltype(k)::value>
-                <<<blocks, kThreads, static_cast<std::size_t>(channels) * 2 * 4, stream>>>(
-                    static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<const P*>(gamma), mean, rstd,
-                    static_cast<T*>(dx), accumulate, scratch, rows, channels);
-          });
-        } else {
-          with_width<T>(vector_ok, [&]<int V>() {
-            const auto smem = static_cast<std::size_t>(warps) * 2 * static_cast<std::size_t>(channels) * 4;
-            layernorm_backward_kernel<T, P, V><<<grid, warps * 32, smem, stream>>>(
-                static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<const P*>(gamma), mean, rstd,
-                static_cast<T*>(dx), accumulate, scratch, rows, channels);
-          });
-        }
+        with_width<T>(vector_ok, [&]<int V>() {
+          const auto smem = static_cast<std::size_t>(warps) * 2 * static_cast<std::size_t>(channels) * 4;
+          layernorm_backward_kernel<T, P, V><<<grid, warps * 32, smem, stream>>>(
+              static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<const P*>(gamma), mean, rstd,
+              static_cast<T*>(dx), accumulate, scratch, rows, channels);
+        });
         layernorm_params_kernel<P><<<static_cast<int>((2 * channels + 31) / 32), 1024, 0, stream>>>(
-            scratch, blocks, channels, static_cast<P*>(dgamma), static_cast<P*>(dbeta));
+            scratch, grid, channels, static_cast<P*>(dgamma), static_cast<P*>(dbeta));
       } else {
         throw Unsupported("cuda_transformer layernorm_backward: gamma and its gradients must be f32 or x's dtype");
       }
