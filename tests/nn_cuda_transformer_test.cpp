@@ -302,6 +302,30 @@ TEST_F(CudaTransformer, LayerNormMatchesTheReferenceBothWays) {
 
 // ---- GELU
 
+// Widening 16-bit values to f32 is exact: cast_many's one launch must give every value, in tensors
+// of sizes off the vector width, beside a pair it hands to the plain cast (f32 -> bf16).
+TEST_F(CudaTransformer, CastManyWidensEveryTensorExactly) {
+  SCOPED_TRACE(trace());
+  std::vector<Tensor> srcs, dsts;
+  std::vector<Twin*> from, to;
+  for (const DType t : {DType::bf16, DType::f16, DType::bf16})
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8195}, int64_t{(1 << 20) + 3}}) {
+      from.push_back(&random(t, {n}, -3, 3));
+      to.push_back(&random(DType::f32, {n}));
+    }
+  from.push_back(&random(DType::f32, {1001}));
+  to.push_back(&random(DType::bf16, {1001}));
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    srcs.push_back(from[i]->dev);
+    dsts.push_back(to[i]->dev);
+  }
+  cuda().cast_many(srcs, dsts);
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    ref().cast(from[i]->ref, to[i]->ref);
+    EXPECT_EQ(got(*to[i]), want(*to[i])) << "tensor " << i << " (" << from[i]->dev.to_string() << ")";
+  }
+}
+
 TEST_F(CudaTransformer, GeluMatchesTheReferenceBothWaysAndInPlace) {
   SCOPED_TRACE(trace());
   for (const DType act : kActivationTypes)

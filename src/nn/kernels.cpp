@@ -18,6 +18,13 @@ void Kernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& 
   bias_activation_forward(y, bias, residual, y, relu);
 }
 
+void Kernels::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts) {
+  if (srcs.size() != dsts.size())
+    throw Error("cast_many: " + std::to_string(srcs.size()) + " sources for " + std::to_string(dsts.size()) +
+                " destinations");
+  for (std::size_t i = 0; i < srcs.size(); ++i) cast(srcs[i], dsts[i]);
+}
+
 void Kernels::sgd_update_many(const SgdStep& s, const std::vector<SgdTensors>& params) {
   for (const SgdTensors& p : params) {
     if (p.g_partner.defined())

@@ -368,6 +368,9 @@ class Kernels {
   // update_loss_scale applies LossScaleRule on the device (good_steps: i32 [1]) and clears
   // found_nonfinite for the next step.
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  // cast(srcs[i], dsts[i]) for every i, in as few launches as the backend can (a step's 16-bit
+  // parameter gradients into their f32 masters: 148 tensors in GPT-2). The default casts one by one.
+  virtual void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts);
   virtual void unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) = 0;
   virtual void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
                                  const Tensor& found_nonfinite) = 0;

@@ -30,6 +30,14 @@ void embedding_backward(cudaStream_t stream, DType dy_t, const void* dy, DType g
                         std::int64_t channels, std::int64_t vocab, std::int64_t positions, void* scratch,
                         std::int64_t scratch_bytes);
 
+// ---- widening casts (transformer_optim.cu): dst[i] (f32) = src[i] (f16 or bf16: `t`), n[i] each.
+struct WidenTensor {
+  const void* src;
+  float* dst;
+  std::int64_t n;
+};
+void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& tensors);
+
 // ---- column sums (column_sums.cu): sums[c] = the sum over rows of x[:, c]; x [rows, cols] of
 // dtype t with row stride ld, sums [cols] of t. Scratch: f32 partials, up to
 // column_sums_scratch_bytes(cols) (less splits the rows more coarsely; at least cols * 4).

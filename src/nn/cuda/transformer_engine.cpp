@@ -142,6 +142,26 @@ void TransformerEngine::sum_squares(const std::vector<Tensor>& tensors, const Te
   tx::sum_squares(ctx_.stream, list, out.as<float>(), scratch_.as<float>());
 }
 
+void TransformerEngine::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
+                                  const std::function<void(const Tensor&, const Tensor&)>& cast_one) {
+  if (srcs.size() != dsts.size())
+    throw Error("cuda cast_many: " + std::to_string(srcs.size()) + " sources for " + std::to_string(dsts.size()) +
+                " destinations");
+  std::vector<tx::WidenTensor> bf16, f16;
+  for (std::size_t i = 0; i < srcs.size(); ++i) {
+    const Tensor &s = srcs[i], &d = dsts[i];
+    const bool widen = (s.dtype == DType::bf16 || s.dtype == DType::f16) && d.dtype == DType::f32 &&
+                       s.is_contiguous() && d.is_contiguous() && s.numel() == d.numel() && s.layout == d.layout;
+    if (!widen) {
+      cast_one(s, d);
+      continue;
+    }
+    (s.dtype == DType::bf16 ? bf16 : f16).push_back({s.data, d.as<float>(), s.numel()});
+  }
+  if (!bf16.empty()) tx::widen_many(ctx_.stream, DType::bf16, bf16);
+  if (!f16.empty()) tx::widen_many(ctx_.stream, DType::f16, f16);
+}
+
 void TransformerEngine::adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m,
                                      const Tensor& v) {
   adamw_update_many(s,

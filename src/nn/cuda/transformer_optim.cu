@@ -85,6 +85,39 @@ __global__ void __launch_bounds__(kThreads) squares_total_kernel(const float* pa
 // Grid of the norm's first stage, per launch: fixed by the SM count, so the order is too.
 int squares_grid() { return cuda_pointwise::sm_count() * 2; }
 
+// ---- widening casts: many 16-bit tensors into f32 ones, four elements a thread per step
+
+constexpr int kWidenPerLaunch = 256;
+
+struct WidenBatch {
+  const void* src[kWidenPerLaunch];
+  float* dst[kWidenPerLaunch];
+  int64_t n[kWidenPerLaunch];
+  int64_t first_chunk[kWidenPerLaunch + 1];
+  int count;
+};
+static_assert(sizeof(WidenBatch) < 32000, "kernel parameters are limited to 32,764 bytes");
+
+template <typename S>
+__global__ void __launch_bounds__(kThreads) widen_kernel(const WidenBatch batch) {
+  const int64_t chunks = batch.first_chunk[batch.count];
+  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const int k = tensor_of<kWidenPerLaunch>(batch.first_chunk, batch.count, chunk);
+    const int64_t begin = (chunk - batch.first_chunk[k]) * kChunk, end = std::min(begin + kChunk, batch.n[k]);
+    const S* src = static_cast<const S*>(batch.src[k]);
+    float* dst = batch.dst[k];
+    const bool vector_ok = aligned(src, 8) && aligned(dst, 16);
+    int64_t i = begin + int64_t{threadIdx.x} * 4;
+    if (vector_ok)
+      for (; i + 4 <= end; i += int64_t{blockDim.x} * 4) {
+        const Chunk<S, 4> v = load<4>(src, i);
+        *reinterpret_cast<float4*>(dst + i) = make_float4(to_f32(v.v[0]), to_f32(v.v[1]), to_f32(v.v[2]), to_f32(v.v[3]));
+      }
+    for (; i < end; i += int64_t{blockDim.x} * 4)
+      for (int64_t j = i; j < std::min(i + 4, end); ++j) dst[j] = to_f32(src[j]);
+  }
+}
+
 // ---- AdamW
 
 struct AdamWBatch {
@@ -352,6 +385,26 @@ void sum_squares(cudaStream_t stream, const std::vector<SquaresTensor>& tensors,
   }
   squares_total_kernel<<<1, kThreads, 0, stream>>>(scratch, launches * grid, out);
   check_launch("sum_squares total");
+}
+
+void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& tensors) {
+  for (std::size_t first = 0; first < tensors.size(); first += kWidenPerLaunch) {
+    WidenBatch batch{};
+    for (std::size_t i = first; i < std::min(tensors.size(), first + kWidenPerLaunch); ++i, ++batch.count) {
+      const WidenTensor& w = tensors[i];
+      batch.src[batch.count] = w.src;
+      batch.dst[batch.count] = w.dst;
+      batch.n[batch.count] = w.n;
+      batch.first_chunk[batch.count + 1] = batch.first_chunk[batch.count] + (w.n + kChunk - 1) / kChunk;
+    }
+    const auto grid = static_cast<unsigned>(std::min<int64_t>(batch.first_chunk[batch.count], 4 * 132));
+    if (grid == 0) continue;
+    if (t == DType::bf16)
+      widen_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(batch);
+    else
+      widen_kernel<__half><<<grid, kThreads, 0, stream>>>(batch);
+    check_launch("cast_many");
+  }
 }
 
 void adamw_update_many(cudaStream_t stream, const std::vector<AdamWParam>& params, DType copy_t,
