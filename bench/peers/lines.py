@@ -48,7 +48,7 @@ def read_lines(paths):
 
 # The format train_gpt2.cu prints (printf0 in its training loop), one line per step.
 LLMC_STEP = re.compile(r"^step\s+(?P<step>\d+)/(?P<steps>\d+)\s*\|\s*loss\s+(?P<loss>\S+)\s.*?"
-                       r"\|\s*(?P<ms>[0-9.]+) ms\s*\|\s*(?P<mfu>[0-9.]+)% bf16 MFU\s*\|\s*(?P<tok>[0-9.]+) tok/s")
+                       r"\|\s*(?P<ms>[0-9.]+) ms\s*\|\s*(?P<mfu>-?[0-9.]+)% bf16 MFU\s*\|\s*(?P<tok>[0-9.]+) tok/s")
 LLMC_PARAMS = re.compile(r"^num_parameters:\s*(\d+)")
 
 
@@ -78,7 +78,9 @@ def parse_llmc(text, batch, seq, warmup_steps):
             "precision": "bf16", "batch": batch, "seq": seq,
             "tokens_per_s": batch * seq / mean_ms * 1e3, "step_ms": mean_ms,
             "step_ms_median": statistics.median(times_ms), "steps_timed": len(timed), "warmup_steps": warmup_steps,
-            "mfu_pct_mean": statistics.mean(float(m["mfu"]) for m in timed),
+            # llm.c prints -100% where it has no peak figure for the GPU (the H200 is not in its table).
+            "mfu_pct_mean": (statistics.mean(float(m["mfu"]) for m in timed)
+                             if all(float(m["mfu"]) >= 0 for m in timed) else None),
             "llmc_ema_tokens_per_s_last": float(timed[-1]["tok"]),
             "loss_last": losses[-1], "loss_finite": all(math.isfinite(x) for x in losses),
             "num_parameters": params[0] if params else None}
