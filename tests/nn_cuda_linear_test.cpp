@@ -139,10 +139,10 @@ class CudaLinearTest : public ::testing::Test {
       }
     EXPECT_GT(scale, 0) << what << ": an all-zero reference checks nothing";
     EXPECT_LE(worst, tol * scale) << what << ": worst element [" << at / m.cols << ", " << at % m.cols << "] gpu "
-                                  << read(m)[sz(at)] << " ref " << want[sz(at)] << " (max |ref| " << scale
-                                  << ", seed " << seed_ << ")";
-    EXPECT_EQ(pad_written, 0) << what << ": " << pad_written << " padding elements (row stride " << m.ld
-                              << ", width " << m.cols << ") were written";
+                                  << read(m)[sz(at)] << " ref " << want[sz(at)] << " (max |ref| " << scale << ", seed "
+                                  << seed_ << ")";
+    EXPECT_EQ(pad_written, 0) << what << ": " << pad_written << " padding elements (row stride " << m.ld << ", width "
+                              << m.cols << ") were written";
   }
 
   // The plan lines of cuda_linear_choices that contain `needle`, printed for the log.
@@ -192,7 +192,8 @@ TEST_F(CudaLinearTest, FusedGeluForwardMatchesLinearThenGeluAndRunsTheEpilogue) 
       const auto lines = choices_with("gemm " + type_name(t) + " ");
       EXPECT_TRUE(std::any_of(lines.begin(), lines.end(),
                               [&](const std::string& l) {
-                                return l.find(epilogue) != std::string::npos && l.find("cublasLt algo") != std::string::npos;
+                                return l.find(epilogue) != std::string::npos &&
+                                       l.find("cublasLt algo") != std::string::npos;
                               }))
           << "no " << type_name(t) << " plan ran the " << epilogue << " epilogue: the call composed linear + gelu";
     }
@@ -207,8 +208,8 @@ TEST_F(CudaLinearTest, FusedGeluBackwardDataMatchesLinearBackwardThenGeluBackwar
       for (const bool with_bias : {false, true}) {
         // The layer after the GELU: dy [n, out], w [out, in]; K = out. So K = 768 and 3072 here too.
         const int64_t n = c.n, k = c.in, in = c.out;
-        SCOPED_TRACE(type_name(t) + " n=" + std::to_string(n) + " K=" + std::to_string(k) + " in=" + std::to_string(in) +
-                     (with_bias ? ", with the bias gradient" : ""));
+        SCOPED_TRACE(type_name(t) + " n=" + std::to_string(n) + " K=" + std::to_string(k) +
+                     " in=" + std::to_string(in) + (with_bias ? ", with the bias gradient" : ""));
         Mat dy = mat(t, n, k, k), w = mat(t, k, in, in, -0.08, 0.08), pre = mat(t, n, in, in, -3, 3);
         Mat dx = mat(t, n, in, in), db = vec(t, in);
         cuda_->linear_backward_data_gelu(dy.dev, w.dev, pre.dev, dx.dev, with_bias ? db.dev : Tensor{});
@@ -223,7 +224,8 @@ TEST_F(CudaLinearTest, FusedGeluBackwardDataMatchesLinearBackwardThenGeluBackwar
     const auto lines = choices_with("gemm " + type_name(t) + " ");
     EXPECT_TRUE(std::any_of(lines.begin(), lines.end(),
                             [](const std::string& l) {
-                              return l.find("+dgelu") != std::string::npos && l.find("cublasLt algo") != std::string::npos;
+                              return l.find("+dgelu") != std::string::npos &&
+                                     l.find("cublasLt algo") != std::string::npos;
                             }))
         << "no " << type_name(t) << " plan ran the DGELU epilogue: the call composed linear + gelu_backward";
   }
@@ -277,9 +279,10 @@ TEST_F(CudaLinearTest, CublasLtGeluIsTheTanhFormForwardAndBackward) {
       EXPECT_LT(off_tanh, 0.5 * off_erf) << what << ": summed distance over x in [-4, -1.5] to the tanh form "
                                          << off_tanh << ", to the erf form " << off_erf
                                          << " (cuBLASLt's GELU is the erf form, or too far from both to tell)";
-      std::printf("  %s %s: summed distance on [-4, -1.5] to tanh %.3g, to erf %.3g; worst excess over an "
-                  "f32-faithful tanh form %.3g at x = %.4g (gpu %.6g, tanh form %.6g)\n",
-                  type_name(t).c_str(), what, off_tanh, off_erf, worst, xs[at], got[at], want[at]);
+      std::printf(
+          "  %s %s: summed distance on [-4, -1.5] to tanh %.3g, to erf %.3g; worst excess over an "
+          "f32-faithful tanh form %.3g at x = %.4g (gpu %.6g, tanh form %.6g)\n",
+          type_name(t).c_str(), what, off_tanh, off_erf, worst, xs[at], got[at], want[at]);
     }
   }
 }
@@ -359,8 +362,9 @@ TEST_F(CudaLinearTest, ClassifierLogitsStoredPaddedAtTheFullVocabularyWidth) {
       for (int64_t j = 0; j < cols; ++j)
         worst = std::max(worst, std::abs(got[sz((first + r) * got_ld + j)] - slice[sz(r * cols + j)]));
     EXPECT_GT(scale, 0) << what;
-    EXPECT_LE(worst, tolerance(t) * scale) << what << " rows " << first << ".." << first + count - 1 << ": worst |gpu - ref| "
-                                           << worst << " (max |ref| " << scale << ", seed " << seed_ << ")";
+    EXPECT_LE(worst, tolerance(t) * scale)
+        << what << " rows " << first << ".." << first + count - 1 << ": worst |gpu - ref| " << worst << " (max |ref| "
+        << scale << ", seed " << seed_ << ")";
   };
   for (const int64_t first : {int64_t{0}, n - 8}) {
     ref_->linear_forward(row_slice(x.ref, first, 8), w.ref, Tensor{}, row_slice(y.ref, first, 8));
@@ -476,11 +480,13 @@ TEST_F(CudaLinearTest, OperandsItCannotReadAreRefusedByName) {
   Mat x = mat(t, 8, 16, 16), w = mat(t, 4, 16, 16), y = mat(t, 8, 4, 4);
   Tensor strided = y.dev;
   strided.strides = Shape{4, 2};  // columns not unit-stride
-  const std::string msg = test::error_message<Unsupported>([&] { cuda_->linear_forward(x.dev, w.dev, Tensor{}, strided); });
+  const std::string msg =
+      test::error_message<Unsupported>([&] { cuda_->linear_forward(x.dev, w.dev, Tensor{}, strided); });
   EXPECT_NE(msg.find("unit column stride"), std::string::npos) << msg;
   Tensor narrow = x.dev;
   narrow.strides = Shape{8, 1};  // rows overlap
-  const std::string overlap = test::error_message<Unsupported>([&] { cuda_->linear_forward(narrow, w.dev, Tensor{}, y.dev); });
+  const std::string overlap =
+      test::error_message<Unsupported>([&] { cuda_->linear_forward(narrow, w.dev, Tensor{}, y.dev); });
   EXPECT_NE(overlap.find("row stride of at least its width"), std::string::npos) << overlap;
 }
 

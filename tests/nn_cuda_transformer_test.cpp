@@ -527,8 +527,9 @@ TEST_F(CudaTransformer, AdamWTakesTheHostStepWithoutACounter) {
     // Non-zero moments: beta1 m + (1 - beta1) g may cancel, and its f32 rounding (relative to the
     // terms, not to the small sum) reaches w through lr / c1 / (sqrt(v_hat) + epsilon).
     const double v_hat = (s.beta2 * v0[e] + (1 - s.beta2) * g0[e] * g0[e]) / c2;
-    const double cancellation = s.learning_rate * 8 * kF32Eps * (s.beta1 * std::abs(m0[e]) + (1 - s.beta1) * std::abs(g0[e])) /
-                                c1 / (std::sqrt(v_hat) + s.epsilon);
+    const double cancellation = s.learning_rate * 8 * kF32Eps *
+                                (s.beta1 * std::abs(m0[e]) + (1 - s.beta1) * std::abs(g0[e])) / c1 /
+                                (std::sqrt(v_hat) + s.epsilon);
     w_bound[e] = 1e-5 * adamw_step_sizes(s, s.weight_decay, w0[e], g0[e], m0[e], v0[e], 3, 1) + cancellation;
   }
   expect_close(got(w), want(w), 4 * kF32Eps, w_bound, "w");

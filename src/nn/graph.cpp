@@ -184,9 +184,9 @@ void Graph::State::plan_lifetimes() {
       grad16_buffer[i].back() = static_cast<int>(lifetimes.size());
       const std::int64_t bytes = Tensor::describe(spec.dtype, spec.shape).size_bytes();
       // Kept to the end of backward, where a step without data parallelism casts them all at once.
-      lifetimes.push_back({bytes, bwd_step(i), bwd_step(0),
-                           "grad " + nodes[i].op->name() + "." + spec.name + " (" + std::string(to_string(spec.dtype)) +
-                               ")"});
+      lifetimes.push_back(
+          {bytes, bwd_step(i), bwd_step(0),
+           "grad " + nodes[i].op->name() + "." + spec.name + " (" + std::string(to_string(spec.dtype)) + ")"});
     }
   for (std::size_t i = 0; i < n(); ++i) {
     const auto saved = nodes[i].op->saved();

@@ -363,8 +363,8 @@ class Mlp final : public Op {
 // speed) and overwritten by their gradient in the same pass that computes the loss
 // (Kernels::cross_entropy_fused), so the largest tensor of a GPT step is written once and read
 // twice (both backward GEMMs). Its weight [V, C] may be tied to the token embedding (`tied_to`,
-// GPT-2 and BERT), else N(0, 0.02); `bias` adds a zero-initialised bias [V] (BERT's decoder). In a training graph it must produce the graph's loss (its
-// gradient is the one backward seeds); an evaluation forward computes the loss only.
+// GPT-2 and BERT), else N(0, 0.02); `bias` adds a zero-initialised bias [V] (BERT's decoder). In a training graph it
+// must produce the graph's loss (its gradient is the one backward seeds); an evaluation forward computes the loss only.
 class ClassifierLoss final : public Op {
  public:
   ClassifierLoss(std::string name, std::int64_t vocab, std::string tied_to = {}, bool bias = false)

@@ -243,7 +243,8 @@ std::optional<Metric> rate_metric(const std::vector<Point>& points, const AxisPl
   const bool op_units = std::any_of(points.begin(), points.end(),
                                     [](const Point& p) { return p.typed().counts && p.typed().counts->ops_unit == "OP"; });
   const Metric tflops{"rates.tflops", op_units ? "TOP/s" : "TFLOP/s", &results::Rates::tflops},
-      gbps{"rates.gbps", "GB/s", &results::Rates::gbps}, samples{"rates.samples_per_s", "samples/s", &results::Rates::samples_per_s},
+      gbps{"rates.gbps", "GB/s", &results::Rates::gbps},
+      samples{"rates.samples_per_s", "samples/s", &results::Rates::samples_per_s},
       tokens{"rates.tokens_per_s", "tokens/s", &results::Rates::tokens_per_s};
   // Language models compare in tokens (a sequence's length is an axis); only where every point has them.
   const bool all_tokens =

@@ -63,9 +63,9 @@ __global__ void __launch_bounds__(kThreads)
 int column_splits(int64_t rows, int64_t strips, int64_t cols, int64_t scratch_bytes) {
   const int64_t warps_wanted = int64_t{cuda_pointwise::sm_count()} * 16;
   const int64_t by_rows = (rows + kWarps - 1) / kWarps, by_room = scratch_bytes / (cols * 4);
-  return static_cast<int>(std::clamp<int64_t>(std::min({(warps_wanted + strips * kWarps - 1) / (strips * kWarps),
-                                                        by_rows, by_room, int64_t{kMaxSplits}}),
-                                              1, kMaxSplits));
+  return static_cast<int>(std::clamp<int64_t>(
+      std::min({(warps_wanted + strips * kWarps - 1) / (strips * kWarps), by_rows, by_room, int64_t{kMaxSplits}}), 1,
+      kMaxSplits));
 }
 
 }  // namespace
@@ -82,8 +82,9 @@ void column_sums(cudaStream_t stream, DType t, const void* x, int64_t ld, int64_
     with_width<T>(vector_ok, [&]<int V>() {
       const int64_t strips = (cols + 32 * V - 1) / (32 * V);
       const int splits = column_splits(rows, strips, cols, scratch_bytes);
-      column_partials_kernel<T, V><<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(splits)), kThreads, 0,
-                                     stream>>>(static_cast<const T*>(x), ld, rows, cols, scratch);
+      column_partials_kernel<T, V>
+          <<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(splits)), kThreads, 0, stream>>>(
+              static_cast<const T*>(x), ld, rows, cols, scratch);
       column_total_kernel<T><<<static_cast<int>((cols + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
           scratch, splits, cols, static_cast<T*>(sums));
     });

@@ -27,7 +27,12 @@ class GraphReplay final : public Replayable {
 }  // namespace
 
 CudaKernels::CudaKernels(backend::Backend& backend)
-    : ctx_(backend, *this), conv_(ctx_), norm_pool_(ctx_), pointwise_(ctx_), linear_(ctx_), attention_(ctx_),
+    : ctx_(backend, *this),
+      conv_(ctx_),
+      norm_pool_(ctx_),
+      pointwise_(ctx_),
+      linear_(ctx_),
+      attention_(ctx_),
       transformer_(ctx_) {
   AB_CUDA(cudaStreamSynchronize(ctx_.stream), ctx_.label + " engine kernels");
 }

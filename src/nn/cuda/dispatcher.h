@@ -154,9 +154,7 @@ class CudaKernels final : public Kernels {
                                  const Tensor& dbias) override {
     linear_.linear_backward_data_gelu(dy, w, pre, dx, dbias);
   }
-  void column_sums(const Tensor& x, const Tensor& sums) override {
-    linear_.column_sums(x, sums);
-  }
+  void column_sums(const Tensor& x, const Tensor& sums) override { linear_.column_sums(x, sums); }
 
   // ---- pointwise, losses, optimizers
   void relu_forward(const Tensor& x, const Tensor& y) override { pointwise_.relu_forward(x, y); }

@@ -42,8 +42,8 @@ void require_vector(const char* kernel, const Tensor& t, const char* what, DType
 
 [[noreturn]] void shape_mismatch(const char* kernel, const char* a, const Tensor& ta, const char* b, const Tensor& tb,
                                  const char* c, const Tensor& tc) {
-  throw Error(std::string("cuda ") + kernel + ": shapes " + a + " " + ta.to_string() + ", " + b + " " +
-              tb.to_string() + ", " + c + " " + tc.to_string() + " do not match");
+  throw Error(std::string("cuda ") + kernel + ": shapes " + a + " " + ta.to_string() + ", " + b + " " + tb.to_string() +
+              ", " + c + " " + tc.to_string() + " do not match");
 }
 
 // cuBLASLt's GELU input matrix needs a leading dimension divisible by 8.
@@ -123,8 +123,7 @@ void LinearEngine::linear_gelu_forward(const Tensor& x, const Tensor& w, const T
   }
   if (pre.defined() && g.aux_ld % kAuxLdMultiple == 0)
     g.epilogue = bias.defined() ? LtEpilogue::gelu_aux_bias : LtEpilogue::gelu_aux;
-  else if (!pre.defined())
-    g.epilogue = bias.defined() ? LtEpilogue::gelu_bias : LtEpilogue::gelu;
+  else if (!pre.defined()) g.epilogue = bias.defined() ? LtEpilogue::gelu_bias : LtEpilogue::gelu;
   if (g.epilogue != LtEpilogue::none && matmul(g, {w.data, x.data, y.data, bias.data, pre.data})) return;
   ctx_.kernels.Kernels::linear_gelu_forward(x, w, bias, pre, y);
 }

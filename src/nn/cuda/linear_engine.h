@@ -86,8 +86,7 @@ class LinearEngine {
   void choose_algorithm(LtPlan& plan, const GemmShape& g, const GemmOperands& ops,
                         const std::vector<cublasLtMatmulHeuristicResult_t>& found);
   void set_pointers(const LtPlan& p, const GemmShape& g, const GemmOperands& ops);
-  cublasStatus_t launch(const LtPlan& p, const cublasLtMatmulAlgo_t& algo, const GemmShape& g,
-                        const GemmOperands& ops);
+  cublasStatus_t launch(const LtPlan& p, const cublasLtMatmulAlgo_t& algo, const GemmShape& g, const GemmOperands& ops);
   // Runs the GEMM; false (nothing queued) where cuBLASLt has no algorithm for g's epilogue.
   bool matmul(const GemmShape& g, const GemmOperands& ops);
   void column_sums(const Tensor& x, std::int64_t ld, const Tensor& sums);

@@ -105,8 +105,8 @@ cublasStatus_t LinearEngine::launch(const LtPlan& p, const cublasLtMatmulAlgo_t&
 LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
   const bool tf32 = g.allow_tf32 && ctx_.modes.tf32 && g.dtype == DType::f32;
   Key key;
-  for (std::int64_t v : {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m,
-                         g.n, g.k, g.lda, g.ldb, g.ldc, static_cast<std::int64_t>(g.epilogue), g.aux_ld,
+  for (std::int64_t v : {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n,
+                         g.k, g.lda, g.ldb, g.ldc, static_cast<std::int64_t>(g.epilogue), g.aux_ld,
                          std::int64_t{g.accumulate}, std::int64_t{tf32}, std::int64_t{ctx_.modes.deterministic},
                          alignment(ops.a), alignment(ops.b), alignment(ops.c), alignment(ops.bias), alignment(ops.aux)})
     key.add(v);
@@ -204,7 +204,8 @@ void LinearEngine::choose_algorithm(LtPlan& plan, const GemmShape& g, const Gemm
   AB_CUDA(cudaStreamSynchronize(ctx_.stream), what);  // the scratch D is freed on return
   if (best_s == std::numeric_limits<double>::infinity()) {
     plan.usable = false;
-    plan.choice = "cuBLASLt refused all " + std::to_string(found.size()) + " candidates of its heuristic on " + ctx_.label;
+    plan.choice =
+        "cuBLASLt refused all " + std::to_string(found.size()) + " candidates of its heuristic on " + ctx_.label;
     return;
   }
   plan.algo = found[best].algo;
@@ -215,8 +216,7 @@ void LinearEngine::choose_algorithm(LtPlan& plan, const GemmShape& g, const Gemm
 bool LinearEngine::matmul(const GemmShape& g, const GemmOperands& ops) {
   LtPlan& p = lt_plan(g, ops);
   if (!p.usable) {
-    if (g.epilogue == LtEpilogue::none || g.epilogue == LtEpilogue::bias)
-      throw Unsupported(p.label + ": " + p.choice);
+    if (g.epilogue == LtEpilogue::none || g.epilogue == LtEpilogue::bias) throw Unsupported(p.label + ": " + p.choice);
     return false;
   }
   set_pointers(p, g, ops);

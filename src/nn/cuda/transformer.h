@@ -1,7 +1,7 @@
 // Internal to the CUDA engine: the launchers of the transformer family's own kernels
 // (transformer.cu: embedding, LayerNorm, GELU; transformer_optim.cu: the gradient norm, AdamW, the
-// step counter, the fused cross-entropy; column_sums.cu: the bias gradients' column sums). Raw device pointers and dtypes; the engine
-// (transformer_engine.h) checks the tensors. Activations are f32, f16 or bf16; every sum is in f32
+// step counter, the fused cross-entropy; column_sums.cu: the bias gradients' column sums). Raw device pointers and
+// dtypes; the engine (transformer_engine.h) checks the tensors. Activations are f32, f16 or bf16; every sum is in f32
 // or f64 in an order fixed by the shapes and the device's SM count, never by scheduling, so results
 // are bit-identical run to run. Scratch is the caller's device memory (256-byte aligned).
 #pragma once

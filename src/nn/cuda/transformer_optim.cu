@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kThreads) widen_kernel(const WidenBatch batch)
     if (vector_ok)
       for (; i + 4 <= end; i += int64_t{blockDim.x} * 4) {
         const Chunk<S, 4> v = load<4>(src, i);
-        *reinterpret_cast<float4*>(dst + i) = make_float4(to_f32(v.v[0]), to_f32(v.v[1]), to_f32(v.v[2]), to_f32(v.v[3]));
+        *reinterpret_cast<float4*>(dst + i) =
+            make_float4(to_f32(v.v[0]), to_f32(v.v[1]), to_f32(v.v[2]), to_f32(v.v[3]));
       }
     for (; i < end; i += int64_t{blockDim.x} * 4)
       for (int64_t j = i; j < std::min(i + 4, end); ++j) dst[j] = to_f32(src[j]);
@@ -399,10 +400,8 @@ void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& te
     }
     const auto grid = static_cast<unsigned>(std::min<int64_t>(batch.first_chunk[batch.count], 4 * 132));
     if (grid == 0) continue;
-    if (t == DType::bf16)
-      widen_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(batch);
-    else
-      widen_kernel<__half><<<grid, kThreads, 0, stream>>>(batch);
+    if (t == DType::bf16) widen_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(batch);
+    else widen_kernel<__half><<<grid, kThreads, 0, stream>>>(batch);
     check_launch("cast_many");
   }
 }
@@ -490,9 +489,9 @@ void cross_entropy_fused(cudaStream_t stream, DType t, const void* logits, int64
           if (smem > 48 * 1024)
             AB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                     "cuda_transformer cross_entropy_fused shared memory");
-          kernel<<<static_cast<int>(rows), kLossThreads, smem, stream>>>(
-              static_cast<const T*>(logits), logits_stride, labels, static_cast<T*>(dlogits), dlogits_stride, seed,
-              scored, row_loss, vocab);
+          kernel<<<static_cast<int>(rows), kLossThreads, smem, stream>>>(static_cast<const T*>(logits), logits_stride,
+                                                                         labels, static_cast<T*>(dlogits),
+                                                                         dlogits_stride, seed, scored, row_loss, vocab);
         };
         if (staged) launch(xent_row_kernel<T, W, true>, staged_bytes);
         else launch(xent_row_kernel<T, W, false>, 0);

@@ -302,8 +302,8 @@ void require_same_dtype(const char* kernel, const Tensor& a, const Tensor& b, co
 // Rows may be padded (any strides: View2 reads them), but the shapes must fit: [rows, cols].
 void require_shape(const char* kernel, const char* what, const Tensor& t, std::int64_t rows, std::int64_t cols) {
   if (t.shape.rank() != 2 || t.shape[0] != rows || t.shape[1] != cols)
-    throw Error(std::string("ref ") + kernel + ": " + what + " is " + t.to_string() + ", not [" +
-                std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    throw Error(std::string("ref ") + kernel + ": " + what + " is " + t.to_string() + ", not [" + std::to_string(rows) +
+                ", " + std::to_string(cols) + "]");
 }
 
 void require_bias(const char* kernel, const char* what, const Tensor& t, std::int64_t length) {

@@ -61,9 +61,8 @@ LanguageConfig bert_entry(const ab::models::BertConfig& c) {
 
 const std::vector<LanguageConfig>& language_entries() {
   static const std::vector<LanguageConfig> all{
-      gpt_entry(ab::models::gpt2_124m()),   gpt_entry(ab::models::gpt2_350m()),
-      gpt_entry(ab::models::gpt2_774m()),   gpt_entry(ab::models::gpt2_1558m()),
-      gpt_entry(ab::models::tiny_gpt2()),   bert_entry(ab::models::bert_base()),
+      gpt_entry(ab::models::gpt2_124m()),   gpt_entry(ab::models::gpt2_350m()), gpt_entry(ab::models::gpt2_774m()),
+      gpt_entry(ab::models::gpt2_1558m()),  gpt_entry(ab::models::tiny_gpt2()), bert_entry(ab::models::bert_base()),
       bert_entry(ab::models::bert_large()), bert_entry(ab::models::tiny_bert())};
   return all;
 }
@@ -122,8 +121,8 @@ ZooModel build_language_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (s.fold_batchnorm || s.fuse_batchnorm_relu || s.fuse_conv_epilogue || s.precision == Precision::fp8)
     throw UsageError("model '" + s.model + "' has no batch norm to fold or fuse and no fp8 layers");
   const LanguageConfig c = language_config(s.model);
-  const ab::models::LanguageModel lm = c.masked ? ab::models::build_bert(b, c.bert, s.batch, s.seq)
-                                                : ab::models::build_gpt(b, c.gpt, s.batch, s.seq);
+  const ab::models::LanguageModel lm =
+      c.masked ? ab::models::build_bert(b, c.bert, s.batch, s.seq) : ab::models::build_gpt(b, c.gpt, s.batch, s.seq);
   ZooModel m;
   m.language = true;
   m.masked = c.masked;
@@ -254,7 +253,10 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
       {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"),
        text.precisions.empty() ? model_precisions() : text.precisions, text.precision_help},
       {"image_size", AxisKind::integer, one(gpu ? "224" : "16"), {}, "image height and width in pixels (image models)"},
-      {"seq", AxisKind::integer, one("0"), {},
+      {"seq",
+       AxisKind::integer,
+       one("0"),
+       {},
        "tokens per sequence (language models; at most the model's positions); 0 = the model's positions "
        "(GPT-2 1024, BERT 512)"},
       {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
