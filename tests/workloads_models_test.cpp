@@ -465,6 +465,23 @@ TEST(Train, TinyGptPointCountsTokensAndALossThatFalls) {
   EXPECT_LT(losses.back(), 0.85 * losses.front()) << "loss " << losses.front() << " -> " << losses.back();
 }
 
+TEST(Train, LanguageModelBatchBeyondMemoryIsOomAndTheSweepGoesOn) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on an allocation above 1 TiB instead of failing it";
+#else
+  // 65536 sequences of 1024 tokens: the logits alone are 3.4e12 f32 values (13.5 TB), an arena no
+  // machine has.
+  auto plan = plan_of("train", {"model=gpt2_124m", "batch=65536", "seq=1024"});
+  const auto small = plan_of("train", {"model=tiny_gpt2", "batch=2", "seq=8", "trajectory_steps=2"});
+  plan.insert(plan.end(), small.begin(), small.end());
+  const auto records = run_plan(plan);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["status"], "oom") << records[0].dump();
+  EXPECT_GT(records[0]["metrics"]["memory_plan"]["arena_bytes"].get<double>(), 1.35e13);
+  EXPECT_EQ(records[1]["status"], "ok") << records[1].dump();
+#endif
+}
+
 TEST(Train, LanguageModelLimitsAreInvalidSayingWhy) {
   const auto records = run_points("train", {"model=tiny_gpt2", "batch=1", "seq=65", "trajectory_steps=1"});
   ASSERT_EQ(records.size(), 1u);
