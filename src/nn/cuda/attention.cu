@@ -16,10 +16,7 @@ using namespace detail;
 constexpr int kLanesValues = kMaxSimpleDim / 32;
 constexpr int kWarpsPerBlock = 4;
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return __shfl_sync(0xffffffffu, x, 0);
-}
+using device_common::warp_sum;
 
 // Lane `lane`'s values of row `r` (columns lane, lane + 32, ...), zero past D.
 template <typename T>

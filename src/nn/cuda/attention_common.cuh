@@ -1,5 +1,5 @@
 // Pieces the attention kernel files share (attention.cu, attention_flash_fwd.cu,
-// attention_flash_bwd.cu): storage conversions, operand addressing, the key mask, and the fused
+// attention_flash_bwd.cu): operand addressing, the key mask, and the fused
 // kernels' launchers that attention.cu dispatches to.
 #pragma once
 
@@ -11,24 +11,15 @@
 #include <type_traits>
 
 #include "nn/cuda/attention.h"
+#include "nn/cuda/device_common.cuh"
 
 namespace ab::nn::cuda_attention::detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
-  else return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_f32(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(x);
-  else return __float2bfloat16_rn(x);
-}
+using device_common::from_f32;
+using device_common::to_f32;
 
 // Row `row` of head (b, h).
 template <typename T>

@@ -157,27 +157,10 @@ using device_common::load;
 using device_common::store;
 using device_common::Tag;
 
-// ---- reductions in a fixed order (the xor butterfly leaves the same sum in every lane)
+// ---- reductions in a fixed order
 
-template <typename A>
-__device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over the whole block, returned to every thread; every thread of the block must call it.
-template <typename A>
-__device__ A block_sum(A v) {
-  __shared__ A partial[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  v = warp_sum(v);
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  return warp_sum(lane < warps ? partial[lane] : A(0));
-}
+using device_common::block_sum;
+using device_common::warp_sum;
 
 // ---- the elementwise engine: an Op processes W consecutive elements at i (W = Op::kVec on the
 // aligned body, 1 on the tail). begin() runs once per thread (reads device flags), skipped()
