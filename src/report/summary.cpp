@@ -2,6 +2,7 @@
 // for a stored run, one line per point with status, median time, rate, % of ceiling and noise.
 #include <iomanip>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include "report/report.h"
@@ -11,14 +12,33 @@
 namespace ab::report {
 namespace {
 
-// Text axes (precision, op, target) say most about a point: they come first.
-std::string point_text(const nlohmann::json& params) {
-  std::string text_part, number_part;
+// The axes whose values differ between the records (what tells their lines apart).
+std::set<std::string> varying_axes(const std::vector<results::Record>& records) {
+  std::set<std::string> varying;
+  if (records.empty()) return varying;
+  const nlohmann::json& first = records.front().params;
+  for (const auto& r : records)
+    for (const auto& [k, v] : r.params.items())
+      if (!first.contains(k) || first[k] != v) varying.insert(k);
+  for (const auto& [k, v] : first.items())
+    for (const auto& r : records)
+      if (!r.params.contains(k)) varying.insert(k);
+  return varying;
+}
+
+// The axes that vary between the run's points come first (a train point has 14 axes, and the
+// column holds about 40 characters); within each group text axes (model, precision, op), which
+// say most about a point, before numbers.
+std::string point_text(const nlohmann::json& params, const std::set<std::string>& varying) {
+  std::string parts[4];  // varying text, varying numbers, other text, other numbers
   for (const auto& [k, v] : params.items()) {
-    std::string& part = v.is_string() ? text_part : number_part;
+    std::string& part = parts[(varying.count(k) ? 0 : 2) + (v.is_string() ? 0 : 1)];
     part += (part.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
   }
-  std::string point = results::terminal_safe(text_part + (text_part.empty() || number_part.empty() ? "" : " ") + number_part);
+  std::string joined;
+  for (const std::string& part : parts)
+    if (!part.empty()) joined += (joined.empty() ? "" : " ") + part;
+  std::string point = results::terminal_safe(joined);
   if (point.size() > 43) point = point.substr(0, 40) + "...";
   return point;
 }
@@ -55,8 +75,10 @@ void print_summary(std::ostream& out, const std::vector<results::Record>& record
   out << std::left << std::setw(12) << "workload" << std::setw(44) << "point" << std::setw(9) << "status"
       << std::right << std::setw(12) << "median" << std::setw(16) << "rate" << std::setw(10) << "% ceil"
       << std::setw(8) << "noise" << '\n';
+  const std::set<std::string> varying = varying_axes(records);
   for (const auto& r : records) {
-    out << std::left << std::setw(12) << results::terminal_safe(r.workload) << std::setw(44) << point_text(r.params) << std::setw(9)
+    out << std::left << std::setw(12) << results::terminal_safe(r.workload) << std::setw(44)
+        << point_text(r.params, varying) << std::setw(9)
         << results::to_string(r.status) << std::right;
     if (r.scenario.is_object()) {
       scenario_cells(out, r.scenario);
