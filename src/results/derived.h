@@ -35,13 +35,13 @@ PhysicalLimit physical_limit(std::string_view device_name, std::string_view ceil
 // limit); "" when it is plausible.
 std::string implausible_ceiling(double ceiling, const PhysicalLimit& limit);
 // How far above a plausible measured ceiling a rate may go (noise, a luckier shape) before it is
-// impossible: on a device with a datasheet (a dedicated accelerator), and on any other (a host
-// CPU, whose rates move with other processes' load: a ceiling measured on a busy machine may be
-// several times below a later point measured on an idle one).
+// impossible, on a device with a datasheet (a dedicated accelerator). On any other (a host CPU)
+// a measured ceiling bounds nothing: its rates move with other processes' load, and a ceiling
+// measured on a busy machine was 80x below a later point measured beside less load.
 inline constexpr double kCeilingMargin = 1.5;
-inline constexpr double kSharedHostCeilingMargin = 10.0;
-// Why `achieved` (in `unit`) cannot be true: not finite, above the physical limit, or above the
-// margin × `ceiling` (a plausible ceiling, when there is one); "" when it can.
+// Why `achieved` (in `unit`) cannot be true: not finite, above the physical limit, or, on a
+// datasheet device, above kCeilingMargin × `ceiling` (a plausible ceiling, when there is one);
+// "" when it can.
 std::string impossible_rate(double achieved, std::string_view unit, const PhysicalLimit& limit,
                             std::optional<double> ceiling);
 
