@@ -101,8 +101,8 @@ std::string impossible_rate(double achieved, std::string_view unit, const Physic
     return "rate " + rate + " is above the physical limit " + format_rate(limit.value) + " (" + limit.source + ")";
   const bool datasheet = limit.source.rfind("datasheet", 0) == 0;
   if (ceiling && datasheet && achieved > kCeilingMargin * *ceiling)
-    return "rate " + rate + " is more than " + format_rate(kCeilingMargin) + "x the measured ceiling " + format_rate(*ceiling) +
-           " " + std::string(unit);
+    return "rate " + rate + " is more than " + format_rate(kCeilingMargin) + "x the measured ceiling " +
+           format_rate(*ceiling) + " " + std::string(unit);
   return "";
 }
 
