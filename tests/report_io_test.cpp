@@ -186,9 +186,14 @@ TEST_F(ReportIo, RunFolderAndStoreGiveTheSameRun) {
 TEST(ReportTerminalSummary, AxesThatVaryBetweenPointsComeFirst) {
   std::vector<json> records;
   for (const char* model : {"gpt2_124m", "bert_base"})
-    records.push_back({{"schema_version", 1}, {"run_id", "r"}, {"workload", "train"}, {"device", "cpu"},
-                       {"params", {{"comm_dtype", "grad"}, {"comm_engine", "auto"}, {"fuse", "auto"}, {"model", model}}},
-                       {"status", "skipped"}, {"reason", "x"}});
+    records.push_back(
+        {{"schema_version", 1},
+         {"run_id", "r"},
+         {"workload", "train"},
+         {"device", "cpu"},
+         {"params", {{"comm_dtype", "grad"}, {"comm_engine", "auto"}, {"fuse", "auto"}, {"model", model}}},
+         {"status", "skipped"},
+         {"reason", "x"}});
   std::ostringstream table;
   print_summary(table, records);
   EXPECT_NE(table.str().find("model=gpt2_124m comm_dtype=grad"), std::string::npos) << table.str();

@@ -78,8 +78,7 @@ void print_summary(std::ostream& out, const std::vector<results::Record>& record
   const std::set<std::string> varying = varying_axes(records);
   for (const auto& r : records) {
     out << std::left << std::setw(12) << results::terminal_safe(r.workload) << std::setw(44)
-        << point_text(r.params, varying) << std::setw(9)
-        << results::to_string(r.status) << std::right;
+        << point_text(r.params, varying) << std::setw(9) << results::to_string(r.status) << std::right;
     if (r.scenario.is_object()) {
       scenario_cells(out, r.scenario);
       continue;

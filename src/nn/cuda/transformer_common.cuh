@@ -39,7 +39,6 @@ void dispatch(DType t, const char* what, F&& f) {
   device_common::dispatch_storage<false>(t, "cuda_transformer", what, std::forward<F>(f));
 }
 
-
 // Grid-stride grids hold at most 8 blocks of kThreads per SM: one resident wave.
 inline int blocks_for(int64_t items) {
   const int64_t needed = (items + kThreads - 1) / kThreads;
