@@ -6,9 +6,9 @@
 // Each line ends with the variant's largest difference from the pass's first variant (o forward,
 // dqkv backward), relative to the largest value: about 1e-2 (bf16 rounding of a sum taken in
 // another order) is agreement; O(1) or inf is a broken variant.
-// Variants (nn/cuda/attention_variants.h): the forward's block shapes (4 warps of 32 rows at D
-// 64, or 8 of 16); backward in deterministic mode (the second dQ pass) and the default mode's
-// atomic dQ at 64 and 128 keys a block.
+// Variants (nn/cuda/attention_variants.h): the own forward's block shapes (4 warps of 32 rows at
+// D 64, or 8 of 16) and cuDNN's fused attention; the own backward in deterministic mode (the
+// second dQ pass) and with the atomic dQ at 64 and 128 keys a block, and cuDNN's.
 //   build/cuda/bench/ab_attention_bench [repetitions]
 #include <cuda_runtime.h>
 
@@ -98,24 +98,35 @@ class Bench {
     const std::string shape = "B" + std::to_string(s.batch) + " H" + std::to_string(s.heads) + " T" +
                               std::to_string(s.seq) + " D" + std::to_string(s.dim) + (s.causal ? " causal" : " full");
     const double flop = 4.0 * static_cast<double>(s.pairs()) * static_cast<double>(s.dim);
+    namespace ca = ab::nn::cuda_attention;
     std::vector<float> first;
-    for (const bool eight_warps : {false, true}) {
-      ab::nn::cuda_attention::variants().forward_eight_warps = eight_warps;
+    for (const int variant : {0, 1, 2}) {  // own 4-warp, own 8-warp, cuDNN
+      ca::variants() = {};
+      ca::variants().implementation = variant == 2 ? ca::Implementation::cudnn : ca::Implementation::own;
+      ca::variants().forward_eight_warps = variant == 1;
       const double ms = time_ms(forward, repetitions);
-      report(shape, eight_warps ? "fwd_8warps" : "fwd_default", "forward", ms, flop, agreement(o, first));
+      const char* names[] = {"fwd_default", "fwd_8warps", "fwd_cudnn"};
+      report(shape, names[variant], "forward", ms, flop, agreement(o, first));
     }
-    ab::nn::cuda_attention::variants() = {};
+    ca::variants() = {};
+    ca::variants().implementation = ca::Implementation::own;
     forward();
     first.clear();
     struct Variant {
       const char* name;
       bool deterministic;
+      bool atomic_dq;
       int keys_per_block;
+      ca::Implementation implementation;
     };
-    for (const Variant& var : {Variant{"deterministic", true, 64}, Variant{"atomic_dq_k64", false, 64},
-                               Variant{"atomic_dq_k128", false, 128}}) {
+    for (const Variant& var : {Variant{"deterministic", true, false, 128, ca::Implementation::own},
+                               Variant{"atomic_dq_k64", false, true, 64, ca::Implementation::own},
+                               Variant{"atomic_dq_k128", false, true, 128, ca::Implementation::own},
+                               Variant{"cudnn", false, false, 128, ca::Implementation::cudnn}}) {
       kernels_->set_deterministic(var.deterministic);
-      ab::nn::cuda_attention::variants().backward_keys_per_block = var.keys_per_block;
+      ca::variants().atomic_dq = var.atomic_dq;
+      ca::variants().backward_keys_per_block = var.keys_per_block;
+      ca::variants().implementation = var.implementation;
       const double ms = time_ms(backward, repetitions);
       report(shape, var.name, "backward", ms, 2 * flop, agreement(dqkv, first));
     }

@@ -91,16 +91,20 @@ class CudaAttention : public ::testing::Test {
   // The variants are process-wide: every test leaves the defaults behind.
   void TearDown() override { cuda_attention::variants() = {}; }
 
-  // The kernels' paths: deterministic mode's second dQ pass, the default mode's atomic dQ with 64
-  // or 128 keys a block, and the last with the forward's 8-warp blocks. Sets the kernels to
-  // `path` and names it.
-  static constexpr int kPaths = 4;
+  // The paths: the own kernels in deterministic mode (second dQ pass), in the default mode with
+  // the atomic dQ at 64 or 128 keys a block, the last with the forward's 8-warp blocks; then
+  // cuDNN's fused attention wherever it takes the shape (the own kernels elsewhere). Sets the
+  // kernels to `path` and names it.
+  static constexpr int kPaths = 5;
   std::string set_path(int path) {
     cuda_->set_deterministic(path == 0);
-    cuda_attention::variants().backward_keys_per_block = path == 1 ? 64 : 128;
-    cuda_attention::variants().forward_eight_warps = path == 3;
+    auto& v = cuda_attention::variants();
+    v.implementation = path == 4 ? cuda_attention::Implementation::cudnn : cuda_attention::Implementation::own;
+    v.atomic_dq = path == 1 || path == 2 || path == 3;
+    v.backward_keys_per_block = path == 1 ? 64 : 128;
+    v.forward_eight_warps = path == 3;
     const char* names[] = {"deterministic mode", "atomic dq, 64 keys a block", "atomic dq, 128 keys a block",
-                           "atomic dq, 128 keys a block, 8-warp forward"};
+                           "atomic dq, 128 keys a block, 8-warp forward", "cuDNN's fused attention"};
     return names[path];
   }
 
@@ -255,7 +259,9 @@ TEST_F(CudaAttention, FusedBf16MatchesTheReference) { fused_cases(DType::bf16); 
 TEST_F(CudaAttention, FusedF16MatchesTheReference) { fused_cases(DType::f16); }
 
 TEST_F(CudaAttention, PlainKernelsMatchTheReference) {
-  // f32 at the fused kernels' head dims, and 16-bit types at head dims they do not take.
+  // f32 at the fused kernels' head dims, and 16-bit types at head dims they do not take (cuDNN
+  // takes those: the own kernels are asked for).
+  cuda_attention::variants().implementation = cuda_attention::Implementation::own;
   for (const int64_t dim : {64, 128}) {
     check_against_reference({DType::f32, 2, 2, 77, dim, /*causal=*/true, {}});
     check_against_reference({DType::f32, 3, 1, 130, dim, /*causal=*/false, {130, 9, 0}});
@@ -263,6 +269,12 @@ TEST_F(CudaAttention, PlainKernelsMatchTheReference) {
   check_against_reference({DType::bf16, 2, 2, 77, 40, /*causal=*/true, {}});
   check_against_reference({DType::f16, 3, 2, 70, 32, /*causal=*/false, {70, 64, 0}});
   check_against_reference({DType::f32, 1, 3, 33, 200, /*causal=*/true, {}});
+}
+
+TEST_F(CudaAttention, CudnnTakesHeadDimsTheOwnFusedKernelsDoNot) {
+  cuda_attention::variants().implementation = cuda_attention::Implementation::cudnn;
+  check_against_reference({DType::bf16, 2, 2, 77, 40, /*causal=*/true, {}});
+  check_against_reference({DType::f16, 2, 2, 70, 32, /*causal=*/false, {}});
 }
 
 TEST_F(CudaAttention, LongCausalSequenceWalksManyBlocks) {

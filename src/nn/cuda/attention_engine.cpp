@@ -3,10 +3,14 @@
 #include "nn/cuda/attention_engine.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
 #include "nn/cuda/attention.h"
+#include "nn/cuda/attention_variants.h"
+#include "nn/cuda/gpu_sampler.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -62,6 +66,33 @@ ca::Problem check(const char* kernel, const AttentionDesc& d, const Tensor& q, c
 
 ca::Heads heads(const Tensor& t) { return {t.data, t.strides[0], t.strides[1], t.strides[2]}; }
 
+HeadStrides strides_of(const Tensor& t) { return {t.strides[0], t.strides[1], t.strides[2], t.strides[3]}; }
+
+// The cuDNN shape of a call (key lengths: none, the caller checked).
+SdpaShape sdpa_shape(bool backward, const ca::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& o) {
+  SdpaShape s;
+  s.backward = backward;
+  s.dtype = p.dtype;
+  s.batch = p.batch;
+  s.heads = p.heads;
+  s.queries = p.queries;
+  s.keys = p.keys;
+  s.dim = p.dim;
+  s.causal = p.causal;
+  s.scale = p.scale;
+  s.q = strides_of(q);
+  s.k = strides_of(k);
+  s.v = strides_of(v);
+  s.o = strides_of(o);
+  return s;
+}
+
+bool report_choices() {
+  const char* env = std::getenv("AB_ATTENTION_CHOICES");
+  return env != nullptr && *env != '\0' && *env != '0';
+}
+
 }  // namespace
 
 AttentionEngine::AttentionEngine(EngineContext& ctx)
@@ -71,10 +102,71 @@ AttentionEngine::AttentionEngine(EngineContext& ctx)
   ca::prepare();
 }
 
+const SdpaPlan* AttentionEngine::cudnn_plan(const SdpaShape& shape, const SdpaOperands& x,
+                                            const std::function<void()>& own) {
+  const ca::Implementation impl = ca::variants().implementation;
+  if (impl == ca::Implementation::own || !sdpa_refusal(shape).empty()) return nullptr;
+  const auto key = std::make_pair(impl, shape);
+  if (const auto it = cudnn_.find(key); it != cudnn_.end()) return it->second.get();
+  if (ctx_.capturing()) return nullptr;  // plans are built and timed at an eager call
+  std::unique_ptr<SdpaPlan> plan;
+  try {
+    plan = std::make_unique<SdpaPlan>(shape, ctx_.cudnn.get());
+  } catch (const Error& e) {  // refused, or failed to build: the own kernels run it
+    if (impl == ca::Implementation::cudnn) throw;
+    if (report_choices()) std::fprintf(stderr, "%s: own kernels (%s)\n", shape.to_string().c_str(), e.what());
+    cudnn_[key] = nullptr;
+    return nullptr;
+  }
+  GpuSampler sampler(ctx_.stream, plan->label());
+  double best_s = std::numeric_limits<double>::infinity();
+  int best = -1;  // the own kernels
+  std::string timed;
+  if (impl == ca::Implementation::fastest) {
+    const auto run_own = [&] {
+      own();
+      return true;
+    };
+    run_own();  // warms them
+    best_s = time_candidate(sampler, run_own, best_s, plan->label() + ", own kernels");
+    timed = "own " + format_us(best_s) + " us";
+  }
+  for (int i = 0; i < plan->candidates(); ++i) {
+    const auto launch = [&] { return plan->run(x, i); };
+    double t = std::numeric_limits<double>::infinity();
+    if (launch()) t = time_candidate(sampler, launch, best_s, plan->label() + ", " + plan->candidate_name(i));
+    cudaGetLastError();  // a refused launch leaves no work, only its status
+    timed += (timed.empty() ? "" : ", ") + plan->candidate_name(i) + " " +
+             (std::isfinite(t) ? format_us(t) + " us" : std::string("failed"));
+    if (t < best_s) {
+      best_s = t;
+      best = i;
+    }
+  }
+  AB_CUDA(cudaStreamSynchronize(ctx_.stream), plan->label());
+  if (report_choices())
+    std::fprintf(stderr, "%s: %s; timed: %s\n", plan->label().c_str(),
+                 best < 0 ? "own kernels" : plan->candidate_name(best).c_str(), timed.c_str());
+  if (best < 0 && impl == ca::Implementation::cudnn)
+    throw Unsupported(plan->label() + ": every cuDNN plan failed to run: " + timed);
+  if (best >= 0) plan->choose(best);
+  auto& slot = cudnn_[key];
+  slot = best < 0 ? nullptr : std::move(plan);
+  return slot.get();
+}
+
 void AttentionEngine::attention_forward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& o, const Tensor& stats) {
   const ca::Problem p = check("attention_forward", d, q, k, v, o, stats);
-  ca::forward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), stats.as<float>());
+  const auto own = [&] { ca::forward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), stats.as<float>()); };
+  if (!d.key_lengths.defined()) {
+    const SdpaOperands x{.q = q.data, .k = k.data, .v = v.data, .o = o.data, .stats = stats.as<float>()};
+    if (const SdpaPlan* plan = cudnn_plan(sdpa_shape(false, p, q, k, v, o), x, own)) {
+      if (!plan->run(x)) throw Error(plan->label() + ": cudnnBackendExecute refused the chosen plan");
+      return;
+    }
+  }
+  own();
 }
 
 void AttentionEngine::attention_backward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -91,8 +183,26 @@ void AttentionEngine::attention_backward(const AttentionDesc& d, const Tensor& q
                                      " query rows exceed the engine's scratch of " + std::to_string(kScratchRows));
   // The atomic dQ (faster; its sum's order varies) outside deterministic mode, where it fits.
   const bool atomic_dq = !ctx_.modes.deterministic && ca::variants().atomic_dq && rows * q.shape[3] <= kDqAccumElements;
-  ca::backward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), heads(dout), stats.as<const float>(), heads(dq),
-               heads(dk), heads(dv), row_dots_.as<float>(), atomic_dq ? dq_accum_.as<float>() : nullptr);
+  const auto own = [&] {
+    ca::backward(ctx_.stream, p, heads(q), heads(k), heads(v), heads(o), heads(dout), stats.as<const float>(),
+                 heads(dq), heads(dk), heads(dv), row_dots_.as<float>(), atomic_dq ? dq_accum_.as<float>() : nullptr);
+  };
+  // cuDNN's backward sums dQ by atomics: not in deterministic mode.
+  if (!d.key_lengths.defined() && !ctx_.modes.deterministic) {
+    SdpaShape shape = sdpa_shape(true, p, q, k, v, o);
+    shape.dout = strides_of(dout);
+    shape.dq = strides_of(dq);
+    shape.dk = strides_of(dk);
+    shape.dv = strides_of(dv);
+    const SdpaOperands x{.q = q.data, .k = k.data, .v = v.data, .o = o.data,
+                         .stats = const_cast<float*>(stats.as<const float>()), .dout = dout.data, .dq = dq.data,
+                         .dk = dk.data, .dv = dv.data};
+    if (const SdpaPlan* plan = cudnn_plan(shape, x, own)) {
+      if (!plan->run(x)) throw Error(plan->label() + ": cudnnBackendExecute refused the chosen plan");
+      return;
+    }
+  }
+  own();
 }
 
 }  // namespace ab::nn::cuda

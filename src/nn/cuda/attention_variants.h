@@ -5,7 +5,12 @@
 
 namespace ab::nn::cuda_attention {
 
+// Which implementation runs a shape: the faster of the project's kernels and cuDNN's fused
+// attention where cuDNN takes the shape (timed at the shape's first eager call), or one of them.
+enum class Implementation { fastest, own, cudnn };
+
 struct Variants {
+  Implementation implementation = Implementation::fastest;
   // Outside deterministic mode, dQ added by atomics in the key-block pass (where the engine's
   // accumulator holds it) rather than by a second pass over query blocks. Off: on an H200 at
   // B16 H12 T1024 D64 causal the second pass was faster (0.533 ms against 0.554 at 64 keys a

@@ -1,8 +1,7 @@
-// The fp8 (e4m3) convolution of conv_fp8.h on cuDNN's backend (graph) API, built from the raw
-// descriptors of cudnn.h (no cudnn_frontend). Every descriptor has one RAII owner; every cuDNN
-// call is checked where it is made, and a failure names the call, the descriptor and attribute it
-// was for, the shape, cuDNN's status (cudnnGetErrorString) and cuDNN's own last message.
-// Tensors are described in cuDNN's logical NCHW order with NHWC strides (KRSC for the filter).
+// The fp8 (e4m3) convolution of conv_fp8.h on cuDNN's backend (graph) API (cudnn_graph.h: raw
+// descriptors, no cudnn_frontend); a failure names the call, the descriptor and attribute it was
+// for, the shape, cuDNN's status and its own last message. Tensors are described in cuDNN's
+// logical NCHW order with NHWC strides (KRSC for the filter).
 #include "nn/cuda/conv_fp8.h"
 
 #include <cuda_runtime_api.h>
@@ -21,48 +20,14 @@
 
 #include "core/error.h"
 #include "nn/cuda/common.h"
+#include "nn/cuda/cudnn_graph.h"
 #include "nn/cuda/gpu_sampler.h"
 
 namespace ab::nn::cuda {
 namespace {
 
-// One backend descriptor, destroyed with its owner; `name` ("tensor x", "operation graph") and the
-// plan's label go into every failure message.
-class Desc {
- public:
-  Desc(cudnnBackendDescriptorType_t type, std::string name, const std::string& label)
-      : name_(std::move(name)), label_(&label) {
-    cudnnBackendDescriptor_t d = nullptr;
-    if (const cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d); st != CUDNN_STATUS_SUCCESS)
-      throw_cudnn(st, "cudnnBackendCreateDescriptor", name_ + " of " + label);
-    d_.reset(d);
-  }
-  cudnnBackendDescriptor_t get() const { return d_.get(); }
-  const std::string& name() const { return name_; }
-
-  // `attr_name` is the attribute's enum name, for the message.
-  void set(cudnnBackendAttributeName_t attr, const char* attr_name, cudnnBackendAttributeType_t type,
-           std::int64_t count, const void* values) {
-    if (const cudnnStatus_t st = cudnnBackendSetAttribute(d_.get(), attr, type, count, values);
-        st != CUDNN_STATUS_SUCCESS)
-      throw_cudnn(st, "cudnnBackendSetAttribute", std::string(attr_name) + " on " + name_ + " of " + *label_);
-  }
-  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(d_.get()); }
-  void finalize() {
-    if (const cudnnStatus_t st = try_finalize(); st != CUDNN_STATUS_SUCCESS)
-      throw_cudnn(st, "cudnnBackendFinalize", name_ + " of " + *label_);
-  }
-
- private:
-  struct Deleter {
-    void operator()(void* d) const noexcept { cudnnBackendDestroyDescriptor(d); }
-  };
-  std::unique_ptr<void, Deleter> d_;
-  std::string name_;
-  const std::string* label_;
-};
-
-#define AB_SET(desc, attr, type, count, values) (desc).set(attr, #attr, type, count, values)
+using cudnn_graph::Candidate;
+using cudnn_graph::Desc;
 
 // Tensor ids in the variant pack; the virtual intermediates only name graph edges.
 enum : std::int64_t { kIdX = 1, kIdW, kIdDescale, kIdBias, kIdY, kIdResidual, kIdConv = 101, kIdScaled, kIdBiased,
@@ -70,43 +35,15 @@ enum : std::int64_t { kIdX = 1, kIdW, kIdDescale, kIdBias, kIdY, kIdResidual, kI
 // Every buffer the plan reads or writes is 16-byte aligned (cudaMalloc gives 256), the descale 4.
 constexpr std::int64_t kAlignment = 16, kScalarAlignment = 4;
 
-std::string dims_text(const std::vector<std::int64_t>& v) {
-  std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return "[" + s + "]";
-}
-
 Desc make_tensor(const char* name, std::int64_t id, cudnnDataType_t type, const std::vector<std::int64_t>& dims,
                  const std::vector<std::int64_t>& strides, bool is_virtual, std::int64_t alignment,
                  const std::string& label) {
-  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR,
-         std::string("tensor ") + name + " (id " + std::to_string(id) + ", dims " + dims_text(dims) + ", strides " +
-             dims_text(strides) + ")",
-         label);
-  const auto rank = static_cast<std::int64_t>(dims.size());
-  AB_SET(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-  AB_SET(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims.data());
-  AB_SET(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides.data());
-  AB_SET(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id);
-  AB_SET(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
-  AB_SET(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
-  t.finalize();
-  return t;
+  return cudnn_graph::make_tensor({name, id, type, dims, strides, is_virtual, alignment}, label);
 }
 
 // NHWC strides of logical [N, C, H, W] (a filter [K, C, R, S] gets KRSC the same way).
 std::vector<std::int64_t> nhwc_strides(std::int64_t c, std::int64_t h, std::int64_t w) {
   return {h * w * c, 1, w * c, c};
-}
-
-const char* heur_name(cudnnBackendHeurMode_t mode) {
-  switch (mode) {
-    case CUDNN_HEUR_MODE_A: return "A";
-    case CUDNN_HEUR_MODE_FALLBACK: return "FALLBACK";
-    case CUDNN_HEUR_MODE_B: return "B";
-    case CUDNN_HEUR_MODE_INSTANT: return "INSTANT";
-    default: return "?";
-  }
 }
 
 std::int64_t extent(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad, std::int64_t dilation) {
@@ -158,123 +95,14 @@ struct Fp8ConvPlan::Impl {
   std::int64_t workspace_bytes = 0;
   std::string engine, plan_json;
 
-  // An execution plan that finalized, with what identifies it.
-  struct Candidate {
-    std::unique_ptr<Desc> plan;
-    std::string name;  // "engine 12 (heuristics mode A config 1 of 3)"
-    std::int64_t workspace_bytes = 0;
-    std::string json;
-  };
-
   void build(void* stream);
-  // A config's engine ("engine 12"), or "engine ?" where cuDNN does not say.
-  std::string engine_of(const Desc& config) const;
-  // Appends every execution plan of heuristics `mode`'s configurations that finalizes; each refusal
-  // goes to `refusals`.
-  void try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals, std::vector<Candidate>& out);
   // Each candidate's GPU time per call on scratch operands of the shape (infinity where it fails).
   std::vector<double> time_candidates(const std::vector<Candidate>& candidates, cudaStream_t stream) const;
   cudnnStatus_t run(const Desc& chosen, const std::vector<std::int64_t>& ids, const std::vector<void*>& ptrs,
-                    void* workspace) const;
+                    void* workspace) const {
+    return cudnn_graph::execute(handle.get(), chosen, ids, ptrs, workspace, label);
+  }
 };
-
-std::string Fp8ConvPlan::Impl::engine_of(const Desc& config) const {
-  Desc engine_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine of " + config.name(), label);
-  cudnnBackendDescriptor_t e = engine_desc.get();
-  std::int64_t got = 0, index = -1;
-  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
-                               &e) != CUDNN_STATUS_SUCCESS ||
-      cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index) !=
-          CUDNN_STATUS_SUCCESS)
-    return "engine ?";
-  return "engine " + std::to_string(index);
-}
-
-void Fp8ConvPlan::Impl::try_heuristics(cudnnBackendHeurMode_t mode, std::string& refusals,
-                                       std::vector<Candidate>& out) {
-  const std::string mode_name = std::string("heuristics mode ") + heur_name(mode);
-  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics (mode " + std::string(heur_name(mode)) + ")",
-            label);
-  cudnnBackendDescriptor_t g = graph->get();
-  AB_SET(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g);
-  AB_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-  if (const cudnnStatus_t st = heur.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
-    refusals += "; " + mode_name + ": cudnnBackendFinalize(engine heuristics) " + cudnn_status_text(st);
-    return;
-  }
-  std::int64_t count = 0;
-  if (const cudnnStatus_t st =
-          cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                                   nullptr);
-      st != CUDNN_STATUS_SUCCESS)
-    throw_cudnn(st, "cudnnBackendGetAttribute", "CUDNN_ATTR_ENGINEHEUR_RESULTS count of " + mode_name + " of " + label);
-  if (count <= 0) {
-    refusals += "; " + mode_name + ": no engine configuration";
-    return;
-  }
-  std::vector<std::unique_ptr<Desc>> cfgs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (std::int64_t i = 0; i < count; ++i) {
-    cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
-                                          mode_name + " config " + std::to_string(i + 1) + " of " +
-                                              std::to_string(count),
-                                          label));
-    raw.push_back(cfgs.back()->get());
-  }
-  std::int64_t returned = 0;
-  if (const cudnnStatus_t st = cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data());
-      st != CUDNN_STATUS_SUCCESS)
-    throw_cudnn(st, "cudnnBackendGetAttribute", "CUDNN_ATTR_ENGINEHEUR_RESULTS of " + mode_name + " of " + label);
-
-  std::string tried;
-  cudnnHandle_t h = handle.get();
-  for (std::int64_t i = 0; i < returned; ++i) {
-    const Desc& cfg = *cfgs[static_cast<std::size_t>(i)];
-    const std::string engine_name = engine_of(cfg);
-    auto candidate = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
-                                            "execution plan (" + cfg.name() + ", " + engine_name + ")", label);
-    cudnnBackendDescriptor_t c = cfg.get();
-    AB_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-    AB_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
-    if (const cudnnStatus_t st = candidate->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
-      tried += "; " + cfg.name() + " " + engine_name + ": cudnnBackendFinalize(execution plan) " + cudnn_status_text(st);
-      continue;
-    }
-    Candidate found;
-    std::int64_t got = 0;
-    if (const cudnnStatus_t st = cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                          CUDNN_TYPE_INT64, 1, &got, &found.workspace_bytes);
-        st != CUDNN_STATUS_SUCCESS)
-      throw_cudnn(st, "cudnnBackendGetAttribute",
-                  "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of " + candidate->name() + " of " + label);
-    std::int64_t json_chars = 0;
-    if (cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0,
-                                 &json_chars, nullptr) == CUDNN_STATUS_SUCCESS &&
-        json_chars > 0) {
-      std::string json(static_cast<std::size_t>(json_chars), '\0');
-      if (cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
-                                   json_chars, &json_chars, json.data()) == CUDNN_STATUS_SUCCESS)
-        found.json = json.c_str();  // drops the terminator
-    }
-    found.name = engine_name + " (" + cfg.name() + ")";
-    found.plan = std::move(candidate);
-    out.push_back(std::move(found));
-  }
-  refusals += tried;
-  for (auto& cfg : cfgs) configs.push_back(std::move(cfg));  // kept alive beside their plans
-}
-
-cudnnStatus_t Fp8ConvPlan::Impl::run(const Desc& chosen, const std::vector<std::int64_t>& ids,
-                                     const std::vector<void*>& ptrs, void* workspace) const {
-  Desc p(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack", label);
-  AB_SET(p, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<std::int64_t>(ids.size()), ids.data());
-  AB_SET(p, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<std::int64_t>(ptrs.size()),
-         ptrs.data());
-  AB_SET(p, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-  p.finalize();
-  return cudnnBackendExecute(handle.get(), chosen.get(), p.get());
-}
 
 std::vector<double> Fp8ConvPlan::Impl::time_candidates(const std::vector<Candidate>& candidates,
                                                        cudaStream_t stream) const {
@@ -430,24 +258,16 @@ void Fp8ConvPlan::Impl::build(void* stream) {
     pointwise("RELU_FWD", CUDNN_POINTWISE_RELU_FWD, *last, nullptr, y);
   }
 
-  graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph", label);
-  AB_SET(*graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-  AB_SET(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<std::int64_t>(ops.size()),
-         ops.data());
-  if (const cudnnStatus_t st = graph->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
-    if (cudnn_not_supported(st))
-      throw Unsupported(label + ": cuDNN refuses the graph: cudnnBackendFinalize(operation graph) " + cudnn_status_text(st) +
-                        " (cuDNN " + std::to_string(cudnnGetVersion()) + ")");
-    throw_cudnn(st, "cudnnBackendFinalize", "operation graph of " + label);
-  }
+  graph = cudnn_graph::make_graph(h, ops, label);
 
   // Every plan heuristics mode A ranks that finalizes (FALLBACK's where A has none), each timed on
   // scratch operands; the fastest is kept (with heuristics' first plan, fp8 inference ran at half
   // fp16's rate on an H200: bench/HISTORY.md).
   std::string refusals;
   std::vector<Candidate> candidates;
-  try_heuristics(CUDNN_HEUR_MODE_A, refusals, candidates);
-  if (candidates.empty()) try_heuristics(CUDNN_HEUR_MODE_FALLBACK, refusals, candidates);
+  cudnn_graph::try_heuristics(h, *graph, CUDNN_HEUR_MODE_A, label, refusals, candidates, configs);
+  if (candidates.empty())
+    cudnn_graph::try_heuristics(h, *graph, CUDNN_HEUR_MODE_FALLBACK, label, refusals, candidates, configs);
   if (candidates.empty())
     throw Unsupported(label + ": no cuDNN engine accepts the graph (cuDNN " + std::to_string(cudnnGetVersion()) +
                       ")" + refusals);
