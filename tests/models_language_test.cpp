@@ -85,17 +85,24 @@ struct TinyGpt {
   std::unique_ptr<nn::Kernels> kernels = nn::make_ref_kernels();
   LanguageModel m;
   nn::Graph g;
-  explicit TinyGpt(std::uint64_t seed, std::int64_t batch = 2, std::int64_t seq = 12, GptConfig c = tiny_gpt2())
-      : g(build(seed, batch, seq, c)) {
+  explicit TinyGpt(std::uint64_t seed, std::int64_t batch = 2, std::int64_t seq = 12, GptConfig c = tiny_gpt2(),
+                   std::int64_t micro_batches = 1)
+      : g(build(seed, batch, seq, c, micro_batches)) {
     g.bind(*kernels);
-    const TokenBatch data = copy_task_batch(seed, 0, batch, seq, c.vocab);
+    set_batch(seed, 0, batch, seq, c.vocab);
+  }
+  // The copy task's samples first..first+batch-1.
+  void set_batch(std::uint64_t seed, std::uint64_t first, std::int64_t batch, std::int64_t seq, std::int64_t vocab) {
+    const TokenBatch data = copy_task_batch(seed, first, batch, seq, vocab);
     g.set_input(m.tokens, data.tokens);
     g.set_input(m.labels, data.labels);
   }
-  nn::Graph build(std::uint64_t seed, std::int64_t batch, std::int64_t seq, const GptConfig& c) {
+  nn::Graph build(std::uint64_t seed, std::int64_t batch, std::int64_t seq, const GptConfig& c,
+                  std::int64_t micro_batches) {
     nn::GraphOptions o;
     o.dtype = DType::f64;
     o.seed = seed;
+    o.micro_batches = micro_batches;
     nn::GraphBuilder b(o);
     m = build_gpt(b, c, batch, seq);
     return nn::Graph(std::move(b));
@@ -131,6 +138,38 @@ TEST(Gpt, TiedEmbeddingGradientIsTheSumOfBothUsesByFiniteDifferences) {
     t.g.set_parameter_values(minus);
     const double lm = t.loss();
     EXPECT_NEAR(analytic[i], (lp - lm) / (2 * h), 1e-6 * std::max(1.0, std::abs(analytic[i]))) << "element " << i;
+  }
+}
+
+// Gradient accumulation: two micro-batches of 3 sequences give every parameter the gradient one
+// batch of the same 6 gives (the mean over equal halves is the whole batch's mean), tied
+// embedding included, and a second step starts again from zero rather than adding to the first.
+TEST(Gpt, AccumulatedMicroBatchesGiveTheWholeBatchsGradient) {
+  const std::uint64_t seed = test::seed();
+  const GptConfig c = tiny_gpt2();
+  const std::int64_t seq = 10;
+  TinyGpt whole(seed, 6, seq, c);
+  whole.g.forward();
+  whole.g.backward();
+  TinyGpt halves(seed, 3, seq, c, /*micro_batches=*/2);
+  for (int step = 0; step < 2; ++step)
+    for (std::int64_t m = 0; m < 2; ++m) {
+      halves.set_batch(seed, static_cast<std::uint64_t>(3 * m), 3, seq, c.vocab);
+      halves.g.forward();
+      halves.g.backward(m);
+    }
+  EXPECT_THROW(halves.g.backward(2), Error) << "only micro-batches 0 and 1 exist";
+  ASSERT_EQ(whole.g.parameters().size(), halves.g.parameters().size());
+  for (std::size_t i = 0; i < whole.g.parameters().size(); ++i) {
+    const nn::Parameter& p = whole.g.parameters()[i];
+    const std::vector<double> want = whole.g.read(p.grad), got = halves.g.read(halves.g.parameters()[i].grad);
+    double scale = 0, worst = 0;
+    for (std::size_t n = 0; n < want.size(); ++n) {
+      scale = std::max(scale, std::abs(want[n]));
+      worst = std::max(worst, std::abs(got[n] - want[n]));
+    }
+    ASSERT_GT(scale, 0) << p.name << ": an all-zero gradient checks nothing";
+    EXPECT_LE(worst, 1e-12 * scale) << p.name << " (max |grad| " << scale << ")";
   }
 }
 

@@ -326,6 +326,37 @@ TEST_F(CudaTransformer, CastManyWidensEveryTensorExactly) {
   }
 }
 
+// Gradient accumulation's cast_many: dst = scale * (dst + src) from 16-bit and f32 sources (the
+// micro-batches' staged gradients) against the reference, within an f32 rounding of each value.
+TEST_F(CudaTransformer, CastManyAccumulatesAndScalesIntoF32) {
+  SCOPED_TRACE(trace());
+  std::vector<Tensor> srcs, dsts;
+  std::vector<Twin*> from, to;
+  for (const DType t : {DType::bf16, DType::f16, DType::f32})
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8195}, int64_t{(1 << 20) + 3}}) {
+      from.push_back(&random(t, {n}, -3, 3));
+      to.push_back(&random(DType::f32, {n}, -3, 3));
+    }
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    srcs.push_back(from[i]->dev);
+    dsts.push_back(to[i]->dev);
+  }
+  for (const CastManyMode mode : {CastManyMode{.accumulate = true, .scale = 1.0},
+                                  CastManyMode{.accumulate = true, .scale = 0.25},
+                                  CastManyMode{.accumulate = false, .scale = 1.0 / 3.0}}) {
+    SCOPED_TRACE(std::string("accumulate ") + (mode.accumulate ? "on" : "off") + ", scale " +
+                 std::to_string(mode.scale));
+    cuda().cast_many(srcs, dsts, mode);
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      ref().cast_many({from[i]->ref}, {to[i]->ref}, mode);
+      expect_close(got(*to[i]), want(*to[i]), 2 * kF32Eps, {0.0}, "tensor " + std::to_string(i));
+      sync(*to[i]);  // the next mode starts from the same values on both sides
+    }
+  }
+  EXPECT_THROW(cuda().cast_many({from[0]->dev}, {from[1]->dev}, CastManyMode{.accumulate = true}), Unsupported)
+      << "a 16-bit destination";
+}
+
 TEST_F(CudaTransformer, GeluMatchesTheReferenceBothWaysAndInPlace) {
   SCOPED_TRACE(trace());
   for (const DType act : kActivationTypes)

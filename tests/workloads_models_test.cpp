@@ -465,6 +465,30 @@ TEST(Train, TinyGptPointCountsTokensAndALossThatFalls) {
   EXPECT_LT(losses.back(), 0.85 * losses.front()) << "loss " << losses.front() << " -> " << losses.back();
 }
 
+// Gradient accumulation on the fixed batch: two micro-batches of the same samples average to the
+// one-batch gradient exactly, so the loss trajectory is the same bits while the step counts (and
+// times) twice the samples, tokens and forward-backward FLOPs.
+TEST(Train, AccumulatedMicroBatchesTrainLikeOneBatchAndCountEach) {
+  const auto records =
+      run_points("train", {"model=tiny_gpt2", "batch=2", "seq=8", "accumulate=1,2", "trajectory_steps=6"});
+  ASSERT_EQ(records.size(), 2u);
+  for (const json& r : records) ASSERT_EQ(r["status"], "ok") << r.dump();
+  const json &one = records[0]["params"]["accumulate"] == 1 ? records[0] : records[1];
+  const json &two = records[0]["params"]["accumulate"] == 1 ? records[1] : records[0];
+  EXPECT_EQ(trajectory(one), trajectory(two));
+  EXPECT_EQ(one["counts"]["samples"], 2.0);
+  EXPECT_EQ(two["counts"]["samples"], 4.0);
+  EXPECT_EQ(two["counts"]["tokens"], 32.0);
+  const double flops_one = one["counts"]["flops"].get<double>(), flops_two = two["counts"]["flops"].get<double>();
+  // One more micro-batch's forward and backward; the update runs once a step.
+  const json& per_sample = one["metrics"]["gflops_per_sample"];
+  const double pass = (per_sample["forward"].get<double>() + per_sample["backward"].get<double>()) * 1e9 * 2;
+  EXPECT_NEAR(flops_two - flops_one, pass, 1e-9 * pass);
+  const auto bad = run_points("train", {"model=tiny_gpt2", "batch=2", "seq=8", "accumulate=0", "trajectory_steps=1"});
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0]["status"], "invalid") << bad[0].dump();
+}
+
 TEST(Train, LanguageModelBatchBeyondMemoryIsOomAndTheSweepGoesOn) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer aborts on an allocation above 1 TiB instead of failing it";

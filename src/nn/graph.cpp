@@ -15,6 +15,8 @@ Graph::Graph(GraphBuilder&& builder) : s_(std::make_unique<State>()) {
   s_->nodes = std::move(b.nodes);
   s_->loss = b.loss;
   if (s_->options.training && s_->loss < 0) throw Error("a training graph needs a loss (GraphBuilder::set_loss)");
+  if (s_->options.micro_batches < 1)
+    throw UsageError("micro_batches must be at least 1, got " + std::to_string(s_->options.micro_batches));
   for (const auto& node : s_->nodes) s_->specs.push_back(node.op->parameters());
   s_->resolve_tied();
   s_->plan_gradients();
@@ -172,7 +174,7 @@ void Graph::State::plan_lifetimes() {
     for (std::size_t j = 0; j < specs[i].size(); ++j) {
       const ParamSpec& spec = specs[i][j];
       grad16_buffer[i].push_back(-1);
-      if (!runs_backward[i] || !has_copy(spec)) continue;
+      if (!runs_backward[i] || !stages_gradient(spec)) continue;
       if (tied(i, j)) {  // the owner's buffer, alive from this user's backward on
         const auto [on, os] = owner[i][j];
         const int buffer = grad16_buffer[static_cast<std::size_t>(on)][static_cast<std::size_t>(os)];

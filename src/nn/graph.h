@@ -43,6 +43,11 @@ struct GraphOptions {
   LossScaleRule loss_scale_rule;        // fp16
   Layout layout = Layout::nchw;
   bool training = true;        // plan backward and update; false plans an inference-only graph
+  // Gradient accumulation: a step runs forward and backward this many times (micro-batches, each
+  // on the inputs as they are then) and one update on the mean of their parameter gradients. Above
+  // 1, every trainable parameter's op writes a gradient of its own that backward adds into the f32
+  // master gradient (one more parameter-sized buffer under fp32 and tf32).
+  std::int64_t micro_batches = 1;
   std::uint64_t seed = 1;      // parameter initialisation
 };
 
@@ -163,12 +168,15 @@ class Graph {
   // casts each 16-bit parameter gradient into its f32 master gradient (fp16: then unscales and
   // checks every parameter gradient). update() steps the optimizer (fp16: skipped on the device
   // if a gradient was non-finite), refreshes the 16-bit copies and (fp16) updates the loss scale.
+  // With micro-batches (GraphOptions::micro_batches = n), a step is forward + backward(m) for m =
+  // 0..n-1, then update: backward(0) writes the master gradients, later ones add into them, and
+  // the last divides by n and alone hands gradients to data parallelism and unscales (fp16).
   void forward(bool training = true);
-  void backward();
+  void backward(std::int64_t micro_batch = 0);
   void update(Optimizer& optimizer);
 
-  // Records one whole step for replay with no host work: forward(true) + backward() +
-  // update(*optimizer) on a training graph, forward(false) for an inference graph or a null
+  // Records one whole step for replay with no host work: forward(true) + backward(m) for each
+  // micro-batch m, then update(*optimizer) on a training graph, forward(false) for an inference graph or a null
   // optimizer. Binds the optimizer first (a captured step must not allocate). Nothing runs at
   // capture; each replay() runs the step on the inputs then in place. Host values are frozen at
   // capture (the learning rate), and the graph, its kernels and the optimizer must outlive the

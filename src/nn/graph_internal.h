@@ -55,9 +55,15 @@ struct Graph::State {
     return owner[i][j] != std::pair<int, int>(static_cast<int>(i), static_cast<int>(j));
   }
   std::vector<std::vector<bool>> dparams_accumulate;  // per node and spec (OpTensors::dparams_accumulate)
-  // Per node and parameter: the 16-bit gradient an op writes for a 16-bit copy, an arena buffer
-  // alive for that op's backward step only (cast into the f32 master gradient at once); -1: none.
+  // Per node and parameter: the gradient an op writes where it is staged (stages_gradient): an
+  // arena buffer kept to the end of backward and cast (or, over micro-batches, added) into the f32
+  // master gradient; -1: none.
   std::vector<std::vector<int>> grad16_buffer;
+  // The op writes a staged gradient rather than the master: a 16-bit copy's, and every trainable
+  // parameter's when micro-batches accumulate into the masters.
+  bool stages_gradient(const ParamSpec& spec) const {
+    return spec.trainable() && (is_16bit(spec.dtype) || options.micro_batches > 1);
+  }
   std::vector<BufferLifetime> lifetimes;
   MemoryPlan plan;
 
@@ -93,7 +99,7 @@ struct Graph::State {
   std::vector<int> share_passed_gradients();  // per value: the value whose gradient buffer it uses
   // The step, on State so that a captured step does not depend on where the Graph object lives.
   void run_forward(bool training);
-  void run_backward();
+  void run_backward(std::int64_t micro_batch);
   void run_update(Optimizer& optimizer);
   // A profiled op's seconds per call: its launches captured once (a CUDA graph on a GPU) and the
   // replays timed back to back, so the figure is what the op costs inside a captured step, not the

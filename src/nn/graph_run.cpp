@@ -174,7 +174,7 @@ void Graph::bind(Kernels& kernels) {
         grad_offset += align_up(p.grad.size_bytes());
       }
       t.params[j] = p.copy.defined() ? p.copy : p.value;
-      if (p.copy.defined())  // the op writes the 16-bit gradient; backward casts it into p.grad
+      if (s.stages_gradient(spec))  // the op writes its own gradient; backward casts (adds) it into p.grad
         t.dparams[j] = s.view_of(s.grad16_buffer[i][j], read_descs[i][j]);
       else
         t.dparams[j] = p.grad.defined() ? p.grad : read_descs[i][j];
@@ -287,7 +287,7 @@ double Graph::State::time_op(const std::function<void()>& body) {
 }
 
 void Graph::forward(bool training) { s_->run_forward(training); }
-void Graph::backward() { s_->run_backward(); }
+void Graph::backward(std::int64_t micro_batch) { s_->run_backward(micro_batch); }
 void Graph::update(Optimizer& optimizer) { s_->run_update(optimizer); }
 
 void Graph::State::run_forward(bool training) {
@@ -302,9 +302,12 @@ void Graph::State::run_forward(bool training) {
   }
 }
 
-void Graph::State::run_backward() {
+void Graph::State::run_backward(std::int64_t micro_batch) {
   Kernels& kk = k();
   if (!options.training) throw Error("backward on an inference graph");
+  const std::int64_t micros = options.micro_batches;
+  if (micro_batch < 0 || micro_batch >= micros)
+    throw Error("backward: micro-batch " + std::to_string(micro_batch) + " of " + std::to_string(micros));
   const auto loss_id = static_cast<std::size_t>(loss);
   if (grad_buffer[loss_id] < 0) return;  // nothing trainable
   // The seed is a device copy of the scale, not a host value, so a captured step keeps scaling.
@@ -313,11 +316,16 @@ void Graph::State::run_backward() {
     kk.cast(scale, dloss);
   else
     kk.fill(dloss, 1.0);
-  if (gradient_sync != nullptr) gradient_sync->begin();
-  // 16-bit parameter gradients are widened into their f32 masters as each op finishes where data
+  // The last micro-batch completes the gradients: the mean over the micro-batches, then data
+  // parallelism's hand-over and fp16's unscale.
+  const bool last = micro_batch == micros - 1;
+  const CastManyMode widen{.accumulate = micro_batch > 0, .scale = last ? 1.0 / static_cast<double>(micros) : 1.0};
+  GradientSync* sync = last ? gradient_sync : nullptr;
+  if (sync != nullptr) sync->begin();
+  // Staged parameter gradients are widened into their f32 masters as each op finishes where data
   // parallelism hands each gradient on at once (and where each op is timed with its casts); else
   // all in one call after backward (GPT-2: one launch for 148 tensors).
-  const bool cast_each = gradient_sync != nullptr || profiling;
+  const bool cast_each = sync != nullptr || profiling;
   std::vector<Tensor> wide_from, wide_to;
   for (std::size_t i = n(); i-- > 0;) {
     if (!runs_backward[i]) continue;
@@ -328,11 +336,13 @@ void Graph::State::run_backward() {
       for (std::size_t j = 0; j < specs[i].size(); ++j) {
         if (grad16_buffer[i][j] < 0 || tied(i, j)) continue;
         const Tensor& wide = params[param_index[i][j]].grad;
-        if (cast_each) {
-          kk.cast(bound[i].dparams[j], wide);
-        } else {
+        if (!cast_each) {
           wide_from.push_back(bound[i].dparams[j]);
           wide_to.push_back(wide);
+        } else if (widen.plain()) {
+          kk.cast(bound[i].dparams[j], wide);
+        } else {
+          kk.cast_many({bound[i].dparams[j]}, {wide}, widen);
         }
       }
     };
@@ -340,13 +350,13 @@ void Graph::State::run_backward() {
       backward_s[i] = time_op(body);
     else
       body();
-    if (gradient_sync != nullptr)
+    if (sync != nullptr)
       for (std::size_t j = 0; j < specs[i].size(); ++j)
-        if (specs[i][j].trainable() && !tied(i, j)) gradient_sync->ready(param_index[i][j]);
+        if (specs[i][j].trainable() && !tied(i, j)) sync->ready(param_index[i][j]);
   }
-  if (!wide_from.empty()) kk.cast_many(wide_from, wide_to);
-  if (gradient_sync != nullptr) gradient_sync->finish();
-  if (loss_scaling())
+  if (!wide_from.empty()) kk.cast_many(wide_from, wide_to, widen);
+  if (sync != nullptr) sync->finish();
+  if (loss_scaling() && last)
     for (std::size_t i = 0; i < n(); ++i) {
       if (!runs_backward[i]) continue;
       for (std::size_t j = 0; j < specs[i].size(); ++j)
@@ -375,8 +385,10 @@ std::unique_ptr<Replayable> Graph::capture_step(Optimizer* optimizer) {
   State* state = &s;
   return k.capture([state, optimizer, train] {
     if (!train) return state->run_forward(false);
-    state->run_forward(true);
-    state->run_backward();
+    for (std::int64_t m = 0; m < state->options.micro_batches; ++m) {
+      state->run_forward(true);
+      state->run_backward(m);
+    }
     state->run_update(*optimizer);
   });
 }

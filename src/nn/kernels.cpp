@@ -18,10 +18,13 @@ void Kernels::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& 
   bias_activation_forward(y, bias, residual, y, relu);
 }
 
-void Kernels::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts) {
+void Kernels::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts, const CastManyMode& mode) {
   if (srcs.size() != dsts.size())
     throw Error("cast_many: " + std::to_string(srcs.size()) + " sources for " + std::to_string(dsts.size()) +
                 " destinations");
+  if (!mode.plain())
+    throw Unsupported(std::string(name()) + " kernels: cast_many that accumulates or scales (gradient "
+                      "accumulation) is not implemented");
   for (std::size_t i = 0; i < srcs.size(); ++i) cast(srcs[i], dsts[i]);
 }
 

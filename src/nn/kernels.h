@@ -112,6 +112,14 @@ struct AttentionDesc {
   Tensor key_lengths{};
 };
 
+// cast_many's write: the micro-batches of an accumulated step add into the f32 master gradients
+// (accumulate) and the last takes their mean (scale = 1 / micro-batches).
+struct CastManyMode {
+  bool accumulate = false;
+  double scale = 1.0;
+  bool plain() const { return !accumulate && scale == 1.0; }
+};
+
 // AdamW (Loshchilov & Hutter 2019; PyTorch's AdamW and llm.c's update): with g' = g * clip,
 // m = beta1 m + (1 - beta1) g';  v = beta2 v + (1 - beta2) g'^2;
 // w -= lr * (m / (1 - beta1^step) / (sqrt(v / (1 - beta2^step)) + epsilon) + weight_decay * w).
@@ -369,8 +377,12 @@ class Kernels {
   // found_nonfinite for the next step.
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
   // cast(srcs[i], dsts[i]) for every i, in as few launches as the backend can (a step's 16-bit
-  // parameter gradients into their f32 masters: 148 tensors in GPT-2). The default casts one by one.
-  virtual void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts);
+  // parameter gradients into their f32 masters: 148 tensors in GPT-2). The default casts one by
+  // one. With a mode other than the default (gradient accumulation's micro-batches summed into
+  // the masters), dsts[i] = scale * (accumulate ? dsts[i] + srcs[i] : srcs[i]) with f32 dsts and
+  // f32, f16 or bf16 srcs, contiguous; the default refuses it as Unsupported.
+  virtual void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
+                         const CastManyMode& mode = {});
   virtual void unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) = 0;
   virtual void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
                                  const Tensor& found_nonfinite) = 0;

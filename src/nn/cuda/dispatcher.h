@@ -241,8 +241,9 @@ class CudaKernels final : public Kernels {
   void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out) override {
     transformer_.sum_squares(tensors, out);
   }
-  void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts) override {
-    transformer_.cast_many(srcs, dsts, [this](const Tensor& s, const Tensor& d) { cast(s, d); });
+  void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
+                 const CastManyMode& mode = {}) override {
+    transformer_.cast_many(srcs, dsts, mode, [this](const Tensor& s, const Tensor& d) { cast(s, d); });
   }
   void adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v) override {
     transformer_.adamw_update(s, w, g, m, v);

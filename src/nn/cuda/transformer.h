@@ -36,7 +36,12 @@ struct WidenTensor {
   float* dst;
   std::int64_t n;
 };
-void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& tensors);
+// dst = scale * (accumulate ? dst + src : src), computed in f32.
+struct WidenMode {
+  bool accumulate = false;
+  float scale = 1.0f;
+};
+void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& tensors, WidenMode mode = {});
 
 // ---- column sums (column_sums.cu): sums[c] = the sum over rows of x[:, c]; x [rows, cols] of
 // dtype t with row stride ld, sums [cols] of t. Scratch: f32 partials, up to

@@ -143,23 +143,30 @@ void TransformerEngine::sum_squares(const std::vector<Tensor>& tensors, const Te
 }
 
 void TransformerEngine::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
+                                  const CastManyMode& mode,
                                   const std::function<void(const Tensor&, const Tensor&)>& cast_one) {
   if (srcs.size() != dsts.size())
     throw Error("cuda cast_many: " + std::to_string(srcs.size()) + " sources for " + std::to_string(dsts.size()) +
                 " destinations");
-  std::vector<tx::WidenTensor> bf16, f16;
+  std::vector<tx::WidenTensor> bf16, f16, f32;
   for (std::size_t i = 0; i < srcs.size(); ++i) {
     const Tensor &s = srcs[i], &d = dsts[i];
-    const bool widen = (s.dtype == DType::bf16 || s.dtype == DType::f16) && d.dtype == DType::f32 &&
+    const bool narrow = s.dtype == DType::bf16 || s.dtype == DType::f16;
+    const bool widen = (narrow || (s.dtype == DType::f32 && !mode.plain())) && d.dtype == DType::f32 &&
                        s.is_contiguous() && d.is_contiguous() && s.numel() == d.numel() && s.layout == d.layout;
     if (!widen) {
+      if (!mode.plain())
+        throw Unsupported("cuda cast_many: accumulating or scaling takes contiguous f32, f16 or bf16 sources into "
+                          "f32 of as many elements, got " + s.to_string() + " into " + d.to_string());
       cast_one(s, d);
       continue;
     }
-    (s.dtype == DType::bf16 ? bf16 : f16).push_back({s.data, d.as<float>(), s.numel()});
+    (s.dtype == DType::bf16 ? bf16 : s.dtype == DType::f16 ? f16 : f32).push_back({s.data, d.as<float>(), s.numel()});
   }
-  if (!bf16.empty()) tx::widen_many(ctx_.stream, DType::bf16, bf16);
-  if (!f16.empty()) tx::widen_many(ctx_.stream, DType::f16, f16);
+  const tx::WidenMode wide{.accumulate = mode.accumulate, .scale = static_cast<float>(mode.scale)};
+  if (!bf16.empty()) tx::widen_many(ctx_.stream, DType::bf16, bf16, wide);
+  if (!f16.empty()) tx::widen_many(ctx_.stream, DType::f16, f16, wide);
+  if (!f32.empty()) tx::widen_many(ctx_.stream, DType::f32, f32, wide);
 }
 
 void TransformerEngine::adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m,

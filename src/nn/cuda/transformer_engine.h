@@ -37,9 +37,10 @@ class TransformerEngine {
   void gelu_forward(const Tensor& x, const Tensor& y);
   void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate);
   void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out);
-  // The contiguous f16 -> f32 and bf16 -> f32 pairs in one launch per 256 (widen_many); any other
-  // pair through `cast_one` (the pointwise family's cast).
-  void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
+  // The contiguous f16 -> f32 and bf16 -> f32 pairs (and f32 -> f32 ones where `mode` accumulates
+  // or scales) in one launch per 256 (widen_many); with the plain mode any other pair through
+  // `cast_one` (the pointwise family's cast), else Unsupported.
+  void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts, const CastManyMode& mode,
                  const std::function<void(const Tensor&, const Tensor&)>& cast_one);
   void adamw_update(const AdamWStep& s, const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v);
   void adamw_update_many(const AdamWStep& s, const std::vector<AdamWTensors>& params);

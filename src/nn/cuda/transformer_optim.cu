@@ -98,24 +98,31 @@ struct WidenBatch {
 };
 static_assert(sizeof(WidenBatch) < 32000, "kernel parameters are limited to 32,764 bytes");
 
-template <typename S>
-__global__ void __launch_bounds__(kThreads) widen_kernel(const WidenBatch batch) {
+template <typename S, bool kPlain>
+__global__ void __launch_bounds__(kThreads) widen_kernel(const WidenBatch batch, const WidenMode mode) {
   const int64_t chunks = batch.first_chunk[batch.count];
+  // The plain widening stores; an accumulated or scaled one reads the destination too.
+  const auto out = [&](float old_value, float v) {
+    return kPlain ? v : mode.scale * (mode.accumulate ? old_value + v : v);
+  };
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const int k = tensor_of<kWidenPerLaunch>(batch.first_chunk, batch.count, chunk);
     const int64_t begin = (chunk - batch.first_chunk[k]) * kChunk, end = std::min(begin + kChunk, batch.n[k]);
     const S* src = static_cast<const S*>(batch.src[k]);
     float* dst = batch.dst[k];
-    const bool vector_ok = aligned(src, 8) && aligned(dst, 16);
+    const bool vector_ok = aligned(src, 4 * sizeof(S) >= 16 ? 16 : 8) && aligned(dst, 16);
     int64_t i = begin + int64_t{threadIdx.x} * 4;
     if (vector_ok)
       for (; i + 4 <= end; i += int64_t{blockDim.x} * 4) {
         const Chunk<S, 4> v = load<4>(src, i);
-        *reinterpret_cast<float4*>(dst + i) =
-            make_float4(to_f32(v.v[0]), to_f32(v.v[1]), to_f32(v.v[2]), to_f32(v.v[3]));
+        float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (!kPlain && mode.accumulate) d = *reinterpret_cast<const float4*>(dst + i);
+        *reinterpret_cast<float4*>(dst + i) = make_float4(out(d.x, to_f32(v.v[0])), out(d.y, to_f32(v.v[1])),
+                                                          out(d.z, to_f32(v.v[2])), out(d.w, to_f32(v.v[3])));
       }
     for (; i < end; i += int64_t{blockDim.x} * 4)
-      for (int64_t j = i; j < std::min(i + 4, end); ++j) dst[j] = to_f32(src[j]);
+      for (int64_t j = i; j < std::min(i + 4, end); ++j)
+        dst[j] = out(!kPlain && mode.accumulate ? dst[j] : 0.f, to_f32(src[j]));
   }
 }
 
@@ -388,7 +395,8 @@ void sum_squares(cudaStream_t stream, const std::vector<SquaresTensor>& tensors,
   check_launch("sum_squares total");
 }
 
-void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& tensors) {
+void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& tensors, WidenMode mode) {
+  const bool plain = !mode.accumulate && mode.scale == 1.0f;
   for (std::size_t first = 0; first < tensors.size(); first += kWidenPerLaunch) {
     WidenBatch batch{};
     for (std::size_t i = first; i < std::min(tensors.size(), first + kWidenPerLaunch); ++i, ++batch.count) {
@@ -400,8 +408,14 @@ void widen_many(cudaStream_t stream, DType t, const std::vector<WidenTensor>& te
     }
     const auto grid = static_cast<unsigned>(std::min<int64_t>(batch.first_chunk[batch.count], 4 * 132));
     if (grid == 0) continue;
-    if (t == DType::bf16) widen_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(batch);
-    else widen_kernel<__half><<<grid, kThreads, 0, stream>>>(batch);
+    const auto launch = [&](auto tag) {
+      using S = decltype(tag);
+      if (plain) widen_kernel<S, true><<<grid, kThreads, 0, stream>>>(batch, mode);
+      else widen_kernel<S, false><<<grid, kThreads, 0, stream>>>(batch, mode);
+    };
+    if (t == DType::bf16) launch(__nv_bfloat16{});
+    else if (t == DType::f16) launch(__half{});
+    else launch(float{});
     check_launch("cast_many");
   }
 }

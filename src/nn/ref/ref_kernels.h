@@ -232,6 +232,8 @@ class RefKernels : public Kernels {
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
 
   void cast(const Tensor& src, const Tensor& dst) override;
+  void cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
+                 const CastManyMode& mode = {}) override;
   void unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) override;
   void update_loss_scale(const LossScaleRule& rule, const Tensor& scale, const Tensor& good_steps,
                          const Tensor& found_nonfinite) override;

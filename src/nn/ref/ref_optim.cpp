@@ -83,6 +83,23 @@ void RefKernels::cast(const Tensor& src, const Tensor& dst) {
   for (std::int64_t i = 0; i < src.numel(); ++i) store(dst, i, load(src, i));
 }
 
+void RefKernels::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
+                           const CastManyMode& mode) {
+  if (mode.plain()) return Kernels::cast_many(srcs, dsts);
+  if (deferred([=, this] { cast_many(srcs, dsts, mode); })) return;
+  if (srcs.size() != dsts.size())
+    throw Error("ref cast_many: " + std::to_string(srcs.size()) + " sources for " + std::to_string(dsts.size()) +
+                " destinations");
+  for (std::size_t t = 0; t < srcs.size(); ++t) {
+    const Tensor &src = srcs[t], &dst = dsts[t];
+    if (!(src.shape == dst.shape) || !src.is_contiguous() || !dst.is_contiguous())
+      throw Unsupported("ref cast_many: operands must be contiguous with one shape (" + src.to_string() + " vs " +
+                        dst.to_string() + ")");
+    for (std::int64_t i = 0; i < src.numel(); ++i)
+      store(dst, i, mode.scale * (mode.accumulate ? load(dst, i) + load(src, i) : load(src, i)));
+  }
+}
+
 void RefKernels::unscale_and_check(const Tensor& g, const Tensor& scale, const Tensor& found_nonfinite) {
   if (deferred([=, this] { unscale_and_check(g, scale, found_nonfinite); })) return;
   require_scalar("unscale_and_check", "scale", scale, DType::f32);

@@ -89,6 +89,7 @@ struct TrainPoint {
   std::optional<backend::AveragerEngine> comm_engine;  // nullopt: auto
   bool use_graph = true, profile = false, strong = false;
   std::int64_t gpus = 1;
+  std::int64_t accumulate = 1;  // micro-batches per optimizer step
   double bucket_mib = 25;
 };
 
@@ -104,6 +105,7 @@ TrainPoint parse_point(const State& state) {
   p.profile = state.get_text("profile") == "on";
   p.strong = state.get_text("scaling") == "strong";
   p.gpus = state.get_int("gpus");
+  p.accumulate = state.get_int("accumulate");
   p.bucket_mib = state.get_real("bucket_mib");
   return p;
 }
@@ -160,8 +162,8 @@ std::string skip_reason(const backend::DeviceInfo& device, const TrainPoint& p, 
 
 // What a rank trains with: the model and its data, the bound graph, the optimizer, the step.
 struct Trainer {
-  ModelSpec spec;  // spec.batch: this rank's share
-  std::int64_t global_batch = 0;
+  ModelSpec spec;  // spec.batch: this rank's share of one micro-batch
+  std::int64_t global_batch = 0;  // the samples one optimizer step trains on, over every rank and micro-batch
   std::unique_ptr<nn::Kernels> kernels;
   std::unique_ptr<nn::Graph> graph;
   std::unique_ptr<nn::Optimizer> opt;
@@ -171,8 +173,10 @@ struct Trainer {
   std::function<void()> step = [] {};  // the step as timed; idle ranks of a scaling sweep take no part
   bool scaled() const { return spec.precision == Precision::fp16; }  // dynamic loss scaling
   void eager_step() {
-    graph->forward();
-    graph->backward();
+    for (std::int64_t m = 0; m < graph->options().micro_batches; ++m) {
+      graph->forward();
+      graph->backward(m);
+    }
     graph->update(*opt);
   }
 };
@@ -209,9 +213,9 @@ class Train final : public Workload {
  private:
   static void validate(const State& state, const TrainPoint& p, const TrainOptions& o) {
     o.validate();
-    if (p.asked.batch < 1 || p.asked.image_px < 1 || p.asked.seq < 0 || p.gpus < 1 || !(p.bucket_mib > 0) ||
-        !std::isfinite(p.bucket_mib))
-      throw UsageError("train needs batch, image_size, gpus >= 1, seq >= 0 and bucket_mib > 0 (got " +
+    if (p.asked.batch < 1 || p.asked.image_px < 1 || p.asked.seq < 0 || p.gpus < 1 || p.accumulate < 1 ||
+        !(p.bucket_mib > 0) || !std::isfinite(p.bucket_mib))
+      throw UsageError("train needs batch, image_size, gpus, accumulate >= 1, seq >= 0 and bucket_mib > 0 (got " +
                        state.point().label() + ")");
   }
 
@@ -223,15 +227,17 @@ class Train final : public Workload {
     const bool has_batchnorm = !is_compression_model(t.spec.model) && !is_language_model(t.spec.model);
     t.spec.fuse_batchnorm_relu = p.fuse == "on" || (p.fuse == "auto" && has_batchnorm);
     if (p.strong) t.spec.batch = p.asked.batch / p.gpus;
-    t.global_batch = t.spec.batch * p.gpus;
+    t.global_batch = t.spec.batch * p.gpus * p.accumulate;
     ranks.together([&] {
-      nn::GraphBuilder builder(graph_options(t.spec));
+      nn::GraphOptions options = graph_options(t.spec);
+      options.micro_batches = p.accumulate;
+      nn::GraphBuilder builder(options);
       t.model = build_zoo_model(builder, t.spec);
       // Kernels before the graph and optimizer: their memory comes from its allocator.
       t.kernels = nn::make_device_kernels(state.backend());
       t.graph = std::make_unique<nn::Graph>(std::move(builder));
       t.opt = make_optimizer(resolved_optimizer(p.optimizer, t.model), o.lr, t.global_batch, t.model.compression);
-      set_counts_and_plan_metrics(state, *t.graph, *t.opt, t.spec, p.gpus);
+      set_counts_and_plan_metrics(state, *t.graph, *t.opt, t.spec, p.gpus, p.accumulate);
       state.add_metric("optimizer", std::string(t.opt->name()));
       state.add_metric("learning_rate", t.opt->learning_rate());
       t.graph->bind(*t.kernels);
@@ -355,16 +361,20 @@ class Train final : public Workload {
   }
 
   static void set_counts_and_plan_metrics(State& state, const nn::Graph& g, const nn::Optimizer& opt,
-                                          const ModelSpec& spec, std::int64_t gpus) {
+                                          const ModelSpec& spec, std::int64_t gpus, std::int64_t accumulate) {
     const std::int64_t params = g.parameter_count();
-    double bytes = static_cast<double>(opt.bytes(params, 4));  // fp32 master weights, gradients, velocity
-    for (const auto& op : g.report()) bytes += static_cast<double>(op.forward_bytes + op.backward_bytes);
+    const auto micros = static_cast<double>(accumulate);
+    double pass_bytes = 0;
+    for (const auto& op : g.report()) pass_bytes += static_cast<double>(op.forward_bytes + op.backward_bytes);
+    // fp32 master weights, gradients, moments once a step; each micro-batch's forward and backward.
+    const double bytes = static_cast<double>(opt.bytes(params, 4)) + pass_bytes * micros;
     const auto fwd = static_cast<double>(g.forward_flops()), bwd = static_cast<double>(g.backward_flops());
     const auto batch = static_cast<double>(spec.batch), ranks = static_cast<double>(gpus);
     // An iteration is one step of every rank: the global batch's samples, FLOPs and bytes.
-    const double tokens = is_language_model(spec.model) ? batch * static_cast<double>(spec.seq) * ranks : 0.0;
-    state.set_counts(
-        {batch * ranks, (fwd + bwd + static_cast<double>(opt.flops(params))) * ranks, bytes * ranks, "FLOP", tokens});
+    const double samples = batch * ranks * micros;
+    const double tokens = is_language_model(spec.model) ? samples * static_cast<double>(spec.seq) : 0.0;
+    state.set_counts({samples, ((fwd + bwd) * micros + static_cast<double>(opt.flops(params))) * ranks, bytes * ranks,
+                      "FLOP", tokens});
     // The ceiling is one GPU's: only a one-GPU point is placed against it.
     if (gpus == 1) state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
     const auto& plan = g.memory_plan();
@@ -394,6 +404,13 @@ std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
         {"auto", "sgd", "lars", "adamw"},
         "SGD with momentum, LARS (MLPerf's ResNet), or AdamW (GPT-2's, gradient norm clipped to 1); auto = AdamW "
         "for language models, else SGD"},
+       {"accumulate",
+        AxisKind::integer,
+        one("1"),
+        {},
+        "micro-batches per optimizer step (gradient accumulation): each forward and backward runs `batch` samples "
+        "(per GPU), the update steps once on the mean of their gradients, so a step trains on batch x accumulate "
+        "(x gpus) samples"},
        {"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the step as one captured graph (CUDA graph)"},
        // auto: on for the ResNets (checked on an H200 and faster there, bench/HISTORY.md), off for
        // models without batch norm, which refuse an explicit on.
