@@ -234,9 +234,12 @@ TEST_F(CudaTransformer, EmbeddingMatchesTheReferenceAndItsBackwardIsDeterministi
 
 // ---- LayerNorm
 
-void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows, int64_t channels, bool accumulate) {
-  SCOPED_TRACE(std::string(to_string(act)) + " x, " + std::string(to_string(param_t)) + " parameters, " +
-               std::to_string(rows) + " x " + std::to_string(channels));
+// LayerNorm, or (rms) RMSNorm: no mean, no beta.
+void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows, int64_t channels, bool accumulate,
+                     bool rms = false) {
+  SCOPED_TRACE(std::string(rms ? "RMSNorm, " : "LayerNorm, ") + std::string(to_string(act)) + " x, " +
+               std::string(to_string(param_t)) + " parameters, " + std::to_string(rows) + " x " +
+               std::to_string(channels));
   auto& x = t.random(act, {rows, channels}, -2, 3);
   auto& gamma = t.random(param_t, {channels}, 0.5, 1.5);
   auto& beta = t.random(param_t, {channels}, -0.5, 0.5);
@@ -244,12 +247,17 @@ void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows,
   auto& mean = t.random(DType::f32, {rows});
   auto& rstd = t.random(DType::f32, {rows});
   const LayerNormDesc d{.epsilon = 1e-5};
-  t.cuda().layernorm_forward(d, x.dev, gamma.dev, beta.dev, y.dev, mean.dev, rstd.dev);
-  t.ref().layernorm_forward(d, x.ref, gamma.ref, beta.ref, y.ref, mean.ref, rstd.ref);
+  if (rms) {
+    t.cuda().rmsnorm_forward(d, x.dev, gamma.dev, y.dev, rstd.dev);
+    t.ref().rmsnorm_forward(d, x.ref, gamma.ref, y.ref, rstd.ref);
+  } else {
+    t.cuda().layernorm_forward(d, x.dev, gamma.dev, beta.dev, y.dev, mean.dev, rstd.dev);
+    t.ref().layernorm_forward(d, x.ref, gamma.ref, beta.ref, y.ref, mean.ref, rstd.ref);
+  }
   const double x_max = max_abs(CudaTransformer::want(x));
   // f32 sums of C terms (a lane's share, then the warp's butterfly): (C / 32 + 5) roundings.
   const double sum_err = (static_cast<double>(channels) / 32 + 5) * kF32Eps;
-  expect_close(t.got(mean), CudaTransformer::want(mean), 0, {sum_err * x_max}, "mean");
+  if (!rms) expect_close(t.got(mean), CudaTransformer::want(mean), 0, {sum_err * x_max}, "mean");
   expect_close(t.got(rstd), CudaTransformer::want(rstd), 4 * sum_err + 4 * kF32Eps, {0.0}, "rstd");
   const double y_max = max_abs(CudaTransformer::want(y));
   expect_close(t.got(y), CudaTransformer::want(y), rounding(act), {20 * sum_err * y_max}, "y");
@@ -260,8 +268,18 @@ void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows,
   auto& dx = t.random(act, {rows, channels});
   auto& dgamma = t.random(param_t, {channels});
   auto& dbeta = t.random(param_t, {channels});
-  t.cuda().layernorm_backward(x.dev, dy.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, accumulate, dgamma.dev, dbeta.dev);
-  t.ref().layernorm_backward(x.ref, dy.ref, gamma.ref, mean.ref, rstd.ref, dx.ref, accumulate, dgamma.ref, dbeta.ref);
+  const auto backward = [&](bool acc) {
+    if (rms)
+      t.cuda().rmsnorm_backward(x.dev, dy.dev, gamma.dev, rstd.dev, dx.dev, acc, dgamma.dev);
+    else
+      t.cuda().layernorm_backward(x.dev, dy.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, acc, dgamma.dev, dbeta.dev);
+  };
+  backward(accumulate);
+  if (rms)
+    t.ref().rmsnorm_backward(x.ref, dy.ref, gamma.ref, rstd.ref, dx.ref, accumulate, dgamma.ref);
+  else
+    t.ref().layernorm_backward(x.ref, dy.ref, gamma.ref, mean.ref, rstd.ref, dx.ref, accumulate, dgamma.ref,
+                               dbeta.ref);
   const double dx_max = max_abs(CudaTransformer::want(dx));
   expect_close(t.got(dx), CudaTransformer::want(dx), rounding(act), {40 * sum_err * dx_max}, "dx");
   // dgamma, dbeta: f32 sums over every row (lanes, warps, blocks, the second stage) bounded by the
@@ -271,7 +289,8 @@ void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows,
   std::vector<double> gamma_mag(sz(channels)), beta_mag(sz(channels));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < channels; ++c) {
-      const double g = dyv[sz(r * channels + c)], xhat = (xv[sz(r * channels + c)] - mv[sz(r)]) * rv[sz(r)];
+      const double g = dyv[sz(r * channels + c)];
+      const double xhat = (xv[sz(r * channels + c)] - (rms ? 0.0 : mv[sz(r)])) * rv[sz(r)];
       gamma_mag[sz(c)] += std::abs(g * xhat);
       beta_mag[sz(c)] += std::abs(g);
     }
@@ -279,11 +298,11 @@ void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows,
   for (auto& b : gamma_mag) b *= reduction_terms * kF32Eps;
   for (auto& b : beta_mag) b *= reduction_terms * kF32Eps;
   expect_close(t.got(dgamma), CudaTransformer::want(dgamma), rounding(param_t), gamma_mag, "dgamma");
-  expect_close(t.got(dbeta), CudaTransformer::want(dbeta), rounding(param_t), beta_mag, "dbeta");
+  if (!rms) expect_close(t.got(dbeta), CudaTransformer::want(dbeta), rounding(param_t), beta_mag, "dbeta");
   if (accumulate) return;
   // Fixed-order sums: a second run gives the same bits.
   const std::vector<double> dx_first = t.got(dx), dgamma_first = t.got(dgamma), dbeta_first = t.got(dbeta);
-  t.cuda().layernorm_backward(x.dev, dy.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, false, dgamma.dev, dbeta.dev);
+  backward(false);
   EXPECT_TRUE(t.got(dx) == dx_first) << "dx differs between two runs";
   EXPECT_TRUE(t.got(dgamma) == dgamma_first) << "dgamma differs between two runs";
   EXPECT_TRUE(t.got(dbeta) == dbeta_first) << "dbeta differs between two runs";
@@ -298,6 +317,15 @@ TEST_F(CudaTransformer, LayerNormMatchesTheReferenceBothWays) {
     check_layernorm(*this, act, DType::f32, 333, 320, false);  // a lane's last chunk partly past C
   }
   check_layernorm(*this, DType::bf16, DType::f32, 1027, 1024, false);  // BERT-large's C
+}
+
+TEST_F(CudaTransformer, RmsNormMatchesTheReferenceBothWays) {
+  SCOPED_TRACE(trace());
+  for (const DType act : kActivationTypes) {
+    check_layernorm(*this, act, DType::f32, 5, 20, false, /*rms=*/true);
+    check_layernorm(*this, act, act, 9, 64, true, true);
+    check_layernorm(*this, act, DType::f32, 4099, 4096, true, true);  // a Llama-7B width
+  }
 }
 
 // ---- GELU
@@ -355,6 +383,31 @@ TEST_F(CudaTransformer, CastManyAccumulatesAndScalesIntoF32) {
   }
   EXPECT_THROW(cuda().cast_many({from[0]->dev}, {from[1]->dev}, CastManyMode{.accumulate = true}), Unsupported)
       << "a 16-bit destination";
+}
+
+// Dropout: the device drops exactly the elements the reference drops (one hash, dropout_mask.h),
+// scales the rest within the dtype's rounding, and backward reuses the mask (accumulating too).
+TEST_F(CudaTransformer, DropoutDropsTheReferencesElementsBothWays) {
+  SCOPED_TRACE(trace());
+  for (const DType act : {DType::f32, DType::bf16, DType::f16})
+    for (const int64_t n : {int64_t{7}, int64_t{4099}, int64_t{(1 << 20) + 8}}) {
+      SCOPED_TRACE(std::string(to_string(act)) + ", " + std::to_string(n) + " elements");
+      auto& x = random(act, {n}, 0.5, 1.5);
+      auto& y = random(act, {n});
+      auto& counter = ints({1}, {11});
+      const DropoutDesc d{.probability = 0.1, .seed = 77};
+      cuda().dropout_forward(d, x.dev, y.dev, counter.dev);
+      ref().dropout_forward(d, x.ref, y.ref, counter.ref);
+      const std::vector<double> gy = got(y), wy = want(y);
+      for (std::size_t i = 0; i < gy.size(); ++i)
+        ASSERT_EQ(gy[i] == 0.0, wy[i] == 0.0) << "element " << i << ": the masks differ";
+      expect_close(gy, wy, rounding(act), {0.0}, "y");
+      auto& dy = random(act, {n}, 0.5, 1.5);
+      auto& dx = random(act, {n});
+      cuda().dropout_backward(d, dy.dev, dx.dev, counter.dev, /*accumulate=*/true);
+      ref().dropout_backward(d, dy.ref, dx.ref, counter.ref, true);
+      expect_close(got(dx), want(dx), 2 * rounding(act), {0.0}, "dx");
+    }
 }
 
 TEST_F(CudaTransformer, GeluMatchesTheReferenceBothWaysAndInPlace) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -110,6 +111,116 @@ TEST(TransformerRef, LayerNormMatchesTheFormulaAndFiniteDifferences) {
   expect_gradient(x, added, loss, "dx");
   expect_gradient(gamma, read_host(dgamma), loss, "dgamma");
   expect_gradient(beta, read_host(dbeta), loss, "dbeta");
+}
+
+TEST(TransformerRef, RmsNormMatchesTheFormulaAndFiniteDifferences) {
+  Tensors t;
+  SCOPED_TRACE("seed " + std::to_string(t.seed()));
+  const std::int64_t rows = 4, channels = 9;
+  const Tensor x = t.random(DType::f64, {rows, channels}, -2, 2), gamma = t.random(DType::f64, {channels}, 0.5, 1.5);
+  const Tensor y = t.zeros(DType::f64, {rows, channels}), rstd = t.zeros(DType::f64, {rows});
+  const LayerNormDesc d{.epsilon = 1e-6};
+  t.k().rmsnorm_forward(d, x, gamma, y, rstd);
+  const std::vector<double> xv = read_host(x), gv = read_host(gamma), yv = read_host(y);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double squares = 0;
+    for (std::int64_t c = 0; c < channels; ++c) squares += std::pow(xv[sz(r * channels + c)], 2) / channels;
+    const double inv = 1 / std::sqrt(squares + 1e-6);
+    EXPECT_NEAR(read_host(rstd)[sz(r)], inv, 1e-12);
+    for (std::int64_t c = 0; c < channels; ++c)
+      EXPECT_NEAR(yv[sz(r * channels + c)], xv[sz(r * channels + c)] * inv * gv[sz(c)], 1e-12);
+  }
+  const std::vector<double> r = t.draw(rows * channels, -1, 1);
+  const Tensor dy = t.make(DType::f64, {rows, channels}, r);
+  const Tensor dx = t.random(DType::f64, {rows, channels}), dgamma = t.zeros(DType::f64, {channels});
+  t.k().rmsnorm_backward(x, dy, gamma, rstd, dx, /*accumulate=*/false, dgamma);
+  const auto loss = [&] {
+    t.k().rmsnorm_forward(d, x, gamma, y, rstd);
+    return dot(read_host(y), r);
+  };
+  expect_gradient(x, read_host(dx), loss, "dx");
+  expect_gradient(gamma, read_host(dgamma), loss, "dgamma");
+}
+
+TEST(TransformerRef, RmsNormOpHasNoShiftAndKeepsOneStatistic) {
+  const auto op = LayerNorm::rms("norm");
+  GraphOptions o;
+  o.training = false;
+  GraphBuilder b(o);
+  const Value x = b.input("x", Shape{5, 16});
+  b.add1(LayerNorm::rms("norm"), {x});
+  EXPECT_EQ(op->kind(), "rmsnorm");
+  Graph g(std::move(b));
+  ASSERT_EQ(g.report().size(), 1u);
+  EXPECT_EQ(g.report()[0].params, 16) << "a scale per channel, no shift";
+  EXPECT_EQ(g.op(0).saved().size(), 1u) << "1/std only";
+}
+
+// ---- Dropout
+
+TEST(TransformerRef, DropoutDropsItsShareScalesTheRestAndBackwardUsesTheSameMask) {
+  Tensors t;
+  const std::int64_t n = 200000;
+  const Tensor x = t.random(DType::f64, {n}, 0.5, 1.5), y = t.zeros(DType::f64, {n});
+  const Tensor counter = t.ints({1}, {7});
+  const DropoutDesc d{.probability = 0.25, .seed = 12345};
+  t.k().dropout_forward(d, x, y, counter);
+  const std::vector<double> xv = read_host(x), yv = read_host(y);
+  std::int64_t dropped = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (yv[sz(i)] == 0.0) ++dropped;
+    else EXPECT_DOUBLE_EQ(yv[sz(i)], xv[sz(i)] / 0.75) << "element " << i;
+  }
+  EXPECT_NEAR(static_cast<double>(dropped) / n, 0.25, 0.01);  // 5 sigma of a binomial share is 0.005
+  const Tensor dy = t.random(DType::f64, {n}, 0.5, 1.5), dx = t.random(DType::f64, {n});
+  const std::vector<double> before = read_host(dx), dyv = read_host(dy);
+  t.k().dropout_backward(d, dy, dx, counter, /*accumulate=*/true);
+  const std::vector<double> dxv = read_host(dx);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double want = yv[sz(i)] == 0.0 ? 0.0 : dyv[sz(i)] / 0.75;
+    ASSERT_NEAR(dxv[sz(i)] - before[sz(i)], want, 1e-12) << "element " << i;
+  }
+  // Another step's counter or another op's seed draws another mask: about p^2 of the elements
+  // are dropped by both.
+  for (const auto& [seed, step] : {std::pair<std::uint64_t, double>{12345, 8}, {54321, 7}}) {
+    const Tensor other = t.zeros(DType::f64, {n});
+    t.k().dropout_forward({.probability = 0.25, .seed = seed}, x, other, t.ints({1}, {step}));
+    std::int64_t both = 0;
+    const std::vector<double> ov = read_host(other);
+    for (std::int64_t i = 0; i < n; ++i) both += (ov[sz(i)] == 0.0 && yv[sz(i)] == 0.0) ? 1 : 0;
+    EXPECT_NEAR(static_cast<double>(both) / n, 0.0625, 0.005) << "seed " << seed << ", counter " << step;
+  }
+  const Tensor none = t.zeros(DType::f64, {n});
+  t.k().dropout_forward({.probability = 0.0, .seed = 1}, x, none, counter);
+  EXPECT_EQ(read_host(none), xv) << "probability 0 keeps everything";
+  EXPECT_THROW(t.k().dropout_forward({.probability = 1.0, .seed = 1}, x, none, counter), Error);
+}
+
+// In a graph: a training forward draws a new mask each step (the graph's counter), an inference
+// forward is the identity.
+TEST(TransformerRef, DropoutOpDrawsANewMaskEachTrainingForward) {
+  Tensors t;
+  GraphOptions o;
+  o.dtype = DType::f64;
+  o.training = false;
+  GraphBuilder b(o);
+  const Value x = b.input("x", Shape{64, 64});
+  const Value y = b.add1(std::make_unique<Dropout>("drop", 0.5, 3), {x});
+  b.mark_output(y);
+  Graph g(std::move(b));
+  g.bind(t.k());
+  const std::vector<double> xv = t.draw(64 * 64, 0.5, 1.5);
+  g.set_input(x, xv);
+  g.forward(/*training=*/false);
+  EXPECT_EQ(g.read(y), xv);
+  g.forward(true);
+  const std::vector<double> first = g.read(y);
+  g.forward(true);
+  const std::vector<double> second = g.read(y);
+  EXPECT_NE(first, second) << "the same mask twice";
+  std::int64_t dropped = 0;
+  for (const double v : first) dropped += v == 0.0 ? 1 : 0;
+  EXPECT_NEAR(static_cast<double>(dropped) / 4096, 0.5, 0.05);
 }
 
 TEST(TransformerRef, LayerNormInBf16IsTheF64ResultRoundedOnce) {

@@ -76,6 +76,9 @@ struct Graph::State {
   // fp16 loss scaling, on the device: scale (f32 [1]), good_steps and found_nonfinite (i32 [1]),
   // and the scale before the last update (f32 [1]) to tell a skipped step afterwards.
   Tensor scale, good_steps, found_nonfinite, scale_before;
+  // Where an op draws random numbers (dropout): i32 [1], advanced at each training forward.
+  Buffer counter_store;
+  Tensor step_counter;
 
   GradientSync* gradient_sync = nullptr;
   bool profiling = false;

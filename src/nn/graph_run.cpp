@@ -195,6 +195,15 @@ void Graph::bind(Kernels& kernels) {
     s.scale_before = s.scaler_store.view(f32, 3 * kAllocAlignment);
     set_loss_scale(s.options.initial_loss_scale);
   }
+  bool draws = false;
+  for (const Node& node : s.nodes) draws = draws || node.op->draws_random();
+  if (draws) {
+    s.counter_store = Buffer(alloc, kAllocAlignment);
+    s.step_counter = s.counter_store.view(Tensor::describe(DType::i32, Shape{1}), 0);
+    kernels.fill(s.step_counter, 0.0);
+    for (std::size_t i = 0; i < s.n(); ++i)
+      if (s.nodes[i].op->draws_random()) s.bound[i].step_counter = s.step_counter;
+  }
   if (s.loss >= 0 && s.value(s.loss).producer >= 0)
     s.bound[static_cast<std::size_t>(s.value(s.loss).producer)].loss_seed = s.loss_scaling() ? s.scale : Tensor{};
   if (s.profiling) s.timer = kernels.make_timer();
@@ -292,6 +301,7 @@ void Graph::update(Optimizer& optimizer) { s_->run_update(optimizer); }
 
 void Graph::State::run_forward(bool training) {
   Kernels& kk = k();
+  if (training && step_counter.defined()) kk.count_step(step_counter, Tensor{});  // a new dropout mask
   for (std::size_t i = 0; i < n(); ++i) {
     bound[i].training = training;
     Op& op = *nodes[i].op;

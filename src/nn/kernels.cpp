@@ -60,6 +60,19 @@ void Kernels::layernorm_backward(const Tensor&, const Tensor&, const Tensor&, co
                                  const Tensor&, bool, const Tensor&, const Tensor&) {
   no_transformer_kernel(name(), "layernorm_backward");
 }
+void Kernels::rmsnorm_forward(const LayerNormDesc&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "rmsnorm_forward");
+}
+void Kernels::rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
+                               const Tensor&) {
+  no_transformer_kernel(name(), "rmsnorm_backward");
+}
+void Kernels::dropout_forward(const DropoutDesc&, const Tensor&, const Tensor&, const Tensor&) {
+  no_transformer_kernel(name(), "dropout_forward");
+}
+void Kernels::dropout_backward(const DropoutDesc&, const Tensor&, const Tensor&, const Tensor&, bool) {
+  no_transformer_kernel(name(), "dropout_backward");
+}
 void Kernels::gelu_forward(const Tensor&, const Tensor&) { no_transformer_kernel(name(), "gelu_forward"); }
 void Kernels::gelu_backward(const Tensor&, const Tensor&, const Tensor&, bool) {
   no_transformer_kernel(name(), "gelu_backward");

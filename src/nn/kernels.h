@@ -112,6 +112,15 @@ struct AttentionDesc {
   Tensor key_lengths{};
 };
 
+// Dropout (inverted, as PyTorch's): y = x * keep / (1 - probability), keep from dropout_mask.h's
+// hash of (seed, the device counter's value, the element's index in x's logical order), so the
+// mask costs no memory, backward rebuilds it, and each training forward (which advances the
+// counter) draws a new one. probability in [0, 1).
+struct DropoutDesc {
+  double probability = 0.1;
+  std::uint64_t seed = 0;
+};
+
 // cast_many's write: the micro-batches of an accumulated step add into the f32 master gradients
 // (accumulate) and the last takes their mean (scale = 1 / micro-batches).
 struct CastManyMode {
@@ -413,6 +422,18 @@ class Kernels {
   virtual void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
                                   const Tensor& dbeta);
+  // RMSNorm (Llama's): y = x * rstd * gamma per row of x [rows, C], rstd (f32 [rows]) =
+  // 1 / sqrt(mean(x^2) + epsilon) in f32 statistics whatever the precision; backward writes (or
+  // adds to) dx and writes dgamma, as layernorm_backward does without the mean and beta.
+  virtual void rmsnorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& y,
+                               const Tensor& rstd);
+  virtual void rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& rstd,
+                                const Tensor& dx, bool accumulate, const Tensor& dgamma);
+  // Dropout (DropoutDesc) over contiguous x, y (dx, dy) of one shape and float dtype; counter i32
+  // [1] on the device. backward: dx (+)= dy * keep / (1 - probability) with forward's mask.
+  virtual void dropout_forward(const DropoutDesc& d, const Tensor& x, const Tensor& y, const Tensor& counter);
+  virtual void dropout_backward(const DropoutDesc& d, const Tensor& dy, const Tensor& dx, const Tensor& counter,
+                                bool accumulate);
   // GELU, tanh form (GPT-2, BERT): y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   virtual void gelu_forward(const Tensor& x, const Tensor& y);
   virtual void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate);

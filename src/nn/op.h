@@ -57,6 +57,9 @@ struct OpTensors {
   // [1] on the device: fp16's loss scale), or undefined for 1. A loss op that computes its input's
   // gradient during forward (the fused classifier) reads it.
   Tensor loss_seed;
+  // On ops that draw random numbers (Op::draws_random): the graph's step counter (i32 [1] on the
+  // device), advanced at the start of each training forward, so each draws anew on every replay.
+  Tensor step_counter;
   Workspace workspace;
   bool training = true;  // batch statistics (training) or running statistics (inference)
 };
@@ -105,6 +108,8 @@ class Op {
   // Whether input i's gradient is the output's gradient unchanged (add): the planner may then give
   // both one buffer, and backward skips the copy for an input whose gradient shares it.
   virtual bool passes_gradient_through(int /*i*/) const { return false; }
+  // Whether the op reads OpTensors::step_counter (dropout).
+  virtual bool draws_random() const { return false; }
 
   // Set by the graph for the cost model: whether the graph trains (batch norm's forward differs)
   // and whether input i's gradient is computed (the first layer's is not, which removes a

@@ -273,11 +273,17 @@ class Embedding final : public Op {
 };
 
 // [N, C] -> [N, C] normalised over C with a learned scale and shift; mean and 1/std [N] kept (f32
-// beside 16-bit data, the data's own type otherwise).
+// beside 16-bit data, the data's own type otherwise). LayerNorm::rms: RMSNorm (Llama's): scaled by
+// 1 / sqrt(mean(x^2) + epsilon), no mean subtracted and no shift; 1/std kept.
 class LayerNorm final : public Op {
  public:
   LayerNorm(std::string name, double epsilon = 1e-5) : Op(std::move(name)), desc_{epsilon} {}
-  std::string_view kind() const override { return "layernorm"; }
+  static std::unique_ptr<LayerNorm> rms(std::string name, double epsilon = 1e-6) {
+    auto op = std::make_unique<LayerNorm>(std::move(name), epsilon);
+    op->rms_ = true;
+    return op;
+  }
+  std::string_view kind() const override { return rms_ ? "rmsnorm" : "layernorm"; }
   std::vector<ParamSpec> parameters() const override;
   std::vector<Tensor> saved() const override;
   bool backward_reads_input(int i) const override { return i == 0; }
@@ -289,6 +295,7 @@ class LayerNorm final : public Op {
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   LayerNormDesc desc_;
+  bool rms_ = false;
 };
 
 // GELU, tanh form, elementwise; backward reads the input.
@@ -304,6 +311,25 @@ class Gelu final : public Op {
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+};
+
+// Dropout (DropoutDesc, inverted): in a training forward y = x * keep / (1 - probability) with a
+// mask drawn anew each step from (seed, the graph's step counter); in an inference forward y = x.
+// Backward rebuilds the mask (nothing saved). `seed` tells the graph's dropout ops apart.
+class Dropout final : public Op {
+ public:
+  Dropout(std::string name, double probability, std::uint64_t seed)
+      : Op(std::move(name)), desc_{probability, seed} {}
+  std::string_view kind() const override { return "dropout"; }
+  bool draws_random() const override { return true; }
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  DropoutDesc desc_;
 };
 
 // Multi-head self-attention core: (qkv [B*T, 3C], the fused projection's output laid out as

@@ -62,8 +62,9 @@ std::vector<Tensor> LayerNorm::do_infer(const std::vector<Tensor>& in) {
 std::vector<ParamSpec> LayerNorm::parameters() const {
   const std::int64_t c = in_.empty() ? 0 : in_[0].shape[1];
   const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
-  return {{"weight", Shape{c}, ParamRole::norm_scale, {ParamInit::Dist::ones, 0.0}, t},
-          {"bias", Shape{c}, ParamRole::norm_shift, {ParamInit::Dist::zeros, 0.0}, t}};
+  std::vector<ParamSpec> specs{{"weight", Shape{c}, ParamRole::norm_scale, {ParamInit::Dist::ones, 0.0}, t}};
+  if (!rms_) specs.push_back({"bias", Shape{c}, ParamRole::norm_shift, {ParamInit::Dist::zeros, 0.0}, t});
+  return specs;
 }
 
 std::vector<Tensor> LayerNorm::saved() const {
@@ -71,35 +72,68 @@ std::vector<Tensor> LayerNorm::saved() const {
   // differences need: rounded statistics would make y a step function of x.
   const Shape rows{in_[0].shape[0]};
   const DType t = wide_dtype(in_[0].dtype);
+  if (rms_) return {Tensor::describe(t, rows)};                   // 1/std
   return {Tensor::describe(t, rows), Tensor::describe(t, rows)};  // mean, 1/std
 }
 
 void LayerNorm::forward(Kernels& k, const OpTensors& t) {
-  k.layernorm_forward(desc_, t.in[0], t.params[0], t.params[1], t.out[0], t.saved[0], t.saved[1]);
+  if (rms_)
+    k.rmsnorm_forward(desc_, t.in[0], t.params[0], t.out[0], t.saved[0]);
+  else
+    k.layernorm_forward(desc_, t.in[0], t.params[0], t.params[1], t.out[0], t.saved[0], t.saved[1]);
 }
 
 void LayerNorm::backward(Kernels& k, const OpTensors& t) {
   // The parameters' gradients are always wanted; dx only where the input needs one.
   const Tensor dx = t.din[0];
-  if (dx.defined())
+  if (!dx.defined())
+    throw Unsupported("layer '" + name() + "' (" + std::string(kind()) + "): backward without an input gradient");
+  if (rms_)
+    k.rmsnorm_backward(t.in[0], t.dout[0], t.params[0], t.saved[0], dx, t.din_accumulate[0], t.dparams[0]);
+  else
     k.layernorm_backward(t.in[0], t.dout[0], t.params[0], t.saved[0], t.saved[1], dx, t.din_accumulate[0], t.dparams[0],
                          t.dparams[1]);
-  else
-    throw Unsupported("layer '" + name() + "' (layernorm): backward without an input gradient");
 }
 
 std::int64_t LayerNorm::flops(Pass p) const {
-  // Forward per element: sum, subtract, square-sum, scale, shift (5); backward about twice that.
-  const std::int64_t n = in_[0].numel();
-  return p == Pass::forward ? 5 * n : 10 * n;
+  // Forward per element: sum, subtract, square-sum, scale, shift (5; RMSNorm's square-sum and
+  // scale, 3); backward about twice that.
+  const std::int64_t n = in_[0].numel(), per = rms_ ? 3 : 5;
+  return p == Pass::forward ? per * n : 2 * per * n;
 }
 
 std::int64_t LayerNorm::bytes(Pass p) const {
   const std::int64_t n = in_[0].numel(), rows = in_[0].shape[0], c = in_[0].shape[1], e = element_bytes();
-  const std::int64_t stats = 2 * rows * bytes_of(wide_dtype(in_[0].dtype)), params = 2 * c * e;
+  const std::int64_t tables = rms_ ? 1 : 2;  // gamma (and beta); 1/std (and the mean)
+  const std::int64_t stats = tables * rows * bytes_of(wide_dtype(in_[0].dtype)), params = tables * c * e;
   if (p == Pass::forward) return 2 * n * e + params + stats;
   return 3 * n * e + params + stats + params;  // x, dy, dx; gamma; statistics; dgamma, dbeta
 }
+
+// ---- Dropout
+
+std::vector<Tensor> Dropout::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1, "takes one input, got " + std::to_string(in.size()));
+  require_float(in[0]);
+  require(desc_.probability >= 0 && desc_.probability < 1,
+          "probability must be in [0, 1), got " + std::to_string(desc_.probability));
+  return {Tensor::describe(in[0].dtype, in[0].shape)};
+}
+
+void Dropout::forward(Kernels& k, const OpTensors& t) {
+  if (t.training)
+    k.dropout_forward(desc_, t.in[0], t.out[0], t.step_counter);
+  else
+    k.cast(t.in[0], t.out[0]);  // the identity
+}
+
+void Dropout::backward(Kernels& k, const OpTensors& t) {
+  if (t.din[0].defined()) k.dropout_backward(desc_, t.dout[0], t.din[0], t.step_counter, t.din_accumulate[0]);
+}
+
+std::int64_t Dropout::flops(Pass) const { return out_[0].numel(); }  // a multiply per element
+
+std::int64_t Dropout::bytes(Pass) const { return 2 * out_[0].numel() * bytes_of(out_[0].dtype); }
 
 // ---- GELU
 

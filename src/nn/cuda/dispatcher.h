@@ -234,6 +234,21 @@ class CudaKernels final : public Kernels {
                           const Tensor& dbeta) override {
     transformer_.layernorm_backward(x, dy, gamma, mean, rstd, dx, accumulate, dgamma, dbeta);
   }
+  void rmsnorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& y,
+                       const Tensor& rstd) override {
+    transformer_.layernorm_forward(d, x, gamma, Tensor{}, y, Tensor{}, rstd);
+  }
+  void rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& rstd, const Tensor& dx,
+                        bool accumulate, const Tensor& dgamma) override {
+    transformer_.layernorm_backward(x, dy, gamma, Tensor{}, rstd, dx, accumulate, dgamma, Tensor{});
+  }
+  void dropout_forward(const DropoutDesc& d, const Tensor& x, const Tensor& y, const Tensor& counter) override {
+    transformer_.dropout("dropout_forward", d, x, y, counter, false);
+  }
+  void dropout_backward(const DropoutDesc& d, const Tensor& dy, const Tensor& dx, const Tensor& counter,
+                        bool accumulate) override {
+    transformer_.dropout("dropout_backward", d, dy, dx, counter, accumulate);
+  }
   void gelu_forward(const Tensor& x, const Tensor& y) override { transformer_.gelu_forward(x, y); }
   void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate) override {
     transformer_.gelu_backward(x, dy, dx, accumulate);

@@ -140,9 +140,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- LayerNorm: a warp per row; the row is read again from L1 for each pass.
+// ---- LayerNorm: a warp per row; the row is read again from L1 for each pass. kRms: RMSNorm
+// (no mean subtracted, no beta; mean and beta unused).
 
-template <typename T, typename P, int V>
+template <typename T, typename P, int V, bool kRms>
 __global__ void __launch_bounds__(kThreads)
     layernorm_forward_kernel(const T* x, const P* gamma, const P* beta, T* y, float* mean, float* rstd, int64_t rows,
                              int64_t channels, float epsilon) {
@@ -151,12 +152,13 @@ __global__ void __launch_bounds__(kThreads)
   if (r >= rows) return;
   const T* xr = x + r * channels;
   float sum = 0.0f;
-  for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V) {
-    const auto a = load<V>(xr, c);
+  if constexpr (!kRms)
+    for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V) {
+      const auto a = load<V>(xr, c);
 #pragma unroll
-    for (int j = 0; j < V; ++j) sum += to_f32(a.v[j]);
-  }
-  const float mu = warp_sum(sum) / static_cast<float>(channels);
+      for (int j = 0; j < V; ++j) sum += to_f32(a.v[j]);
+    }
+  const float mu = kRms ? 0.0f : warp_sum(sum) / static_cast<float>(channels);
   float squares = 0.0f;
   for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V) {
     const auto a = load<V>(xr, c);
@@ -165,16 +167,18 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float inv = 1.0f / sqrtf(warp_sum(squares) / static_cast<float>(channels) + epsilon);
   if (lane == 0) {
-    mean[r] = mu;
+    if constexpr (!kRms) mean[r] = mu;
     rstd[r] = inv;
   }
   for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V) {
     const auto a = load<V>(xr, c);
     const auto g = load<V>(gamma, c);
-    const auto b = load<V>(beta, c);
+    Chunk<P, V> b{};
+    if constexpr (!kRms) b = load<V>(beta, c);
     Chunk<T, V> out;
 #pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = from_f32<T>((to_f32(a.v[j]) - mu) * inv * to_f32(g.v[j]) + to_f32(b.v[j]));
+    for (int j = 0; j < V; ++j)
+      out.v[j] = from_f32<T>((to_f32(a.v[j]) - mu) * inv * to_f32(g.v[j]) + (kRms ? 0.0f : to_f32(b.v[j])));
     store<V>(y + r * channels, c, out);
   }
 }
@@ -198,8 +202,8 @@ __device__ __forceinline__ int64_t sum_slot(int64_t c, int j, int64_t channels) 
 
 // Stage 1: dx per row (warp per row, rows grid-strided), and each warp's sums of dy * xhat and dy
 // per channel in shared memory (each lane owns its channels: no atomics); the block then writes the
-// sums over its warps, in warp order, to partials[block][2C].
-template <typename T, typename P, int V>
+// sums over its warps, in warp order, to partials[block][2C]. kRms: RMSNorm (no mean term).
+template <typename T, typename P, int V, bool kRms>
 __global__ void __launch_bounds__(kThreads)
     layernorm_backward_kernel(const T* x, const T* dy, const P* gamma, const float* mean, const float* rstd, T* dx,
                               bool accumulate, float* partials, int64_t rows, int64_t channels) {
@@ -211,7 +215,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < V; ++j) mine[sum_slot<V>(c, j, channels)] = mine[channels + sum_slot<V>(c, j, channels)] = 0.0f;
   const auto n = static_cast<float>(channels);
   for (int64_t r = int64_t{blockIdx.x} * warps + warp; r < rows; r += int64_t{gridDim.x} * warps) {
-    const float mu = mean[r], inv = rstd[r];
+    const float mu = kRms ? 0.0f : mean[r], inv = rstd[r];
     const T* xr = x + r * channels;
     const T* dyr = dy + r * channels;
     float g_sum = 0.0f, gx_sum = 0.0f;
@@ -225,7 +229,7 @@ __global__ void __launch_bounds__(kThreads)
         gx_sum += gj * (to_f32(a.v[j]) - mu) * inv;
       }
     }
-    const float g_mean = warp_sum(g_sum) / n, gx_mean = warp_sum(gx_sum) / n;
+    const float g_mean = kRms ? 0.0f : warp_sum(g_sum) / n, gx_mean = warp_sum(gx_sum) / n;
     for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V) {
       const auto a = load<V>(xr, c), d = load<V>(dyr, c);
       const auto g = load<V>(gamma, c);
@@ -252,7 +256,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Stage 2: a 32 x 32 block per 32 of the 2C sums: thread (ty, tx) sums blocks ty, ty + 32, ... of
-// column tx, then the 32 values are summed in ty order.
+// column tx, then the 32 values are summed in ty order. dbeta null (RMSNorm): the first C only.
 template <typename P>
 __global__ void __launch_bounds__(1024)
     layernorm_params_kernel(const float* partials, int blocks, int64_t channels, P* dgamma, P* dbeta) {
@@ -268,7 +272,7 @@ __global__ void __launch_bounds__(1024)
   float total = 0.0f;
   for (int k = 0; k < 32; ++k) total += column[k][tx];
   if (i < channels) dgamma[i] = from_f32<P>(total);
-  else dbeta[i - channels] = from_f32<P>(total);
+  else if (dbeta != nullptr) dbeta[i - channels] = from_f32<P>(total);
 }
 
 // ---- GELU, tanh form
@@ -427,12 +431,17 @@ void layernorm_forward(cudaStream_t stream, DType t, DType param_t, const void* 
     dispatch(param_t, "layernorm_forward", [&](auto ptag) {
       using P = typename decltype(ptag)::type;
       if constexpr (std::is_same_v<P, float> || std::is_same_v<P, T>) {
-        const bool vector_ok =
-            channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(y, 16) && aligned(gamma, 32) && aligned(beta, 32);
+        const bool rms = mean == nullptr;
+        const bool vector_ok = channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(y, 16) && aligned(gamma, 32) &&
+                               (rms || aligned(beta, 32));
         with_width<T>(vector_ok, [&]<int V>() {
-          layernorm_forward_kernel<T, P, V><<<static_cast<int>((rows + 7) / 8), kThreads, 0, stream>>>(
-              static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta), static_cast<T*>(y),
-              mean, rstd, rows, channels, static_cast<float>(epsilon));
+          const auto launch = [&](auto kernel) {
+            kernel<<<static_cast<int>((rows + 7) / 8), kThreads, 0, stream>>>(
+                static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta),
+                static_cast<T*>(y), mean, rstd, rows, channels, static_cast<float>(epsilon));
+          };
+          if (rms) launch(layernorm_forward_kernel<T, P, V, true>);
+          else launch(layernorm_forward_kernel<T, P, V, false>);
         });
       } else {
         throw Unsupported("cuda_transformer layernorm_forward: gamma and beta must be f32 or x's dtype");
@@ -465,9 +474,13 @@ void layernorm_backward(cudaStream_t stream, DType t, DType param_t, const void*
             channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(dy, 16) && aligned(dx, 16) && aligned(gamma, 32);
         with_width<T>(vector_ok, [&]<int V>() {
           const auto smem = static_cast<std::size_t>(warps) * 2 * static_cast<std::size_t>(channels) * 4;
-          layernorm_backward_kernel<T, P, V><<<grid, warps * 32, smem, stream>>>(
-              static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<const P*>(gamma), mean, rstd,
-              static_cast<T*>(dx), accumulate, scratch, rows, channels);
+          const auto launch = [&](auto kernel) {
+            kernel<<<grid, warps * 32, smem, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+                                                       static_cast<const P*>(gamma), mean, rstd, static_cast<T*>(dx),
+                                                       accumulate, scratch, rows, channels);
+          };
+          if (mean == nullptr) launch(layernorm_backward_kernel<T, P, V, true>);
+          else launch(layernorm_backward_kernel<T, P, V, false>);
         });
         layernorm_params_kernel<P><<<static_cast<int>((2 * channels + 31) / 32), 1024, 0, stream>>>(
             scratch, grid, channels, static_cast<P*>(dgamma), static_cast<P*>(dbeta));

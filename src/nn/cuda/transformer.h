@@ -51,7 +51,7 @@ void column_sums(cudaStream_t stream, DType t, const void* x, std::int64_t ld, s
                  void* sums, float* scratch, std::int64_t scratch_bytes);
 
 // ---- LayerNorm over rows of C: x, y, dy, dx of dtype t; gamma, beta, dgamma, dbeta of param_t
-// (f32 or t); mean, rstd f32 [rows].
+// (f32 or t); mean, rstd f32 [rows]. mean null: RMSNorm (no mean, beta and dbeta null).
 void layernorm_forward(cudaStream_t stream, DType t, DType param_t, const void* x, const void* gamma, const void* beta,
                        void* y, float* mean, float* rstd, std::int64_t rows, std::int64_t channels, double epsilon);
 // Largest C layernorm_backward takes (its per-warp channel sums live in shared memory).
@@ -60,6 +60,11 @@ std::int64_t layernorm_backward_scratch_bytes(std::int64_t rows, std::int64_t ch
 void layernorm_backward(cudaStream_t stream, DType t, DType param_t, const void* x, const void* dy, const void* gamma,
                         const float* mean, const float* rstd, void* dx, bool accumulate, void* dgamma, void* dbeta,
                         std::int64_t rows, std::int64_t channels, float* scratch);
+
+// ---- Dropout (dropout.cu): y (+)= x * keep * scale over n contiguous elements of dtype t, keep
+// from dropout_mask.h with the counter (i32 [1]) read on the device.
+void dropout(cudaStream_t stream, DType t, const void* x, void* y, std::int64_t n, std::uint64_t seed,
+             const std::int32_t* counter, std::uint32_t threshold, float scale, bool accumulate);
 
 // ---- GELU (tanh form), n elements of dtype t; y may be x, dx may be x or dy.
 void gelu_forward(cudaStream_t stream, DType t, const void* x, void* y, std::int64_t n);

@@ -7,6 +7,7 @@
 
 #include "nn/cuda/common.h"
 #include "nn/cuda/transformer.h"
+#include "nn/dropout_mask.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -84,27 +85,32 @@ void TransformerEngine::embedding_backward(const Tensor& tokens, const Tensor& d
 
 void TransformerEngine::layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma,
                                           const Tensor& beta, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const bool rms = !mean.defined() && !beta.defined();
   if (!is_matrix(x) || !(y.shape == x.shape) || y.dtype != x.dtype || !y.is_contiguous() ||
-      !is_param(gamma, x.shape[1], x.dtype) || !is_param(beta, x.shape[1], x.dtype) || beta.dtype != gamma.dtype ||
-      !is_f32_vector(mean, x.shape[0]) || !is_f32_vector(rstd, x.shape[0]))
-    refuse("layernorm_forward",
+      !is_param(gamma, x.shape[1], x.dtype) ||
+      (!rms && (!is_param(beta, x.shape[1], x.dtype) || beta.dtype != gamma.dtype || !is_f32_vector(mean, x.shape[0]))) ||
+      !is_f32_vector(rstd, x.shape[0]))
+    refuse(rms ? "rmsnorm_forward" : "layernorm_forward",
            "needs contiguous x, y [rows, C] of one dtype, gamma and beta [C] of f32 or x's "
            "dtype, f32 mean and rstd [rows]; got " +
                x.to_string() + ", " + y.to_string() + ", " + gamma.to_string() + ", " + beta.to_string() + ", " +
                mean.to_string() + ", " + rstd.to_string());
   if (!(d.epsilon > 0)) throw Error("cuda layernorm_forward: epsilon must be > 0");
-  tx::layernorm_forward(ctx_.stream, x.dtype, gamma.dtype, x.data, gamma.data, beta.data, y.data, mean.as<float>(),
-                        rstd.as<float>(), x.shape[0], x.shape[1], d.epsilon);
+  tx::layernorm_forward(ctx_.stream, x.dtype, gamma.dtype, x.data, gamma.data, rms ? nullptr : beta.data, y.data,
+                        rms ? nullptr : mean.as<float>(), rstd.as<float>(), x.shape[0], x.shape[1], d.epsilon);
 }
 
 void TransformerEngine::layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                                            const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
                                            const Tensor& dbeta) {
   const auto like_x = [&](const Tensor& t) { return t.shape == x.shape && t.dtype == x.dtype && t.is_contiguous(); };
+  const bool rms = !mean.defined() && !dbeta.defined();
   if (!is_matrix(x) || !like_x(dy) || !like_x(dx) || !is_param(gamma, x.shape[1], x.dtype) ||
-      !is_param(dgamma, x.shape[1], x.dtype) || !is_param(dbeta, x.shape[1], x.dtype) || dgamma.dtype != gamma.dtype ||
-      dbeta.dtype != gamma.dtype || !is_f32_vector(mean, x.shape[0]) || !is_f32_vector(rstd, x.shape[0]))
-    refuse("layernorm_backward",
+      !is_param(dgamma, x.shape[1], x.dtype) || dgamma.dtype != gamma.dtype ||
+      (!rms && (!is_param(dbeta, x.shape[1], x.dtype) || dbeta.dtype != gamma.dtype ||
+                !is_f32_vector(mean, x.shape[0]))) ||
+      !is_f32_vector(rstd, x.shape[0]))
+    refuse(rms ? "rmsnorm_backward" : "layernorm_backward",
            "needs contiguous x, dy, dx [rows, C] of one dtype, gamma, dgamma, dbeta [C] of "
            "f32 or x's dtype, f32 mean and rstd [rows]; got " +
                x.to_string() + ", " + dy.to_string() + ", " + dx.to_string() + ", " + gamma.to_string() + ", " +
@@ -113,9 +119,20 @@ void TransformerEngine::layernorm_backward(const Tensor& x, const Tensor& dy, co
     refuse("layernorm_backward", "C = " + std::to_string(x.shape[1]) + " is above the " +
                                      std::to_string(tx::layernorm_max_channels()) + " it takes");
   need_scratch("layernorm_backward", tx::layernorm_backward_scratch_bytes(x.shape[0], x.shape[1]));
-  tx::layernorm_backward(ctx_.stream, x.dtype, gamma.dtype, x.data, dy.data, gamma.data, mean.as<const float>(),
-                         rstd.as<const float>(), dx.data, accumulate, dgamma.data, dbeta.data, x.shape[0], x.shape[1],
-                         scratch_.as<float>());
+  tx::layernorm_backward(ctx_.stream, x.dtype, gamma.dtype, x.data, dy.data, gamma.data,
+                         rms ? nullptr : mean.as<const float>(), rstd.as<const float>(), dx.data, accumulate,
+                         dgamma.data, rms ? nullptr : dbeta.data, x.shape[0], x.shape[1], scratch_.as<float>());
+}
+
+void TransformerEngine::dropout(const char* kernel, const DropoutDesc& d, const Tensor& x, const Tensor& y,
+                                const Tensor& counter, bool accumulate) {
+  require_flat(kernel, x, y);
+  if (!(d.probability >= 0 && d.probability < 1))
+    throw Error(std::string("cuda ") + kernel + ": probability must be in [0, 1), got " + std::to_string(d.probability));
+  if (counter.dtype != DType::i32 || counter.numel() != 1)
+    refuse(kernel, "the counter must be i32 [1], got " + counter.to_string());
+  tx::dropout(ctx_.stream, x.dtype, x.data, y.data, x.numel(), d.seed, counter.as<const std::int32_t>(),
+              dropout_threshold(d.probability), static_cast<float>(1.0 / (1.0 - d.probability)), accumulate);
 }
 
 void TransformerEngine::gelu_forward(const Tensor& x, const Tensor& y) {

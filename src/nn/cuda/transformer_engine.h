@@ -29,11 +29,14 @@ class TransformerEngine {
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& y);
   void embedding_backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte, bool accumulate_wte,
                           const Tensor& dwpe);
+  // mean and beta (dbeta) undefined: RMSNorm.
   void layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                          const Tensor& y, const Tensor& mean, const Tensor& rstd);
   void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                           const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
                           const Tensor& dbeta);
+  void dropout(const char* kernel, const DropoutDesc& d, const Tensor& x, const Tensor& y, const Tensor& counter,
+               bool accumulate);
   void gelu_forward(const Tensor& x, const Tensor& y);
   void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate);
   void sum_squares(const std::vector<Tensor>& tensors, const Tensor& out);

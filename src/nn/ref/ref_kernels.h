@@ -215,6 +215,13 @@ class RefKernels : public Kernels {
                          const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
   void layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                           const Tensor& dx, bool accumulate, const Tensor& dgamma, const Tensor& dbeta) override;
+  void rmsnorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& y,
+                       const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& rstd, const Tensor& dx,
+                        bool accumulate, const Tensor& dgamma) override;
+  void dropout_forward(const DropoutDesc& d, const Tensor& x, const Tensor& y, const Tensor& counter) override;
+  void dropout_backward(const DropoutDesc& d, const Tensor& dy, const Tensor& dx, const Tensor& counter,
+                        bool accumulate) override;
   void gelu_forward(const Tensor& x, const Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, bool accumulate) override;
   void attention_forward(const AttentionDesc& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,

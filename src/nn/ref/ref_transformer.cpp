@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/dropout_mask.h"
 #include "nn/ref/ref_kernels.h"
 
 namespace ab::nn::ref {
@@ -205,39 +206,42 @@ void RefKernels::embedding_backward(const Tensor& tokens, const Tensor& dy, cons
     for (std::int64_t c = 0; c < channels; ++c) store(dwpe, at2(dwpe, p, c), wpe_sum[sz(p * channels + c)]);
 }
 
-void RefKernels::layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                   const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  if (deferred([=, this] { layernorm_forward(d, x, gamma, beta, y, mean, rstd); })) return;
-  check_layernorm("layernorm_forward", x, y, gamma, mean);
-  if (!(d.epsilon > 0)) bad_operands("layernorm_forward", "epsilon must be > 0");
+namespace {
+
+// LayerNorm and (mean and beta undefined) RMSNorm over the rows of x.
+void norm_forward(const char* kernel, double epsilon, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                  const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const bool rms = !mean.defined();
+  check_layernorm(kernel, x, y, gamma, rstd);
+  if (!(epsilon > 0)) bad_operands(kernel, "epsilon must be > 0");
   const std::int64_t channels = x.shape[1];
   for (std::int64_t r = 0; r < x.shape[0]; ++r) {
     double sum = 0.0;
-    for (std::int64_t c = 0; c < channels; ++c) sum += load(x, at2(x, r, c));
+    for (std::int64_t c = 0; c < channels && !rms; ++c) sum += load(x, at2(x, r, c));
     const double mu = sum / static_cast<double>(channels);
     double squares = 0.0;
     for (std::int64_t c = 0; c < channels; ++c) squares += (load(x, at2(x, r, c)) - mu) * (load(x, at2(x, r, c)) - mu);
-    const double inv = 1.0 / std::sqrt(squares / static_cast<double>(channels) + d.epsilon);
-    store(mean, r * mean.strides[0], mu);
+    const double inv = 1.0 / std::sqrt(squares / static_cast<double>(channels) + epsilon);
+    if (!rms) store(mean, r * mean.strides[0], mu);
     store(rstd, r * rstd.strides[0], inv);
     // y from the statistics as stored, as backward will read them.
-    const double mu_s = load(mean, r * mean.strides[0]), inv_s = load(rstd, r * rstd.strides[0]);
+    const double mu_s = rms ? 0.0 : load(mean, r * mean.strides[0]), inv_s = load(rstd, r * rstd.strides[0]);
     for (std::int64_t c = 0; c < channels; ++c)
       store(y, at2(y, r, c),
-            (load(x, at2(x, r, c)) - mu_s) * inv_s * load(gamma, c * gamma.strides[0]) + load(beta, c * beta.strides[0]));
+            (load(x, at2(x, r, c)) - mu_s) * inv_s * load(gamma, c * gamma.strides[0]) +
+                (rms ? 0.0 : load(beta, c * beta.strides[0])));
   }
 }
 
-void RefKernels::layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
-                                    const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
-                                    const Tensor& dbeta) {
-  if (deferred([=, this] { layernorm_backward(x, dy, gamma, mean, rstd, dx, accumulate, dgamma, dbeta); })) return;
-  check_layernorm("layernorm_backward", x, dy, gamma, mean);
+void norm_backward(const char* kernel, const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                   const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma, const Tensor& dbeta) {
+  const bool rms = !mean.defined();
+  check_layernorm(kernel, x, dy, gamma, rstd);
   const std::int64_t channels = x.shape[1];
   const auto n = static_cast<double>(channels);
   std::vector<double> gamma_sum(sz(channels), 0.0), beta_sum(sz(channels), 0.0), xhat(sz(channels)), g(sz(channels));
   for (std::int64_t r = 0; r < x.shape[0]; ++r) {
-    const double mu = load(mean, r * mean.strides[0]), inv = load(rstd, r * rstd.strides[0]);
+    const double mu = rms ? 0.0 : load(mean, r * mean.strides[0]), inv = load(rstd, r * rstd.strides[0]);
     double g_mean = 0.0, gx_mean = 0.0;
     for (std::int64_t c = 0; c < channels; ++c) {
       const double grad = load(dy, at2(dy, r, c));
@@ -248,7 +252,7 @@ void RefKernels::layernorm_backward(const Tensor& x, const Tensor& dy, const Ten
       gamma_sum[sz(c)] += grad * xhat[sz(c)];
       beta_sum[sz(c)] += grad;
     }
-    g_mean /= n;
+    g_mean = rms ? 0.0 : g_mean / n;  // no mean subtracted, so no term through it
     gx_mean /= n;
     for (std::int64_t c = 0; c < channels; ++c) {
       const double v = inv * (g[sz(c)] - g_mean - xhat[sz(c)] * gx_mean);
@@ -257,8 +261,67 @@ void RefKernels::layernorm_backward(const Tensor& x, const Tensor& dy, const Ten
   }
   for (std::int64_t c = 0; c < channels; ++c) {
     store(dgamma, c * dgamma.strides[0], gamma_sum[sz(c)]);
-    store(dbeta, c * dbeta.strides[0], beta_sum[sz(c)]);
+    if (!rms) store(dbeta, c * dbeta.strides[0], beta_sum[sz(c)]);
   }
+}
+
+}  // namespace
+
+void RefKernels::layernorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  if (deferred([=, this] { layernorm_forward(d, x, gamma, beta, y, mean, rstd); })) return;
+  if (!mean.defined() || !beta.defined()) bad_operands("layernorm_forward", "needs mean and beta");
+  norm_forward("layernorm_forward", d.epsilon, x, gamma, beta, y, mean, rstd);
+}
+
+void RefKernels::layernorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                                    const Tensor& rstd, const Tensor& dx, bool accumulate, const Tensor& dgamma,
+                                    const Tensor& dbeta) {
+  if (deferred([=, this] { layernorm_backward(x, dy, gamma, mean, rstd, dx, accumulate, dgamma, dbeta); })) return;
+  if (!mean.defined() || !dbeta.defined()) bad_operands("layernorm_backward", "needs mean and dbeta");
+  norm_backward("layernorm_backward", x, dy, gamma, mean, rstd, dx, accumulate, dgamma, dbeta);
+}
+
+void RefKernels::rmsnorm_forward(const LayerNormDesc& d, const Tensor& x, const Tensor& gamma, const Tensor& y,
+                                 const Tensor& rstd) {
+  if (deferred([=, this] { rmsnorm_forward(d, x, gamma, y, rstd); })) return;
+  norm_forward("rmsnorm_forward", d.epsilon, x, gamma, Tensor{}, y, Tensor{}, rstd);
+}
+
+void RefKernels::rmsnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& rstd,
+                                  const Tensor& dx, bool accumulate, const Tensor& dgamma) {
+  if (deferred([=, this] { rmsnorm_backward(x, dy, gamma, rstd, dx, accumulate, dgamma); })) return;
+  norm_backward("rmsnorm_backward", x, dy, gamma, Tensor{}, rstd, dx, accumulate, dgamma, Tensor{});
+}
+
+namespace {
+
+// y (+)= x * keep / (1 - p) over the elements, in their logical order.
+void dropout(const char* kernel, const DropoutDesc& d, const Tensor& x, const Tensor& y, const Tensor& counter,
+             bool accumulate) {
+  require_same_flat(kernel, x, y);
+  if (!(d.probability >= 0 && d.probability < 1)) bad_operands(kernel, "probability must be in [0, 1)");
+  if (counter.dtype != DType::i32 || counter.numel() != 1) bad_operands(kernel, "counter must be i32 [1]");
+  const std::uint64_t stream = dropout_stream(d.seed, *counter.as<const std::int32_t>());
+  const std::uint32_t threshold = dropout_threshold(d.probability);
+  const double scale = 1.0 / (1.0 - d.probability);
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double v = dropout_keeps(stream, static_cast<std::uint64_t>(i), threshold) ? load(x, i) * scale : 0.0;
+    store(y, i, accumulate ? load(y, i) + v : v);
+  }
+}
+
+}  // namespace
+
+void RefKernels::dropout_forward(const DropoutDesc& d, const Tensor& x, const Tensor& y, const Tensor& counter) {
+  if (deferred([=, this] { dropout_forward(d, x, y, counter); })) return;
+  dropout("dropout_forward", d, x, y, counter, false);
+}
+
+void RefKernels::dropout_backward(const DropoutDesc& d, const Tensor& dy, const Tensor& dx, const Tensor& counter,
+                                  bool accumulate) {
+  if (deferred([=, this] { dropout_backward(d, dy, dx, counter, accumulate); })) return;
+  dropout("dropout_backward", d, dy, dx, counter, accumulate);
 }
 
 void RefKernels::gelu_forward(const Tensor& x, const Tensor& y) {
