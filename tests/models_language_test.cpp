@@ -345,8 +345,9 @@ TEST(LanguageHeads, InferenceHeadsAreRefusedInTrainingGraphs) {
   EXPECT_NE(test::usage_error([&] { build_bert(bb, tiny_bert(), 1, 8, BertHead::qa); }).find("inference graphs"),
             std::string::npos);
   nn::GraphBuilder tb(inference_options());
-  EXPECT_NE(test::usage_error([&] { build_gpt(tb, tiny_gpt2(), 1, 65, GptHead::prefill); })
-                .find("longer than its 64 positions"),
+  EXPECT_NE(test::usage_error([&] {
+              build_gpt(tb, tiny_gpt2(), 1, 65, GptHead::prefill);
+            }).find("longer than its 64 positions"),
             std::string::npos);
 }
 
@@ -357,10 +358,8 @@ TEST(LanguageHeads, InferenceGraphsHoldNoGradientsAndKeepNothingForBackward) {
     nn::GraphOptions o = inference_options();
     o.training = training;
     nn::GraphBuilder b(o);
-    if (bert)
-      build_bert(b, tiny_bert(), 4, 32, training ? BertHead::masked_lm : BertHead::qa);
-    else
-      build_gpt(b, tiny_gpt2(), 4, 32, training ? GptHead::loss : GptHead::prefill);
+    if (bert) build_bert(b, tiny_bert(), 4, 32, training ? BertHead::masked_lm : BertHead::qa);
+    else build_gpt(b, tiny_gpt2(), 4, 32, training ? GptHead::loss : GptHead::prefill);
     return nn::Graph(std::move(b));
   };
   for (const bool bert : {false, true}) {

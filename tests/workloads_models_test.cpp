@@ -792,8 +792,9 @@ TEST(InferGpu, LanguageModelsPassTheirChecksOnTheGpu) {
   } catch (const Error& e) {
     GTEST_SKIP() << "no CUDA device: " << e.what();
   }
-  auto plan = plan_of("infer", {"model=tiny_bert,tiny_gpt2", "batch=1,4", "seq=64", "precision=fp32,bf16,fp16",
-                                "graph=on,off"}, "cuda");
+  auto plan =
+      plan_of("infer", {"model=tiny_bert,tiny_gpt2", "batch=1,4", "seq=64", "precision=fp32,bf16,fp16", "graph=on,off"},
+              "cuda");
   const auto big = plan_of("infer", {"model=bert_base,gpt2_124m", "batch=2", "seq=128", "precision=bf16"}, "cuda");
   plan.insert(plan.end(), big.begin(), big.end());
   const auto records = run_plan(plan, {}, "cuda:0");

@@ -16,7 +16,8 @@ LanguageModel build_bert(nn::GraphBuilder& b, const BertConfig& c, std::int64_t 
                          BertHead head) {
   check_language_model(c.name, c.heads, c.channels, c.vocab, c.positions, batch, seq);
   if (head == BertHead::qa && b.options().training)
-    throw UsageError("model " + c.name + ": the question-answering head is for inference graphs "
+    throw UsageError("model " + c.name +
+                     ": the question-answering head is for inference graphs "
                      "(GraphOptions::training = false)");
   const nn::ParamInit normal{nn::ParamInit::Dist::normal, 0.02};  // Hugging Face's initializer_range
   const double eps = c.layernorm_epsilon;

@@ -36,8 +36,7 @@ void check_language_model(const std::string& name, std::int64_t heads, std::int6
     throw UsageError(model + "a vocabulary of " + std::to_string(vocab) + " does not fit i32 tokens");
 }
 
-LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq,
-                        GptHead head) {
+LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq, GptHead head) {
   check_gpt(c, batch, seq);
   if (head == GptHead::prefill && b.options().training)
     throw UsageError("model " + c.name + ": the prefill head is for inference graphs (GraphOptions::training = false)");

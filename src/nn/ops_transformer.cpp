@@ -374,8 +374,8 @@ std::vector<Tensor> LastPositionLogits::do_infer(const std::vector<Tensor>& in) 
   require(in[0].shape.rank() == 2, "x must be [B*T, C], got " + in[0].shape.to_string());
   require_float(in[0]);
   require(vocab_ >= 1 && seq_ >= 1, "the vocabulary and the sequence length must be >= 1");
-  require(in[0].shape[0] % seq_ == 0, "x's " + std::to_string(in[0].shape[0]) + " rows are not whole sequences of " +
-                                          std::to_string(seq_));
+  require(in[0].shape[0] % seq_ == 0,
+          "x's " + std::to_string(in[0].shape[0]) + " rows are not whole sequences of " + std::to_string(seq_));
   return {Tensor::describe(in[0].dtype, Shape{in[0].shape[0] / seq_, vocab_})};
 }
 

@@ -104,23 +104,51 @@ class Loadgen final : public Workload {
       if (!zoo::is_compression_model(m)) suts.push_back(m);
     std::vector<std::string> precisions{"auto"};
     precisions.insert(precisions.end(), zoo::model_precisions().begin(), zoo::model_precisions().end());
-    return {{"scenario", AxisKind::text, {"single-stream", "multi-stream", "server", "offline"},
-             {"single-stream", "multi-stream", "server", "offline"}, "MLPerf scenario"},
-            {"sut", AxisKind::text, {"gemm"}, suts,
+    return {{"scenario",
+             AxisKind::text,
+             {"single-stream", "multi-stream", "server", "offline"},
+             {"single-stream", "multi-stream", "server", "offline"},
+             "MLPerf scenario"},
+            {"sut",
+             AxisKind::text,
+             {"gemm"},
+             suts,
              "system under test: null, gemm (dense layer, dynamic batcher), faulty (drops every 1000th sample), or a "
              "model (resnet50, bert_large...: inference graph per batch, dynamic batcher)"},
-            {"precision", AxisKind::text, {"auto"}, precisions,
+            {"precision",
+             AxisKind::text,
+             {"auto"},
+             precisions,
              "gemm and model SUTs: auto = bf16 gemm / fp16 model on a GPU, fp32 on a CPU"},
             {"image_size", AxisKind::integer, {device_kind == "cuda" ? "224" : "16"}, {}, "model SUTs: image pixels"},
-            {"seq", AxisKind::integer, {"0"}, {},
+            {"seq",
+             AxisKind::integer,
+             {"0"},
+             {},
              "language-model SUTs: tokens per sample (at most the model's positions); 0 = the positions "
              "(GPT-2 1024, BERT 512)"},
-            {"preset", AxisKind::text, {"quick"}, {"quick", "mlperf"},
+            {"preset",
+             AxisKind::text,
+             {"quick"},
+             {"quick", "mlperf"},
              "run rules: quick (1 s), mlperf (600 s and the official query counts; needs --timeout above 600)"},
-            {"target_qps", AxisKind::real, {"0"}, {}, "server: Poisson QPS, 0 = search the peak; offline: expected samples/s, 0 = probe"},
-            {"latency_bound_ms", AxisKind::real, {"0"}, {}, "latency bound: server p99 (0 = 10 ms, MLPerf's default); single-/multi-stream: on the early-stopping estimate (0 = none)"},
+            {"target_qps",
+             AxisKind::real,
+             {"0"},
+             {},
+             "server: Poisson QPS, 0 = search the peak; offline: expected samples/s, 0 = probe"},
+            {"latency_bound_ms",
+             AxisKind::real,
+             {"0"},
+             {},
+             "latency bound: server p99 (0 = 10 ms, MLPerf's default); single-/multi-stream: on the early-stopping "
+             "estimate (0 = none)"},
             {"max_batch", AxisKind::integer, {"8"}, {}, "gemm and model SUTs: largest batch the dynamic batcher forms"},
-            {"max_wait_us", AxisKind::integer, {"1000"}, {}, "gemm and model SUTs: longest a sample waits for its batch to fill (server, multi-stream)"},
+            {"max_wait_us",
+             AxisKind::integer,
+             {"1000"},
+             {},
+             "gemm and model SUTs: longest a sample waits for its batch to fill (server, multi-stream)"},
             {"samples", AxisKind::integer, {"1024"}, {}, "performance sample count of the sample library"}};
   }
 
@@ -160,14 +188,14 @@ class Loadgen final : public Workload {
     } else if (sut_kind == "faulty") {
       sut = std::make_unique<sc::FaultySut>(kFaultyDropEvery);
     } else if (std::find(models.begin(), models.end(), sut_kind) != models.end()) {
-      const zoo::ModelSutSpec spec{sut_kind,
-                                   precision != "auto" ? zoo::parse_model_precision(precision)
-                                                       : (gpu ? Precision::fp16 : Precision::fp32),
-                                   image_px, gpu ? Layout::nhwc : Layout::nchw, seq};
+      const zoo::ModelSutSpec spec{
+          sut_kind,
+          precision != "auto" ? zoo::parse_model_precision(precision) : (gpu ? Precision::fp16 : Precision::fp32),
+          image_px, gpu ? Layout::nhwc : Layout::nchw, seq};
       zoo::check_model_sut(spec, batcher.max_batch);
       sc::check_batcher(s, batcher);
-      state.set_counts({1.0, zoo::forward_flops_per_sample(spec), 0.0, "FLOP",
-                        static_cast<double>(zoo::tokens_per_sample(spec))});
+      state.set_counts(
+          {1.0, zoo::forward_flops_per_sample(spec), 0.0, "FLOP", static_cast<double>(zoo::tokens_per_sample(spec))});
       auto exec = zoo::make_model_executor(state.backend(), spec, batcher.max_batch);
       model = exec.get();
       auto b = std::make_unique<sc::BatchingSut>(sut_kind, batcher, std::move(exec));

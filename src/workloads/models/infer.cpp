@@ -45,13 +45,19 @@ class Infer final : public Workload {
         axes.end(),
         {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"},
-         {"fp8_layers", AxisKind::text, one("faster"), {"faster", "all"},
+         {"fp8_layers",
+          AxisKind::text,
+          one("faster"),
+          {"faster", "all"},
           "with precision=fp8: faster = a convolution runs e4m3 only where its whole fp8 call (quantization "
           "included) timed faster than its 16-bit call on this device (the CUDA engine; the reference runs every "
           "one in fp8); all = every convolution the backend can run in fp8"},
          // auto: fused for the ResNets (checked on an H200 and fastest there, bench/HISTORY.md), off
          // for models without batch norm, which refuse an explicit on or fused.
-         {"fold", AxisKind::text, one("auto"), {"auto", "off", "on", "fused"},
+         {"fold",
+          AxisKind::text,
+          one("auto"),
+          {"auto", "off", "on", "fused"},
           "fold each batch norm into its convolution: on = weights scaled, then one bias + residual + ReLU "
           "kernel; fused = that epilogue inside the convolution (cuDNN's conv + bias + add + ReLU where "
           "faster); auto = fused for models with batch norm (the ResNets), else off"}});
@@ -136,9 +142,11 @@ class Infer final : public Workload {
       throw UsageError("precision fp8 runs the ResNets' folded convolutions in e4m3; '" + spec.model +
                        "' runs fp32, tf32, bf16 or fp16");
     if (spec.precision == Precision::fp8 && fold != "fused")
-      throw UsageError("precision fp8 needs fold=fused (or auto, fused for the ResNets): only a convolution with its "
-                       "folded epilogue inside runs e4m3; fold=" + fold + " would run every layer in fp16" +
-                       (is_compression_model(spec.model) ? " ('" + spec.model + "' has no batch norm to fold)" : ""));
+      throw UsageError(
+          "precision fp8 needs fold=fused (or auto, fused for the ResNets): only a convolution with its "
+          "folded epilogue inside runs e4m3; fold=" +
+          fold + " would run every layer in fp16" +
+          (is_compression_model(spec.model) ? " ('" + spec.model + "' has no batch norm to fold)" : ""));
     spec.fold_batchnorm = fold != "off";
     spec.fuse_conv_epilogue = fold == "fused";
   }

@@ -52,9 +52,9 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
   ModelBatchExecutor(backend::Backend& be, ModelSutSpec spec, std::size_t max_batch)
       : be_(be), spec_(std::move(spec)), sizes_(bucket_sizes(max_batch)) {}
   std::string describe() const override {
-    const std::string size = is_language_model(spec_.model) ? "seq " + std::to_string(spec_for(spec_, 1).seq)
-                                                             : std::to_string(spec_.image_px) + " px " +
-                                                                   std::string(to_string(spec_.layout));
+    const std::string size = is_language_model(spec_.model)
+                                 ? "seq " + std::to_string(spec_for(spec_, 1).seq)
+                                 : std::to_string(spec_.image_px) + " px " + std::string(to_string(spec_.layout));
     return spec_.model + " " + std::string(to_string(spec_.precision)) + " " + size + " on " + be_.info().id;
   }
 
@@ -132,12 +132,12 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
     nlohmann::json size = {{"image_size", spec_.image_px}, {"layout", std::string(to_string(spec_.layout))}};
     if (is_language_model(spec_.model)) size = {{"seq", spec_for(spec_, 1).seq}};
     nlohmann::json s = {{"model", spec_.model},
-            {"precision", std::string(to_string(spec_.precision))},
-            {"buckets", sizes_},
-            {"padded_samples", padded_samples_},
-            {"device_bytes", device_bytes_},
-            {"pinned_host_bytes", pool_.bytes() + logits_host_.bytes()},
-            {"prepare_s", prepare_s_}};
+                        {"precision", std::string(to_string(spec_.precision))},
+                        {"buckets", sizes_},
+                        {"padded_samples", padded_samples_},
+                        {"device_bytes", device_bytes_},
+                        {"pinned_host_bytes", pool_.bytes() + logits_host_.bytes()},
+                        {"prepare_s", prepare_s_}};
     s.update(size);
     return s;
   }

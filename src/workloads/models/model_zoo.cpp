@@ -416,7 +416,8 @@ nlohmann::json logits_accuracy(const std::vector<double>& got, const std::vector
     return best;
   };
   bool agrees = true;
-  for (std::size_t j = 0; j < static_cast<std::size_t>(interleaved); ++j) agrees = agrees && top1(got, j) == top1(want, j);
+  for (std::size_t j = 0; j < static_cast<std::size_t>(interleaved); ++j)
+    agrees = agrees && top1(got, j) == top1(want, j);
   return {{"logits_rel_error_vs_f64", backend::ref::rel_error(got, want)}, {"top1_agrees_f64", agrees}};
 }
 
