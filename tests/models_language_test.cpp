@@ -1,8 +1,10 @@
 // GPT-2 and BERT as built by models/gpt and models/bert: parameter counts as Hugging Face and
 // llm.c count them (tied embeddings counted once), FLOPs from the ops' shapes against the closed
 // form, the tied gradient against finite differences of the loss, tiny models that learn their
-// copy tasks on the reference kernels with AdamW, determinism, and bad configurations refused
-// before building.
+// copy tasks on the reference kernels with AdamW, determinism, bad configurations refused
+// before building, and the inference heads (GPT-2's prefill against its loss head, BERT's
+// question answering) in graphs that hold no gradient and keep nothing for a backward.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -15,6 +17,7 @@
 #include "models/gpt.h"
 #include "nn/graph.h"
 #include "nn/kernels.h"
+#include "nn/ops.h"
 #include "nn/optim.h"
 #include "test_support.h"
 
@@ -251,6 +254,175 @@ TEST(Learnability, TinyBertLearnsTheMaskedCopyTaskWithAdamW) {
   }
   EXPECT_NEAR(losses.front(), std::log(64.0), 0.5);
   EXPECT_LT(losses.back(), 0.8 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
+}
+
+// ---- inference heads
+
+nn::GraphOptions inference_options(std::uint64_t seed = 1, DType dtype = DType::f32) {
+  nn::GraphOptions o;
+  o.dtype = dtype;
+  o.seed = seed;
+  o.training = false;
+  return o;
+}
+
+TEST(Gpt, PrefillHeadKeepsTheParametersAndCountsTheLastPositionsClassifier) {
+  const GptConfig c = gpt2_124m();
+  nn::GraphBuilder b(inference_options());
+  const LanguageModel m = build_gpt(b, c, 2, 256, GptHead::prefill);
+  EXPECT_LT(m.labels.id, 0);
+  EXPECT_LT(m.loss.id, 0);
+  EXPECT_EQ(b.desc(m.logits).shape, (Shape{2, c.vocab}));
+  const nn::Graph g(std::move(b));
+  EXPECT_EQ(g.parameter_count(), 124'439'808) << "the head is tied to the token embedding";
+  EXPECT_EQ(g.backward_flops(), 0);
+  // The stack over every token as in training, the classifier over each sequence's last one.
+  const double tokens = 2 * 256, C = static_cast<double>(c.channels), layers = static_cast<double>(c.layers);
+  const double stack = 2.0 * tokens * layers * 12.0 * C * C + 4.0 * 2 * layers * (256 * 257 / 2.0) * C;
+  const double head = 2.0 * 2 * static_cast<double>(c.vocab) * C;
+  const auto fwd = static_cast<double>(g.forward_flops());
+  EXPECT_GE(fwd, stack + head);
+  EXPECT_LT(fwd, 1.01 * (stack + head));
+  EXPECT_EQ(g.op(g.op_count() - 1).flops(nn::Pass::forward), static_cast<std::int64_t>(head));
+}
+
+// The prefill logits are what the loss head scores: with only each sequence's last position
+// labelled L, the loss graph's mean cross-entropy is the mean of logsumexp(z) - z[L] over the
+// sequences' prefill logits z (same seed, same parameter names, f64 on the reference).
+TEST(Gpt, PrefillLogitsAreTheLossHeadsLogitsOfTheLastPosition) {
+  GptConfig c = tiny_gpt2();
+  c.vocab = 131;  // the classifier's GEMMs split 128 + 3
+  const std::int64_t batch = 2, seq = 9;
+  const std::uint64_t seed = test::seed();
+  auto kernels = nn::make_ref_kernels();
+  const TokenBatch data = copy_task_batch(seed, 0, batch, seq, c.vocab);
+  nn::GraphBuilder pb(inference_options(seed, DType::f64));
+  const LanguageModel pm = build_gpt(pb, c, batch, seq, GptHead::prefill);
+  nn::Graph prefill(std::move(pb));
+  prefill.bind(*kernels);
+  prefill.set_input(pm.tokens, data.tokens);
+  prefill.forward(false);
+  const std::vector<double> logits = prefill.read(pm.logits);
+  ASSERT_EQ(logits.size(), static_cast<std::size_t>(batch * c.vocab));
+
+  nn::GraphBuilder lb(inference_options(seed, DType::f64));
+  const LanguageModel lm = build_gpt(lb, c, batch, seq);
+  nn::Graph loss(std::move(lb));
+  loss.bind(*kernels);
+  loss.set_input(lm.tokens, data.tokens);
+  for (const std::int64_t label : {std::int64_t{0}, std::int64_t{77}, c.vocab - 1}) {
+    std::vector<double> labels(static_cast<std::size_t>(batch * seq), -1.0);
+    double want = 0;
+    for (std::int64_t s = 0; s < batch; ++s) {
+      labels[static_cast<std::size_t>(s * seq + seq - 1)] = static_cast<double>(label);
+      const double* z = logits.data() + s * c.vocab;
+      const double top = *std::max_element(z, z + c.vocab);
+      double sum = 0;
+      for (std::int64_t v = 0; v < c.vocab; ++v) sum += std::exp(z[v] - top);
+      want += (top + std::log(sum) - z[label]) / static_cast<double>(batch);
+    }
+    loss.set_input(lm.labels, labels);
+    loss.forward(false);
+    EXPECT_NEAR(loss.read(lm.loss)[0], want, 1e-12 * want) << "label " << label;
+  }
+  // Causal: the last position's logits of a sequence do not depend on the other sequence.
+  std::vector<double> changed = data.tokens;
+  for (std::int64_t t = 0; t < seq; ++t) changed[static_cast<std::size_t>(seq + t)] = 5;
+  prefill.set_input(pm.tokens, changed);
+  prefill.forward(false);
+  const std::vector<double> again = prefill.read(pm.logits);
+  EXPECT_EQ(std::vector<double>(again.begin(), again.begin() + c.vocab),
+            std::vector<double>(logits.begin(), logits.begin() + c.vocab));
+  EXPECT_NE(again, logits);
+}
+
+TEST(Bert, QuestionAnsweringHeadParameterCountsAreHuggingFacesLessTheSegmentEmbeddings) {
+  // BertForQuestionAnswering's num_parameters() (no pooler; qa_outputs C x 2 + 2) for
+  // bert-base-uncased and bert-large-uncased, less the token-type table (2 x channels).
+  const auto count = [](const BertConfig& c) {
+    nn::GraphBuilder b(inference_options());
+    const LanguageModel m = build_bert(b, c, 2, 8, BertHead::qa);
+    EXPECT_EQ(b.desc(m.logits).shape, (Shape{16, 2}));
+    EXPECT_LT(m.labels.id, 0);
+    return nn::Graph(std::move(b)).parameter_count();
+  };
+  EXPECT_EQ(count(bert_base()), 108'893'186 - 2 * 768);
+  EXPECT_EQ(count(bert_large()), 334'094'338 - 2 * 1024);
+}
+
+// BERT sees the whole sequence both ways: changing the last token moves the first one's
+// (start, end) logits, and a sequence's logits do not depend on the other sequences'.
+TEST(Bert, QuestionAnsweringLogitsAreEveryTokensStartAndEndOverTheWholeSequence) {
+  const BertConfig c = tiny_bert();
+  const std::int64_t batch = 2, seq = 6;
+  auto kernels = nn::make_ref_kernels();
+  nn::GraphBuilder b(inference_options(test::seed(), DType::f64));
+  const LanguageModel m = build_bert(b, c, batch, seq, BertHead::qa);
+  nn::Graph g(std::move(b));
+  g.bind(*kernels);
+  const TokenBatch data = copy_task_batch(test::seed(), 0, batch, seq, c.vocab);
+  g.set_input(m.tokens, data.tokens);
+  g.forward(false);
+  const std::vector<double> before = g.read(m.logits);
+  std::vector<double> tokens = data.tokens;
+  const auto last = static_cast<std::size_t>(seq - 1);
+  tokens[last] = tokens[last] == 3 ? 4 : 3;
+  g.set_input(m.tokens, tokens);
+  g.forward(false);
+  const std::vector<double> after = g.read(m.logits);
+  ASSERT_EQ(after.size(), static_cast<std::size_t>(batch * seq * 2));
+  EXPECT_NE(after[0], before[0]);
+  EXPECT_NE(after[1], before[1]);
+  const auto second = [&](const std::vector<double>& v) { return std::vector<double>(v.begin() + seq * 2, v.end()); };
+  EXPECT_EQ(second(after), second(before));
+}
+
+TEST(LanguageHeads, InferenceHeadsAreRefusedInTrainingGraphs) {
+  nn::GraphBuilder gb, bb;
+  EXPECT_NE(test::usage_error([&] { build_gpt(gb, tiny_gpt2(), 1, 8, GptHead::prefill); }).find("inference graphs"),
+            std::string::npos);
+  EXPECT_NE(test::usage_error([&] { build_bert(bb, tiny_bert(), 1, 8, BertHead::qa); }).find("inference graphs"),
+            std::string::npos);
+  nn::GraphBuilder tb(inference_options());
+  EXPECT_NE(test::usage_error([&] {
+              build_gpt(tb, tiny_gpt2(), 1, 65, GptHead::prefill);
+            }).find("longer than its 64 positions"),
+            std::string::npos);
+}
+
+// An inference graph plans no gradient, keeps nothing past the op that wrote it (the MLP's GELU
+// input not even there), binds no parameter gradient, and needs a smaller arena than training.
+TEST(LanguageHeads, InferenceGraphsHoldNoGradientsAndKeepNothingForBackward) {
+  const auto arena = [](bool training, bool bert) {
+    nn::GraphOptions o = inference_options();
+    o.training = training;
+    nn::GraphBuilder b(o);
+    if (bert) build_bert(b, tiny_bert(), 4, 32, training ? BertHead::masked_lm : BertHead::qa);
+    else build_gpt(b, tiny_gpt2(), 4, 32, training ? GptHead::loss : GptHead::prefill);
+    return nn::Graph(std::move(b));
+  };
+  for (const bool bert : {false, true}) {
+    SCOPED_TRACE(bert ? "tiny_bert qa" : "tiny_gpt2 prefill");
+    nn::Graph g = arena(false, bert);
+    int saved = 0, gelu_inputs = 0;
+    for (const nn::BufferLifetime& life : g.buffers()) {
+      EXPECT_NE(life.label.rfind("grad ", 0), 0u) << life.label;
+      if (life.label.find(":saved") == std::string::npos) continue;
+      ++saved;
+      EXPECT_EQ(life.first_step, life.last_step) << life.label << " outlives its op";
+      if (life.label.find("mlp:saved0") != std::string::npos) {
+        ++gelu_inputs;
+        EXPECT_EQ(life.bytes, 0) << life.label;
+      }
+    }
+    EXPECT_GT(saved, 0);
+    EXPECT_EQ(gelu_inputs, 2);  // one MLP per layer
+    EXPECT_LT(g.memory_plan().peak_bytes, arena(true, bert).memory_plan().peak_bytes);
+    auto kernels = nn::make_ref_kernels();
+    g.bind(*kernels);
+    for (const nn::Parameter& p : g.parameters()) EXPECT_FALSE(p.grad.defined()) << p.name;
+    EXPECT_THROW(g.backward(), Error);
+  }
 }
 
 }  // namespace

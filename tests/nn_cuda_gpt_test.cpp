@@ -1,8 +1,10 @@
 // A small GPT (2 layers, 128 channels in 2 heads of 64, a 300-token vocabulary padded to 384,
 // sequences of 80 tokens: off every tile) on the GPU against the same graph on the reference
 // kernels in f64: the loss, every parameter's gradient (the tied embedding's included) and the
-// parameters after one AdamW step, in f32 and bf16; the captured step against the eager one; and
-// deterministic mode bit-identical twice. Skips where no GPU answers.
+// parameters after one AdamW step, in f32 and bf16; the captured step against the eager one;
+// deterministic mode bit-identical twice; and the inference heads (GPT's prefill logits, a small
+// BERT's question-answering logits) in inference graphs against the reference, captured replay
+// bit-identical to the eager forward. Skips where no GPU answers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "models/bert.h"
 #include "models/gpt.h"
 #include "nn/cuda/device_kernels.h"
 #include "nn/graph.h"
@@ -158,6 +161,45 @@ TEST_F(CudaGpt, CapturedStepMatchesEagerAndDeterministicModeRepeatsBitForBit) {
   EXPECT_EQ(eager.first, captured.first) << "the captured step computes what the eager one does";
   EXPECT_EQ(eager.second, captured.second);
   EXPECT_LT(eager.first.back(), eager.first.front()) << "three AdamW steps on one batch lower its loss";
+}
+
+// An inference graph of small_gpt's prefill head or a BERT of the same size's question-answering
+// head on `k`, sample data uploaded, run once eagerly: its logits, and those of a captured replay.
+struct InferenceLogits {
+  std::vector<double> eager, replayed;
+};
+InferenceLogits inference_logits(nn::Kernels& k, nn::GraphOptions o, bool bert) {
+  o.training = false;
+  nn::GraphBuilder b(o);
+  const GptConfig c = small_gpt();
+  const BertConfig bc{.name = "small_bert", .layers = 2, .heads = 2, .channels = 128, .vocab = 300, .positions = 128};
+  const LanguageModel m =
+      bert ? build_bert(b, bc, kBatch, kSeq, BertHead::qa) : build_gpt(b, c, kBatch, kSeq, GptHead::prefill);
+  nn::Graph g(std::move(b));
+  g.bind(k);
+  g.set_input(m.tokens, copy_task_batch(o.seed, 0, kBatch, kSeq, c.vocab).tokens);
+  g.forward(false);
+  InferenceLogits out{g.read(m.logits), {}};
+  const std::unique_ptr<nn::Replayable> step = g.capture_step(nullptr);
+  step->replay();
+  out.replayed = g.read(m.logits);
+  return out;
+}
+
+TEST_F(CudaGpt, InferenceHeadsMatchTheReferenceAndReplayBitForBit) {
+  for (const bool bert : {false, true}) {
+    SCOPED_TRACE(bert ? "BERT question answering [B*T, 2]" : "GPT prefill [B, V], V = 256 + 44");
+    nn::GraphOptions ro = options(Precision::fp32);
+    ro.dtype = DType::f64;
+    const std::vector<double> want = inference_logits(*ref_, ro, bert).eager;
+    ASSERT_EQ(want.size(), static_cast<std::size_t>(bert ? kBatch * kSeq * 2 : kBatch * small_gpt().vocab));
+    for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+      SCOPED_TRACE(std::string(to_string(p)));
+      const InferenceLogits got = inference_logits(*cuda_, options(p), bert);
+      expect_close(got.eager, want, p == Precision::fp32 ? 2e-3 : p == Precision::fp16 ? 1e-2 : 6e-2, "logits");
+      EXPECT_EQ(got.replayed, got.eager) << "the captured forward computes what the eager one does";
+    }
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Tests for src/workloads/models: the model zoo and synthetic data, the train and infer workloads
 // on the reference kernels (tiny ResNet, small images: counts, loss trajectory, diverged status,
-// latency percentiles, the per-op profile), the model system under test behind loadgen, and the
-// accelbench binary running train end to end.
+// latency percentiles, the per-op profile; the tiny language models' inference heads), the model
+// system under test behind loadgen, the accelbench binary running train end to end, and (where a
+// GPU answers) the language models' inference on the CUDA engine.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -49,8 +50,9 @@ measure::Settings fast_settings() {
   return s;
 }
 
-std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& artifact_dir = {}) {
-  auto be = backend::make_backend("cpu");
+std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& artifact_dir = {},
+                           const std::string& device = "cpu") {
+  auto be = backend::make_backend(device);
   std::vector<json> records;
   RunnerHooks hooks;
   hooks.sink = [&records](const json& r) { records.push_back(r); };
@@ -63,7 +65,8 @@ std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& a
 
 // `args` are "name=values": a name the workload declares as an option sets it (one value, as
 // --option does), any other overrides an axis (as --axis does).
-std::vector<PlanEntry> plan_of(const std::string& workload, const std::vector<std::string>& args) {
+std::vector<PlanEntry> plan_of(const std::string& workload, const std::vector<std::string>& args,
+                               const std::string& device_kind = "cpu") {
   Workload& w = find_workload(workload);
   std::vector<AxisOverride> overrides;
   OptionValues options;
@@ -75,7 +78,7 @@ std::vector<PlanEntry> plan_of(const std::string& workload, const std::vector<st
     else
       overrides.push_back(parse_axis_argument(a));
   }
-  return plan_for(w, "cpu", overrides, options);
+  return plan_for(w, device_kind, overrides, options);
 }
 
 std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& args,
@@ -712,6 +715,123 @@ TEST(Infer, ReferenceLogitsDoNotDependOnTheBatchOrLayout) {
   EXPECT_GT(std::fabs(a[0] - a[1]) + std::fabs(a[2] - a[3]), 0.0);
 }
 
+// A language model's inference: its head (BERT's question answering, GPT-2's prefill), sequences
+// and tokens counted, and sample 0's logits checked against float64 (the reference's own float32
+// here: well inside the check). seq=0 is the model's positions.
+TEST(Infer, LanguageModelsRunTheirInferenceHeadsAndCountTokens) {
+  const auto records = run_points("infer", {"model=tiny_bert,tiny_gpt2", "batch=1,3", "seq=16,0"});
+  ASSERT_EQ(records.size(), 8u);
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    const std::string model = r["params"]["model"];
+    const double batch = r["params"]["batch"].get<double>();
+    const double seq = r["params"]["seq"] == 0 ? 64.0 : r["params"]["seq"].get<double>();  // tiny: 64 positions
+    EXPECT_EQ(r["metrics"]["model"]["head"], model == "tiny_bert" ? "qa" : "prefill");
+    EXPECT_EQ(r["counts"]["samples"], batch);
+    EXPECT_EQ(r["counts"]["tokens"], batch * seq);
+    EXPECT_NEAR(r["rates"]["tokens_per_s"].get<double>(), seq * r["rates"]["samples_per_s"].get<double>(),
+                1e-9 * r["rates"]["tokens_per_s"].get<double>());
+    EXPECT_EQ(r["metrics"]["latency_s"]["p50"], r["time"]["median_s"]);
+    EXPECT_EQ(r["time"]["iterations_per_sample"], 1);
+    EXPECT_EQ(r["check"]["passed"], true);
+    EXPECT_LE(r["check"]["rel_error"].get<double>(), 1e-5);
+    EXPECT_EQ(r["metrics"]["accuracy"]["logits_rel_error_vs_f64"], r["check"]["rel_error"]);
+    EXPECT_EQ(r["metrics"]["accuracy"]["top1_agrees_f64"], true);
+    EXPECT_GT(r["counts"]["flops"].get<double>(), 0.0);
+    EXPECT_FALSE(r["metrics"].contains("fusion"));  // fold=auto is off: nothing to fold
+  }
+  // BERT's cost grows with the sequence: seq 64 (0) costs more per sample than seq 16.
+  std::map<std::string, double> gflops;
+  for (const auto& r : records)
+    gflops[r["params"]["model"].get<std::string>() + "/" + r["params"]["seq"].dump()] =
+        r["metrics"]["gflops_per_sample"]["forward"].get<double>();
+  EXPECT_GT(gflops.at("tiny_bert/0"), 4 * gflops.at("tiny_bert/16"));
+  EXPECT_GT(gflops.at("tiny_gpt2/0"), gflops.at("tiny_gpt2/16"));
+}
+
+// The 16-bit policies on the reference kernels: rounded at every op, inside their tolerances, and
+// bf16 (8 bits of mantissa) further from float64 than fp16 (11).
+TEST(Infer, LanguageModelPrecisionsPassTheirChecks) {
+  const auto records = run_points("infer", {"model=tiny_bert,tiny_gpt2", "batch=2", "seq=32", "precision=bf16,fp16"});
+  ASSERT_EQ(records.size(), 4u);
+  std::map<std::string, double> error;
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    EXPECT_EQ(r["check"]["passed"], true);
+    error[r["params"]["model"].get<std::string>() + "/" + r["params"]["precision"].get<std::string>()] =
+        r["check"]["rel_error"].get<double>();
+  }
+  for (const std::string model : {"tiny_bert", "tiny_gpt2"}) {
+    EXPECT_GT(error.at(model + "/fp16"), 0.0) << model;
+    EXPECT_GT(error.at(model + "/bf16"), error.at(model + "/fp16")) << model;
+  }
+}
+
+TEST(Infer, LanguageModelBadInputIsInvalidSayingWhy) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"model=tiny_gpt2", "seq=65"}, "longer than its 64 positions"},
+      {{"model=tiny_bert", "seq=-1"}, "seq >= 0"},
+      {{"model=tiny_bert", "seq=8", "fold=on"}, "no batch norm to fold"},
+      {{"model=tiny_gpt2", "seq=8", "precision=fp8"}, "runs fp32, tf32, bf16 or fp16"}};
+  for (const auto& [args, why] : cases) {
+    std::vector<std::string> a = args;
+    a.push_back("batch=1");
+    const auto records = run_points("infer", a);
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0]["status"], "invalid") << records[0].dump();
+    EXPECT_TRUE(contains(records[0].value("reason", ""), why)) << why << ": " << records[0].dump();
+  }
+}
+
+TEST(Infer, ReferenceLogitsOfALanguageModelAreSampleZerosHead) {
+  zoo::ModelSpec s;
+  s.training = false;
+  s.seq = 8;
+  s.model = "tiny_bert";
+  const auto qa = zoo::reference_logits(s);
+  EXPECT_EQ(qa.size(), 16u);  // (start, end) of each of the 8 tokens
+  s.batch = 5;
+  EXPECT_EQ(zoo::reference_logits(s), qa);
+  s.model = "tiny_gpt2";
+  EXPECT_EQ(zoo::reference_logits(s).size(), 64u);  // the vocabulary, at the last position
+  s.seq = 9;
+  EXPECT_NE(zoo::reference_logits(s), zoo::reference_logits([&] {
+              zoo::ModelSpec t = s;
+              t.seq = 8;
+              return t;
+            }()));
+  // Top-1 of interleaved (start, end) pairs agrees only where both argmaxes do.
+  EXPECT_EQ(zoo::logits_accuracy({1, 0, 0, 2}, {1, 0, 0, 2}, 2)["top1_agrees_f64"], true);
+  EXPECT_EQ(zoo::logits_accuracy({1, 0, 0, 2}, {1, 3, 0, 2}, 2)["top1_agrees_f64"], false);  // the end moved
+  EXPECT_THROW(zoo::logits_accuracy({1, 0, 0}, {1, 0, 0}, 2), Error);
+}
+
+// On a GPU (skipped without one): the tiny models and BERT-base / GPT-2 124M at a short sequence
+// through the CUDA engine, captured and eager, each checked against float64 before it is timed.
+TEST(InferGpu, LanguageModelsPassTheirChecksOnTheGpu) {
+  try {
+    backend::make_backend("cuda:0");
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no CUDA device: " << e.what();
+  }
+  auto plan =
+      plan_of("infer", {"model=tiny_bert,tiny_gpt2", "batch=1,4", "seq=64", "precision=fp32,bf16,fp16", "graph=on,off"},
+              "cuda");
+  const auto big = plan_of("infer", {"model=bert_base,gpt2_124m", "batch=2", "seq=128", "precision=bf16"}, "cuda");
+  plan.insert(plan.end(), big.begin(), big.end());
+  const auto records = run_plan(plan, {}, "cuda:0");
+  ASSERT_EQ(records.size(), 26u);
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    EXPECT_EQ(r["check"]["passed"], true);
+    EXPECT_GT(r["rates"]["tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(r["metrics"]["device_bytes_peak"].get<double>(), 0.0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // loadgen with the model system under test
 
@@ -769,6 +889,58 @@ TEST(ModelSut, BucketsStepByEightAboveEightAndReportTheirMemory) {
   const double image_bytes = 3 * 8 * 8 * 4;  // f32 3x8x8
   EXPECT_GE(s["pinned_host_bytes"].get<double>(), 20 * image_bytes);  // the pool, plus the logits
   EXPECT_GT(s["prepare_s"].get<double>(), 0.0);
+}
+
+// Language models behind the batcher: a sample is a sequence of `seq` tokens, its logits the
+// head's (BERT: every token's start and end; GPT-2: the last position's vocabulary).
+TEST(ModelSut, LanguageModelsRunBehindTheBatcher) {
+  auto be = backend::make_backend("cpu");
+  for (const char* model : {"tiny_bert", "tiny_gpt2"}) {
+    SCOPED_TRACE(model);
+    zoo::ModelSutSpec spec{model, Precision::fp32, 8, Layout::nchw, 16};
+    auto exec = zoo::make_model_executor(*be, spec, 5);
+    exec->prepare();
+    std::vector<scenarios::QuerySample> batch;
+    for (std::uint64_t n = 1; n <= 5; ++n) {
+      batch.push_back({n, n * 3});
+      exec->run(batch);
+    }
+    const json s = zoo::model_executor_summary(*exec);
+    EXPECT_EQ(s["seq"], 16);
+    EXPECT_FALSE(s.contains("image_size"));
+    EXPECT_EQ(s["buckets"], json::array({1, 2, 4, 5}));
+    EXPECT_GE(s["pinned_host_bytes"].get<double>(), 5 * 16 * 4);  // the pool of i32 tokens, plus the logits
+    EXPECT_TRUE(contains(exec->describe(), "seq 16")) << exec->describe();
+    EXPECT_EQ(zoo::tokens_per_sample(spec), 16);
+  }
+  zoo::ModelSutSpec positions{"tiny_gpt2", Precision::fp32, 8, Layout::nchw, 0};
+  EXPECT_EQ(zoo::tokens_per_sample(positions), 64);
+  zoo::ModelSutSpec too_long{"tiny_bert", Precision::fp32, 8, Layout::nchw, 65};
+  const std::string msg = test::usage_error([&] { zoo::make_model_executor(*be, too_long, 4); });
+  EXPECT_TRUE(contains(msg, "longer than its 64 positions")) << msg;
+  zoo::ModelSutSpec autoencoder{"tiny_compression_ae", Precision::fp32, 8, Layout::nchw, 0};
+  EXPECT_TRUE(contains(test::usage_error([&] { zoo::make_model_executor(*be, autoencoder, 4); }), "autoencoder"));
+}
+
+TEST(ModelSut, LoadgenRunsALanguageModelWithItsSequenceLength) {
+  // Single-stream only: offline's 1,024-sample minimum takes longer than the test's 5 s timeout
+  // on a loaded two-core machine running the reference kernels.
+  const auto records =
+      run_points("loadgen", {"sut=tiny_bert", "scenario=single-stream", "seq=16", "samples=64", "max_batch=4"});
+  ASSERT_EQ(records.size(), 1u);
+  for (const auto& r : records) {
+    SCOPED_TRACE(r.dump());
+    ASSERT_EQ(r["status"], "ok");
+    EXPECT_TRUE(contains(r["scenario"]["sut"].get<std::string>(), "tiny_bert fp32 seq 16"));
+    EXPECT_EQ(r["metrics"]["model"]["seq"], 16);
+    EXPECT_EQ(r["counts"]["tokens"], 16.0);
+    EXPECT_GT(r["counts"]["flops"].get<double>(), 0.0);
+    EXPECT_GT(r["scenario"]["completed_samples_per_s"].get<double>(), 0.0);
+  }
+  const auto bad = run_points("loadgen", {"sut=tiny_gpt2", "scenario=single-stream", "seq=65", "samples=64"});
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0]["status"], "invalid") << bad[0].dump();
+  EXPECT_TRUE(contains(bad[0].value("reason", ""), "longer than its 64 positions")) << bad[0].dump();
 }
 
 // ---------------------------------------------------------------------------------------------

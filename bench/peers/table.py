@@ -10,7 +10,10 @@ accelbench / peer (above 1: accelbench is faster). Standard library only.
       (what `accelbench run ... --out DIR` wrote); a peer or accelbench that failed gets its row
       with the reason, so the table is made whatever ran.
 Training rows compare tokens/s (batch x sequence over the median step, accelbench's time.median_s
-per step); inference rows sequences/s (batch over the p50 latency) and the p50 latency itself."""
+per step); inference rows sequences/s (batch over the p50 latency: accelbench's infer samples one
+forward each, so its time.median_s is the p50) and the p50 latency itself. An inference row whose
+head differs from accelbench's (a peer's --head mlm against accelbench's question answering,
+metrics.model.head) gets no ratio: the two did not compute the same thing."""
 import argparse
 import glob
 import json
@@ -57,7 +60,13 @@ def accelbench_row(rec):
     else:
         row.update(seqs_per_s=batch / median_s, tokens_per_s=batch * seq / median_s, p50_ms=median_s * 1e3,
                    p99_ms=(t.get("p99_s") or float("nan")) * 1e3)
-    peak = [v for k, v in (rec.get("metrics") or {}).items() if "peak" in k and k.endswith("_bytes")]
+    metrics = rec.get("metrics") or {}
+    head = (metrics.get("model") or {}).get("head") if isinstance(metrics.get("model"), dict) else None
+    if head:
+        row["head"] = head
+    # The allocator's peak (train and infer write metrics.device_bytes_peak); else any *peak*_bytes.
+    peak = [metrics["device_bytes_peak"]] if "device_bytes_peak" in metrics else [
+        v for k, v in metrics.items() if "peak" in k and k.endswith("_bytes")]
     if peak and isinstance(peak[0], (int, float)):
         row["peak_mem_gib"] = peak[0] / 2**30
     return row
@@ -100,7 +109,9 @@ def build_rows(peers, peer_errors, records, accelbench_logs):
         for peer in (p for p in peers + peer_errors if key_of(p) == key):
             row = dict(peer)
             figure = "tokens_per_s" if key[0] == "train" else "seqs_per_s"
-            if "error" not in mine and "error" not in row and row.get(figure):
+            if mine.get("head") and row.get("head") and mine["head"] != row["head"]:
+                row["not_compared"] = f"heads differ: accelbench {mine['head']}, this {row['head']}"
+            elif "error" not in mine and "error" not in row and row.get(figure):
                 row["accelbench_ratio"] = mine[figure] / row[figure]
                 if key[0] == "infer" and row.get("p50_ms"):
                     row["accelbench_latency_ratio"] = row["p50_ms"] / mine["p50_ms"]
@@ -116,8 +127,11 @@ def fmt(value, digits=0):
 
 
 def ratio(row, name):
-    """A ratio's cell: blank on accelbench's own row, n/a where either side has no figure."""
-    return "" if row["peer"] == "accelbench" else fmt(row.get(name), 3)
+    """A ratio's cell: blank on accelbench's own row, n/a where either side has no figure (and why,
+    where the two are not compared)."""
+    if row["peer"] == "accelbench":
+        return ""
+    return f"n/a ({row['not_compared']})" if "not_compared" in row else fmt(row.get(name), 3)
 
 
 def markdown(title, rows):

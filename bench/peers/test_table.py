@@ -59,7 +59,9 @@ def record(workload, model, batch, seq, median_s, status="ok", p99_s=None, reaso
                                                                 "seq": seq}}
     if status == "ok":
         rec["time"] = {"median_s": median_s, "p99_s": p99_s or median_s * 1.1}
-        rec["metrics"] = {"peak_device_memory_bytes": 30 * 2**30}
+        rec["metrics"] = {"device_bytes_peak": 30 * 2**30}  # what train and infer record
+        if workload == "infer":
+            rec["metrics"]["model"] = {"name": model, "head": "qa"}
     else:
         rec["reason"] = reason
     return rec
@@ -135,6 +137,37 @@ class Compare(unittest.TestCase):
         self.assertAlmostEqual(rows[1]["accelbench_latency_ratio"], 2.5 / 2.0)
         self.assertEqual(rows[2]["error"], "oom: out of memory")
         self.assertNotIn("accelbench_ratio", rows[3])
+
+    def test_infer_reads_accelbench_records_as_written(self):
+        """An infer record's shape as accelbench writes it: sequences/s = batch / time.median_s
+        (one forward per sample: the p50), p99 from time.p99_s, peak memory from
+        metrics.device_bytes_peak; a peer of another head gets no ratio."""
+        key = {"bench": "infer", "model": "bert_large", "precision": "bf16", "batch": 256, "seq": 384}
+        peer = self.write("infer.log", "\n".join(
+            result_line({**key, "peer": "pytorch", "mode": m, "head": h, "seqs_per_s": 1000.0, "p50_ms": 256.0,
+                         "p99_ms": 260.0}) for m, h in (("cudagraph", "qa"), ("eager", "mlm"))) + "\n")
+        rec = {"workload": "infer", "status": "ok",
+               "params": {**{k: key[k] for k in ("model", "precision", "batch", "seq")}, "fold": "auto"},
+               "counts": {"samples": 256, "tokens": 256 * 384},
+               "time": {"median_s": 0.2, "p99_s": 0.21, "p90_s": 0.205},
+               "rates": {"samples_per_s": 1280.0, "tokens_per_s": 1280.0 * 384},
+               "metrics": {"model": {"name": "bert_large", "parameters": 334092290, "ops": 171, "head": "qa"},
+                           "latency_s": {"p50": 0.2, "p99": 0.21}, "device_bytes_peak": 3 * 2**30,
+                           "memory_plan": {"arena_bytes": 2**30}}}
+        self.write("ab/runs/r1/points.jsonl", json.dumps(rec) + "\n")
+        _, rows, md = self.run_table([peer])
+        self.assertEqual([r["peer"] for r in rows], ["accelbench", "pytorch", "pytorch"])
+        self.assertAlmostEqual(rows[0]["seqs_per_s"], 1280.0)
+        self.assertAlmostEqual(rows[0]["p50_ms"], 200.0)
+        self.assertAlmostEqual(rows[0]["p99_ms"], 210.0)
+        self.assertAlmostEqual(rows[0]["peak_mem_gib"], 3.0)
+        self.assertEqual(rows[0]["head"], "qa")
+        self.assertAlmostEqual(rows[1]["accelbench_ratio"], 1.28)
+        self.assertAlmostEqual(rows[1]["accelbench_latency_ratio"], 256.0 / 200.0)
+        self.assertNotIn("accelbench_ratio", rows[2])
+        self.assertIn("heads differ: accelbench qa, this mlm", rows[2]["not_compared"])
+        self.assertIn("| 1.280 | 1.280 |", md)
+        self.assertIn("n/a (heads differ: accelbench qa, this mlm)", md)
 
     def test_nothing_measured_fails(self):
         code, rows, md = self.run_table([os.path.join(self.dir, "none.log")])

@@ -1,5 +1,6 @@
 #include "models/bert.h"
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "nn/ops.h"
 
@@ -11,13 +12,18 @@ BertConfig tiny_bert() {
   return {.name = "tiny_bert", .layers = 2, .heads = 1, .channels = 64, .vocab = 64, .positions = 64};
 }
 
-LanguageModel build_bert(nn::GraphBuilder& b, const BertConfig& c, std::int64_t batch, std::int64_t seq) {
+LanguageModel build_bert(nn::GraphBuilder& b, const BertConfig& c, std::int64_t batch, std::int64_t seq,
+                         BertHead head) {
   check_language_model(c.name, c.heads, c.channels, c.vocab, c.positions, batch, seq);
+  if (head == BertHead::qa && b.options().training)
+    throw UsageError("model " + c.name +
+                     ": the question-answering head is for inference graphs "
+                     "(GraphOptions::training = false)");
   const nn::ParamInit normal{nn::ParamInit::Dist::normal, 0.02};  // Hugging Face's initializer_range
   const double eps = c.layernorm_epsilon;
   LanguageModel m;
   m.tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
-  m.labels = b.input("labels", Shape{batch * seq}, DType::i32);
+  if (head == BertHead::masked_lm) m.labels = b.input("labels", Shape{batch * seq}, DType::i32);
   nn::Value x = nn::embedding(b, "embeddings", m.tokens, c.vocab, c.positions, c.channels);
   x = nn::layernorm(b, "embeddings.LayerNorm", x, eps);
   for (std::int64_t l = 0; l < c.layers; ++l) {
@@ -28,6 +34,11 @@ LanguageModel build_bert(nn::GraphBuilder& b, const BertConfig& c, std::int64_t 
     x = nn::layernorm(b, p + "attention.output.LayerNorm", nn::add(b, p + "attention.add", x, o), eps);
     const nn::Value f = nn::mlp(b, p + "mlp", x, 4 * c.channels, 0.02, 0.02);
     x = nn::layernorm(b, p + "output.LayerNorm", nn::add(b, p + "output.add", x, f), eps);
+  }
+  if (head == BertHead::qa) {
+    m.logits = nn::linear(b, "qa_outputs", x, 2, true, false, normal);
+    b.mark_output(m.logits);
+    return m;
   }
   nn::Value t = nn::linear(b, "cls.predictions.transform.dense", x, c.channels, true, false, normal);
   t = nn::layernorm(b, "cls.predictions.transform.LayerNorm", nn::gelu(b, "cls.predictions.transform.gelu", t), eps);

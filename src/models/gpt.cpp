@@ -36,8 +36,10 @@ void check_language_model(const std::string& name, std::int64_t heads, std::int6
     throw UsageError(model + "a vocabulary of " + std::to_string(vocab) + " does not fit i32 tokens");
 }
 
-LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq) {
+LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq, GptHead head) {
   check_gpt(c, batch, seq);
+  if (head == GptHead::prefill && b.options().training)
+    throw UsageError("model " + c.name + ": the prefill head is for inference graphs (GraphOptions::training = false)");
   // Hugging Face's initialisation: N(0, 0.02), the projections into the residual stream scaled
   // by 1 / sqrt(2 layers) (each block adds two).
   const nn::ParamInit normal{nn::ParamInit::Dist::normal, 0.02};
@@ -45,7 +47,7 @@ LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t ba
   const nn::ParamInit proj{nn::ParamInit::Dist::normal, proj_std};
   LanguageModel m;
   m.tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
-  m.labels = b.input("labels", Shape{batch * seq}, DType::i32);
+  if (head == GptHead::loss) m.labels = b.input("labels", Shape{batch * seq}, DType::i32);
   nn::Value x = nn::embedding(b, "embed", m.tokens, c.vocab, c.positions, c.channels);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
@@ -57,6 +59,11 @@ LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t ba
     x = nn::add(b, h + "add_2", x, nn::mlp(b, h + "mlp", ln2, 4 * c.channels, 0.02, proj_std));
   }
   x = nn::layernorm(b, "ln_f", x, c.layernorm_epsilon);
+  if (head == GptHead::prefill) {
+    m.logits = nn::last_position_logits(b, "lm_head", x, c.vocab, seq, "embed.wte");
+    b.mark_output(m.logits);
+    return m;
+  }
   m.loss = nn::classifier_loss(b, "lm_head", x, m.labels, c.vocab, "embed.wte");
   b.set_loss(m.loss);
   b.mark_output(m.loss);

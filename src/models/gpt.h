@@ -1,5 +1,6 @@
 // GPT-2 as Hugging Face transformers and llm.c define it (pre-norm blocks, learned positions, GELU
-// tanh, tied embeddings), built into an nn graph, and the synthetic token task it trains on.
+// tanh, tied embeddings), built into an nn graph with its training loss or its inference (prefill)
+// head, and the synthetic token task it trains on.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +29,11 @@ GptConfig gpt2_774m();
 GptConfig gpt2_1558m();
 GptConfig tiny_gpt2();
 
-// A language model's graph values: tokens [B, T] and labels [B*T] (i32, the next token; -1 where a
-// position is not scored) in, the mean cross-entropy out.
+// A language model's graph values: tokens [B, T] (i32) in; with a training head also labels [B*T]
+// (i32, the next token; -1 where a position is not scored) in and the mean cross-entropy out, with
+// an inference head the logits out instead (no labels, no loss: undefined values, id -1).
 struct LanguageModel {
-  nn::Value tokens, labels, loss;
+  nn::Value tokens, labels, loss, logits;
 };
 
 // Throws UsageError (before anything is built) for a sequence longer than the positions, heads
@@ -39,7 +41,15 @@ struct LanguageModel {
 void check_language_model(const std::string& name, std::int64_t heads, std::int64_t channels, std::int64_t vocab,
                           std::int64_t positions, std::int64_t batch, std::int64_t seq);
 void check_gpt(const GptConfig& c, std::int64_t batch, std::int64_t seq);
-LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq);
+
+// What follows the final LayerNorm: the tied classifier and its next-token loss (training), or the
+// tied classifier's logits [B, V] of each sequence's last position alone (prefill: what a
+// generation computes before its first token; Hugging Face's logits_to_keep=1), for inference
+// graphs. The decoder stack is the same in both.
+enum class GptHead { loss, prefill };
+// UsageError (before building) as check_gpt, and for the prefill head in a training graph.
+LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t batch, std::int64_t seq,
+                        GptHead head = GptHead::loss);
 
 // A learnable task for a causal model: each sequence is a random first half (from (seed, sample
 // index)) repeated, so the second half is predictable from the first (the model must learn to

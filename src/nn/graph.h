@@ -98,7 +98,8 @@ struct Parameter {
   std::string name;  // "layer1.0.conv1.weight"
   ParamSpec spec;
   Tensor value;      // bound after bind(); the f32 master where `copy` is defined
-  Tensor grad;       // undefined for running statistics; f32 beside a 16-bit copy, and unscaled (fp16)
+  Tensor grad;       // undefined for running statistics and in an inference graph; f32 beside a 16-bit copy, and
+                     // unscaled (fp16)
   Tensor copy;       // bf16/fp16: the 16-bit copy the op reads, `value` rounded; else undefined
   // Data parallelism with the mean in the update (DataParallel::set_mean_in_update): the peer
   // rank's gradient, laid out as `grad`; the optimizer steps on (grad + grad_partner) / 2. Else undefined.

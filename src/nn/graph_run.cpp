@@ -83,7 +83,8 @@ void Graph::bind(Kernels& kernels) {
       if (s.tied(i, j)) continue;  // the owner's storage
       param_bytes += align_up(master_descs[i].back().size_bytes());
       if (has_copy(spec)) copy_bytes += align_up(read_descs[i].back().size_bytes());
-      if (spec.trainable()) grad_bytes += align_up(master_descs[i].back().size_bytes());
+      // An inference graph computes no gradient, so it holds none.
+      if (spec.trainable() && s.options.training) grad_bytes += align_up(master_descs[i].back().size_bytes());
     }
 
   // Describe every op's tensors (no data yet) and let the backend refuse what it cannot run.
@@ -169,7 +170,7 @@ void Graph::bind(Kernels& kernels) {
         p.copy = s.copy_store.view(read_descs[i][j], copy_offset);
         copy_offset += align_up(p.copy.size_bytes());
       }
-      if (spec.trainable()) {
+      if (spec.trainable() && s.options.training) {
         p.grad = s.grad_store.view(master_descs[i][j], grad_offset);
         grad_offset += align_up(p.grad.size_bytes());
       }

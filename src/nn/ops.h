@@ -362,8 +362,8 @@ class Attention final : public Op {
 // linear_gelu_forward, linear_backward_data_gelu). Parameters c_fc.weight [hidden, C], c_fc.bias,
 // c_proj.weight [C, hidden], c_proj.bias (Hugging Face GPT-2's names), N(0, std) weights with
 // c_proj's std `proj_std` (GPT-2 scales it by 1/sqrt(2 layers)), zero biases. Keeps the GELU's
-// input and output [N, hidden] for backward; backward writes the GELU input's gradient over the
-// kept output once c_proj's weight gradient has read it.
+// input and output [N, hidden] for backward (an inference graph plans the output alone); backward
+// writes the GELU input's gradient over the kept output once c_proj's weight gradient has read it.
 class Mlp final : public Op {
  public:
   Mlp(std::string name, std::int64_t hidden, double std, double proj_std)
@@ -409,13 +409,34 @@ class ClassifierLoss final : public Op {
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
   Tensor logits(const OpTensors& t) const;  // [N, V] over the saved rows of padded_vocab()
-  struct VocabBlock {
-    std::int64_t first, count;
-  };
-  std::vector<VocabBlock> vocab_blocks() const;  // the GEMMs' split of the vocabulary
   std::int64_t vocab_;
   std::string tied_to_;
   bool bias_;
+};
+
+// A causal language model's inference head (kind "last_position_logits"): x [B*T, C] -> the logits
+// [B, V] = x_last weight^T of each sequence's last position, what a generation's prefill needs
+// (Hugging Face's logits_to_keep=1). The last rows are read where they lie (a view of x with a row
+// stride of T x C), not gathered. Weight [V, C], tied as ClassifierLoss's may be; the vocabulary's
+// GEMMs split as its. Inference only: a training graph is refused at bind (train the loss head).
+class LastPositionLogits final : public Op {
+ public:
+  LastPositionLogits(std::string name, std::int64_t vocab, std::int64_t seq, std::string tied_to = {})
+      : Op(std::move(name)), vocab_(vocab), seq_(seq), tied_to_(std::move(tied_to)) {}
+  std::string_view kind() const override { return "last_position_logits"; }
+  std::vector<ParamSpec> parameters() const override;
+  std::string tied_to(std::size_t i) const override { return i == 0 ? tied_to_ : std::string{}; }
+  std::int64_t prepare(Kernels& k, const OpTensors& descs) override;
+  void forward(Kernels& k, const OpTensors& t) override;
+  void backward(Kernels& k, const OpTensors& t) override;  // throws Error
+  std::int64_t flops(Pass p) const override;
+  std::int64_t bytes(Pass p) const override;
+
+ private:
+  std::vector<Tensor> do_infer(const std::vector<Tensor>& inputs) override;
+  Tensor last_rows(const Tensor& x) const;  // [B, C] view of x's rows T-1, 2T-1, ...
+  std::int64_t vocab_, seq_;
+  std::string tied_to_;
 };
 
 // ---- learned compression (ops_compress.cpp; models/compression.h)
@@ -522,6 +543,8 @@ Value attention(GraphBuilder& b, const std::string& name, Value qkv, std::int64_
 Value mlp(GraphBuilder& b, const std::string& name, Value x, std::int64_t hidden, double std, double proj_std);
 Value classifier_loss(GraphBuilder& b, const std::string& name, Value x, Value labels, std::int64_t vocab,
                       const std::string& tied_to = {}, bool bias = false);
+Value last_position_logits(GraphBuilder& b, const std::string& name, Value x, std::int64_t vocab, std::int64_t seq,
+                           const std::string& tied_to = {});
 struct RateDistortion {
   Value loss, mse;
 };

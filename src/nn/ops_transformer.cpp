@@ -250,14 +250,15 @@ std::vector<ParamSpec> Mlp::parameters() const {
 }
 
 std::vector<Tensor> Mlp::saved() const {
-  const Shape h{in_[0].shape[0], hidden_};
-  return {Tensor::describe(in_[0].dtype, h), Tensor::describe(in_[0].dtype, h)};  // gelu's input, its output
+  // The GELU's input is kept for backward alone: an inference graph plans no bytes for it.
+  const Shape h{in_[0].shape[0], hidden_}, pre = training_ ? h : Shape{0, hidden_};
+  return {Tensor::describe(in_[0].dtype, pre), Tensor::describe(in_[0].dtype, h)};  // gelu's input, its output
 }
 
 void Mlp::forward(Kernels& k, const OpTensors& t) {
   const Tensor& pre = t.saved[0];
   const Tensor& h = t.saved[1];
-  k.linear_gelu_forward(t.in[0], t.params[0], t.params[1], t.training ? pre : Tensor{}, h);
+  k.linear_gelu_forward(t.in[0], t.params[0], t.params[1], t.training && training_ ? pre : Tensor{}, h);
   k.linear_forward(h, t.params[2], t.params[3], t.out[0]);
 }
 
@@ -281,11 +282,11 @@ std::int64_t Mlp::flops(Pass p) const {
 }
 
 std::int64_t Mlp::bytes(Pass p) const {
-  // Forward: x, W1, b1 in, pre and h out; h, W2, b2 in, y out. Backward: h, dy, dW2, db2; dy, W2,
+  // Forward: x, W1, b1 in, pre (training) and h out; h, W2, b2 in, y out. Backward: h, dy, dW2, db2; dy, W2,
   // pre, dpre; x, dpre, dW1, db1; dpre, W1, dx.
   const std::int64_t n = in_[0].shape[0], c = in_[0].shape[1], e = element_bytes();
   const std::int64_t x = n * c, h = n * hidden_, w = c * hidden_;
-  if (p == Pass::forward) return (x + w + hidden_ + 2 * h + h + w + c + x) * e;
+  if (p == Pass::forward) return (x + w + hidden_ + (training_ ? 2 : 1) * h + h + w + c + x) * e;
   const std::int64_t data = input_needs_grad(0) ? h + w + x : 0;
   return (h + x + w + c + x + w + 2 * h + x + h + w + hidden_ + data) * e;
 }
@@ -340,24 +341,27 @@ Tensor column_block(const Tensor& t, std::int64_t first, std::int64_t count) {
   return v;
 }
 
-}  // namespace
-
 // The vocabulary in two GEMMs: its largest multiple of 128 and the rest (GPT-2's 50257 = 50176 +
 // 81), so that the big one has whole tiles; the tail's GEMMs are 0.16% of the work. On an H200
 // the GPT-2 124M step (B16 x 1024, bf16) took 51.7 ms with one GEMM over the 50257 rows and
 // 33.3 ms split (bench/HISTORY.md). Here, not in the linear engine, because the vocabulary is the
 // one output this wide and odd; the engine's other shapes are multiples of 128.
-std::vector<ClassifierLoss::VocabBlock> ClassifierLoss::vocab_blocks() const {
-  const std::int64_t aligned = vocab_ / 128 * 128;
+struct VocabBlock {
+  std::int64_t first, count;
+};
+std::vector<VocabBlock> vocab_blocks(std::int64_t vocab) {
+  const std::int64_t aligned = vocab / 128 * 128;
   std::vector<VocabBlock> blocks;
   if (aligned > 0) blocks.push_back({0, aligned});
-  if (vocab_ > aligned) blocks.push_back({aligned, vocab_ - aligned});
+  if (vocab > aligned) blocks.push_back({aligned, vocab - aligned});
   return blocks;
 }
 
+}  // namespace
+
 void ClassifierLoss::forward(Kernels& k, const OpTensors& t) {
   const Tensor l = logits(t);
-  for (const VocabBlock& b : vocab_blocks())
+  for (const VocabBlock& b : vocab_blocks(vocab_))
     k.linear_forward(t.in[0], row_block(t.params[0], b.first, b.count),
                      bias_ ? row_block(t.params[1], b.first, b.count) : Tensor{}, column_block(l, b.first, b.count));
   k.cross_entropy_fused(l, t.in[1], t.out[0], t.training ? l : Tensor{}, t.loss_seed);
@@ -371,7 +375,7 @@ void ClassifierLoss::backward(Kernels& k, const OpTensors& t) {
                       "tie the embedding to the classifier, not the classifier to a later layer");
   const Tensor dlogits = logits(t);  // forward left the gradient there
   bool first = true;
-  for (const VocabBlock& b : vocab_blocks()) {
+  for (const VocabBlock& b : vocab_blocks(vocab_)) {
     const Tensor dl = column_block(dlogits, b.first, b.count);
     k.linear_backward_weights(t.in[0], dl, row_block(t.dparams[0], b.first, b.count),
                               bias_ ? row_block(t.dparams[1], b.first, b.count) : Tensor{});
@@ -397,6 +401,58 @@ std::int64_t ClassifierLoss::bytes(Pass p) const {
   return (logits + x + w + data) * e;
 }
 
+// ---- last-position logits
+
+std::vector<Tensor> LastPositionLogits::do_infer(const std::vector<Tensor>& in) {
+  require(in.size() == 1, "takes x, got " + std::to_string(in.size()) + " inputs");
+  require(in[0].shape.rank() == 2, "x must be [B*T, C], got " + in[0].shape.to_string());
+  require_float(in[0]);
+  require(vocab_ >= 1 && seq_ >= 1, "the vocabulary and the sequence length must be >= 1");
+  require(in[0].shape[0] % seq_ == 0,
+          "x's " + std::to_string(in[0].shape[0]) + " rows are not whole sequences of " + std::to_string(seq_));
+  return {Tensor::describe(in[0].dtype, Shape{in[0].shape[0] / seq_, vocab_})};
+}
+
+std::vector<ParamSpec> LastPositionLogits::parameters() const {
+  const std::int64_t c = in_.empty() ? 0 : in_[0].shape[1];
+  const DType t = in_.empty() ? DType::f32 : in_[0].dtype;
+  return {{"weight", Shape{vocab_, c}, ParamRole::weight, {ParamInit::Dist::normal, 0.02}, t}};
+}
+
+std::int64_t LastPositionLogits::prepare(Kernels& k, const OpTensors& descs) {
+  if (training_) fail("is inference only (the last positions' logits); a training graph takes classifier_loss");
+  return Op::prepare(k, descs);
+}
+
+Tensor LastPositionLogits::last_rows(const Tensor& x) const {
+  Tensor v = x;
+  v.shape = Shape{x.shape[0] / seq_, x.shape[1]};
+  v.strides = {seq_ * x.strides[0], 1};
+  if (x.data != nullptr)
+    v.data = static_cast<char*>(x.data) + (seq_ - 1) * x.strides[0] * static_cast<std::int64_t>(size_bytes(x.dtype));
+  return v;
+}
+
+void LastPositionLogits::forward(Kernels& k, const OpTensors& t) {
+  const Tensor x = last_rows(t.in[0]);
+  for (const VocabBlock& b : vocab_blocks(vocab_))
+    k.linear_forward(x, row_block(t.params[0], b.first, b.count), Tensor{}, column_block(t.out[0], b.first, b.count));
+}
+
+void LastPositionLogits::backward(Kernels&, const OpTensors&) {
+  throw Error("layer '" + name() + "' (last_position_logits): inference only, no backward");
+}
+
+std::int64_t LastPositionLogits::flops(Pass p) const {
+  return p == Pass::forward ? 2 * out_[0].numel() * in_[0].shape[1] : 0;
+}
+
+std::int64_t LastPositionLogits::bytes(Pass p) const {
+  // The last rows of x and the weight read, the logits written.
+  const std::int64_t rows = out_[0].shape[0], c = in_[0].shape[1];
+  return p == Pass::forward ? (rows * c + vocab_ * c + rows * vocab_) * element_bytes() : 0;
+}
+
 // ---- builder helpers
 
 Value embedding(GraphBuilder& b, const std::string& name, Value tokens, std::int64_t vocab, std::int64_t positions,
@@ -416,6 +472,10 @@ Value mlp(GraphBuilder& b, const std::string& name, Value x, std::int64_t hidden
 Value classifier_loss(GraphBuilder& b, const std::string& name, Value x, Value labels, std::int64_t vocab,
                       const std::string& tied_to, bool bias) {
   return b.add1(std::make_unique<ClassifierLoss>(name, vocab, tied_to, bias), {x, labels});
+}
+Value last_position_logits(GraphBuilder& b, const std::string& name, Value x, std::int64_t vocab, std::int64_t seq,
+                           const std::string& tied_to) {
+  return b.add1(std::make_unique<LastPositionLogits>(name, vocab, seq, tied_to), {x});
 }
 
 }  // namespace ab::nn

@@ -91,31 +91,64 @@ class Loadgen final : public Workload {
     return "Inference under load (MLPerf LoadGen's measurement): single-stream (p90 latency), multi-stream "
            "(8 samples a query, p99 query latency), server (Poisson arrivals, p99 bound, peak-QPS search), offline "
            "(throughput) against a system under test: null (completes at once: the load generator's own cost), "
-           "gemm (a dense layer per batch behind a dynamic batcher), a zoo model by name (resnet50...: its inference graph "
-           "per batch behind the dynamic batcher, images in and logits out), faulty (drops every 1000th sample). "
+           "gemm (a dense layer per batch behind a dynamic batcher), a zoo model by name (resnet50, bert_large...: its "
+           "inference graph per batch behind the dynamic batcher, images or sequences of `seq` tokens in and logits "
+           "out), faulty (drops every 1000th sample). "
            "VALID/INVALID with the failed constraints; MLLOG logs under the run's artifacts/.";
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override {
     std::vector<std::string> suts{"null", "gemm", "faulty"};
-    // The model SUT runs classifiers (images in, logits out); the compression autoencoders are not offered.
+    // The model SUT runs classifiers and language models (images or tokens in, logits out); the
+    // compression autoencoders are not offered.
     for (const auto& m : zoo::model_names())
       if (!zoo::is_compression_model(m)) suts.push_back(m);
     std::vector<std::string> precisions{"auto"};
     precisions.insert(precisions.end(), zoo::model_precisions().begin(), zoo::model_precisions().end());
-    return {{"scenario", AxisKind::text, {"single-stream", "multi-stream", "server", "offline"},
-             {"single-stream", "multi-stream", "server", "offline"}, "MLPerf scenario"},
-            {"sut", AxisKind::text, {"gemm"}, suts,
+    return {{"scenario",
+             AxisKind::text,
+             {"single-stream", "multi-stream", "server", "offline"},
+             {"single-stream", "multi-stream", "server", "offline"},
+             "MLPerf scenario"},
+            {"sut",
+             AxisKind::text,
+             {"gemm"},
+             suts,
              "system under test: null, gemm (dense layer, dynamic batcher), faulty (drops every 1000th sample), or a "
-             "model (resnet50...: inference graph per batch, dynamic batcher)"},
-            {"precision", AxisKind::text, {"auto"}, precisions,
+             "model (resnet50, bert_large...: inference graph per batch, dynamic batcher)"},
+            {"precision",
+             AxisKind::text,
+             {"auto"},
+             precisions,
              "gemm and model SUTs: auto = bf16 gemm / fp16 model on a GPU, fp32 on a CPU"},
             {"image_size", AxisKind::integer, {device_kind == "cuda" ? "224" : "16"}, {}, "model SUTs: image pixels"},
-            {"preset", AxisKind::text, {"quick"}, {"quick", "mlperf"},
+            {"seq",
+             AxisKind::integer,
+             {"0"},
+             {},
+             "language-model SUTs: tokens per sample (at most the model's positions); 0 = the positions "
+             "(GPT-2 1024, BERT 512)"},
+            {"preset",
+             AxisKind::text,
+             {"quick"},
+             {"quick", "mlperf"},
              "run rules: quick (1 s), mlperf (600 s and the official query counts; needs --timeout above 600)"},
-            {"target_qps", AxisKind::real, {"0"}, {}, "server: Poisson QPS, 0 = search the peak; offline: expected samples/s, 0 = probe"},
-            {"latency_bound_ms", AxisKind::real, {"0"}, {}, "latency bound: server p99 (0 = 10 ms, MLPerf's default); single-/multi-stream: on the early-stopping estimate (0 = none)"},
+            {"target_qps",
+             AxisKind::real,
+             {"0"},
+             {},
+             "server: Poisson QPS, 0 = search the peak; offline: expected samples/s, 0 = probe"},
+            {"latency_bound_ms",
+             AxisKind::real,
+             {"0"},
+             {},
+             "latency bound: server p99 (0 = 10 ms, MLPerf's default); single-/multi-stream: on the early-stopping "
+             "estimate (0 = none)"},
             {"max_batch", AxisKind::integer, {"8"}, {}, "gemm and model SUTs: largest batch the dynamic batcher forms"},
-            {"max_wait_us", AxisKind::integer, {"1000"}, {}, "gemm and model SUTs: longest a sample waits for its batch to fill (server, multi-stream)"},
+            {"max_wait_us",
+             AxisKind::integer,
+             {"1000"},
+             {},
+             "gemm and model SUTs: longest a sample waits for its batch to fill (server, multi-stream)"},
             {"samples", AxisKind::integer, {"1024"}, {}, "performance sample count of the sample library"}};
   }
 
@@ -127,7 +160,7 @@ class Loadgen final : public Workload {
     const std::int64_t max_batch = state.get_int("max_batch"), max_wait_us = state.get_int("max_wait_us");
     const std::int64_t samples = state.get_int("samples");
     const std::string precision = state.get_text("precision");
-    const std::int64_t image_px = state.get_int("image_size");
+    const std::int64_t image_px = state.get_int("image_size"), seq = state.get_int("seq");
     if (max_batch < 1 || max_wait_us < 0 || samples < 1 || bound_ms < 0 || target_qps < 0)
       throw UsageError("loadgen needs max_batch >= 1, samples >= 1, and max_wait_us, latency_bound_ms, target_qps >= 0");
     const bool streams = scenario == sc::Scenario::single_stream || scenario == sc::Scenario::multi_stream;
@@ -155,13 +188,14 @@ class Loadgen final : public Workload {
     } else if (sut_kind == "faulty") {
       sut = std::make_unique<sc::FaultySut>(kFaultyDropEvery);
     } else if (std::find(models.begin(), models.end(), sut_kind) != models.end()) {
-      if (image_px < 1) throw UsageError("image_size must be at least 1");
+      const zoo::ModelSutSpec spec{
+          sut_kind,
+          precision != "auto" ? zoo::parse_model_precision(precision) : (gpu ? Precision::fp16 : Precision::fp32),
+          image_px, gpu ? Layout::nhwc : Layout::nchw, seq};
+      zoo::check_model_sut(spec, batcher.max_batch);
       sc::check_batcher(s, batcher);
-      const zoo::ModelSutSpec spec{sut_kind,
-                                   precision != "auto" ? zoo::parse_model_precision(precision)
-                                                       : (gpu ? Precision::fp16 : Precision::fp32),
-                                   image_px, gpu ? Layout::nhwc : Layout::nchw};
-      state.set_counts({1.0, zoo::forward_flops_per_sample(spec), 0.0, "FLOP"});
+      state.set_counts(
+          {1.0, zoo::forward_flops_per_sample(spec), 0.0, "FLOP", static_cast<double>(zoo::tokens_per_sample(spec))});
       auto exec = zoo::make_model_executor(state.backend(), spec, batcher.max_batch);
       model = exec.get();
       auto b = std::make_unique<sc::BatchingSut>(sut_kind, batcher, std::move(exec));

@@ -1,11 +1,13 @@
 // infer: one iteration = one forward pass (inference mode: batch norm with running statistics) of
 // a zoo model on a fixed synthetic batch, replayed as one captured graph where the axis asks. Each
 // sample of the timing is one forward, so the record's percentiles are per-batch latencies.
-// Checked first: two replays give identical finite outputs, and a classifier's logits of image 0
-// match the float64 reference (of the unfolded network, also with fold=on: the folded one must compute
+// Language models run their inference heads (BERT: question answering, GPT-2: prefill; models.h's
+// ZooModel) on sequences of the seq axis, and count tokens beside sequences.
+// Checked first: two replays give identical finite outputs, and the logits of sample 0 match the
+// float64 reference (of the unfolded network, also with fold=on: the folded one must compute
 // the same function); the compression autoencoder reports the PSNR of its reconstruction.
-// A classifier's record carries what its precision costs (metrics.accuracy: the logits' error and
-// top-1 agreement against float64), and precision=fp8 which convolutions ran e4m3 (metrics.fp8).
+// The record carries what the precision costs (metrics.accuracy: the logits' error and top-1
+// agreement against float64), and precision=fp8 which convolutions ran e4m3 (metrics.fp8).
 // docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
 
@@ -21,8 +23,9 @@ class Infer final : public Workload {
  public:
   std::string name() const override { return "infer"; }
   std::string description() const override {
-    return "Inference latency and throughput of a ResNet / ResNeXt or the image-compression autoencoder (plus the "
-           "PSNR of its reconstruction): one forward of the batch per iteration (CUDA-graph "
+    return "Inference latency and throughput of a ResNet / ResNeXt, the image-compression autoencoder (plus the "
+           "PSNR of its reconstruction), BERT (question-answering head, sequences and tokens/s) or GPT-2 (prefill: "
+           "the last position's logits): one forward of the batch per iteration (CUDA-graph "
            "replay by default), one iteration per timing sample so time.median_s / p90_s / p99_s are per-batch "
            "latencies; logits checked against the float64 reference first.";
   }
@@ -31,7 +34,7 @@ class Infer final : public Workload {
     std::vector<AxisSpec> axes = model_axes(
         device_kind, {.cuda_batches = {"1", "8", "32", "128", "256"},
                       .host_batches = {"1", "8"},
-                      .batch_help = "images per forward",
+                      .batch_help = "images (or sequences) per forward",
                       .cuda_precision = "fp16",
                       .precision_help = "fp32, tf32 (fp32 storage, TF32 math), bf16, fp16 (weights and activations), "
                                         "fp8 (fp16 storage; each convolution with C and K multiples of 16 and groups "
@@ -42,38 +45,35 @@ class Infer final : public Workload {
         axes.end(),
         {{"graph", AxisKind::text, one("on"), {"on", "off"}, "replay the forward as one captured graph (CUDA graph)"},
          {"profile", AxisKind::text, one("off"), {"off", "on"}, "per-op times after timing"},
-         {"fp8_layers", AxisKind::text, one("faster"), {"faster", "all"},
+         {"fp8_layers",
+          AxisKind::text,
+          one("faster"),
+          {"faster", "all"},
           "with precision=fp8: faster = a convolution runs e4m3 only where its whole fp8 call (quantization "
           "included) timed faster than its 16-bit call on this device (the CUDA engine; the reference runs every "
           "one in fp8); all = every convolution the backend can run in fp8"},
          // auto: fused for the ResNets (checked on an H200 and fastest there, bench/HISTORY.md), off
          // for models without batch norm, which refuse an explicit on or fused.
-         {"fold", AxisKind::text, one("auto"), {"auto", "off", "on", "fused"},
+         {"fold",
+          AxisKind::text,
+          one("auto"),
+          {"auto", "off", "on", "fused"},
           "fold each batch norm into its convolution: on = weights scaled, then one bias + residual + ReLU "
           "kernel; fused = that epilogue inside the convolution (cuDNN's conv + bias + add + ReLU where "
-          "faster); auto = fused for models with batch norm"}});
+          "faster); auto = fused for models with batch norm (the ResNets), else off"}});
     return axes;
   }
 
   void run(State& state) override {
     ModelSpec spec = model_spec(state, /*training=*/false);
-    if (is_language_model(spec.model))
-      throw UsageError("infer runs the image models; '" + spec.model +
-                       "' trains (the train workload) but its inference graph (prefill) is not built yet");
-    std::string fold = state.get_text("fold");
-    if (fold == "auto") fold = is_compression_model(spec.model) ? "off" : "fused";
-    if (spec.precision == Precision::fp8 && fold != "fused")
-      throw UsageError("precision fp8 needs fold=fused (or auto, fused for the ResNets): only a convolution with its "
-                       "folded epilogue inside runs e4m3; fold=" + fold + " would run every layer in fp16" +
-                       (is_compression_model(spec.model) ? " ('" + spec.model + "' has no batch norm to fold)" : ""));
-    spec.fold_batchnorm = fold != "off";
-    spec.fuse_conv_epilogue = fold == "fused";
+    const bool language = is_language_model(spec.model);
+    resolve_fold(state, spec);
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
     const std::string fp8_layers = state.get_text("fp8_layers");
     if (spec.precision != Precision::fp8 && fp8_layers != "faster")
       state.skip("fp8_layers=" + fp8_layers + " chooses among fp8 convolutions: it applies to precision=fp8 only");
-    if (spec.batch < 1 || spec.image_px < 1)
-      throw UsageError("infer needs batch and image_size >= 1 (got " + state.point().label() + ")");
+    if (spec.batch < 1 || spec.image_px < 1 || spec.seq < 0)
+      throw UsageError("infer needs batch and image_size >= 1 and seq >= 0 (got " + state.point().label() + ")");
 
     nn::GraphBuilder builder(graph_options(spec));
     const ZooModel m = build_zoo_model(builder, spec);
@@ -82,7 +82,9 @@ class Infer final : public Workload {
     nn::Graph g(std::move(builder));
     const auto fwd = static_cast<double>(g.forward_flops()), batch = static_cast<double>(spec.batch);
     state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
-    state.add_metric("model", {{"name", spec.model}, {"parameters", g.parameter_count()}, {"ops", g.op_count()}});
+    nlohmann::json model = {{"name", spec.model}, {"parameters", g.parameter_count()}, {"ops", g.op_count()}};
+    if (language) model["head"] = m.head;
+    state.add_metric("model", model);
     state.add_metric("gflops_per_sample", {{"forward", fwd / batch / 1e9}});
     state.add_metric("memory_plan", {{"arena_bytes", g.memory_plan().peak_bytes},
                                      {"live_bound_bytes", g.memory_plan().live_bound_bytes},
@@ -92,12 +94,13 @@ class Infer final : public Workload {
     // Counted after bind: an fp8 convolution's bytes depend on whether the backend took it.
     double bytes = 0;
     for (const auto& op : g.report()) bytes += static_cast<double>(op.forward_bytes);
-    state.set_counts({batch, fwd, bytes, "FLOP"});
+    const double tokens = language ? batch * static_cast<double>(spec.seq) : 0.0;
+    state.set_counts({batch, fwd, bytes, "FLOP", tokens});
     add_fp8_metric(state, spec, g, fp8_layers);
     // The folded network computes what the unfolded one does from the same seed, so the logits
     // check against the (unfolded) float64 reference below holds for both.
     if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
-    g.set_input(m.images, model_batch(m, 0, spec).images);
+    upload_batch(g, m, 0, spec);
     const auto forward = [&] { g.forward(false); };
     forward();  // lazy initialisation outside the capture
     std::unique_ptr<nn::Replayable> captured;
@@ -129,8 +132,28 @@ class Infer final : public Workload {
   }
 
  private:
+  // fold=auto is fused for the ResNets and off for models without batch norm, whose explicit on or
+  // fused the zoo refuses; fp8 needs the fused epilogue, and runs no language model.
+  static void resolve_fold(const State& state, ModelSpec& spec) {
+    const bool has_batchnorm = !is_compression_model(spec.model) && !is_language_model(spec.model);
+    std::string fold = state.get_text("fold");
+    if (fold == "auto") fold = has_batchnorm ? "fused" : "off";
+    if (spec.precision == Precision::fp8 && is_language_model(spec.model))
+      throw UsageError("precision fp8 runs the ResNets' folded convolutions in e4m3; '" + spec.model +
+                       "' runs fp32, tf32, bf16 or fp16");
+    if (spec.precision == Precision::fp8 && fold != "fused")
+      throw UsageError(
+          "precision fp8 needs fold=fused (or auto, fused for the ResNets): only a convolution with its "
+          "folded epilogue inside runs e4m3; fold=" +
+          fold + " would run every layer in fp16" +
+          (is_compression_model(spec.model) ? " ('" + spec.model + "' has no batch norm to fold)" : ""));
+    spec.fold_batchnorm = fold != "off";
+    spec.fuse_conv_epilogue = fold == "fused";
+  }
+
   // The same batch twice must give the same finite outputs (a capture that misses work or reads a
-  // stale buffer shows here), and a classifier's row of image 0 must match the float64 reference.
+  // stale buffer shows here), and the logits of sample 0 must match the float64 reference: a
+  // classifier's row, BERT's (start, end) pair of every token, GPT-2's last-position row.
   // The autoencoder has no such reference check: its quantiser rounds, so a last-bit difference
   // from f64 can move a latent into the next bin and the reconstructions differ by design.
   static void check_outputs(State& state, const nn::Graph& g, const ZooModel& m, const std::function<void()>& step,
@@ -149,15 +172,18 @@ class Infer final : public Workload {
                           ": " + std::to_string(first[i]) + " vs " + std::to_string(second[i])};
     }
     if (m.compression) return;
-    const std::int64_t classes = m.classes;
     const std::vector<double> want = reference_logits(spec);
-    const std::vector<double> got(first.begin(), first.begin() + classes);
+    if (first.size() != want.size() * static_cast<std::size_t>(spec.batch))
+      throw Error("infer: " + std::to_string(first.size()) + " logits for a batch of " + std::to_string(spec.batch) +
+                  ", the reference has " + std::to_string(want.size()) + " per sample");
+    const std::vector<double> got(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(want.size()));
     // Recorded before the check, so a point that fails it still says by how much and on which class.
-    const nlohmann::json accuracy = logits_accuracy(got, want);
+    const nlohmann::json accuracy = logits_accuracy(got, want, m.head == "qa" ? 2 : 1);
     state.add_metric("accuracy", accuracy);
+    const std::string size = m.language ? "seq " + std::to_string(spec.seq) : std::to_string(spec.image_px) + " px";
     state.check(accuracy["logits_rel_error_vs_f64"].get<double>(), logits_tolerance(spec.precision),
-                "logits of image 0 against the float64 reference (" + spec.model + ", " +
-                    std::to_string(spec.image_px) + " px, inference); two forwards identical");
+                "logits of sample 0 against the float64 reference (" + spec.model + ", " + size +
+                    ", inference); two forwards identical");
   }
 };
 

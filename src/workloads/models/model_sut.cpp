@@ -1,8 +1,8 @@
-// The loadgen system under test that runs a zoo model: per batch, each sample's image is copied
-// from a page-locked host pool straight into its row of the input of the smallest captured graph
-// that holds the batch, the forward replays, the batch's logits come back to page-locked host
-// memory, and one stream synchronisation makes the batch complete. The samples start on the host,
-// as MLPerf's sample library holds them; nothing is gathered or staged by the CPU.
+// The loadgen system under test that runs a zoo model: per batch, each sample's image (a language
+// model's tokens) is copied from a page-locked host pool straight into its row of the input of the
+// smallest captured graph that holds the batch, the forward replays, the batch's logits come back
+// to page-locked host memory, and one stream synchronisation makes the batch complete. The samples
+// start on the host, as MLPerf's sample library holds them; nothing is gathered or staged by the CPU.
 #include <algorithm>
 #include <chrono>
 
@@ -17,7 +17,7 @@ namespace {
 struct Bucket {
   std::size_t batch = 0;
   std::unique_ptr<nn::Graph> graph;
-  nn::Value images, logits;
+  ZooModel model;  // input: model_input(model); logits: model.output
   std::unique_ptr<nn::Replayable> forward;
 };
 
@@ -28,6 +28,8 @@ ModelSpec spec_for(const ModelSutSpec& s, std::size_t batch) {
   m.image_px = s.image_px;
   m.precision = s.precision;
   m.layout = s.layout;
+  m.seq = s.seq;
+  if (m.seq == 0 && is_language_model(s.model)) m.seq = language_config(s.model).positions;
   m.training = false;
   return m;
 }
@@ -48,10 +50,12 @@ std::vector<std::size_t> bucket_sizes(std::size_t max_batch) {
 class ModelBatchExecutor final : public scenarios::BatchExecutor {
  public:
   ModelBatchExecutor(backend::Backend& be, ModelSutSpec spec, std::size_t max_batch)
-      : be_(be), spec_(std::move(spec)), cfg_(model_config(spec_.model)), sizes_(bucket_sizes(max_batch)) {}
+      : be_(be), spec_(std::move(spec)), sizes_(bucket_sizes(max_batch)) {}
   std::string describe() const override {
-    return spec_.model + " " + std::string(to_string(spec_.precision)) + " " + std::to_string(spec_.image_px) +
-           " px " + std::string(to_string(spec_.layout)) + " on " + be_.info().id;
+    const std::string size = is_language_model(spec_.model)
+                                 ? "seq " + std::to_string(spec_for(spec_, 1).seq)
+                                 : std::to_string(spec_.image_px) + " px " + std::string(to_string(spec_.layout));
+    return spec_.model + " " + std::string(to_string(spec_.precision)) + " " + size + " on " + be_.info().id;
   }
 
   void prepare() override {
@@ -61,31 +65,28 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
       auto bucket = std::make_unique<Bucket>();
       bucket->batch = b;
       nn::GraphBuilder builder(graph_options(spec_for(spec_, b)));
-      bucket->images = builder.input("images", Shape{static_cast<std::int64_t>(b), cfg_.in_channels, spec_.image_px,
-                                                     spec_.image_px});
-      bucket->logits = ab::models::resnet(builder, bucket->images, cfg_);
-      builder.mark_output(bucket->logits);
+      bucket->model = build_zoo_model(builder, spec_for(spec_, b));
+      if (bucket->model.compression) throw UsageError("the model SUT runs classifiers and language models");
       bucket->graph = std::make_unique<nn::Graph>(std::move(builder));
       bucket->graph->bind(*kernels_);
       buckets_.push_back(std::move(bucket));
     }
-    // The sample pool: max_batch distinct images in the device's storage format, one after
-    // another (the batch dimension is outermost in NCHW and NHWC alike), in page-locked memory.
+    // The sample pool: max_batch distinct samples in the device's storage format, one after
+    // another (the batch dimension is outermost in NCHW and NHWC alike, and of the tokens [B, T]),
+    // in page-locked memory.
     Bucket& largest = *buckets_.back();
-    largest.graph->set_input(largest.images, synthetic_batch(kDataSeed, 0, static_cast<std::int64_t>(largest.batch),
-                                                             cfg_.in_channels, spec_.image_px, cfg_.num_classes)
-                                                 .images);
-    const Tensor pool_tensor = largest.graph->tensor(largest.images);
+    upload_batch(*largest.graph, largest.model, 0, spec_for(spec_, largest.batch));
+    const Tensor pool_tensor = largest.graph->tensor(model_input(largest.model));
     sample_bytes_ = pool_tensor.size_bytes() / static_cast<std::int64_t>(largest.batch);
     pool_ = kernels_->allocate_host(pool_tensor.size_bytes());
     kernels_->download(pool_tensor, pool_.data());
     std::int64_t logits_bytes = 0;
     for (auto& b : buckets_) {
       Bucket& bucket = *b;
-      kernels_->upload(bucket.graph->tensor(bucket.images), pool_.data());
+      kernels_->upload(bucket.graph->tensor(model_input(bucket.model)), pool_.data());
       bucket.graph->forward(false);  // lazy initialisation outside the capture
       bucket.forward = bucket.graph->capture_step(nullptr);
-      logits_bytes = std::max(logits_bytes, bucket.graph->tensor(bucket.logits).size_bytes());
+      logits_bytes = std::max(logits_bytes, bucket.graph->tensor(bucket.model.output).size_bytes());
     }
     logits_host_ = kernels_->allocate_host(logits_bytes);
     kernels_->synchronize();
@@ -97,7 +98,7 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
     const auto it = std::lower_bound(sizes_.begin(), sizes_.end(), batch.size());
     if (it == sizes_.end()) throw Error("a batch of " + std::to_string(batch.size()) + " is above max_batch");
     Bucket& bucket = *buckets_[static_cast<std::size_t>(it - sizes_.begin())];
-    const Tensor images = bucket.graph->tensor(bucket.images);
+    const Tensor images = bucket.graph->tensor(model_input(bucket.model));
     const std::uint64_t pool_samples = buckets_.back()->batch;
     const auto* pool = pool_.as<const unsigned char>();
     const auto rows = [this](std::size_t n) { return static_cast<std::int64_t>(n) * sample_bytes_; };
@@ -110,9 +111,9 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
       i += n;
     }
     if (batch.size() < bucket.batch) {
-      // Padding rows hold zeros, not what the arena last held there: each row's result depends
-      // on its own row only (inference batch norm), but a padded row then computes the same
-      // thing every time.
+      // Padding rows hold zeros (token 0 of a language model), not what the arena last held there:
+      // each row's result depends on its own row only (inference batch norm, attention within a
+      // sequence), but a padded row then computes the same thing every time.
       Tensor pad = images;
       pad.shape[0] = static_cast<std::int64_t>(bucket.batch - batch.size());
       pad.strides = contiguous_strides(pad.shape, pad.layout);
@@ -120,7 +121,7 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
       kernels_->fill(pad, 0.0);
     }
     bucket.forward->replay();
-    const Tensor logits = bucket.graph->tensor(bucket.logits);
+    const Tensor logits = bucket.graph->tensor(bucket.model.output);
     const std::int64_t logit_row_bytes = logits.size_bytes() / static_cast<std::int64_t>(bucket.batch);
     kernels_->download_bytes(logits, 0, logits_host_.data(), logit_row_bytes * static_cast<std::int64_t>(batch.size()));
     kernels_->synchronize();  // the batch's logits are on the host when this returns
@@ -128,21 +129,22 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
   }
 
   nlohmann::json summary() const {
-    return {{"model", spec_.model},
-            {"precision", std::string(to_string(spec_.precision))},
-            {"image_size", spec_.image_px},
-            {"layout", std::string(to_string(spec_.layout))},
-            {"buckets", sizes_},
-            {"padded_samples", padded_samples_},
-            {"device_bytes", device_bytes_},
-            {"pinned_host_bytes", pool_.bytes() + logits_host_.bytes()},
-            {"prepare_s", prepare_s_}};
+    nlohmann::json size = {{"image_size", spec_.image_px}, {"layout", std::string(to_string(spec_.layout))}};
+    if (is_language_model(spec_.model)) size = {{"seq", spec_for(spec_, 1).seq}};
+    nlohmann::json s = {{"model", spec_.model},
+                        {"precision", std::string(to_string(spec_.precision))},
+                        {"buckets", sizes_},
+                        {"padded_samples", padded_samples_},
+                        {"device_bytes", device_bytes_},
+                        {"pinned_host_bytes", pool_.bytes() + logits_host_.bytes()},
+                        {"prepare_s", prepare_s_}};
+    s.update(size);
+    return s;
   }
 
  private:
   backend::Backend& be_;
   ModelSutSpec spec_;
-  ab::models::ResNetConfig cfg_;
   std::vector<std::size_t> sizes_;
   std::unique_ptr<nn::Kernels> kernels_;  // before the buckets: their memory comes from it
   std::vector<std::unique_ptr<Bucket>> buckets_;
@@ -158,7 +160,22 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
 std::unique_ptr<scenarios::BatchExecutor> make_model_executor(backend::Backend& backend, const ModelSutSpec& spec,
                                                               std::size_t max_batch) {
   if (max_batch < 1) throw UsageError("max_batch must be at least 1");
+  check_model_sut(spec, max_batch);
   return std::make_unique<ModelBatchExecutor>(backend, spec, max_batch);
+}
+
+void check_model_sut(const ModelSutSpec& spec, std::size_t max_batch) {
+  if (is_compression_model(spec.model))
+    throw UsageError("the model SUT runs classifiers and language models, not the autoencoder '" + spec.model + "'");
+  if (!is_language_model(spec.model)) {
+    model_config(spec.model);  // UsageError for an unknown name
+    if (spec.image_px < 1) throw UsageError("image_size must be at least 1");
+    return;
+  }
+  const LanguageConfig c = language_config(spec.model);
+  const ModelSpec m = spec_for(spec, max_batch);
+  if (spec.seq < 0) throw UsageError("seq must be at least 0 (0: the model's " + std::to_string(c.positions) + ")");
+  ab::models::check_language_model(c.name, c.heads, c.channels, c.vocab, c.positions, m.batch, m.seq);
 }
 
 nlohmann::json model_executor_summary(const scenarios::BatchExecutor& executor) {
@@ -167,11 +184,14 @@ nlohmann::json model_executor_summary(const scenarios::BatchExecutor& executor) 
 }
 
 double forward_flops_per_sample(const ModelSutSpec& spec) {
-  const ab::models::ResNetConfig cfg = model_config(spec.model);
-  nn::GraphBuilder builder(graph_options(spec_for(spec, 1)));
-  const nn::Value images = builder.input("images", Shape{1, cfg.in_channels, spec.image_px, spec.image_px});
-  builder.mark_output(ab::models::resnet(builder, images, cfg));
+  const ModelSpec one = spec_for(spec, 1);
+  nn::GraphBuilder builder(graph_options(one));
+  build_zoo_model(builder, one);
   return static_cast<double>(nn::Graph(std::move(builder)).forward_flops());
+}
+
+std::int64_t tokens_per_sample(const ModelSutSpec& spec) {
+  return is_language_model(spec.model) ? spec_for(spec, 1).seq : 0;
 }
 
 }  // namespace ab::workloads::zoo

@@ -100,18 +100,23 @@ struct ModelSpec {
 nn::GraphOptions graph_options(const ModelSpec& s);
 
 // A zoo model built into a graph as train and infer run it: a classifier (images, labels, logits;
-// its softmax cross-entropy loss on a training graph) or the compression autoencoder (images,
-// reconstruction, its rate-distortion loss and mse in either graph; no labels). Values a model
-// lacks are undefined (id -1).
+// its softmax cross-entropy loss on a training graph), the compression autoencoder (images,
+// reconstruction, its rate-distortion loss and mse in either graph; no labels) or a language model
+// (tokens; on a training graph labels and the loss, on an inference graph its inference head's
+// logits: BERT's question answering [B*T, 2], GPT-2's prefill [B, V]). Values a model lacks are
+// undefined (id -1).
 struct ZooModel {
   bool compression = false;
   bool language = false;  // tokens in; labels are the next tokens, or BERT's masked ones
   bool masked = false;
   std::int64_t mask_token = 0;
   std::int64_t in_channels = 3, classes = 0;    // classes: 0 for the autoencoder; the vocabulary of a language model
+  std::string head;                             // a language model's inference head: "qa" or "prefill"
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
   nn::Value tokens;
 };
+// What a batch is written into: the tokens of a language model, else the images.
+nn::Value model_input(const ZooModel& m);
 // Builds the model of `s` into b (whose options come from graph_options(s)). UsageError for
 // fold_batchnorm on a training graph or the autoencoder (which has no batch norm), and for fp8
 // other than on a classifier with fold_batchnorm and fuse_conv_epilogue (the only fp8 layers).
@@ -136,15 +141,19 @@ ModelSpec model_spec(const State& state, bool training);
 // asks for a fused graph (fold=fused, fuse=on): whether it really fused on this device.
 void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k);
 
-// The network's logits for image 0 of the synthetic data in float64 on the reference kernels
-// (inference mode, the same parameter seed), cached per (model, size, layout): the oracle the
-// device's logits are checked against.
+// The inference graph's logits for sample 0 of the synthetic data (model_batch) in float64 on the
+// reference kernels (unfolded, the same parameter seed), cached per (model, image size or
+// sequence length, layout): the oracle the device's logits are checked against. A classifier's
+// [classes], BERT's question-answering [seq, 2], GPT-2's prefill [vocab]. Error for an autoencoder.
 std::vector<double> reference_logits(const ModelSpec& s);
 // Relative error tolerated between device and float64 logits at each precision (docs/METHODOLOGY.md).
 double logits_tolerance(Precision p);
 // What the point's precision costs, for records: {"logits_rel_error_vs_f64": rel_error(got, want),
-// "top1_agrees_f64": argmax(got) == argmax(want)} (image 0's logits against reference_logits).
-nlohmann::json logits_accuracy(const std::vector<double>& got, const std::vector<double>& want);
+// "top1_agrees_f64": argmax(got) == argmax(want)} (sample 0's logits against reference_logits).
+// With `interleaved` = k the logits are k sets laid out one element of each in turn (BERT's
+// (start, end) pairs: 2), and top-1 agrees where it does in every set (the same answer span).
+nlohmann::json logits_accuracy(const std::vector<double>& got, const std::vector<double>& want,
+                               std::int64_t interleaved = 1);
 // Records metrics.fp8 = {layers, fallback_layers, fallback_slower_layers, fallback_reasons,
 // layer_choice} of a bound fp8 graph: how many convolutions built to run e4m3
 // (nn::ConvBiasActivation::fp8) do, how many the backend left in 16 bits because fp8 timed no
@@ -158,19 +167,26 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
 // --- The loadgen system under test -------------------------------------------------------------
 
 // One inference graph per batch bucket (powers of two up to max_batch), each captured once; a
-// batch copies its samples' images from a host pool into the bucket's input, replays the forward
-// and copies the logits back. Graphs are built and bound in prepare(), on the batcher's thread.
+// batch copies its samples' images (a language model's tokens) from a host pool into the bucket's
+// input, replays the forward and copies the logits back. Graphs are built and bound in prepare(),
+// on the batcher's thread.
 struct ModelSutSpec {
   std::string model;
   Precision precision = Precision::fp16;
   std::int64_t image_px = 224;
   Layout layout = Layout::nhwc;
+  std::int64_t seq = 0;  // tokens per sample of a language model (0: its positions)
 };
 std::unique_ptr<scenarios::BatchExecutor> make_model_executor(backend::Backend& backend, const ModelSutSpec& spec,
                                                               std::size_t max_batch);
+// UsageError, before anything is built, for what the SUT cannot run: an autoencoder, an unknown
+// name, an image size below 1, a language model's sequence beyond its positions (or below 0).
+void check_model_sut(const ModelSutSpec& spec, std::size_t max_batch);
 // The executor's model, buckets and padded sample count; null for another executor.
 nlohmann::json model_executor_summary(const scenarios::BatchExecutor& executor);
-// Forward FLOPs per sample of the SUT's model (for the loadgen record's counts).
+// Forward FLOPs per sample of the SUT's model, and a language model's tokens per sample (0 for an
+// image model), for the loadgen record's counts.
 double forward_flops_per_sample(const ModelSutSpec& spec);
+std::int64_t tokens_per_sample(const ModelSutSpec& spec);
 
 }  // namespace ab::workloads::zoo
