@@ -200,6 +200,31 @@ TEST(Learnability, TinyGptLearnsTheCopyTaskWithAdamW) {
       << "the reference is deterministic: the same losses twice";
 }
 
+// Hidden dropout: three ops per block and one after the embeddings; a training forward's loss
+// changes from step to step (a new mask each time) while an inference forward is the model
+// without dropout; and the copy task is still learnt.
+TEST(Learnability, TinyGptWithDropoutDrawsNewMasksAndStillLearns) {
+  const std::uint64_t seed = test::seed();
+  GptConfig c = tiny_gpt2();
+  c.dropout = 0.1;
+  TinyGpt dropped(seed, 4, 16, c), plain(seed, 4, 16);
+  std::int64_t dropout_ops = 0;
+  for (const auto& op : dropped.g.report()) dropout_ops += op.kind == "dropout" ? 1 : 0;
+  EXPECT_EQ(dropout_ops, 1 + 2 * c.layers);
+  dropped.g.forward(false);
+  plain.g.forward(false);
+  EXPECT_EQ(dropped.g.read(dropped.m.loss), plain.g.read(plain.m.loss)) << "inference: dropout is the identity";
+  EXPECT_NE(dropped.loss(), dropped.loss()) << "two training forwards drew the same mask";
+  nn::AdamW opt(1e-2, 0.9, 0.95, 1e-8, 0.0, 1.0);
+  std::vector<double> losses;
+  for (int i = 0; i < 60; ++i) {
+    losses.push_back(dropped.loss());
+    dropped.g.backward();
+    dropped.g.update(opt);
+  }
+  EXPECT_LT(losses.back(), 0.85 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
+}
+
 nn::Graph plan_bert(const BertConfig& c, std::int64_t batch, std::int64_t seq) {
   nn::GraphBuilder b;
   build_bert(b, c, batch, seq);

@@ -394,7 +394,7 @@ TEST(Train, UnknownOptionsAndMalformedValuesAreRefused) {
   const std::string unknown =
       test::usage_error([] { plan_for(find_workload("train"), "cpu", {}, {{"comm_ctas", "8"}}); });
   EXPECT_TRUE(contains(unknown, "train has no option 'comm_ctas'") &&
-              contains(unknown, "valid: lr, trajectory_steps, steps_per_sample, tail_bucket_mib, comm_mean"))
+              contains(unknown, "valid: lr, trajectory_steps, steps_per_sample, tail_bucket_mib, dropout, comm_mean"))
       << unknown;
   const std::string kind = test::usage_error([] { plan_for(find_workload("train"), "cpu", {}, {{"trajectory_steps", "2.5"}}); });
   EXPECT_TRUE(contains(kind, "'2.5' is not an integer (option trajectory_steps)")) << kind;
@@ -490,6 +490,22 @@ TEST(Train, AccumulatedMicroBatchesTrainLikeOneBatchAndCountEach) {
   const auto bad = run_points("train", {"model=tiny_gpt2", "batch=2", "seq=8", "accumulate=0", "trajectory_steps=1"});
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_EQ(bad[0]["status"], "invalid") << bad[0].dump();
+}
+
+TEST(Train, DropoutIsALanguageModelOptionInRange) {
+  const auto records =
+      run_points("train", {"model=tiny_gpt2", "batch=4", "seq=16", "trajectory_steps=30", "lr=0.01", "dropout=0.1"});
+  ASSERT_EQ(records.size(), 1u);
+  ASSERT_EQ(records[0]["status"], "ok") << records[0].dump();
+  EXPECT_EQ(records[0]["options"]["dropout"], 0.1) << records[0]["options"].dump();
+  const auto losses = trajectory(records[0]);
+  EXPECT_LT(losses.back(), 0.9 * losses.front());
+  for (const auto& bad : {std::vector<std::string>{"model=tiny_resnet", "batch=2", "image_size=12", "dropout=0.1"},
+                          std::vector<std::string>{"model=tiny_gpt2", "batch=2", "seq=8", "dropout=1"}}) {
+    const auto r = run_points("train", bad);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0]["status"], "invalid") << r[0].dump();
+  }
 }
 
 TEST(Train, LanguageModelBatchBeyondMemoryIsOomAndTheSweepGoesOn) {

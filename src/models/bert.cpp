@@ -25,14 +25,17 @@ LanguageModel build_bert(nn::GraphBuilder& b, const BertConfig& c, std::int64_t 
   m.tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
   if (head == BertHead::masked_lm) m.labels = b.input("labels", Shape{batch * seq}, DType::i32);
   nn::Value x = nn::embedding(b, "embeddings", m.tokens, c.vocab, c.positions, c.channels);
-  x = nn::layernorm(b, "embeddings.LayerNorm", x, eps);
+  x = nn::dropout(b, "embeddings.dropout", nn::layernorm(b, "embeddings.LayerNorm", x, eps), c.dropout);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "encoder.layer." + std::to_string(l) + ".";
     const nn::Value qkv = nn::linear(b, p + "attention.self.qkv", x, 3 * c.channels, true, false, normal);
     const nn::Value a = nn::attention(b, p + "attention.self", qkv, c.heads, seq, /*causal=*/false);
-    const nn::Value o = nn::linear(b, p + "attention.output.dense", a, c.channels, true, false, normal);
+    const nn::Value o = nn::dropout(
+        b, p + "attention.output.dropout",
+        nn::linear(b, p + "attention.output.dense", a, c.channels, true, false, normal), c.dropout);
     x = nn::layernorm(b, p + "attention.output.LayerNorm", nn::add(b, p + "attention.add", x, o), eps);
-    const nn::Value f = nn::mlp(b, p + "mlp", x, 4 * c.channels, 0.02, 0.02);
+    const nn::Value f =
+        nn::dropout(b, p + "output.dropout", nn::mlp(b, p + "mlp", x, 4 * c.channels, 0.02, 0.02), c.dropout);
     x = nn::layernorm(b, p + "output.LayerNorm", nn::add(b, p + "output.add", x, f), eps);
   }
   if (head == BertHead::qa) {

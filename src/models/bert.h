@@ -23,6 +23,10 @@ struct BertConfig {
   std::int64_t vocab = 30522;
   std::int64_t positions = 512;
   double layernorm_epsilon = 1e-12;
+  // Hidden dropout (Hugging Face's hidden_dropout_prob: after the embeddings' LayerNorm and on each
+  // sublayer's output before its residual add), 0 = none (the throughput default); the attention
+  // probabilities are not dropped (the fused attention kernels have no dropout).
+  double dropout = 0.0;
 };
 
 BertConfig bert_base();

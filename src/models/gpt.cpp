@@ -48,15 +48,18 @@ LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t ba
   LanguageModel m;
   m.tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
   if (head == GptHead::loss) m.labels = b.input("labels", Shape{batch * seq}, DType::i32);
-  nn::Value x = nn::embedding(b, "embed", m.tokens, c.vocab, c.positions, c.channels);
+  nn::Value x = nn::dropout(b, "embed.drop", nn::embedding(b, "embed", m.tokens, c.vocab, c.positions, c.channels),
+                            c.dropout);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     const nn::Value ln1 = nn::layernorm(b, h + "ln_1", x, c.layernorm_epsilon);
     const nn::Value qkv = nn::linear(b, h + "attn.c_attn", ln1, 3 * c.channels, true, false, normal);
     const nn::Value a = nn::attention(b, h + "attn", qkv, c.heads, seq, /*causal=*/true);
-    x = nn::add(b, h + "add_1", x, nn::linear(b, h + "attn.c_proj", a, c.channels, true, false, proj));
+    const nn::Value attn_out = nn::linear(b, h + "attn.c_proj", a, c.channels, true, false, proj);
+    x = nn::add(b, h + "add_1", x, nn::dropout(b, h + "attn.drop", attn_out, c.dropout));
     const nn::Value ln2 = nn::layernorm(b, h + "ln_2", x, c.layernorm_epsilon);
-    x = nn::add(b, h + "add_2", x, nn::mlp(b, h + "mlp", ln2, 4 * c.channels, 0.02, proj_std));
+    const nn::Value mlp_out = nn::mlp(b, h + "mlp", ln2, 4 * c.channels, 0.02, proj_std);
+    x = nn::add(b, h + "add_2", x, nn::dropout(b, h + "mlp.drop", mlp_out, c.dropout));
   }
   x = nn::layernorm(b, "ln_f", x, c.layernorm_epsilon);
   if (head == GptHead::prefill) {

@@ -19,6 +19,10 @@ struct GptConfig {
   std::int64_t vocab = 50257;
   std::int64_t positions = 1024;  // the longest sequence
   double layernorm_epsilon = 1e-5;
+  // Hidden dropout (Hugging Face's embd_pdrop and resid_pdrop: after the embeddings and on each
+  // residual branch), 0 = none (the throughput default); the attention probabilities are not
+  // dropped (the fused attention kernels have no dropout).
+  double dropout = 0.0;
 };
 
 // The four GPT-2 sizes (d12, d24, d36, d48: 124M, 350M, 774M, 1558M parameters) and a tiny one for

@@ -538,6 +538,9 @@ Value quantize_ste(GraphBuilder& b, const std::string& name, Value x, double ste
 Value embedding(GraphBuilder& b, const std::string& name, Value tokens, std::int64_t vocab, std::int64_t positions,
                 std::int64_t channels);
 Value layernorm(GraphBuilder& b, const std::string& name, Value x, double epsilon = 1e-5);
+Value rmsnorm(GraphBuilder& b, const std::string& name, Value x, double epsilon = 1e-6);
+// x itself where probability is 0 (no op); the op's seed from the graph's seed and its name.
+Value dropout(GraphBuilder& b, const std::string& name, Value x, double probability);
 Value gelu(GraphBuilder& b, const std::string& name, Value x);
 Value attention(GraphBuilder& b, const std::string& name, Value qkv, std::int64_t heads, std::int64_t seq, bool causal);
 Value mlp(GraphBuilder& b, const std::string& name, Value x, std::int64_t hidden, double std, double proj_std);

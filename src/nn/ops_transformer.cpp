@@ -462,6 +462,15 @@ Value embedding(GraphBuilder& b, const std::string& name, Value tokens, std::int
 Value layernorm(GraphBuilder& b, const std::string& name, Value x, double epsilon) {
   return b.add1(std::make_unique<LayerNorm>(name, epsilon), {x});
 }
+Value rmsnorm(GraphBuilder& b, const std::string& name, Value x, double epsilon) {
+  return b.add1(LayerNorm::rms(name, epsilon), {x});
+}
+Value dropout(GraphBuilder& b, const std::string& name, Value x, double probability) {
+  if (probability == 0.0) return x;
+  std::uint64_t seed = 0xcbf29ce484222325ull ^ b.options().seed;  // FNV-1a over the name
+  for (const char ch : name) seed = (seed ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
+  return b.add1(std::make_unique<Dropout>(name, probability, seed), {x});
+}
 Value gelu(GraphBuilder& b, const std::string& name, Value x) { return b.add1(std::make_unique<Gelu>(name), {x}); }
 Value attention(GraphBuilder& b, const std::string& name, Value qkv, std::int64_t heads, std::int64_t seq, bool causal) {
   return b.add1(std::make_unique<Attention>(name, heads, seq, causal), {qkv});

@@ -120,7 +120,8 @@ namespace {
 ZooModel build_language_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (s.fold_batchnorm || s.fuse_batchnorm_relu || s.fuse_conv_epilogue || s.precision == Precision::fp8)
     throw UsageError("model '" + s.model + "' has no batch norm to fold or fuse and no fp8 layers");
-  const LanguageConfig c = language_config(s.model);
+  LanguageConfig c = language_config(s.model);
+  c.gpt.dropout = c.bert.dropout = s.dropout;
   // Training graphs take the loss heads; inference graphs the heads that MLPerf Inference and a
   // generation's prefill time (models/bert.h, models/gpt.h).
   const ab::models::LanguageModel lm =
@@ -145,6 +146,7 @@ ZooModel build_language_model(nn::GraphBuilder& b, const ModelSpec& s) {
 
 ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (is_language_model(s.model)) return build_language_model(b, s);
+  if (s.dropout != 0.0) throw UsageError("dropout applies to the language models, not '" + s.model + "'");
   ZooModel m;
   if (s.fold_batchnorm && (s.training || is_compression_model(s.model)))
     throw UsageError("folding batch norms applies to inference of the ResNet classifiers, not " +

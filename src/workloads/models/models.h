@@ -96,6 +96,8 @@ struct ModelSpec {
   bool fuse_conv_epilogue = false;
   // Unfolded ResNets: batch norm (+ residual) + ReLU as one op (ResNetConfig::fuse_batchnorm_relu).
   bool fuse_batchnorm_relu = false;
+  // Language models: hidden dropout probability (GptConfig::dropout, BertConfig::dropout).
+  double dropout = 0.0;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
 

@@ -226,6 +226,7 @@ class Train final : public Workload {
     t.spec = p.asked;
     const bool has_batchnorm = !is_compression_model(t.spec.model) && !is_language_model(t.spec.model);
     t.spec.fuse_batchnorm_relu = p.fuse == "on" || (p.fuse == "auto" && has_batchnorm);
+    t.spec.dropout = o.dropout;
     if (p.strong) t.spec.batch = p.asked.batch / p.gpus;
     t.global_batch = t.spec.batch * p.gpus * p.accumulate;
     ranks.together([&] {

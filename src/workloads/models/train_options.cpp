@@ -28,6 +28,10 @@ std::vector<OptionSpec> TrainOptions::specs() {
        "data parallelism: the first layers' gradients (backward's last) in a bucket of their own of at least "
        "this many MiB (at most bucket_mib), so that little is left to average after backward (0: none; the "
        "bucket_mib walk's remainder)"},
+      {"dropout", AxisKind::real, number(d.dropout), {},
+       "language models: hidden dropout probability in [0, 1) (after the embeddings and on each residual "
+       "branch, as Hugging Face's GPT-2 and BERT place it; not on the attention probabilities); 0 = none, the "
+       "throughput setting"},
       {"comm_mean", AxisKind::text, d.comm_mean, {"auto", "kernel", "update"},
        "data parallelism with copy engines: where the two ranks' gradients are averaged; kernel = a mean kernel "
        "per bucket beside backward, update = inside the SGD update (one pass less over the gradients); auto = "
@@ -41,6 +45,7 @@ TrainOptions TrainOptions::from(const State& state) {
   o.steps_per_sample = state.option_int("steps_per_sample");
   o.tail_bucket_mib = state.option_real("tail_bucket_mib");
   o.comm_mean = state.option_text("comm_mean");
+  o.dropout = state.option_real("dropout");
   return o;
 }
 
@@ -54,6 +59,7 @@ void TrainOptions::validate() const {
          "steps_per_sample in 0.." + std::to_string(kMaxStepsPerSample) + " (got " + std::to_string(steps_per_sample) + ")");
   refuse(!(tail_bucket_mib >= 0) || !std::isfinite(tail_bucket_mib), "tail_bucket_mib >= 0");
   refuse(!(lr >= 0) || !std::isfinite(lr), "a finite lr >= 0");
+  refuse(!(dropout >= 0 && dropout < 1), "dropout in [0, 1)");
   if (!bad.empty()) throw UsageError("train needs " + bad);
 }
 

@@ -19,6 +19,7 @@ struct TrainOptions {
   // MiB (capped at bucket_mib); 0: none.
   double tail_bucket_mib = 1;
   std::string comm_mean = "auto";       // copy engines' mean: auto, kernel, update
+  double dropout = 0;                   // language models' hidden dropout probability
 
   // On a GPU a timed sample holds at least this many back-to-back steps, as a training loop runs
   // them and as bench/compare_ddp.py times PyTorch: one step per sample would time each graph
