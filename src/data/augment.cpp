@@ -1,0 +1,201 @@
+// The pipeline's per-sample work outside the threads: where samples come from, their order per
+// epoch and rank, and the crop, flip and normalisation.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/pipeline.h"
+
+namespace ab::data {
+namespace {
+
+class RawSource final : public SampleSource {
+ public:
+  explicit RawSource(ImageSet set) : set_(std::move(set)) {}
+  std::int64_t size() const override { return set_.count; }
+  std::int32_t label(std::int64_t i) const override { return set_.labels[static_cast<std::size_t>(i)]; }
+  int classes() const override { return set_.classes; }
+  void load(std::int64_t i, Image& out) const override {
+    const auto px = set_.image(i);
+    out.height = set_.height;
+    out.width = set_.width;
+    out.channels = set_.channels;
+    out.pixels.assign(px.begin(), px.end());
+  }
+  std::int64_t encoded_bytes() const override { return 0; }
+
+ private:
+  ImageSet set_;
+};
+
+class EncodedSource final : public SampleSource {
+ public:
+  EncodedSource(std::vector<std::vector<std::uint8_t>> files, std::vector<std::int32_t> labels, int classes)
+      : files_(std::move(files)), labels_(std::move(labels)), classes_(classes) {
+    if (files_.size() != labels_.size())
+      throw Error("encoded images: " + std::to_string(files_.size()) + " files, " + std::to_string(labels_.size()) +
+                  " labels");
+    for (const auto& f : files_) bytes_ += static_cast<std::int64_t>(f.size());
+  }
+  std::int64_t size() const override { return static_cast<std::int64_t>(files_.size()); }
+  std::int32_t label(std::int64_t i) const override { return labels_[static_cast<std::size_t>(i)]; }
+  int classes() const override { return classes_; }
+  void load(std::int64_t i, Image& out) const override {
+    decode_image_into(files_[static_cast<std::size_t>(i)], "in-memory image " + std::to_string(i), out);
+  }
+  std::int64_t encoded_bytes() const override { return bytes_; }
+
+ private:
+  std::vector<std::vector<std::uint8_t>> files_;
+  std::vector<std::int32_t> labels_;
+  int classes_ = 0;
+  std::int64_t bytes_ = 0;
+};
+
+class FolderSource final : public SampleSource {
+ public:
+  explicit FolderSource(ImageFolder folder) : folder_(std::move(folder)) {
+    for (const auto& f : folder_.files) bytes_ += static_cast<std::int64_t>(std::filesystem::file_size(f.path));
+  }
+  std::int64_t size() const override { return static_cast<std::int64_t>(folder_.files.size()); }
+  std::int32_t label(std::int64_t i) const override { return folder_.files[static_cast<std::size_t>(i)].label; }
+  int classes() const override { return static_cast<int>(folder_.class_names.size()); }
+  void load(std::int64_t i, Image& out) const override {
+    const auto& path = folder_.files[static_cast<std::size_t>(i)].path;
+    std::ifstream in(path, std::ios::binary);
+    const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.eof() && !in) throw Error("cannot read " + path.string());
+    decode_image_into(bytes, path.string(), out);
+  }
+  std::int64_t encoded_bytes() const override { return bytes_; }
+
+ private:
+  ImageFolder folder_;
+  std::int64_t bytes_ = 0;
+};
+
+std::uint16_t store_16(float v, DType t) {
+  return t == DType::f16 ? float_to_half_bits(v) : float_to_bf16_bits(v);
+}
+
+}  // namespace
+
+std::unique_ptr<SampleSource> raw_source(ImageSet set) { return std::make_unique<RawSource>(std::move(set)); }
+std::unique_ptr<SampleSource> encoded_source(std::vector<std::vector<std::uint8_t>> files,
+                                             std::vector<std::int32_t> labels, int classes) {
+  return std::make_unique<EncodedSource>(std::move(files), std::move(labels), classes);
+}
+std::unique_ptr<SampleSource> folder_source(ImageFolder folder) {
+  return std::make_unique<FolderSource>(std::move(folder));
+}
+
+std::unique_ptr<SampleSource> jpeg_source(const ImageSet& set, std::int64_t size, int quality, std::int64_t limit) {
+  const std::int64_t n = limit < 0 ? set.count : std::min(limit, set.count);
+  std::vector<std::vector<std::uint8_t>> files;
+  for (std::int64_t i = 0; i < n; ++i) files.push_back(encode_jpeg(resize_bilinear(image_of(set, i), size, size, 3), quality));
+  return encoded_source(std::move(files), {set.labels.begin(), set.labels.begin() + n}, set.classes);
+}
+
+std::vector<std::int64_t> epoch_order(std::int64_t size, std::uint64_t seed, std::int64_t epoch, int rank, int ranks,
+                                      bool shuffle) {
+  if (ranks < 1 || rank < 0 || rank >= ranks)
+    throw Error("epoch_order: rank " + std::to_string(rank) + " of " + std::to_string(ranks));
+  std::vector<std::int64_t> all(static_cast<std::size_t>(size));
+  for (std::int64_t i = 0; i < size; ++i) all[static_cast<std::size_t>(i)] = i;
+  if (shuffle) {  // Fisher-Yates from counter-based draws: the same (seed, epoch) on every rank
+    const std::uint64_t epoch_seed = mix64(seed, static_cast<std::uint64_t>(epoch));
+    for (std::int64_t i = size - 1; i > 0; --i) {
+      const auto j = static_cast<std::int64_t>(mix64(epoch_seed, static_cast<std::uint64_t>(i)) %
+                                               static_cast<std::uint64_t>(i + 1));
+      std::swap(all[static_cast<std::size_t>(i)], all[static_cast<std::size_t>(j)]);
+    }
+  }
+  const std::int64_t per_rank = size / ranks;
+  std::vector<std::int64_t> mine(static_cast<std::size_t>(per_rank));
+  for (std::int64_t k = 0; k < per_rank; ++k) mine[static_cast<std::size_t>(k)] = all[static_cast<std::size_t>(k * ranks + rank)];
+  return mine;
+}
+
+CropBox choose_crop(const Augment& a, std::int64_t height, std::int64_t width, std::uint64_t seed, std::uint64_t key) {
+  const std::uint64_t s = mix64(seed, key);
+  CropBox box{0, 0, height, width, a.flip && uniform(s, 0, 0.0, 1.0) < 0.5};
+  if (!a.random_crop) return box;
+  const double area = static_cast<double>(height * width);
+  const double log_lo = std::log(a.ratio_min), log_hi = std::log(a.ratio_max);
+  // torchvision's RandomResizedCrop: ten tries at a box that fits, then the centre at a clamped ratio.
+  for (std::uint64_t attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * uniform(s, 1 + 4 * attempt, a.scale_min, a.scale_max);
+    const double ratio = std::exp(uniform(s, 2 + 4 * attempt, log_lo, log_hi));
+    const auto w = static_cast<std::int64_t>(std::lround(std::sqrt(target * ratio)));
+    const auto h = static_cast<std::int64_t>(std::lround(std::sqrt(target / ratio)));
+    if (w < 1 || h < 1 || w > width || h > height) continue;
+    box.y = static_cast<std::int64_t>(uniform(s, 3 + 4 * attempt, 0.0, static_cast<double>(height - h + 1)));
+    box.x = static_cast<std::int64_t>(uniform(s, 4 + 4 * attempt, 0.0, static_cast<double>(width - w + 1)));
+    box.height = h;
+    box.width = w;
+    return box;
+  }
+  const double in_ratio = static_cast<double>(width) / static_cast<double>(height);
+  if (in_ratio < a.ratio_min) {
+    box.height = std::lround(static_cast<double>(width) / a.ratio_min);
+  } else if (in_ratio > a.ratio_max) {
+    box.width = std::lround(static_cast<double>(height) * a.ratio_max);
+  }
+  box.y = (height - box.height) / 2;
+  box.x = (width - box.width) / 2;
+  return box;
+}
+
+void augment_into(const Image& image, const Augment& a, const CropBox& box, void* out) {
+  if (image.channels != a.channels && !(image.channels == 1 && a.channels == 3))
+    throw Error("augment: a " + std::to_string(image.channels) + "-channel image for " + std::to_string(a.channels) +
+                "-channel output");
+  if (a.channels > 3) throw Error("augment: at most 3 channels");
+  // Bilinear, pixel centres aligned, from the box to the output; per column the two source
+  // columns and weights are computed once.
+  const double sy = static_cast<double>(box.height) / static_cast<double>(a.height);
+  const double sx = static_cast<double>(box.width) / static_cast<double>(a.width);
+  std::vector<std::int64_t> x0(static_cast<std::size_t>(a.width)), x1(x0.size());
+  std::vector<float> wx(x0.size());
+  for (std::int64_t ox = 0; ox < a.width; ++ox) {
+    const std::int64_t col = box.flip ? a.width - 1 - ox : ox;
+    const double fx = std::clamp((static_cast<double>(col) + 0.5) * sx - 0.5, 0.0, static_cast<double>(box.width - 1));
+    const auto k = static_cast<std::size_t>(ox);
+    x0[k] = box.x + static_cast<std::int64_t>(fx);
+    x1[k] = std::min(x0[k] + 1, box.x + box.width - 1);
+    wx[k] = static_cast<float>(fx - std::floor(fx));
+  }
+  std::array<float, 3> scale{}, shift{};  // (v/255 - mean)/std = v*scale + shift
+  for (std::size_t c = 0; c < 3; ++c) {
+    scale[c] = 1.0F / (255.0F * a.stddev[c]);
+    shift[c] = -a.mean[c] / a.stddev[c];
+  }
+  const std::int64_t ic = image.channels;
+  const std::uint8_t* px = image.pixels.data();
+  for (std::int64_t oy = 0; oy < a.height; ++oy) {
+    const double fy = std::clamp((static_cast<double>(oy) + 0.5) * sy - 0.5, 0.0, static_cast<double>(box.height - 1));
+    const std::int64_t y0 = box.y + static_cast<std::int64_t>(fy);
+    const std::int64_t y1 = std::min(y0 + 1, box.y + box.height - 1);
+    const auto wy = static_cast<float>(fy - std::floor(fy));
+    const std::uint8_t* r0 = px + y0 * image.width * ic;
+    const std::uint8_t* r1 = px + y1 * image.width * ic;
+    for (std::int64_t ox = 0; ox < a.width; ++ox) {
+      const auto k = static_cast<std::size_t>(ox);
+      const std::int64_t o = (oy * a.width + ox) * a.channels;
+      for (std::int64_t c = 0; c < a.channels; ++c) {
+        const std::int64_t sc = ic == 1 ? 0 : c;
+        const float top = static_cast<float>(r0[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r0[x1[k] * ic + sc]) * wx[k];
+        const float bottom = static_cast<float>(r1[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r1[x1[k] * ic + sc]) * wx[k];
+        const float v = (top * (1 - wy) + bottom * wy) * scale[static_cast<std::size_t>(c)] + shift[static_cast<std::size_t>(c)];
+        if (a.dtype == DType::f32)
+          static_cast<float*>(out)[o + c] = v;
+        else
+          static_cast<std::uint16_t*>(out)[o + c] = store_16(v, a.dtype);
+      }
+    }
+  }
+}
+
+}  // namespace ab::data
