@@ -26,11 +26,14 @@ Image random_image(std::int64_t h, std::int64_t w, std::int64_t c, std::uint64_t
 // Smooth content (a few random cosines) that JPEG keeps close at high quality.
 Image smooth_image(std::int64_t h, std::int64_t w, std::int64_t c, std::uint64_t seed) {
   Image im{h, w, c, Bytes(static_cast<std::size_t>(h * w * c))};
-  const double fy = ab::uniform(seed, 0, 0.5, 2.0), fx = ab::uniform(seed, 1, 0.5, 2.0), phase = ab::uniform(seed, 2, 0, 6);
+  const double fy = ab::uniform(seed, 0, 0.5, 2.0), fx = ab::uniform(seed, 1, 0.5, 2.0),
+               phase = ab::uniform(seed, 2, 0, 6);
   for (std::int64_t y = 0; y < h; ++y)
     for (std::int64_t x = 0; x < w; ++x)
       for (std::int64_t ch = 0; ch < c; ++ch) {
-        const double v = 128 + 90 * std::cos(fy * 6.28 * static_cast<double>(y) / static_cast<double>(h) + phase + static_cast<double>(ch)) *
+        const double v = 128 + 90 *
+                                   std::cos(fy * 6.28 * static_cast<double>(y) / static_cast<double>(h) + phase +
+                                            static_cast<double>(ch)) *
                                    std::cos(fx * 6.28 * static_cast<double>(x) / static_cast<double>(w));
         im.pixels[static_cast<std::size_t>((y * w + x) * c + ch)] = static_cast<std::uint8_t>(v);
       }
@@ -45,7 +48,8 @@ double mean_abs_difference(const Bytes& a, const Bytes& b) {
 
 void write_bytes(const fs::path& p, const Bytes& b) {
   fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 TEST(Codec, JpegKeepsSizeChannelsAndCloseValues) {
@@ -90,8 +94,11 @@ TEST(Resize, HalvingAveragesEachTwoByTwoBlockAndGreyBecomesRgb) {
   ASSERT_EQ(half.channels, 3);
   for (std::int64_t y = 0; y < 4; ++y)
     for (std::int64_t x = 0; x < 3; ++x) {
-      const auto px = [&](std::int64_t yy, std::int64_t xx) { return static_cast<double>(im.pixels[static_cast<std::size_t>(yy * 6 + xx)]); };
-      const double mean = (px(2 * y, 2 * x) + px(2 * y, 2 * x + 1) + px(2 * y + 1, 2 * x) + px(2 * y + 1, 2 * x + 1)) / 4;
+      const auto px = [&](std::int64_t yy, std::int64_t xx) {
+        return static_cast<double>(im.pixels[static_cast<std::size_t>(yy * 6 + xx)]);
+      };
+      const double mean =
+          (px(2 * y, 2 * x) + px(2 * y, 2 * x + 1) + px(2 * y + 1, 2 * x) + px(2 * y + 1, 2 * x + 1)) / 4;
       for (std::int64_t c = 0; c < 3; ++c)
         EXPECT_NEAR(half.pixels[static_cast<std::size_t>((y * 3 + x) * 3 + c)], mean, 0.5) << y << "," << x << "," << c;
     }
@@ -141,13 +148,15 @@ TEST(ImageFolder, FoldersWithoutClassesOrImagesAreRefused) {
   const std::string none = ab::test::error_message<ab::Error>([&] { ab::data::scan_image_folder(tmp.path(), false); });
   EXPECT_TRUE(contains(none, "no readable")) << none;
   EXPECT_TRUE(contains(none, "bad.png")) << none;
-  EXPECT_TRUE(contains(ab::test::error_message<ab::Error>([&] { ab::data::scan_image_folder(tmp.path() / "nope", false); }),
-                       "is not a folder"));
+  EXPECT_TRUE(
+      contains(ab::test::error_message<ab::Error>([&] { ab::data::scan_image_folder(tmp.path() / "nope", false); }),
+               "is not a folder"));
 }
 
 ab::data::ImageSet random_set(std::int64_t n, std::int64_t px, int classes, std::uint64_t seed) {
   ab::data::ImageSet s{n, px, px, 1, random_image(n, px, px, seed).pixels, {}, classes, "test"};
-  for (std::int64_t i = 0; i < n; ++i) s.labels.push_back(static_cast<std::int32_t>(ab::mix64(seed, 1000 + i) % classes));
+  for (std::int64_t i = 0; i < n; ++i)
+    s.labels.push_back(static_cast<std::int32_t>(ab::mix64(seed, 1000 + i) % classes));
   s.labels[0] = classes - 1;  // every class folder is made, the last one included
   return s;
 }
@@ -193,7 +202,8 @@ TEST(MakeImageFolder, WritesTheSetAndNamesBadInput) {
   images[0] = 0x42;
   write_bytes(tmp.path() / "bad-images-idx3-ubyte", images);
   const auto bad = ab::test::accelbench({"data", "make-imagefolder", (tmp.path() / "bad-images-idx3-ubyte").string(),
-                                         (tmp.path() / "bad").string(), "--labels", (tmp.path() / "t10k-labels-idx1-ubyte").string()});
+                                         (tmp.path() / "bad").string(), "--labels",
+                                         (tmp.path() / "t10k-labels-idx1-ubyte").string()});
   EXPECT_EQ(bad.code, 1) << bad.output;
   EXPECT_TRUE(contains(bad.output, "not an IDX file")) << bad.output;
   const auto unknown = ab::test::accelbench({"data", "make-imagefolder", "imagenet", (tmp.path() / "x").string()});

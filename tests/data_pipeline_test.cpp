@@ -48,7 +48,8 @@ TEST(EpochOrder, ShardsAreDisjointPermutationsFixedBySeedAndEpoch) {
     seen.insert(mine.begin(), mine.end());
   }
   EXPECT_EQ(seen.size(), 100u) << "no sample on two ranks";
-  EXPECT_TRUE(contains(ab::test::error_message<ab::Error>([] { ab::data::epoch_order(10, 1, 0, 2, 2, true); }), "rank 2 of 2"));
+  EXPECT_TRUE(
+      contains(ab::test::error_message<ab::Error>([] { ab::data::epoch_order(10, 1, 0, 2, 2, true); }), "rank 2 of 2"));
 }
 
 TEST(Augment, CropsStayInsideAndFollowScaleAndRatio) {
@@ -130,7 +131,8 @@ TEST(HostPipeline, BatchesFollowTheEpochOrderAndHoldEachSampleAugmented) {
   c.batch = 4;
   c.threads = 3;
   c.seed = ab::test::seed();
-  c.augment = {6, 5, 3, false, 0.08, 1, 0.75, 4.0 / 3.0, false, {0.5F, 0.4F, 0.3F}, {0.2F, 0.25F, 0.3F}, ab::DType::bf16};
+  c.augment = {
+      6, 5, 3, false, 0.08, 1, 0.75, 4.0 / 3.0, false, {0.5F, 0.4F, 0.3F}, {0.2F, 0.25F, 0.3F}, ab::DType::bf16};
   const auto batches = drain(set, c, 11);  // 5 batches an epoch (23 / 4): two epochs and one more
   for (int b = 0; b < 11; ++b) {
     const auto order = ab::data::epoch_order(23, c.seed, b / 5, 0, 1, true);
@@ -139,7 +141,8 @@ TEST(HostPipeline, BatchesFollowTheEpochOrderAndHoldEachSampleAugmented) {
       ASSERT_EQ(batches[static_cast<std::size_t>(b)].second[static_cast<std::size_t>(s)], want) << b << "," << s;
       std::vector<std::uint16_t> expect(6 * 5 * 3);
       ab::data::augment_into(ab::data::image_of(set, want), c.augment, {0, 0, 6, 5, false}, expect.data());
-      ASSERT_EQ(std::memcmp(batches[static_cast<std::size_t>(b)].first.data() + s * 180, expect.data(), 180), 0) << b << "," << s;
+      ASSERT_EQ(std::memcmp(batches[static_cast<std::size_t>(b)].first.data() + s * 180, expect.data(), 180), 0)
+          << b << "," << s;
     }
   }
 }
@@ -198,7 +201,8 @@ TEST(HostPipeline, AWorkersDecodingErrorReachesTheConsumerNamingTheSample) {
   EXPECT_TRUE(contains(e, "in-memory image 5: bad JPEG")) << e;
   EXPECT_TRUE(contains(ab::test::usage_error([&] {
                          c.batch = 9;
-                         ab::data::HostPipeline(ab::data::encoded_source(files, std::vector<std::int32_t>(8, 0), 1), c, nullptr);
+                         ab::data::HostPipeline(ab::data::encoded_source(files, std::vector<std::int32_t>(8, 0), 1), c,
+                                                nullptr);
                        }),
                        "make no batch of 9"));
 }
@@ -251,10 +255,10 @@ TEST(PipelineWorkload, RecordsRatesCpuTimeAndTheUnreadableFiles) {
         .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
   std::ofstream(tmp.path() / "set" / "a" / "broken.jpg") << "not a jpeg";
-  const auto base = std::vector<std::string>{"run", "pipeline", "--device", "cpu", "--option",
-                                             "folder=" + (tmp.path() / "set").string(), "--option", "batch=8",
-                                             "--axis", "image_px=32", "--min-time", "0.05", "--max-noise", "50",
-                                             "--timeout", "30", "--quiet"};
+  const auto base = std::vector<std::string>{
+      "run",         "pipeline", "--device",  "cpu",         "--option",   "folder=" + (tmp.path() / "set").string(),
+      "--option",    "batch=8",  "--axis",    "image_px=32", "--min-time", "0.05",
+      "--max-noise", "50",       "--timeout", "30",          "--quiet"};
   auto args = base;
   args.insert(args.end(), {"--axis", "threads=1,2", "--out", (tmp.path() / "out").string()});
   const auto ran = ab::test::accelbench(args);
@@ -272,7 +276,8 @@ TEST(PipelineWorkload, RecordsRatesCpuTimeAndTheUnreadableFiles) {
     EXPECT_TRUE(contains(r["metrics"]["unreadable_named"].get<std::string>(), "broken.jpg (no JPEG or PNG signature)"));
   }
   args = base;
-  args.insert(args.end(), {"--axis", "threads=1", "--option", "unreadable=refuse", "--out", (tmp.path() / "refused").string()});
+  args.insert(args.end(),
+              {"--axis", "threads=1", "--option", "unreadable=refuse", "--out", (tmp.path() / "refused").string()});
   const auto refused = ab::test::accelbench(args);
   EXPECT_EQ(refused.code, 1) << refused.output;
   const auto refused_records = read_records(tmp.path() / "refused");

@@ -19,7 +19,8 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 Bytes random_bytes(std::size_t n, std::uint64_t seed, int modulo = 256) {
   Bytes b(n);
-  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(ab::mix64(seed, i) % static_cast<unsigned>(modulo));
+  for (std::size_t i = 0; i < n; ++i)
+    b[i] = static_cast<std::uint8_t>(ab::mix64(seed, i) % static_cast<unsigned>(modulo));
   return b;
 }
 
@@ -36,7 +37,8 @@ Bytes idx_file(const std::vector<std::uint32_t>& dims, const Bytes& values) {
 
 void write_bytes(const fs::path& p, const Bytes& b) {
   fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 void gzip(const fs::path& p) { ASSERT_EQ(ab::test::shell("gzip -f " + ab::test::quote(p.string())).code, 0); }
@@ -85,7 +87,8 @@ TEST(Idx, ACorruptHeaderIsNamed) {
   Bytes bad = idx_file({3, 4, 4}, p.pixels);
   bad[0] = 0x1F;  // what a gzip file starts with
   write_bytes(tmp.path() / "magic", bad);
-  EXPECT_TRUE(contains(read_error(tmp.path() / "magic", p.labels_path), "not an IDX file")) << read_error(tmp.path() / "magic", p.labels_path);
+  EXPECT_TRUE(contains(read_error(tmp.path() / "magic", p.labels_path), "not an IDX file"))
+      << read_error(tmp.path() / "magic", p.labels_path);
   bad = idx_file({3, 4, 4}, p.pixels);
   bad[2] = 0x0D;  // float elements
   write_bytes(tmp.path() / "type", bad);
@@ -96,7 +99,8 @@ TEST(Idx, ACorruptHeaderIsNamed) {
   EXPECT_TRUE(contains(read_error(tmp.path() / "rank", p.labels_path), "9 dimensions"));
   // A header whose sizes say more than the file holds, or less.
   write_bytes(tmp.path() / "big", idx_file({3, 4, 5}, p.pixels));
-  EXPECT_TRUE(contains(read_error(tmp.path() / "big", p.labels_path), "truncated: the IDX header says 60 bytes of data, the file holds 48"));
+  EXPECT_TRUE(contains(read_error(tmp.path() / "big", p.labels_path),
+                       "truncated: the IDX header says 60 bytes of data, the file holds 48"));
   write_bytes(tmp.path() / "small", idx_file({3, 4, 3}, p.pixels));
   EXPECT_TRUE(contains(read_error(tmp.path() / "small", p.labels_path), "12 bytes after the 36"));
 }
@@ -138,14 +142,16 @@ Bytes cifar_records(int n, int label_bytes, std::uint64_t seed) {
   Bytes b = random_bytes(static_cast<std::size_t>(n) * (label_bytes + 3072), seed);
   for (int r = 0; r < n; ++r)
     for (int l = 0; l < label_bytes; ++l)
-      b[static_cast<std::size_t>(r) * (label_bytes + 3072) + l] = static_cast<std::uint8_t>(ab::mix64(seed, 99 + r * 2 + l) % 10);
+      b[static_cast<std::size_t>(r) * (label_bytes + 3072) + l] =
+          static_cast<std::uint8_t>(ab::mix64(seed, 99 + r * 2 + l) % 10);
   return b;
 }
 
 TEST(Cifar, RecordsBecomeHwcImagesWithTheirLabels) {
   TempDir tmp;
   const std::uint64_t seed = ab::test::seed();
-  for (const auto& [kind, label_bytes] : {std::pair{ab::data::CifarKind::cifar10, 1}, std::pair{ab::data::CifarKind::cifar100, 2}}) {
+  for (const auto& [kind, label_bytes] :
+       {std::pair{ab::data::CifarKind::cifar10, 1}, std::pair{ab::data::CifarKind::cifar100, 2}}) {
     const Bytes raw = cifar_records(3, label_bytes, seed);
     write_bytes(tmp.path() / "batch.bin", raw);
     const ImageSet s = ab::data::read_cifar({tmp.path() / "batch.bin", tmp.path() / "batch.bin"}, kind);
@@ -198,7 +204,8 @@ TEST(Tokens, TruncatedAndOddFilesAreRefused) {
   const std::string cut = ab::test::error_message<ab::Error>([&] { ab::data::read_tokens(tmp.path() / "t.bin"); });
   EXPECT_TRUE(contains(cut, "truncated: the header gives 600 tokens (1200 bytes), the file holds 1000")) << cut;
   std::ofstream(tmp.path() / "odd.bin", std::ios::binary) << "abc";
-  EXPECT_TRUE(contains(ab::test::error_message<ab::Error>([&] { ab::data::read_tokens(tmp.path() / "odd.bin"); }), "odd number"));
+  EXPECT_TRUE(contains(ab::test::error_message<ab::Error>([&] { ab::data::read_tokens(tmp.path() / "odd.bin"); }),
+                       "odd number"));
 }
 
 TEST(Tokens, TheByteTokenizerTakesAnyFile) {
@@ -214,13 +221,15 @@ TEST(Tokens, TheByteTokenizerTakesAnyFile) {
   const std::vector<std::uint16_t> wide{65, 300};
   EXPECT_TRUE(contains(ab::test::error_message<ab::Error>([&] { ab::data::byte_text(wide); }), "token 300 at 1"));
   write_bytes(tmp.path() / "empty.txt", {});
-  EXPECT_TRUE(contains(ab::test::error_message<ab::Error>([&] { ab::data::tokenize_text_file(tmp.path() / "empty.txt"); }), "empty"));
+  EXPECT_TRUE(contains(
+      ab::test::error_message<ab::Error>([&] { ab::data::tokenize_text_file(tmp.path() / "empty.txt"); }), "empty"));
 }
 
 // Debian's dataset-fashion-mnist, where installed.
 TEST(FashionMnist, TheDebianPackageReadsAsTenClassesOf28x28) {
   if (std::getenv("ACCELBENCH_FASHION_MNIST") == nullptr && !fs::exists(ab::data::kFashionMnistDebianDir))
-    GTEST_SKIP() << "no " << ab::data::kFashionMnistDebianDir << " (scripts/install-deps.sh installs dataset-fashion-mnist)";
+    GTEST_SKIP() << "no " << ab::data::kFashionMnistDebianDir
+                 << " (scripts/install-deps.sh installs dataset-fashion-mnist)";
   const ImageSet test = ab::data::read_fashion_mnist("test");
   EXPECT_EQ(test.count, 10000);
   EXPECT_EQ(test.height, 28);
@@ -245,7 +254,8 @@ TEST(FashionMnist, AMissingFolderNamesThePackageAndTheVariable) {
   if (before.empty()) unsetenv("ACCELBENCH_FASHION_MNIST");
   else setenv("ACCELBENCH_FASHION_MNIST", before.c_str(), 1);
   EXPECT_EQ(s.count, 4);
-  EXPECT_TRUE(contains(ab::test::usage_error([&] { ab::data::read_fashion_mnist("valid", tmp.path()); }), "train or test"));
+  EXPECT_TRUE(
+      contains(ab::test::usage_error([&] { ab::data::read_fashion_mnist("valid", tmp.path()); }), "train or test"));
 }
 
 }  // namespace

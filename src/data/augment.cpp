@@ -76,9 +76,7 @@ class FolderSource final : public SampleSource {
   std::int64_t bytes_ = 0;
 };
 
-std::uint16_t store_16(float v, DType t) {
-  return t == DType::f16 ? float_to_half_bits(v) : float_to_bf16_bits(v);
-}
+std::uint16_t store_16(float v, DType t) { return t == DType::f16 ? float_to_half_bits(v) : float_to_bf16_bits(v); }
 
 }  // namespace
 
@@ -94,7 +92,8 @@ std::unique_ptr<SampleSource> folder_source(ImageFolder folder) {
 std::unique_ptr<SampleSource> jpeg_source(const ImageSet& set, std::int64_t size, int quality, std::int64_t limit) {
   const std::int64_t n = limit < 0 ? set.count : std::min(limit, set.count);
   std::vector<std::vector<std::uint8_t>> files;
-  for (std::int64_t i = 0; i < n; ++i) files.push_back(encode_jpeg(resize_bilinear(image_of(set, i), size, size, 3), quality));
+  for (std::int64_t i = 0; i < n; ++i)
+    files.push_back(encode_jpeg(resize_bilinear(image_of(set, i), size, size, 3), quality));
   return encoded_source(std::move(files), {set.labels.begin(), set.labels.begin() + n}, set.classes);
 }
 
@@ -114,7 +113,8 @@ std::vector<std::int64_t> epoch_order(std::int64_t size, std::uint64_t seed, std
   }
   const std::int64_t per_rank = size / ranks;
   std::vector<std::int64_t> mine(static_cast<std::size_t>(per_rank));
-  for (std::int64_t k = 0; k < per_rank; ++k) mine[static_cast<std::size_t>(k)] = all[static_cast<std::size_t>(k * ranks + rank)];
+  for (std::int64_t k = 0; k < per_rank; ++k)
+    mine[static_cast<std::size_t>(k)] = all[static_cast<std::size_t>(k * ranks + rank)];
   return mine;
 }
 
@@ -186,13 +186,14 @@ void augment_into(const Image& image, const Augment& a, const CropBox& box, void
       const std::int64_t o = (oy * a.width + ox) * a.channels;
       for (std::int64_t c = 0; c < a.channels; ++c) {
         const std::int64_t sc = ic == 1 ? 0 : c;
-        const float top = static_cast<float>(r0[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r0[x1[k] * ic + sc]) * wx[k];
-        const float bottom = static_cast<float>(r1[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r1[x1[k] * ic + sc]) * wx[k];
-        const float v = (top * (1 - wy) + bottom * wy) * scale[static_cast<std::size_t>(c)] + shift[static_cast<std::size_t>(c)];
-        if (a.dtype == DType::f32)
-          static_cast<float*>(out)[o + c] = v;
-        else
-          static_cast<std::uint16_t*>(out)[o + c] = store_16(v, a.dtype);
+        const float top =
+            static_cast<float>(r0[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r0[x1[k] * ic + sc]) * wx[k];
+        const float bottom =
+            static_cast<float>(r1[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r1[x1[k] * ic + sc]) * wx[k];
+        const float v =
+            (top * (1 - wy) + bottom * wy) * scale[static_cast<std::size_t>(c)] + shift[static_cast<std::size_t>(c)];
+        if (a.dtype == DType::f32) static_cast<float*>(out)[o + c] = v;
+        else static_cast<std::uint16_t*>(out)[o + c] = store_16(v, a.dtype);
       }
     }
   }

@@ -161,7 +161,8 @@ std::vector<std::uint8_t> encode_png(const Image& image) {
 Image resize_bilinear(const Image& src, std::int64_t height, std::int64_t width, std::int64_t channels_out) {
   if (channels_out != src.channels && !(src.channels == 1 && channels_out == 3))
     throw Error("resize_bilinear: " + std::to_string(src.channels) + " channels to " + std::to_string(channels_out));
-  Image dst{height, width, channels_out, std::vector<std::uint8_t>(static_cast<std::size_t>(height * width * channels_out))};
+  Image dst{height, width, channels_out,
+            std::vector<std::uint8_t>(static_cast<std::size_t>(height * width * channels_out))};
   const double sy = static_cast<double>(src.height) / static_cast<double>(height);
   const double sx = static_cast<double>(src.width) / static_cast<double>(width);
   const auto at = [&](std::int64_t y, std::int64_t x, std::int64_t c) {

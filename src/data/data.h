@@ -89,8 +89,8 @@ struct ImageFolder {
 ImageFolder scan_image_folder(const std::filesystem::path& root, bool refuse_unreadable);
 // Writes `set` as root/<label>/<index>.jpg, each image resized to size x size, 3 channels.
 // Returns the files written.
-std::int64_t write_image_folder(const ImageSet& set, const std::filesystem::path& root, std::int64_t size,
-                                int quality, std::int64_t limit = -1);
+std::int64_t write_image_folder(const ImageSet& set, const std::filesystem::path& root, std::int64_t size, int quality,
+                                std::int64_t limit = -1);
 
 // Token files for language models: uint16 tokens, little-endian, with llm.c's 1024-byte header
 // (magic 20240520, version 1, token count) or without one (the file's bytes are the tokens).

@@ -13,7 +13,8 @@ namespace {
 
 bool has_image_extension(const fs::path& p) {
   std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
@@ -58,15 +59,13 @@ ImageFolder scan_image_folder(const fs::path& root, bool refuse_unreadable) {
     std::sort(paths.begin(), paths.end());
     for (auto& p : paths) {
       std::string why = unreadable_reason(p);
-      if (why.empty())
-        f.files.push_back({std::move(p), static_cast<std::int32_t>(label)});
-      else
-        f.unreadable.push_back({std::move(p), std::move(why)});
+      if (why.empty()) f.files.push_back({std::move(p), static_cast<std::int32_t>(label)});
+      else f.unreadable.push_back({std::move(p), std::move(why)});
     }
   }
   if (refuse_unreadable && !f.unreadable.empty())
-    throw Error(root.string() + ": " + std::to_string(f.unreadable.size()) + " unreadable image files: " +
-                list_unreadable(f.unreadable));
+    throw Error(root.string() + ": " + std::to_string(f.unreadable.size()) +
+                " unreadable image files: " + list_unreadable(f.unreadable));
   if (f.files.empty())
     throw Error(root.string() + " holds no readable .jpg/.jpeg/.png files in its class folders" +
                 (f.unreadable.empty() ? "" : " (unreadable: " + list_unreadable(f.unreadable) + ")"));
@@ -106,7 +105,8 @@ std::vector<std::uint16_t> read_tokens(const fs::path& path) {
     std::int32_t header[3];
     std::memcpy(header, bytes.data(), sizeof header);
     if (header[0] == kTokenMagic) {
-      if (header[1] != 1) throw Error(path.string() + ": token file version " + std::to_string(header[1]) + " (1 expected)");
+      if (header[1] != 1)
+        throw Error(path.string() + ": token file version " + std::to_string(header[1]) + " (1 expected)");
       offset = kTokenHeaderInts * 4;
       count = header[2];
     }
@@ -115,7 +115,8 @@ std::vector<std::uint16_t> read_tokens(const fs::path& path) {
   if (count >= 0 && data != static_cast<std::size_t>(count) * 2)
     throw Error(path.string() + ": truncated: the header gives " + std::to_string(count) + " tokens (" +
                 std::to_string(count * 2) + " bytes), the file holds " + std::to_string(data) + " bytes after it");
-  if (data % 2 != 0) throw Error(path.string() + ": an odd number of bytes (" + std::to_string(data) + ") is no uint16 tokens");
+  if (data % 2 != 0)
+    throw Error(path.string() + ": an odd number of bytes (" + std::to_string(data) + ") is no uint16 tokens");
   std::vector<std::uint16_t> tokens(data / 2);
   std::memcpy(tokens.data(), bytes.data() + offset, data);  // little-endian files on little-endian hosts
   return tokens;

@@ -172,8 +172,8 @@ HostPipeline::Stats HostPipeline::stats() const {
 DeviceFeeder::DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels) : pipeline_(pipeline), kernels_(kernels) {
   const auto& c = pipeline.config();
   const DeviceKind device = kernels.allocator().device();
-  const Tensor pixels = Tensor::describe(c.augment.dtype, {c.batch, c.augment.height, c.augment.width, c.augment.channels},
-                                         Layout::nhwc, device);
+  const Tensor pixels = Tensor::describe(
+      c.augment.dtype, {c.batch, c.augment.height, c.augment.width, c.augment.channels}, Layout::nhwc, device);
   const Tensor labels = Tensor::describe(DType::i32, {c.batch}, Layout::nchw, device);
   for (std::size_t b = 0; b < 2; ++b) {
     pixel_memory_[b] = Buffer(kernels.allocator(), pixels.size_bytes());

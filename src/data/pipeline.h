@@ -85,7 +85,7 @@ struct PipelineConfig {
 
 // One batch in host memory, valid until released.
 struct HostBatch {
-  const void* pixels = nullptr;         // batch x height x width x channels of augment.dtype
+  const void* pixels = nullptr;          // batch x height x width x channels of augment.dtype
   const std::int32_t* labels = nullptr;  // batch
   std::int64_t index = 0;                // batches delivered before this one
   std::int64_t epoch = 0;

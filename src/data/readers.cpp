@@ -57,9 +57,11 @@ IdxArray parse_idx(std::span<const std::uint8_t> bytes, const std::string& what)
   if (bytes[0] != 0 || bytes[1] != 0)
     throw Error(what + ": not an IDX file (its magic number does not start with two zero bytes)");
   if (bytes[2] != 0x08)
-    throw Error(what + ": IDX element type 0x" + std::to_string(bytes[2]) + " is not supported (only 0x08, unsigned byte)");
+    throw Error(what + ": IDX element type 0x" + std::to_string(bytes[2]) +
+                " is not supported (only 0x08, unsigned byte)");
   const int rank = bytes[3];
-  if (rank < 1 || rank > 4) throw Error(what + ": IDX header gives " + std::to_string(rank) + " dimensions (1 to 4 expected)");
+  if (rank < 1 || rank > 4)
+    throw Error(what + ": IDX header gives " + std::to_string(rank) + " dimensions (1 to 4 expected)");
   const std::size_t header = 4 + 4 * static_cast<std::size_t>(rank);
   if (bytes.size() < header) throw Error(what + ": truncated IDX header (" + std::to_string(bytes.size()) + " bytes)");
   IdxArray a;
@@ -72,8 +74,8 @@ IdxArray parse_idx(std::span<const std::uint8_t> bytes, const std::string& what)
   }
   const auto data_bytes = static_cast<std::int64_t>(bytes.size() - header);
   if (data_bytes < elements)
-    throw Error(what + ": truncated: the IDX header says " + std::to_string(elements) + " bytes of data, the file holds " +
-                std::to_string(data_bytes));
+    throw Error(what + ": truncated: the IDX header says " + std::to_string(elements) +
+                " bytes of data, the file holds " + std::to_string(data_bytes));
   if (data_bytes > elements)
     throw Error(what + ": " + std::to_string(data_bytes - elements) + " bytes after the " + std::to_string(elements) +
                 " the IDX header gives: a corrupt header or a different file");
@@ -87,11 +89,11 @@ ImageSet read_idx(const fs::path& images, const fs::path& labels) {
   if (x.dims.size() != 3 && !(x.dims.size() == 4 && (x.dims[3] == 1 || x.dims[3] == 3)))
     throw Error(images.string() + ": IDX images must be [n, height, width] (or [n, h, w, 1 or 3]); this one has " +
                 std::to_string(x.dims.size()) + " dimensions");
-  if (y.dims.size() != 1) throw Error(labels.string() + ": IDX labels must be one dimension; this file has " +
-                                      std::to_string(y.dims.size()));
+  if (y.dims.size() != 1)
+    throw Error(labels.string() + ": IDX labels must be one dimension; this file has " + std::to_string(y.dims.size()));
   if (x.dims[0] != y.dims[0])
-    throw Error("labels do not match images: " + images.string() + " holds " + std::to_string(x.dims[0]) +
-                " images, " + labels.string() + " " + std::to_string(y.dims[0]) + " labels");
+    throw Error("labels do not match images: " + images.string() + " holds " + std::to_string(x.dims[0]) + " images, " +
+                labels.string() + " " + std::to_string(y.dims[0]) + " labels");
   ImageSet s;
   s.count = x.dims[0];
   s.height = x.dims[1];
@@ -147,8 +149,8 @@ ImageSet read_cifar(const std::vector<fs::path>& files, CifarKind kind) {
       const int label = rec[label_bytes - 1];
       const int limit = kind == CifarKind::cifar10 ? 10 : 100;
       if (label >= limit)
-        throw Error(f.string() + ": record " + std::to_string(r) + " has label " + std::to_string(label) +
-                    " (CIFAR-" + std::to_string(limit) + " labels are below " + std::to_string(limit) + ")");
+        throw Error(f.string() + ": record " + std::to_string(r) + " has label " + std::to_string(label) + " (CIFAR-" +
+                    std::to_string(limit) + " labels are below " + std::to_string(limit) + ")");
       s.labels.push_back(label);
       planes_to_hwc(rec + label_bytes, s.pixels.data() + (static_cast<std::size_t>(s.count) + r) * 3072);
     }
@@ -162,17 +164,18 @@ ImageSet read_cifar(const std::vector<fs::path>& files, CifarKind kind) {
 ImageSet load_image_set(const std::string& spec, const fs::path& labels) {
   if (spec == "fashion-mnist" || spec.starts_with("fashion-mnist:"))
     return read_fashion_mnist(spec == "fashion-mnist" ? "train" : spec.substr(14));
-  for (const auto& [prefix, kind] : {std::pair{"cifar10:", CifarKind::cifar10}, std::pair{"cifar100:", CifarKind::cifar100}})
+  for (const auto& [prefix, kind] :
+       {std::pair{"cifar10:", CifarKind::cifar10}, std::pair{"cifar100:", CifarKind::cifar100}})
     if (spec.starts_with(prefix)) return read_cifar({fs::path(spec.substr(std::string(prefix).size()))}, kind);
   const fs::path images(spec);
   if (!fs::is_regular_file(images))
-    throw UsageError("image set '" + spec + "': not fashion-mnist[:train|:test], cifar10:FILE, cifar100:FILE or an IDX file");
+    throw UsageError("image set '" + spec +
+                     "': not fashion-mnist[:train|:test], cifar10:FILE, cifar100:FILE or an IDX file");
   if (!labels.empty()) return read_idx(images, labels);
   // MNIST's naming: train-images-idx3-ubyte[.gz] beside train-labels-idx1-ubyte[.gz].
   std::string name = images.filename().string();
   const auto at = name.find("images-idx3");
-  if (at == std::string::npos)
-    throw UsageError(spec + ": give its IDX label file (--labels); none is named after it");
+  if (at == std::string::npos) throw UsageError(spec + ": give its IDX label file (--labels); none is named after it");
   name.replace(at, 11, "labels-idx1");
   return read_idx(images, images.parent_path() / name);
 }

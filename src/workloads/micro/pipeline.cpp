@@ -41,13 +41,20 @@ class Pipeline final : public Workload {
             {"image_px", AxisKind::integer, {"224"}, {}, "side of the augmented output, pixels"}};
   }
   std::vector<OptionSpec> options() const override {
-    return {{"folder", AxisKind::text, "", {}, "image folder (a subfolder per class); empty: JPEGs made from Fashion-MNIST"},
+    return {{"folder",
+             AxisKind::text,
+             "",
+             {},
+             "image folder (a subfolder per class); empty: JPEGs made from Fashion-MNIST"},
             {"source_px", AxisKind::integer, "224", {}, "side of the JPEGs made from Fashion-MNIST"},
             {"images", AxisKind::integer, "1024", {}, "Fashion-MNIST images made into JPEGs"},
             {"quality", AxisKind::integer, "90", {}, "JPEG quality of the made set"},
             {"batch", AxisKind::integer, "64", {}, "images per batch (one batch per iteration)"},
             {"dtype", AxisKind::text, "bf16", {"bf16", "f16", "f32"}, "output element type"},
-            {"unreadable", AxisKind::text, "skip", {"skip", "refuse"},
+            {"unreadable",
+             AxisKind::text,
+             "skip",
+             {"skip", "refuse"},
              "files of the folder that are no JPEG/PNG: left out, counted and named in the record, or refused"},
             {"seed", AxisKind::integer, "1", {}, "order and augmentation seed"}};
   }
@@ -60,7 +67,8 @@ class Pipeline final : public Workload {
     config.augment.height = config.augment.width = state.get_int("image_px");
     config.augment.dtype = parse_dtype(state.option_text("dtype"));
     if (config.threads < 1 || config.threads > 1024) throw UsageError("pipeline needs threads in 1..1024");
-    if (config.augment.height < 8 || config.augment.height > 4096) throw UsageError("pipeline needs image_px in 8..4096");
+    if (config.augment.height < 8 || config.augment.height > 4096)
+      throw UsageError("pipeline needs image_px in 8..4096");
     // Page-locked through the engine's kernels where the device is a GPU; plain memory on the host.
     std::unique_ptr<nn::Kernels> kernels;
     if (state.backend().info().kind == "cuda") kernels = nn::make_device_kernels(state.backend());
@@ -123,7 +131,8 @@ class Pipeline final : public Workload {
       state.skip(std::string(e.what()) + "; or give --option folder=DIR");
     }
     return {data::jpeg_source(set, px, quality, images),
-            "fashion-mnist:train as " + std::to_string(px) + " px JPEG (quality " + std::to_string(quality) + "), in memory",
+            "fashion-mnist:train as " + std::to_string(px) + " px JPEG (quality " + std::to_string(quality) +
+                "), in memory",
             {}};
   }
 
