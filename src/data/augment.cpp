@@ -76,8 +76,6 @@ class FolderSource final : public SampleSource {
   std::int64_t bytes_ = 0;
 };
 
-std::uint16_t store_16(float v, DType t) { return t == DType::f16 ? float_to_half_bits(v) : float_to_bf16_bits(v); }
-
 }  // namespace
 
 std::unique_ptr<SampleSource> raw_source(ImageSet set) { return std::make_unique<RawSource>(std::move(set)); }
@@ -148,54 +146,83 @@ CropBox choose_crop(const Augment& a, std::int64_t height, std::int64_t width, s
   return box;
 }
 
+// Bilinear sampling in 11-bit fixed point (OpenCV's INTER_LINEAR scheme) to an 8-bit value, as
+// torchvision's crop does on 8-bit images before ToTensor; the normalised value of each of the
+// 256 levels per channel is then a table entry, already in the output type.
+namespace {
+
+constexpr int kWeightBits = 11;
+constexpr std::int32_t kOne = 1 << kWeightBits;
+
+struct Taps {
+  std::int64_t lo = 0, hi = 0;  // source indices
+  std::int32_t w = 0;           // weight of hi, out of kOne
+};
+
+// Output position o of n over the box [start, start + length) of the source, pixel centres aligned.
+Taps taps(std::int64_t o, std::int64_t n, std::int64_t start, std::int64_t length) {
+  const double scale = static_cast<double>(length) / static_cast<double>(n);
+  const double f = std::clamp((static_cast<double>(o) + 0.5) * scale - 0.5, 0.0, static_cast<double>(length - 1));
+  const auto lo = static_cast<std::int64_t>(f);
+  return {start + lo, start + std::min(lo + 1, length - 1),
+          static_cast<std::int32_t>(std::lround((f - static_cast<double>(lo)) * kOne))};
+}
+
+template <typename T>
+void sample_box(const Image& image, const Augment& a, const CropBox& box, const std::array<std::array<T, 256>, 3>& lut,
+                T* out) {
+  const std::int64_t ic = image.channels, oc = a.channels;
+  std::vector<Taps> cols(static_cast<std::size_t>(a.width));
+  for (std::int64_t ox = 0; ox < a.width; ++ox) {
+    Taps t = taps(box.flip ? a.width - 1 - ox : ox, a.width, box.x, box.width);
+    cols[static_cast<std::size_t>(ox)] = {t.lo * ic, t.hi * ic, t.w};  // as byte offsets in a row
+  }
+  for (std::int64_t oy = 0; oy < a.height; ++oy) {
+    const Taps row = taps(oy, a.height, box.y, box.height);
+    const std::uint8_t* r0 = image.pixels.data() + row.lo * image.width * ic;
+    const std::uint8_t* r1 = image.pixels.data() + row.hi * image.width * ic;
+    T* o = out + oy * a.width * oc;
+    for (const Taps& col : cols) {
+      for (std::int64_t c = 0; c < oc; ++c) {
+        const std::int64_t sc = ic == 1 ? 0 : c;
+        const std::int32_t top = r0[col.lo + sc] * (kOne - col.w) + r0[col.hi + sc] * col.w;
+        const std::int32_t bottom = r1[col.lo + sc] * (kOne - col.w) + r1[col.hi + sc] * col.w;
+        const std::int32_t v = (top * (kOne - row.w) + bottom * row.w + (1 << (2 * kWeightBits - 1))) >> (2 * kWeightBits);
+        *o++ = lut[static_cast<std::size_t>(c)][static_cast<std::size_t>(v)];
+      }
+    }
+  }
+}
+
+template <typename T, typename Store>
+std::array<std::array<T, 256>, 3> normalise_table(const Augment& a, Store store) {
+  std::array<std::array<T, 256>, 3> lut{};
+  for (std::size_t c = 0; c < 3; ++c)
+    for (std::size_t v = 0; v < 256; ++v)
+      lut[c][v] = store((static_cast<float>(v) / 255.0F - a.mean[c]) / a.stddev[c]);
+  return lut;
+}
+
+}  // namespace
+
 void augment_into(const Image& image, const Augment& a, const CropBox& box, void* out) {
   if (image.channels != a.channels && !(image.channels == 1 && a.channels == 3))
     throw Error("augment: a " + std::to_string(image.channels) + "-channel image for " + std::to_string(a.channels) +
                 "-channel output");
-  if (a.channels > 3) throw Error("augment: at most 3 channels");
-  // Bilinear, pixel centres aligned, from the box to the output; per column the two source
-  // columns and weights are computed once.
-  const double sy = static_cast<double>(box.height) / static_cast<double>(a.height);
-  const double sx = static_cast<double>(box.width) / static_cast<double>(a.width);
-  std::vector<std::int64_t> x0(static_cast<std::size_t>(a.width)), x1(x0.size());
-  std::vector<float> wx(x0.size());
-  for (std::int64_t ox = 0; ox < a.width; ++ox) {
-    const std::int64_t col = box.flip ? a.width - 1 - ox : ox;
-    const double fx = std::clamp((static_cast<double>(col) + 0.5) * sx - 0.5, 0.0, static_cast<double>(box.width - 1));
-    const auto k = static_cast<std::size_t>(ox);
-    x0[k] = box.x + static_cast<std::int64_t>(fx);
-    x1[k] = std::min(x0[k] + 1, box.x + box.width - 1);
-    wx[k] = static_cast<float>(fx - std::floor(fx));
-  }
-  std::array<float, 3> scale{}, shift{};  // (v/255 - mean)/std = v*scale + shift
-  for (std::size_t c = 0; c < 3; ++c) {
-    scale[c] = 1.0F / (255.0F * a.stddev[c]);
-    shift[c] = -a.mean[c] / a.stddev[c];
-  }
-  const std::int64_t ic = image.channels;
-  const std::uint8_t* px = image.pixels.data();
-  for (std::int64_t oy = 0; oy < a.height; ++oy) {
-    const double fy = std::clamp((static_cast<double>(oy) + 0.5) * sy - 0.5, 0.0, static_cast<double>(box.height - 1));
-    const std::int64_t y0 = box.y + static_cast<std::int64_t>(fy);
-    const std::int64_t y1 = std::min(y0 + 1, box.y + box.height - 1);
-    const auto wy = static_cast<float>(fy - std::floor(fy));
-    const std::uint8_t* r0 = px + y0 * image.width * ic;
-    const std::uint8_t* r1 = px + y1 * image.width * ic;
-    for (std::int64_t ox = 0; ox < a.width; ++ox) {
-      const auto k = static_cast<std::size_t>(ox);
-      const std::int64_t o = (oy * a.width + ox) * a.channels;
-      for (std::int64_t c = 0; c < a.channels; ++c) {
-        const std::int64_t sc = ic == 1 ? 0 : c;
-        const float top =
-            static_cast<float>(r0[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r0[x1[k] * ic + sc]) * wx[k];
-        const float bottom =
-            static_cast<float>(r1[x0[k] * ic + sc]) * (1 - wx[k]) + static_cast<float>(r1[x1[k] * ic + sc]) * wx[k];
-        const float v =
-            (top * (1 - wy) + bottom * wy) * scale[static_cast<std::size_t>(c)] + shift[static_cast<std::size_t>(c)];
-        if (a.dtype == DType::f32) static_cast<float*>(out)[o + c] = v;
-        else static_cast<std::uint16_t*>(out)[o + c] = store_16(v, a.dtype);
-      }
-    }
+  if (box.y < 0 || box.x < 0 || box.height < 1 || box.width < 1 || box.y + box.height > image.height ||
+      box.x + box.width > image.width)
+    throw Error("augment: crop box outside the " + std::to_string(image.height) + "x" + std::to_string(image.width) +
+                " image");
+  switch (a.dtype) {
+    case DType::f32:
+      return sample_box(image, a, box, normalise_table<float>(a, [](float v) { return v; }), static_cast<float*>(out));
+    case DType::bf16:
+      return sample_box(image, a, box, normalise_table<std::uint16_t>(a, &float_to_bf16_bits),
+                        static_cast<std::uint16_t*>(out));
+    case DType::f16:
+      return sample_box(image, a, box, normalise_table<std::uint16_t>(a, &float_to_half_bits),
+                        static_cast<std::uint16_t*>(out));
+    default: throw Error("augment: output type " + std::string(to_string(a.dtype)) + " (f16, bf16 or f32)");
   }
 }
 
