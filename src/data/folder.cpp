@@ -1,5 +1,6 @@
 // Image folders (one subfolder per class) and token files.
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <sstream>
