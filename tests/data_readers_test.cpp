@@ -4,8 +4,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include "data/data.h"
+#include "data/pipeline.h"
 #include "test_support.h"
 
 namespace {
@@ -223,6 +225,41 @@ TEST(Tokens, TheByteTokenizerTakesAnyFile) {
   write_bytes(tmp.path() / "empty.txt", {});
   EXPECT_TRUE(contains(
       ab::test::error_message<ab::Error>([&] { ab::data::tokenize_text_file(tmp.path() / "empty.txt"); }), "empty"));
+}
+
+// Each token says where it stands (a random base plus its position), so a window shows where it came from.
+TEST(Tokens, WindowsAreShiftedPairsShuffledPerEpochAndShardedPerRank) {
+  const auto base = static_cast<std::uint16_t>(ab::mix64(ab::test::seed(), 0) % 60000);
+  std::vector<std::uint16_t> tokens(5001);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint16_t>(base + i);
+  constexpr std::int64_t kSeq = 16, kBatch = 8;
+  std::set<std::int64_t> starts_epoch0;
+  std::vector<std::int64_t> first_epoch0, first_epoch1;
+  for (int rank = 0; rank < 2; ++rank) {
+    const ab::data::TokenWindows w(tokens, kSeq, 77, rank, 2);
+    EXPECT_EQ(w.windows(), 312);  // (5001 - 1) / 16
+    ASSERT_EQ(w.batches_per_epoch(kBatch), 19);  // 156 windows a rank
+    std::vector<std::int32_t> in(kBatch * kSeq), out(kBatch * kSeq);
+    for (std::int64_t b = 0; b < 2 * 19; ++b) {
+      w.fill(b, kBatch, in.data(), out.data());
+      for (std::int64_t s = 0; s < kBatch; ++s) {
+        const std::int64_t start = in[static_cast<std::size_t>(s * kSeq)] - base;
+        ASSERT_EQ(start % kSeq, 0) << "windows start at multiples of seq";
+        for (std::int64_t t = 0; t < kSeq; ++t) {
+          ASSERT_EQ(in[static_cast<std::size_t>(s * kSeq + t)], base + start + t);
+          ASSERT_EQ(out[static_cast<std::size_t>(s * kSeq + t)], base + start + t + 1) << "targets: the next token";
+        }
+        if (b < 19) {
+          EXPECT_TRUE(starts_epoch0.insert(start).second) << "a window twice in one epoch, or on two ranks";
+        }
+        if (rank == 0 && b % 19 == 0) (b == 0 ? first_epoch0 : first_epoch1).push_back(start);
+      }
+    }
+  }
+  EXPECT_EQ(starts_epoch0.size(), 2u * 19 * kBatch);
+  EXPECT_NE(first_epoch0, first_epoch1) << "each epoch its own order";
+  EXPECT_TRUE(contains(ab::test::usage_error([&] { ab::data::TokenWindows(std::vector<std::uint16_t>(40, 9), 16, 1, 0, 4); }),
+                       "fewer than the 4 ranks"));
 }
 
 // Debian's dataset-fashion-mnist, where installed.

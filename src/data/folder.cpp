@@ -1,4 +1,4 @@
-// Image folders (one subfolder per class) and token files.
+// Image folders: one subfolder per class.
 #include <algorithm>
 #include <cctype>
 #include <cstring>
@@ -39,9 +39,6 @@ std::string list_unreadable(const std::vector<UnreadableFile>& bad) {
   if (bad.size() > shown) s << "; and " << bad.size() - shown << " more";
   return s.str();
 }
-
-constexpr std::int32_t kTokenMagic = 20240520;
-constexpr std::size_t kTokenHeaderInts = 256;
 
 }  // namespace
 
@@ -94,65 +91,6 @@ std::int64_t write_image_folder(const ImageSet& set, const fs::path& root, std::
     if (!out) throw Error("cannot write " + path.string());
   }
   return n;
-}
-
-std::vector<std::uint16_t> read_tokens(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open token file " + path.string());
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::size_t offset = 0;
-  std::int64_t count = -1;
-  if (bytes.size() >= kTokenHeaderInts * 4) {
-    std::int32_t header[3];
-    std::memcpy(header, bytes.data(), sizeof header);
-    if (header[0] == kTokenMagic) {
-      if (header[1] != 1)
-        throw Error(path.string() + ": token file version " + std::to_string(header[1]) + " (1 expected)");
-      offset = kTokenHeaderInts * 4;
-      count = header[2];
-    }
-  }
-  const std::size_t data = bytes.size() - offset;
-  if (count >= 0 && data != static_cast<std::size_t>(count) * 2)
-    throw Error(path.string() + ": truncated: the header gives " + std::to_string(count) + " tokens (" +
-                std::to_string(count * 2) + " bytes), the file holds " + std::to_string(data) + " bytes after it");
-  if (data % 2 != 0)
-    throw Error(path.string() + ": an odd number of bytes (" + std::to_string(data) + ") is no uint16 tokens");
-  std::vector<std::uint16_t> tokens(data / 2);
-  std::memcpy(tokens.data(), bytes.data() + offset, data);  // little-endian files on little-endian hosts
-  return tokens;
-}
-
-void write_tokens(const fs::path& path, std::span<const std::uint16_t> tokens) {
-  std::int32_t header[kTokenHeaderInts] = {kTokenMagic, 1, static_cast<std::int32_t>(tokens.size())};
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header), sizeof header);
-  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size_bytes()));
-  if (!out) throw Error("cannot write token file " + path.string());
-}
-
-std::vector<std::uint16_t> byte_tokens(std::string_view text) {
-  std::vector<std::uint16_t> tokens(text.size());
-  std::transform(text.begin(), text.end(), tokens.begin(), [](char c) { return static_cast<std::uint8_t>(c); });
-  return tokens;
-}
-
-std::string byte_text(std::span<const std::uint16_t> tokens) {
-  std::string text(tokens.size(), '\0');
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= kByteVocabulary)
-      throw Error("token " + std::to_string(tokens[i]) + " at " + std::to_string(i) + " is no byte (vocabulary 256)");
-    text[i] = static_cast<char>(tokens[i]);
-  }
-  return text;
-}
-
-std::vector<std::uint16_t> tokenize_text_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open text file " + path.string());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (text.empty()) throw Error(path.string() + " is empty: no tokens");
-  return byte_tokens(text);
 }
 
 }  // namespace ab::data

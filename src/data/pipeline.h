@@ -50,6 +50,27 @@ std::unique_ptr<SampleSource> folder_source(ImageFolder folder);
 std::vector<std::int64_t> epoch_order(std::int64_t size, std::uint64_t seed, std::int64_t epoch, int rank, int ranks,
                                       bool shuffle);
 
+// Next-token training windows of a token stream: window k is tokens [k*seq, k*seq + seq] (seq + 1
+// tokens, the last window's end inside the stream), the inputs its first seq and the targets its
+// last seq. Batches follow epoch_order over the windows (shuffled per epoch, sharded per rank).
+// fill() keeps the current epoch's order: one object per thread.
+class TokenWindows {
+ public:
+  TokenWindows(std::vector<std::uint16_t> tokens, std::int64_t seq, std::uint64_t seed, int rank, int ranks);
+  std::int64_t windows() const { return windows_; }
+  std::int64_t batches_per_epoch(std::int64_t batch) const;
+  // Batch `index` (counted over epochs): inputs and targets, each batch x seq int32, row-major.
+  void fill(std::int64_t index, std::int64_t batch, std::int32_t* inputs, std::int32_t* targets) const;
+
+ private:
+  std::vector<std::uint16_t> tokens_;
+  std::int64_t seq_ = 0, windows_ = 0;
+  std::uint64_t seed_ = 0;
+  int rank_ = 0, ranks_ = 1;
+  mutable std::vector<std::int64_t> order_;
+  mutable std::int64_t order_epoch_ = -1;
+};
+
 // What becomes of each sample: torchvision's RandomResizedCrop(scale, ratio) and
 // RandomHorizontalFlip, or (without random_crop) the whole image resized; then (x/255 - mean)/std
 // per channel, stored NHWC in `dtype` (f16, bf16 or f32).
