@@ -10,7 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "data/pipeline.h"
+#include "nn/cuda/device_kernels.h"
 #include "test_support.h"
 
 namespace {
@@ -207,7 +209,8 @@ TEST(HostPipeline, AWorkersDecodingErrorReachesTheConsumerNamingTheSample) {
                        "make no batch of 9"));
 }
 
-TEST(DeviceFeeder, DeviceBatchesAreTheHostBatchesInOrder) {
+// The feeder's device batches, read back, against a pipeline of the same settings without one.
+void expect_feeder_delivers_the_host_batches(ab::nn::Kernels& kernels) {
   const auto set = indexed_set(24, 9, 9, ab::test::seed());
   ab::data::PipelineConfig c;
   c.batch = 4;
@@ -216,20 +219,34 @@ TEST(DeviceFeeder, DeviceBatchesAreTheHostBatchesInOrder) {
   c.augment.height = c.augment.width = 7;
   c.augment.dtype = ab::DType::f16;
   const auto want = drain(set, c, 9);
-  auto kernels = ab::nn::make_ref_kernels();
-  ab::data::HostPipeline pipeline(ab::data::raw_source(set), c, kernels.get());
-  ab::data::DeviceFeeder feeder(pipeline, *kernels);
+  ab::data::HostPipeline pipeline(ab::data::raw_source(set), c, &kernels);
+  ab::data::DeviceFeeder feeder(pipeline, kernels);
   for (std::size_t b = 0; b < want.size(); ++b) {
     const auto& d = feeder.next();
     EXPECT_EQ(d.index, static_cast<std::int64_t>(b));
-    EXPECT_EQ(d.pixels.to_string(), "f16[4, 7, 7, 3] nhwc");
+    EXPECT_EQ(d.pixels.shape, (ab::Shape{4, 7, 7, 3}));
+    EXPECT_EQ(d.pixels.layout, ab::Layout::nhwc);
     Bytes px(static_cast<std::size_t>(d.pixels.size_bytes()));
     std::vector<std::int32_t> labels(4);
-    kernels->download_bytes(d.pixels, 0, px.data(), d.pixels.size_bytes());
-    kernels->download_bytes(d.labels, 0, labels.data(), 16);
+    kernels.download_bytes(d.pixels, 0, px.data(), d.pixels.size_bytes());
+    kernels.download_bytes(d.labels, 0, labels.data(), 16);
+    kernels.synchronize();
     EXPECT_EQ(px, want[b].first) << b;
     EXPECT_EQ(labels, want[b].second) << b;
   }
+}
+
+TEST(DeviceFeeder, DeviceBatchesAreTheHostBatchesInOrder) {
+  auto kernels = ab::nn::make_ref_kernels();
+  expect_feeder_delivers_the_host_batches(*kernels);
+}
+
+// From page-locked ring buffers over the CUDA kernels' stream.
+TEST(DeviceFeederGpu, BatchesReachTheGpuUnchanged) {
+  if (ab::backend::best_device() == "cpu") GTEST_SKIP() << "no CUDA device: a build without CUDA, or no GPU answers";
+  auto backend = ab::backend::make_backend("cuda:0");
+  auto kernels = ab::nn::make_device_kernels(*backend);
+  expect_feeder_delivers_the_host_batches(*kernels);
 }
 
 std::vector<nlohmann::json> read_records(const fs::path& out) {
