@@ -293,6 +293,15 @@ TEST(PipelineWorkload, RecordsRatesCpuTimeAndTheUnreadableFiles) {
     EXPECT_TRUE(contains(r["metrics"]["unreadable_named"].get<std::string>(), "broken.jpg (no JPEG or PNG signature)"));
   }
   args = base;
+  args.insert(args.end(), {"--axis", "threads=2", "--option", "feed=device", "--out", (tmp.path() / "fed").string()});
+  const auto fed = ab::test::accelbench(args);
+  ASSERT_EQ(fed.code, 0) << fed.output;
+  const auto fed_records = read_records(tmp.path() / "fed");
+  ASSERT_EQ(fed_records.size(), 1u);
+  EXPECT_EQ(fed_records[0]["status"], "ok");
+  EXPECT_EQ(fed_records[0]["metrics"]["feed"], "device");
+  EXPECT_GT(fed_records[0]["rates"]["samples_per_s"].get<double>(), 0.0);
+  args = base;
   args.insert(args.end(),
               {"--axis", "threads=1", "--option", "unreadable=refuse", "--out", (tmp.path() / "refused").string()});
   const auto refused = ab::test::accelbench(args);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -56,6 +57,8 @@ class Pipeline final : public Workload {
              "skip",
              {"skip", "refuse"},
              "files of the folder that are no JPEG/PNG: left out, counted and named in the record, or refused"},
+            {"feed", AxisKind::text, "host", {"host", "device"},
+             "host: batches end in the pinned ring; device: each is also copied to the device (the feeder)"},
             {"seed", AxisKind::integer, "1", {}, "order and augmentation seed"}};
   }
   void run(State& state) override {
@@ -70,21 +73,30 @@ class Pipeline final : public Workload {
     if (config.augment.height < 8 || config.augment.height > 4096)
       throw UsageError("pipeline needs image_px in 8..4096");
     // Page-locked through the engine's kernels where the device is a GPU; plain memory on the host.
+    const bool to_device = state.option_text("feed") == "device";
     std::unique_ptr<nn::Kernels> kernels;
-    if (state.backend().info().kind == "cuda") kernels = nn::make_device_kernels(state.backend());
+    if (to_device || state.backend().info().kind == "cuda") kernels = nn::make_device_kernels(state.backend());
     data::HostPipeline pipeline(source, config, kernels.get());
+    std::optional<data::DeviceFeeder> feeder;
+    if (to_device) feeder.emplace(pipeline, *kernels);
     state.set_counts({static_cast<double>(config.batch), 0.0, 0.0, "FLOP"});
     const auto before = pipeline.stats();
-    state.exec([&pipeline] {
-      pipeline.acquire();
-      pipeline.release();
+    state.exec([&] {
+      if (feeder) {
+        feeder->next();
+      } else {
+        pipeline.acquire();
+        pipeline.release();
+      }
     });
+    if (kernels) kernels->synchronize();
     const auto after = pipeline.stats();
     const double images = static_cast<double>(after.samples - before.samples);
     const double cpu_ms_per_image = images > 0 ? 1e3 * (after.worker_cpu_s - before.worker_cpu_s) / images : 0.0;
     state.add_metric("cpu_ms_per_image", cpu_ms_per_image);
     state.add_metric("images_per_cpu_s", cpu_ms_per_image > 0 ? 1e3 / cpu_ms_per_image : 0.0);
-    state.add_metric("host_memory", kernels ? "pinned" : "plain");
+    state.add_metric("host_memory", state.backend().info().kind == "cuda" ? "pinned" : "plain");
+    state.add_metric("feed", state.option_text("feed"));
     state.add_metric("source_images", source->size());
     state.add_metric("mean_encoded_bytes", source->encoded_bytes() / std::max<std::int64_t>(source->size(), 1));
   }
