@@ -111,6 +111,37 @@ TEST(Augment, NormalisesEachChannelAndMirrors) {
   }
 }
 
+TEST(Augment, PaddedCropsShiftTheImageOverBlackBorders) {
+  Image im{5, 7, 1, Bytes(35)};
+  const std::uint64_t seed = ab::test::seed();
+  for (std::size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = static_cast<std::uint8_t>(1 + ab::mix64(seed, i) % 255);
+  Augment a;
+  a.height = 5;
+  a.width = 7;
+  a.channels = 1;
+  a.random_crop = false;
+  a.flip = false;
+  a.pad = 2;
+  a.dtype = ab::DType::f32;
+  std::set<std::pair<std::int64_t, std::int64_t>> offsets;
+  std::vector<float> out(35);
+  for (std::uint64_t key = 0; key < 200; ++key) {
+    const auto box = ab::data::choose_crop(a, 5, 7, seed, key);
+    ASSERT_TRUE(box.y >= 0 && box.y <= 4 && box.x >= 0 && box.x <= 4) << box.y << "," << box.x;
+    ASSERT_EQ(box.height, 5);
+    ASSERT_EQ(box.width, 7);
+    offsets.insert({box.y, box.x});
+    ab::data::augment_into(im, a, box, out.data());
+    for (std::int64_t y = 0; y < 5; ++y)
+      for (std::int64_t x = 0; x < 7; ++x) {
+        const std::int64_t sy = y + box.y - 2, sx = x + box.x - 2;
+        const double v = sy < 0 || sy >= 5 || sx < 0 || sx >= 7 ? 0.0 : im.pixels[static_cast<std::size_t>(sy * 7 + sx)];
+        ASSERT_NEAR(out[static_cast<std::size_t>(y * 7 + x)], (v / 255.0 - a.mean[0]) / a.stddev[0], 1e-5) << key;
+      }
+  }
+  EXPECT_EQ(offsets.size(), 25u) << "every shift of 0..4 in y and x occurs";
+}
+
 // Every batch of `batches` from a pipeline over `set`: pixels and labels.
 std::vector<std::pair<Bytes, std::vector<std::int32_t>>> drain(const ab::data::ImageSet& set,
                                                                const ab::data::PipelineConfig& c, int batches) {

@@ -119,6 +119,10 @@ std::vector<std::int64_t> epoch_order(std::int64_t size, std::uint64_t seed, std
 CropBox choose_crop(const Augment& a, std::int64_t height, std::int64_t width, std::uint64_t seed, std::uint64_t key) {
   const std::uint64_t s = mix64(seed, key);
   CropBox box{0, 0, height, width, a.flip && uniform(s, 0, 0.0, 1.0) < 0.5};
+  if (!a.random_crop && a.pad > 0) {
+    box.y = static_cast<std::int64_t>(uniform(s, 1, 0.0, static_cast<double>(2 * a.pad + 1)));
+    box.x = static_cast<std::int64_t>(uniform(s, 2, 0.0, static_cast<double>(2 * a.pad + 1)));
+  }
   if (!a.random_crop) return box;
   const double area = static_cast<double>(height * width);
   const double log_lo = std::log(a.ratio_min), log_hi = std::log(a.ratio_max);
@@ -194,6 +198,15 @@ void sample_box(const Image& image, const Augment& a, const CropBox& box, const 
   }
 }
 
+Image padded(const Image& image, std::int64_t pad) {
+  Image p{image.height + 2 * pad, image.width + 2 * pad, image.channels, {}};
+  p.pixels.assign(static_cast<std::size_t>(p.height * p.width * p.channels), 0);
+  const std::int64_t row = image.width * image.channels;
+  for (std::int64_t y = 0; y < image.height; ++y)
+    std::copy_n(image.pixels.data() + y * row, row, p.pixels.data() + ((y + pad) * p.width + pad) * p.channels);
+  return p;
+}
+
 template <typename T, typename Store>
 std::array<std::array<T, 256>, 3> normalise_table(const Augment& a, Store store) {
   std::array<std::array<T, 256>, 3> lut{};
@@ -205,7 +218,12 @@ std::array<std::array<T, 256>, 3> normalise_table(const Augment& a, Store store)
 
 }  // namespace
 
-void augment_into(const Image& image, const Augment& a, const CropBox& box, void* out) {
+void augment_into(const Image& source, const Augment& a, const CropBox& box, void* out) {
+  if (a.pad < 0 || a.pad > 1024) throw Error("augment: pad " + std::to_string(a.pad) + " (0..1024)");
+  const bool pad = !a.random_crop && a.pad > 0;
+  Image padded_source;
+  if (pad) padded_source = padded(source, a.pad);
+  const Image& image = pad ? padded_source : source;
   if (image.channels != a.channels && !(image.channels == 1 && a.channels == 3))
     throw Error("augment: a " + std::to_string(image.channels) + "-channel image for " + std::to_string(a.channels) +
                 "-channel output");

@@ -72,8 +72,10 @@ class TokenWindows {
 };
 
 // What becomes of each sample: torchvision's RandomResizedCrop(scale, ratio) and
-// RandomHorizontalFlip, or (without random_crop) the whole image resized; then (x/255 - mean)/std
-// per channel, stored NHWC in `dtype` (f16, bf16 or f32).
+// RandomHorizontalFlip, or (without random_crop) the whole image resized, or with `pad` the image
+// padded by pad black pixels a side and a window of its own size cut at random (RandomCrop(size,
+// padding), the small-image ResNet recipe); then (x/255 - mean)/std per channel, stored NHWC in
+// `dtype` (f16, bf16 or f32).
 struct Augment {
   std::int64_t height = 224, width = 224, channels = 3;  // the output; grey sources are replicated to 3
   bool random_crop = true;
@@ -83,6 +85,7 @@ struct Augment {
   std::array<float, 3> mean{0.485F, 0.456F, 0.406F};  // ImageNet's, as torchvision's examples use
   std::array<float, 3> stddev{0.229F, 0.224F, 0.225F};
   DType dtype = DType::bf16;
+  std::int64_t pad = 0;  // used where random_crop is off
 };
 // The source window a sample is cropped from, in source pixels, and whether it is mirrored.
 struct CropBox {
@@ -90,6 +93,7 @@ struct CropBox {
   bool flip = false;
 };
 // Deterministic in (seed, key): the same sample of the same epoch gets the same box on any thread.
+// With `pad` the box is in the padded image's pixels.
 CropBox choose_crop(const Augment& a, std::int64_t height, std::int64_t width, std::uint64_t seed, std::uint64_t key);
 // Writes one sample (a.height * a.width * a.channels values of a.dtype) at `out`.
 void augment_into(const Image& image, const Augment& a, const CropBox& box, void* out);
