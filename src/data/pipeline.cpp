@@ -65,7 +65,12 @@ HostPipeline::HostPipeline(std::shared_ptr<const SampleSource> source, PipelineC
     slot->owner = s;
     slots_.push_back(std::move(slot));
   }
-  for (int w = 0; w < config_.threads; ++w) workers_.emplace_back([this, w] { work(w); });
+  try {
+    for (int w = 0; w < config_.threads; ++w) workers_.emplace_back([this, w] { work(w); });
+  } catch (...) {  // no destructor runs for a constructor that throws: join the workers started
+    stop();
+    throw;
+  }
 }
 
 HostPipeline::~HostPipeline() { stop(); }
