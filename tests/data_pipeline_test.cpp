@@ -114,7 +114,8 @@ TEST(Augment, NormalisesEachChannelAndMirrors) {
 TEST(Augment, PaddedCropsShiftTheImageOverBlackBorders) {
   Image im{5, 7, 1, Bytes(35)};
   const std::uint64_t seed = ab::test::seed();
-  for (std::size_t i = 0; i < im.pixels.size(); ++i) im.pixels[i] = static_cast<std::uint8_t>(1 + ab::mix64(seed, i) % 255);
+  for (std::size_t i = 0; i < im.pixels.size(); ++i)
+    im.pixels[i] = static_cast<std::uint8_t>(1 + ab::mix64(seed, i) % 255);
   Augment a;
   a.height = 5;
   a.width = 7;
@@ -135,7 +136,8 @@ TEST(Augment, PaddedCropsShiftTheImageOverBlackBorders) {
     for (std::int64_t y = 0; y < 5; ++y)
       for (std::int64_t x = 0; x < 7; ++x) {
         const std::int64_t sy = y + box.y - 2, sx = x + box.x - 2;
-        const double v = sy < 0 || sy >= 5 || sx < 0 || sx >= 7 ? 0.0 : im.pixels[static_cast<std::size_t>(sy * 7 + sx)];
+        const double v =
+            sy < 0 || sy >= 5 || sx < 0 || sx >= 7 ? 0.0 : im.pixels[static_cast<std::size_t>(sy * 7 + sx)];
         ASSERT_NEAR(out[static_cast<std::size_t>(y * 7 + x)], (v / 255.0 - a.mean[0]) / a.stddev[0], 1e-5) << key;
       }
   }

@@ -237,7 +237,7 @@ TEST(Tokens, WindowsAreShiftedPairsShuffledPerEpochAndShardedPerRank) {
   std::vector<std::int64_t> first_epoch0, first_epoch1;
   for (int rank = 0; rank < 2; ++rank) {
     const ab::data::TokenWindows w(tokens, kSeq, 77, rank, 2);
-    EXPECT_EQ(w.windows(), 312);  // (5001 - 1) / 16
+    EXPECT_EQ(w.windows(), 312);                 // (5001 - 1) / 16
     ASSERT_EQ(w.batches_per_epoch(kBatch), 19);  // 156 windows a rank
     std::vector<std::int32_t> in(kBatch * kSeq), out(kBatch * kSeq);
     for (std::int64_t b = 0; b < 2 * 19; ++b) {
@@ -258,8 +258,9 @@ TEST(Tokens, WindowsAreShiftedPairsShuffledPerEpochAndShardedPerRank) {
   }
   EXPECT_EQ(starts_epoch0.size(), 2u * 19 * kBatch);
   EXPECT_NE(first_epoch0, first_epoch1) << "each epoch its own order";
-  EXPECT_TRUE(contains(ab::test::usage_error([&] { ab::data::TokenWindows(std::vector<std::uint16_t>(40, 9), 16, 1, 0, 4); }),
-                       "fewer than the 4 ranks"));
+  EXPECT_TRUE(
+      contains(ab::test::usage_error([&] { ab::data::TokenWindows(std::vector<std::uint16_t>(40, 9), 16, 1, 0, 4); }),
+               "fewer than the 4 ranks"));
 }
 
 // Debian's dataset-fashion-mnist, where installed.

@@ -191,7 +191,8 @@ void sample_box(const Image& image, const Augment& a, const CropBox& box, const 
         const std::int64_t sc = ic == 1 ? 0 : c;
         const std::int32_t top = r0[col.lo + sc] * (kOne - col.w) + r0[col.hi + sc] * col.w;
         const std::int32_t bottom = r1[col.lo + sc] * (kOne - col.w) + r1[col.hi + sc] * col.w;
-        const std::int32_t v = (top * (kOne - row.w) + bottom * row.w + (1 << (2 * kWeightBits - 1))) >> (2 * kWeightBits);
+        const std::int32_t v =
+            (top * (kOne - row.w) + bottom * row.w + (1 << (2 * kWeightBits - 1))) >> (2 * kWeightBits);
         *o++ = lut[static_cast<std::size_t>(c)][static_cast<std::size_t>(v)];
       }
     }
@@ -211,8 +212,7 @@ template <typename T, typename Store>
 std::array<std::array<T, 256>, 3> normalise_table(const Augment& a, Store store) {
   std::array<std::array<T, 256>, 3> lut{};
   for (std::size_t c = 0; c < 3; ++c)
-    for (std::size_t v = 0; v < 256; ++v)
-      lut[c][v] = store((static_cast<float>(v) / 255.0F - a.mean[c]) / a.stddev[c]);
+    for (std::size_t v = 0; v < 256; ++v) lut[c][v] = store((static_cast<float>(v) / 255.0F - a.mean[c]) / a.stddev[c]);
   return lut;
 }
 

@@ -74,8 +74,7 @@ std::vector<std::uint16_t> tokenize_text_file(const fs::path& path) {
   return byte_tokens(text);
 }
 
-TokenWindows::TokenWindows(std::vector<std::uint16_t> tokens, std::int64_t seq, std::uint64_t seed, int rank,
-                           int ranks)
+TokenWindows::TokenWindows(std::vector<std::uint16_t> tokens, std::int64_t seq, std::uint64_t seed, int rank, int ranks)
     : tokens_(std::move(tokens)), seq_(seq), seed_(seed), rank_(rank), ranks_(ranks) {
   if (seq_ < 1) throw UsageError("token windows need seq >= 1");
   windows_ = (static_cast<std::int64_t>(tokens_.size()) - 1) / seq_;

@@ -57,7 +57,10 @@ class Pipeline final : public Workload {
              "skip",
              {"skip", "refuse"},
              "files of the folder that are no JPEG/PNG: left out, counted and named in the record, or refused"},
-            {"feed", AxisKind::text, "host", {"host", "device"},
+            {"feed",
+             AxisKind::text,
+             "host",
+             {"host", "device"},
              "host: batches end in the pinned ring; device: each is also copied to the device (the feeder)"},
             {"seed", AxisKind::integer, "1", {}, "order and augmentation seed"}};
   }
