@@ -3,7 +3,7 @@
 #   build                 only that (and `accelbench sysinfo` into the logs)
 #   test [REGEX]          every test (the GPU and MPI tests run there), or those ctest -R REGEX picks
 #   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy,
-#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert; ARGS go to its script
+#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline; ARGS go to its script
 #                         (e.g. `bench ddp --rounds 3 --warmup-s 25`, `bench bert --part infer`). No NAME:
 #                         every one the machine fits (ddp and nccl need two GPUs) but gpt2 and bert (several
 #                         minutes each; gpt2 needs .anchors, see bench/fetch-anchors.sh), which run by name.
@@ -26,6 +26,10 @@
 # libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libibverbs1
 # ibverbs-providers librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libnuma1
 # libmunge2 libatomic1); it is unpacked the same way and found through OPAL_PREFIX.
+# src/data needs jpeglib.h, png.h and zlib.h: where the image lacks them, carry Debian's
+# libjpeg62-turbo-dev, libpng-dev and zlib1g-dev .debs in .deps/ (apt-get download ...); their static
+# libraries are linked, so nothing of them is needed at run time. Fashion-MNIST: carry Debian's
+# dataset-fashion-mnist .deb in .deps/ too; it is unpacked and named by ACCELBENCH_FASHION_MNIST.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -49,6 +53,24 @@ unpack_sqlite() {
   for deb in .deps/libsqlite3-dev_*.deb; do dpkg -x "$deb" "$prefix"; done
   lib=$(ls /usr/lib/x86_64-linux-gnu/libsqlite3.so.0 2>/dev/null || ls $prefix/usr/lib/x86_64-linux-gnu/libsqlite3.a)
   cmake_extra+=(-DSQLite3_INCLUDE_DIR=$prefix/usr/include -DSQLite3_LIBRARY=$lib)
+}
+
+unpack_data_deps() {
+  local prefix=/tmp/ab-data-deps deb
+  local lib=$prefix/usr/lib/x86_64-linux-gnu
+  for deb in .deps/libjpeg62-turbo-dev_*.deb .deps/libpng-dev_*.deb .deps/zlib1g-dev_*.deb \
+             .deps/dataset-fashion-mnist_*.deb; do
+    [[ -f $deb ]] && dpkg -x "$deb" "$prefix"
+  done
+  # jpeglib.h includes jconfig.h, which Debian keeps in the multiarch folder the compiler searches.
+  [[ -f $prefix/usr/include/x86_64-linux-gnu/jconfig.h ]] && cp "$prefix/usr/include/x86_64-linux-gnu/jconfig.h" "$prefix/usr/include/"
+  [[ -f /usr/include/jpeglib.h ]] || cmake_extra+=(-DJPEG_INCLUDE_DIR=$prefix/usr/include -DJPEG_LIBRARY=$lib/libjpeg.a)
+  [[ -f /usr/include/png.h ]] || cmake_extra+=(-DPNG_PNG_INCLUDE_DIR=$prefix/usr/include -DPNG_LIBRARY=$lib/libpng16.a)
+  [[ -f /usr/include/zlib.h ]] || cmake_extra+=(-DZLIB_INCLUDE_DIR=$prefix/usr/include -DZLIB_LIBRARY=$lib/libz.a)
+  if [[ -z ${ACCELBENCH_FASHION_MNIST:-} && ! -d /usr/share/datasets/fashion-mnist &&
+        -d $prefix/usr/share/datasets/fashion-mnist ]]; then
+    export ACCELBENCH_FASHION_MNIST=$prefix/usr/share/datasets/fashion-mnist
+  fi
 }
 
 # mpirun from the image or from .deps/openmpi; on one node MPI's own messages (bootstrap only) stay
@@ -76,6 +98,7 @@ setup_mpi() {
 
 build() {
   unpack_sqlite
+  unpack_data_deps
   setup_mpi  # every mode may launch ranks: the MPI tests, the multi-GPU suites, compare_ddp
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
@@ -129,7 +152,8 @@ run_bench() {
     nccl) python3 -u bench/compare_nccl.py --accelbench $ab --out "$logs/nccl" "$@" ;;
     gpt2) bash bench/gpt2.sh --accelbench $ab --out "$logs/gpt2" "$@" ;;
     bert) bash bench/bert.sh --accelbench $ab --out "$logs/bert" "$@" ;;
-    *) echo "unknown comparison '$name': torch, timing, energy, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert" >&2; return 2 ;;
+    pipeline) python3 -u bench/compare_pipeline.py --accelbench $ab --out "$logs/pipeline" "$@" ;;
+    *) echo "unknown comparison '$name': torch, timing, energy, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline" >&2; return 2 ;;
   esac 2>&1 | tee "$logs/bench-$name.txt"
 }
 

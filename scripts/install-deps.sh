@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(cmake ninja-build g++ pkg-config git nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libsqlite3-dev
-          libopenblas-dev libgtest-dev openmpi-bin libopenmpi-dev clang-format ccache)
+          libopenblas-dev libgtest-dev openmpi-bin libopenmpi-dev clang-format ccache
+          libjpeg-dev libpng-dev zlib1g-dev)
 # The HTML report's charting scripts come from npm (package-lock.json, below).
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
@@ -30,6 +31,17 @@ if ! command -v chromium >/dev/null 2>&1 && ! dpkg -s chromium >/dev/null 2>&1; 
   echo "installing: chromium"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null ||
     echo "NOTE: no chromium package here; the report's browser test will be skipped"
+fi
+
+# Fashion-MNIST, the default real data set (src/data reads it from /usr/share/datasets/fashion-mnist,
+# or from ACCELBENCH_FASHION_MNIST). Debian packages it; where the distribution does not, the data
+# workloads skip and a folder of the IDX files can be named instead.
+if ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then
+  ((updated)) || $SUDO apt-get update -qq
+  updated=1
+  echo "installing: dataset-fashion-mnist"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null ||
+    echo "NOTE: no dataset-fashion-mnist package here; set ACCELBENCH_FASHION_MNIST to a folder of its IDX files"
 fi
 
 # Vega, Vega-Lite and vega-embed, pinned in package-lock.json, are inlined into HTML reports at

@@ -84,6 +84,19 @@ const std::vector<BadValue>& bad_values() {
         {{"import", "$OUT/figures.csv", "--system", "a\x01z", "--out", "$OUT"}, "--system"},
         {{"import", "$OUT/figures.csv", "--system", "X", "--out", "$OUT/figures.csv"}, "figures.csv/runs"},
         {{"import", "$OUT/figures.csv", "--system", "X", "--out", ""}, "--out"},
+        {{"data", "make-imagefolder", "$OUT/missing-images-idx3-ubyte", "$OUT/x"}, "missing-images-idx3-ubyte"},
+        {{"data", "make-imagefolder", "fashion-mnist:valid", "$OUT/x"}, "'valid'"},
+        {{"data", "make-imagefolder", "", "$OUT/x"}, "source"},
+        {{"data", "make-imagefolder", "fashion-mnist", ""}, "out"},
+        {{"data", "make-imagefolder", "fashion-mnist", "$OUT/figures.csv/x"}, "figures.csv/x"},
+        {{"data", "make-imagefolder", "$OUT/figures.csv", "$OUT/x", "--labels", ""}, "--labels"},
+        {{"data", "make-imagefolder", "$OUT/figures.csv", "$OUT/x", "--labels", "$OUT/figures.csv"},
+         "not an IDX file",
+         1},
+        {{"data", "make-imagefolder", "fashion-mnist", "$OUT/x", "--size", "0"}, "--size"},
+        {{"data", "make-imagefolder", "fashion-mnist", "$OUT/x", "--size", "garbage"}, "--size"},
+        {{"data", "make-imagefolder", "fashion-mnist", "$OUT/x", "--quality", "101"}, "--quality"},
+        {{"data", "make-imagefolder", "fashion-mnist", "$OUT/x", "--limit", "-3"}, "--limit"},
     };
     // The measurement settings and the monitor's: every number that is not finite, or out of range.
     const std::vector<std::pair<std::string, std::vector<std::string>>> settings{

@@ -180,6 +180,7 @@ TEST(ResultsDerived, RatesFromCountsAndTheMedian) {
   const auto copy = rates_from_counts({0, 0, 1e9, "FLOP"}, 0.5, "");
   EXPECT_FALSE(copy->samples_per_s || copy->tflops);
   EXPECT_EQ(copy->primary, "gbps");
+  EXPECT_EQ(rates_from_counts({64, 0, 0, "FLOP"}, 0.5, "")->primary, "samples_per_s") << "images alone (pipeline)";
   EXPECT_FALSE(rates_from_counts({1, 1, 1, "FLOP"}, 0, ""));
 
   Rates mem = *rates_from_counts({0, 1e9, 3e9, "FLOP"}, 1.0, "memory.bandwidth");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/data_commands.h"
 #include "cli/report_commands.h"
 #include "results/output.h"
 
@@ -117,6 +118,9 @@ int main(int argc, char** argv) {
       ->check(kNotEmpty);
   import->add_option("--out", import_out, "the store's folder, as given to `run --out`")->check(kNotEmpty);
 
+  ab::cli::MakeImageFolderOptions data_opts;
+  auto* data = ab::cli::add_data_command(app, data_opts);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -134,6 +138,7 @@ int main(int argc, char** argv) {
     if (*report) return ab::cli::report(report_opts);
     if (*compare) return ab::cli::compare(compare_opts);
     if (*import) return ab::cli::import_results(import_file, import_system, import_out, run_opts.command_line);
+    if (*data) return ab::cli::make_imagefolder(data_opts);
     return 2;
   }();
   // Output that never arrived (a full device, a closed pipe) is a failure, whatever the command did.

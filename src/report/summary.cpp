@@ -65,6 +65,8 @@ std::string rate_text(const results::Record& r) {
     else rate << t * 1e3 << " G" << unit;
   } else if (r.rates->gbps) {
     rate << *r.rates->gbps << " GB/s";
+  } else if (r.rates->samples_per_s) {
+    rate << *r.rates->samples_per_s << " /s";
   }
   return rate.str();
 }

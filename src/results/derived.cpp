@@ -20,8 +20,10 @@ std::optional<Rates> rates_from_counts(const Counts& counts, double median_s, st
   if (counts.tokens > 0) r.tokens_per_s = counts.tokens / median_s;
   if (counts.flops > 0) r.tflops = counts.flops / median_s / 1e12;
   if (counts.bytes > 0) r.gbps = counts.bytes / median_s / 1e9;
-  // The rate the device is judged by: bandwidth for memory-bound points, arithmetic otherwise.
+  // The rate the device is judged by: bandwidth for memory-bound points, arithmetic otherwise;
+  // items per second where a point counts neither (the input pipeline's images).
   r.primary = is_memory_ceiling(ceiling_key) || !r.tflops ? "gbps" : "tflops";
+  if (!r.tflops && !r.gbps && r.samples_per_s) r.primary = "samples_per_s";
   return r;
 }
 

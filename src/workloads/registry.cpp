@@ -16,6 +16,7 @@ const harness::Registry& registry() {
     v.push_back(make_loadgen());
     v.push_back(micro::make_collectives());
     v.push_back(micro::make_p2p());
+    v.push_back(micro::make_pipeline());
     v.push_back(zoo::make_train());
     v.push_back(zoo::make_infer());
     return harness::Registry(std::move(v));

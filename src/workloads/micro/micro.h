@@ -14,6 +14,7 @@ std::unique_ptr<Workload> make_copy();
 std::unique_ptr<Workload> make_ceilings();
 std::unique_ptr<Workload> make_collectives();
 std::unique_ptr<Workload> make_p2p();
+std::unique_ptr<Workload> make_pipeline();  // the host input pipeline (src/data)
 
 // Shared by gemm and ceilings: check op(A) op(B) at a small size against ref, then measure `desc`.
 void run_gemm_point(State& state, const backend::GemmDesc& desc);
