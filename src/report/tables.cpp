@@ -28,12 +28,17 @@ Cell metric_cell(const json& scenario) {
   return c;
 }
 
-// Every setting as "dotted.path" -> text, for telling runs apart; times and ids differ by nature.
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Every setting as "dotted.path" -> text, for telling runs apart; start times differ by nature, and
+// the command line has a row of its own.
 void flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
   if (j.is_object()) {
     for (const auto& [k, v] : j.items()) {
       const std::string path = prefix.empty() ? k : prefix + "." + k;
-      if (k.find("_at") != std::string::npos || k.find("time") != std::string::npos || k == "pid" || k == "run_id") continue;
+      if (ends_with(k, "_at") || path == "command_line") continue;
       flatten(v, path, out);
     }
   } else if (j.is_array()) {
@@ -49,7 +54,7 @@ std::optional<Table> loadgen_table(const std::vector<Point>& points, const AxisP
   Table t;
   t.caption = "results in MLPerf's terms: the scenario's metric and LoadGen's verdict (docs/METHODOLOGY.md, Load generator)";
   t.columns = point_columns(plan, multi_run);
-  for (const char* c : {"scenario", "metric", "value", "result", "p50", "p90", "p99", "p99.9", "constraints not met"})
+  for (const char* c : {"MLPerf scenario", "metric", "value", "result", "p50", "p90", "p99", "p99.9", "constraints not met"})
     t.columns.push_back(c);
   for (const auto& p : points) {
     const json& sc = p.typed().scenario;
