@@ -1,8 +1,8 @@
 // End to end through the real binary: a small real run, its report opened in headless Chromium
 // with networking off (every chart drawn, no error or warning on the console, a screenshot kept
 // under test-output/report_e2e/), hostile names inert in the browser, and the CLI's exit codes.
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -240,8 +240,9 @@ TEST(ReportCli, CompareFailOnSlowerGatesARegression) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string store = (dir / "store").string();
-  std::ofstream(dir / "base.csv") << "workload,params,metric,value,unit,source\nw,batch=1,samples_per_s,100,samples/s,a\n"
-                                     "w,batch=2,samples_per_s,200,samples/s,a\n";
+  std::ofstream(dir / "base.csv")
+      << "workload,params,metric,value,unit,source\nw,batch=1,samples_per_s,100,samples/s,a\n"
+         "w,batch=2,samples_per_s,200,samples/s,a\n";
   std::ofstream(dir / "new.csv") << "workload,params,metric,value,unit,source\nw,batch=1,samples_per_s,80,samples/s,b\n"
                                     "w,batch=2,samples_per_s,200,samples/s,b\n";
   ASSERT_EQ(accelbench({"import", (dir / "base.csv").string(), "--system", "base", "--out", store}).code, 0);
@@ -261,12 +262,14 @@ TEST(ReportCli, ImportTakesTheWorkloadsDefaultsForAxesARowLeavesOut) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string store = (dir / "store").string();
-  std::ofstream(dir / "pub.csv") << "workload,params,metric,value,unit,source\ninfer,model=resnet50;batch=8,samples_per_s,900,images/s,paper\n";
+  std::ofstream(dir / "pub.csv")
+      << "workload,params,metric,value,unit,source\ninfer,model=resnet50;batch=8,samples_per_s,900,images/s,paper\n";
   auto o = accelbench({"import", (dir / "pub.csv").string(), "--system", "Pub", "--out", store});
   ASSERT_EQ(o.code, 0) << o.output;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(o.output, m, std::regex(R"(: run (\d{8}-\d{6}-[0-9a-f]{6}) in )"))) << o.output;
-  o = ab::test::shell(quote(ab::test::accelbench_path()) + " results " + std::string(m[1]) + " --json --out " + quote(store));
+  o = ab::test::shell(quote(ab::test::accelbench_path()) + " results " + std::string(m[1]) + " --json --out " +
+                      quote(store));
   ASSERT_EQ(o.code, 0) << o.output;
   const auto rec = nlohmann::json::parse(o.output)["points"][0];
   EXPECT_EQ(rec["params"]["model"], "resnet50");
@@ -274,7 +277,8 @@ TEST(ReportCli, ImportTakesTheWorkloadsDefaultsForAxesARowLeavesOut) {
   for (const char* axis : {"fold", "graph", "precision"}) {
     EXPECT_TRUE(rec["params"].contains(axis)) << axis << " in " << rec.dump();
     EXPECT_NE(std::find(rec["metrics"]["defaulted_axes"].begin(), rec["metrics"]["defaulted_axes"].end(), axis),
-              rec["metrics"]["defaulted_axes"].end()) << axis;
+              rec["metrics"]["defaulted_axes"].end())
+        << axis;
   }
 }
 

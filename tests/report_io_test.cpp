@@ -109,9 +109,14 @@ TEST_F(ReportIo, ImportFillsTheAxesARowLeavesOutWithTheWorkloadsDefaults) {
   // Matched against a measured point with every axis: compared, not "without a partner".
   ab::report::Run measured;
   measured.id = measured.label = "M";
-  measured.points = {{{"schema_version", 1}, {"run_id", "M"}, {"seq", 0}, {"workload", "infer"}, {"status", "ok"},
+  measured.points = {{{"schema_version", 1},
+                      {"run_id", "M"},
+                      {"seq", 0},
+                      {"workload", "infer"},
+                      {"status", "ok"},
                       {"params", {{"batch", 8}, {"graph", "off"}, {"fold", "fused"}, {"fp8_layers", "all"}}},
-                      {"rates", {{"samples_per_s", 1000.0}}}, {"time", {{"median_s", 0.008}, {"rel_spread", 0.001}}}}};
+                      {"rates", {{"samples_per_s", 1000.0}}},
+                      {"time", {{"median_s", 0.008}, {"rel_spread", 0.001}}}}};
   const Document doc = build_comparison({load_run(r.run_id, dir_), measured});
   EXPECT_NE(render_text(doc).find("1 matched point(s)"), std::string::npos) << render_text(doc);
 }

@@ -14,14 +14,17 @@ namespace {
 
 using nlohmann::json;
 
-json point(int seq, const std::string& workload, json params, const std::string& status = "ok", json rates = json::object()) {
-  json r = {{"schema_version", 1}, {"run_id", "R"}, {"seq", seq}, {"workload", workload}, {"device", "cuda:0"},
-            {"device_name", "Dev"}, {"params", std::move(params)}, {"status", status}};
+json point(int seq, const std::string& workload, json params, const std::string& status = "ok",
+           json rates = json::object()) {
+  json r = {{"schema_version", 1},         {"run_id", "R"},      {"seq", seq},
+            {"workload", workload},        {"device", "cuda:0"}, {"device_name", "Dev"},
+            {"params", std::move(params)}, {"status", status}};
   if (status != "ok") {
     r["reason"] = "not on this device";
     return r;
   }
-  r["time"] = {{"median_s", 1e-3}, {"p90_s", 1.1e-3}, {"p99_s", 1.2e-3}, {"converged", true}, {"rel_spread", 0.004}, {"count", 20}};
+  r["time"] = {{"median_s", 1e-3},  {"p90_s", 1.1e-3},     {"p99_s", 1.2e-3},
+               {"converged", true}, {"rel_spread", 0.004}, {"count", 20}};
   r["rates"] = std::move(rates);
   return r;
 }
@@ -65,8 +68,13 @@ Run train_sweep() {
   for (const std::string prec : {"fp32", "bf16"})
     for (int batch : {8, 16, 32})
       pts.push_back(point(seq++, "train",
-                          {{"batch", batch}, {"precision", prec}, {"model", "resnet50"}, {"graph", "on"}, {"fold", "fused"},
-                           {"layout", "nhwc"}, {"gpus", 1}},
+                          {{"batch", batch},
+                           {"precision", prec},
+                           {"model", "resnet50"},
+                           {"graph", "on"},
+                           {"fold", "fused"},
+                           {"layout", "nhwc"},
+                           {"gpus", 1}},
                           "ok", {{"samples_per_s", batch * 100.0}, {"primary", "samples_per_s"}}));
   return run_of(pts);
 }
@@ -76,11 +84,13 @@ TEST(ReportLayout, ConstantAxesAreSaidOnceInTheHeaderNotInEveryRow) {
   const Section* s = section(doc, "Workload: train");
   ASSERT_NE(s, nullptr);
   const std::string header = std::get<Paragraph>(s->blocks[0]).text;
-  EXPECT_NE(header.find("Every point has fold=fused, gpus=1, graph=on, layout=nhwc, model=resnet50"), std::string::npos) << header;
+  EXPECT_NE(header.find("Every point has fold=fused, gpus=1, graph=on, layout=nhwc, model=resnet50"), std::string::npos)
+      << header;
   EXPECT_NE(header.find("axes that vary: batch (8, 16, 32); precision (bf16, fp32)"), std::string::npos) << header;
   const Chart* c = chart(*s, "samples/s vs batch");
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->table.columns, (std::vector<std::string>{"batch", "precision", "status", "samples/s", "median time", "±95% CI", "samples"}));
+  EXPECT_EQ(c->table.columns, (std::vector<std::string>{"batch", "precision", "status", "samples/s", "median time",
+                                                        "±95% CI", "samples"}));
   // The Markdown for a pull request is as narrow: the rate is the fourth column, not the twenty-fourth.
   const std::string md = render_markdown(doc);
   EXPECT_NE(md.find("| batch | precision | status | samples/s |"), std::string::npos) << md;
@@ -92,7 +102,8 @@ TEST(ReportLayout, NumbersSortAsNumbers) {
   int seq = 0;
   for (int k : {1024, 1216, 128})  // the order a sweep file might give them in
     for (int m : {4096, 512})
-      pts.push_back(point(seq++, "gemm", {{"m", m}, {"k", k}}, "ok", {{"tflops", m * k * 1e-6}, {"primary", "tflops"}}));
+      pts.push_back(
+          point(seq++, "gemm", {{"m", m}, {"k", k}}, "ok", {{"tflops", m * k * 1e-6}, {"primary", "tflops"}}));
   const Document doc = build_report({run_of(pts)});
   const Chart* c = chart(*section(doc, "Workload: gemm"), "TFLOP/s vs m");
   ASSERT_NE(c, nullptr);
@@ -113,10 +124,12 @@ TEST(ReportLayout, AChartWithNothingMeasuredIsNotDrawn) {
   EXPECT_EQ(chart(*s, "speed-up"), nullptr);
   bool said = false;
   for (const auto& b : s->blocks)
-    if (const auto* p = std::get_if<Paragraph>(&b)) said = said || p->text.find("No precision speed-up chart") != std::string::npos;
+    if (const auto* p = std::get_if<Paragraph>(&b))
+      said = said || p->text.find("No precision speed-up chart") != std::string::npos;
   EXPECT_TRUE(said);
   // A workload with no measured point gets its table of every point and no empty chart.
-  const Document none = build_report({run_of({point(0, "copy", {{"bytes", 1024}}, "skipped"), point(1, "copy", {{"bytes", 2048}}, "skipped")})});
+  const Document none = build_report(
+      {run_of({point(0, "copy", {{"bytes", 1024}}, "skipped"), point(1, "copy", {{"bytes", 2048}}, "skipped")})});
   const Section* copy = section(none, "Workload: copy");
   ASSERT_NE(copy, nullptr);
   EXPECT_EQ(none.chart_count(), 0u);
@@ -126,7 +139,8 @@ TEST(ReportLayout, AChartWithNothingMeasuredIsNotDrawn) {
 
 TEST(ReportLayout, SkippedPointsAreOneLineInTheAttentionTable) {
   std::vector<json> pts;
-  for (int i = 0; i < 12; ++i) pts.push_back(point(i, "copy", {{"bytes", 1 << (10 + i)}, {"direction", "h2d"}}, "skipped"));
+  for (int i = 0; i < 12; ++i)
+    pts.push_back(point(i, "copy", {{"bytes", 1 << (10 + i)}, {"direction", "h2d"}}, "skipped"));
   pts.push_back(point(12, "stream", {{"op", "copy"}}, "oom"));
   pts.push_back(point(13, "stream", {{"op", "add"}}, "ok", {{"gbps", 10.0}}));
   const Document doc = build_report({run_of(pts)});
@@ -145,9 +159,12 @@ TEST(ReportLayout, SkippedPointsAreOneLineInTheAttentionTable) {
   EXPECT_EQ(t->rows[1][2].text, "not on this device");
 }
 
-json loadgen(int seq, const std::string& scenario, const std::string& result, double metric, const std::string& metric_name) {
+json loadgen(int seq, const std::string& scenario, const std::string& result, double metric,
+             const std::string& metric_name) {
   json r = point(seq, "loadgen", {{"scenario", scenario}, {"sut", "null"}}, "ok", {{"samples_per_s", 1000.0}});
-  r["scenario"] = {{"name", scenario}, {"mlperf_name", scenario == "offline" ? "Offline" : "SingleStream"}, {"result", result},
+  r["scenario"] = {{"name", scenario},
+                   {"mlperf_name", scenario == "offline" ? "Offline" : "SingleStream"},
+                   {"result", result},
                    {"failed_constraints", result == "VALID" ? json::array() : json::array({"min_duration"})},
                    {"metric", {{"name", metric_name}, {"value", metric}}},
                    {"latency_s", {{"p50", 0.001}, {"p90", 0.002}, {"p99", 0.004}, {"p99_9", 0.008}}}};
@@ -155,8 +172,9 @@ json loadgen(int seq, const std::string& scenario, const std::string& result, do
 }
 
 TEST(ReportLayout, LoadgenPointsGetAnMlperfResultsTable) {
-  const Document doc = build_report({run_of({loadgen(0, "single-stream", "VALID", 0.0021, "latency_p90_early_stopping_s"),
-                                             loadgen(1, "offline", "INVALID", 45786.8, "samples_per_s")})});
+  const Document doc =
+      build_report({run_of({loadgen(0, "single-stream", "VALID", 0.0021, "latency_p90_early_stopping_s"),
+                            loadgen(1, "offline", "INVALID", 45786.8, "samples_per_s")})});
   const Section* s = section(doc, "Workload: loadgen");
   ASSERT_NE(s, nullptr);
   const Table* t = nullptr;
@@ -167,7 +185,8 @@ TEST(ReportLayout, LoadgenPointsGetAnMlperfResultsTable) {
   EXPECT_EQ(column(*t, "value"), (std::vector<std::string>{"2.1 ms", "45787 samples/s"}));
   EXPECT_EQ(column(*t, "p99"), (std::vector<std::string>{"4 ms", "4 ms"}));
   EXPECT_EQ(column(*t, "constraints not met"), (std::vector<std::string>{"—", "min_duration"}));
-  const auto result = static_cast<std::size_t>(std::find(t->columns.begin(), t->columns.end(), "result") - t->columns.begin());
+  const auto result =
+      static_cast<std::size_t>(std::find(t->columns.begin(), t->columns.end(), "result") - t->columns.begin());
   EXPECT_EQ(t->rows[0][result].badges, std::vector<std::string>{"VALID"});
   EXPECT_EQ(t->rows[1][result].badges, std::vector<std::string>{"INVALID"});
   EXPECT_NE(render_markdown(doc).find("| INVALID |"), std::string::npos);
@@ -178,8 +197,10 @@ TEST(ReportLayout, AMergedSystemListsEveryRunsDifferingSettings) {
   r.label = "node1";
   r.merged = {{"R2", "2026-11-30T10:00:00Z", "complete", "accelbench run train --axis batch=32", {}, 2},
               {"R1", "2026-11-29T10:00:00Z", "complete", "accelbench run train", {}, 4}};
-  r.merged[0].context = {{"measurement", {{"max_noise_pct", 1.0}, {"min_time_s", 0.5}}}, {"host", {{"hostname", "node1"}}}};
-  r.merged[1].context = {{"measurement", {{"max_noise_pct", 5.0}, {"min_time_s", 0.5}}}, {"host", {{"hostname", "node1"}}}};
+  r.merged[0].context = {{"measurement", {{"max_noise_pct", 1.0}, {"min_time_s", 0.5}}},
+                         {"host", {{"hostname", "node1"}}}};
+  r.merged[1].context = {{"measurement", {{"max_noise_pct", 5.0}, {"min_time_s", 0.5}}},
+                         {"host", {{"hostname", "node1"}}}};
   const Document doc = build_report({r});
   const Section* s = section(doc, "System context");
   ASSERT_NE(s, nullptr);
@@ -207,8 +228,9 @@ TEST(ReportLayout, BarChartsHaveAFixedHeight) {
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->spec["height"], 60);
   EXPECT_EQ(c->spec["width"], "container");
-  const Document cmp = build_comparison({run_of({point(0, "infer", {{"model", "a"}}, "ok", {{"samples_per_s", 10.0}})}, "A"),
-                                         run_of({point(0, "infer", {{"model", "a"}}, "ok", {{"samples_per_s", 12.0}})}, "B")});
+  const Document cmp =
+      build_comparison({run_of({point(0, "infer", {{"model", "a"}}, "ok", {{"samples_per_s", 10.0}})}, "A"),
+                        run_of({point(0, "infer", {{"model", "a"}}, "ok", {{"samples_per_s", 12.0}})}, "B")});
   const Chart* ratio = nullptr;
   for (const auto& s : cmp.sections)
     if (const Chart* x = chart(s, "B/A")) ratio = x;

@@ -172,10 +172,12 @@ TEST_F(ResultsTest, ViewsGiveFlatColumnsWithoutJsonPaths) {
     store.append(make_record(id, 3, "train", "ok", "NVIDIA H200", {{"batch", 64}, {"model", "resnet50"}, {"gpus", 2}}));
     store.finish("complete");
   }
-  const auto gemm = query(db(), "select run_id, m, precision, trans, status, median_s, rate, unit, pct_of_ceiling, host "
-                                "from results_gemm order by seq");
+  const auto gemm = query(db(),
+                          "select run_id, m, precision, trans, status, median_s, rate, unit, pct_of_ceiling, host "
+                          "from results_gemm order by seq");
   ASSERT_EQ(gemm.size(), 2u);
-  EXPECT_EQ(gemm[0], (std::vector<std::string>{id, "8192", "bf16", "NN", "ok", "0.0015", "733.3", "TFLOP/s", "94.0", "node17"}));
+  EXPECT_EQ(gemm[0],
+            (std::vector<std::string>{id, "8192", "bf16", "NN", "ok", "0.0015", "733.3", "TFLOP/s", "94.0", "node17"}));
   EXPECT_EQ(gemm[1][4], "skipped");
   EXPECT_EQ(gemm[1][6], "");  // a skipped point has no rate
   // Where the workload has a batch axis, the rate is samples/s (the report's rule).
@@ -534,20 +536,37 @@ TEST(ResultsCsv, QuotesAndUnitesColumns) {
 // A load generator point carries its verdict and latency percentiles in columns of their own.
 TEST(ResultsCsv, LoadgenVerdictAndPercentilesHaveColumns) {
   const std::vector<json> points = {
-      {{"run_id", "r"}, {"seq", 0}, {"workload", "loadgen"}, {"status", "ok"}, {"params", {{"scenario", "server"}}},
-       {"scenario", {{"name", "server"}, {"result", "INVALID"}, {"metric", {{"name", "completed_samples_per_s"}, {"value", 812.5}}},
-                     {"latency_s", {{"p50", 0.002}, {"p90", 0.003}, {"p95", 0.004}, {"p97", 0.0045}, {"p99", 0.009}, {"p99_9", 0.02}, {"max", 0.05}}}}}},
+      {{"run_id", "r"},
+       {"seq", 0},
+       {"workload", "loadgen"},
+       {"status", "ok"},
+       {"params", {{"scenario", "server"}}},
+       {"scenario",
+        {{"name", "server"},
+         {"result", "INVALID"},
+         {"metric", {{"name", "completed_samples_per_s"}, {"value", 812.5}}},
+         {"latency_s",
+          {{"p50", 0.002},
+           {"p90", 0.003},
+           {"p95", 0.004},
+           {"p97", 0.0045},
+           {"p99", 0.009},
+           {"p99_9", 0.02},
+           {"max", 0.05}}}}}},
       {{"run_id", "r"}, {"seq", 1}, {"workload", "gemm"}, {"status", "ok"}, {"params", {{"m", 64}}}}};
   std::ostringstream out;
   write_csv(out, points);
   const std::string text = out.str();
   const std::string header = text.substr(0, text.find('\n'));
-  EXPECT_NE(header.find(",scenario.name,scenario.result,scenario.metric.name,scenario.metric.value,scenario.latency_s.p50,"
-                        "scenario.latency_s.p90,scenario.latency_s.p95,scenario.latency_s.p97,scenario.latency_s.p99,"
-                        "scenario.latency_s.p99_9,scenario.latency_s.max"),
-            std::string::npos)
+  EXPECT_NE(
+      header.find(",scenario.name,scenario.result,scenario.metric.name,scenario.metric.value,scenario.latency_s.p50,"
+                  "scenario.latency_s.p90,scenario.latency_s.p95,scenario.latency_s.p97,scenario.latency_s.p99,"
+                  "scenario.latency_s.p99_9,scenario.latency_s.max"),
+      std::string::npos)
       << header;
-  EXPECT_NE(text.find(",server,INVALID,completed_samples_per_s,812.5,0.002,0.003,0.004,0.0045,0.009,0.02,0.05\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(",server,INVALID,completed_samples_per_s,812.5,0.002,0.003,0.004,0.0045,0.009,0.02,0.05\n"),
+            std::string::npos)
+      << text;
   // The gemm row leaves them empty; without a loadgen point there are no such columns.
   EXPECT_NE(text.find("r,1,gemm,"), std::string::npos);
   std::ostringstream gemm_only;

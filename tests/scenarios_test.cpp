@@ -668,8 +668,9 @@ TEST(Mllog, SummaryTextHasLoadGenLayout) {
   const LogInfo info{"accelbench test", "null", "synthetic", 64, 64, "2026-01-01T00:00:00.000Z"};
   const RunResult r = run(sut, lib, fast(Scenario::single_stream, 0.05));
   const std::string text = loadgen_summary_text(r, nullptr, info);
-  const std::string banner = "================================================\nMLPerf Results Summary\n"
-                             "================================================\n";
+  const std::string banner =
+      "================================================\nMLPerf Results Summary\n"
+      "================================================\n";
   EXPECT_EQ(text.rfind(banner, 0), 0u) << text;
   for (const char* line : {"SUT name : null\n", "Scenario : SingleStream\n", "Mode     : PerformanceOnly\n",
                            "90th percentile latency (ns) : ", "  Min duration satisfied : ", "Additional Stats\n",

@@ -270,7 +270,8 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
         results::write_csv(out, points);
       } else if (json) {
         // load_points refused an unknown id, so its row is in the list.
-        const auto row = std::find_if(runs.begin(), runs.end(), [&id](const results::RunRow& r) { return r.run_id == id; });
+        const auto row =
+            std::find_if(runs.begin(), runs.end(), [&id](const results::RunRow& r) { return r.run_id == id; });
         results::write_json(out, *row, points);
       } else {
         for (auto& p : points)

@@ -108,8 +108,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "md", "html"}));
   compare->add_option("-o,--output", compare_opts.output, "write to this file instead of standard output");
   compare
-      ->add_option("--fail-on", compare_opts.fail_on,
-                   "exit 3 when any matched point gets one of these verdicts (slower, unsure; comma-separated): a CI gate")
+      ->add_option(
+          "--fail-on", compare_opts.fail_on,
+          "exit 3 when any matched point gets one of these verdicts (slower, unsure; comma-separated): a CI gate")
       ->delimiter(',')
       ->check(CLI::IsMember({"slower", "unsure", "faster", "same"}));
   compare->add_option("--out", compare_opts.out_dir, "the folder given to `run --out`, where run ids are looked up")
@@ -137,7 +138,8 @@ int main(int argc, char** argv) {
     if (*sysinfo) return ab::cli::sysinfo(sysinfo_json);
     if (*list) return ab::cli::list(list_json);
     if (*run) return ab::cli::run(run_opts);
-    if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields, results_json);
+    if (*results)
+      return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields, results_json);
     if (*monitor) return ab::cli::monitor(monitor_interval_ms, monitor_duration_s);
     if (*report) return ab::cli::report(report_opts);
     if (*compare) return ab::cli::compare(compare_opts);

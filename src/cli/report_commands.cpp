@@ -64,7 +64,8 @@ nlohmann::json registry_defaults(const std::string& workload) {
     for (const auto& a : w->axes("cuda")) {
       if (zipped.count(a.name)) continue;
       // A default written as a range ("1:256:pow2") is a sweep, not one value.
-      const auto values = a.defaults.size() == 1 ? harness::expand_values(a.defaults.front(), a.kind) : std::vector<std::string>{};
+      const auto values =
+          a.defaults.size() == 1 ? harness::expand_values(a.defaults.front(), a.kind) : std::vector<std::string>{};
       if (values.size() != 1) continue;
       if (a.kind == harness::AxisKind::integer) d[a.name] = std::stoll(values.front());
       else if (a.kind == harness::AxisKind::real) d[a.name] = std::stod(values.front());
@@ -113,7 +114,8 @@ int compare(const CompareOptions& o) {
     std::string failed;
     for (const auto& word : o.fail_on)
       for (const auto& [v, n] : verdicts)
-        if (report::to_string(v) == word && n > 0) failed += (failed.empty() ? "" : ", ") + std::to_string(n) + " " + word;
+        if (report::to_string(v) == word && n > 0)
+          failed += (failed.empty() ? "" : ", ") + std::to_string(n) + " " + word;
     if (failed.empty()) return 0;
     std::cerr << "accelbench compare: " << failed << " matched point(s) against the baseline (--fail-on)\n";
     return 3;

@@ -200,9 +200,8 @@ AxisPlan plan_axes(const std::vector<Point>& points) {
   }
   for (auto& a : plan.axes) {
     std::sort(a.values.begin(), a.values.end(), value_less);
-    a.constant = a.values.size() == 1 && std::all_of(points.begin(), points.end(), [&a](const Point& p) {
-      return p.params().contains(a.name);
-    });
+    a.constant = a.values.size() == 1 && std::all_of(points.begin(), points.end(),
+                                                     [&a](const Point& p) { return p.params().contains(a.name); });
   }
 
   auto positive_values = [](const AxisInfo& a) {

@@ -212,14 +212,16 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     Cell mc = text_cell(med ? fmt_time(*med) : "—"), sc = text_cell(spread ? "±" + fmt(*spread * 100, 3) + "%" : "—");
     mc.numeric = sc.numeric = true;
     const std::string label = params_label(p.params(), varying_axes(plans[p.workload()]));
-    t.rows.push_back({text_cell(p.workload()), text_cell(label.empty() ? "its only point" : label, all_axes_label(p)), status_cell(p), mc, sc});
+    t.rows.push_back({text_cell(p.workload()), text_cell(label.empty() ? "its only point" : label, all_axes_label(p)),
+                      status_cell(p), mc, sc});
     if (multi_run) t.rows.back().insert(t.rows.back().begin(), text_cell(p.run->label, p.run->id));
   }
   for (const auto& key : skipped_order) {
     const auto& [n, reasons] = skipped.at(key);
     std::vector<std::string> why(reasons.begin(), reasons.end());
     if (why.size() > 3) why = {why[0], why[1], why[2], "… (" + std::to_string(reasons.size()) + " reasons)"};
-    std::vector<Cell> row{text_cell(key.first), text_cell(std::to_string(n) + (n == 1 ? " point" : " points") + " skipped"),
+    std::vector<Cell> row{text_cell(key.first),
+                          text_cell(std::to_string(n) + (n == 1 ? " point" : " points") + " skipped"),
                           Cell{join(why, "; "), {"skipped"}, {}, false}, text_cell("—"), text_cell("—")};
     if (multi_run) row.insert(row.begin(), text_cell(key.second->label, key.second->id));
     t.rows.push_back(std::move(row));
@@ -264,10 +266,11 @@ Section workload_section(const std::string& workload, const std::vector<Point>& 
     axes.push_back(a.name + " (" + join(vals, ", ") + ")");
   }
   const std::string constant = constant_axes_label(plan);
-  s.blocks.push_back(Paragraph{std::to_string(points.size()) + " points (" + join(parts, ", ") + ")" +
-                                   (axes.empty() ? "." : "; axes that vary: " + join(axes, "; ") + ".") +
-                                   (constant.empty() ? "" : " Every point has " + constant + " (not repeated in the tables)."),
-                               false});
+  s.blocks.push_back(
+      Paragraph{std::to_string(points.size()) + " points (" + join(parts, ", ") + ")" +
+                    (axes.empty() ? "." : "; axes that vary: " + join(axes, "; ") + ".") +
+                    (constant.empty() ? "" : " Every point has " + constant + " (not repeated in the tables)."),
+                false});
   if (auto t = loadgen_table(points, plan, multi_run)) s.blocks.push_back(std::move(*t));
 
   std::vector<Chart> charts;
@@ -288,9 +291,10 @@ Section workload_section(const std::string& workload, const std::vector<Point>& 
     const AxisInfo* precision = find_axis(plan, "precision");
     if (charts.size() == before && precision && precision->values.size() > 1 &&
         std::find(precision->values.begin(), precision->values.end(), json("fp32")) != precision->values.end())
-      s.blocks.push_back(Paragraph{"No precision speed-up chart: no precision besides fp32 has a measured point with a "
-                                   "measured fp32 baseline (the tables below give each point's status).",
-                                   false});
+      s.blocks.push_back(
+          Paragraph{"No precision speed-up chart: no precision besides fp32 has a measured point with a "
+                    "measured fp32 baseline (the tables below give each point's status).",
+                    false});
   }
   add(roofline_chart(in, ceilings));
   if (metric) add(scaling_chart(in, *metric));

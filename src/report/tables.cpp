@@ -22,7 +22,8 @@ Cell latency_cell(const json& latency, const char* key) {
 Cell metric_cell(const json& scenario) {
   const std::string name = str(scenario, "metric.name").value_or("");
   const auto value = num(scenario, "metric.value");
-  const bool time = name.size() > 2 && name.compare(name.size() - 2, 2, "_s") == 0 && name.find("per_s") == std::string::npos;
+  const bool time =
+      name.size() > 2 && name.compare(name.size() - 2, 2, "_s") == 0 && name.find("per_s") == std::string::npos;
   Cell c = text_cell(!value ? "—" : time ? fmt_time(*value) : fmt(*value) + " samples/s");
   c.numeric = true;
   return c;
@@ -52,9 +53,11 @@ void flatten(const json& j, const std::string& prefix, std::map<std::string, std
 
 std::optional<Table> loadgen_table(const std::vector<Point>& points, const AxisPlan& plan, bool multi_run) {
   Table t;
-  t.caption = "results in MLPerf's terms: the scenario's metric and LoadGen's verdict (docs/METHODOLOGY.md, Load generator)";
+  t.caption =
+      "results in MLPerf's terms: the scenario's metric and LoadGen's verdict (docs/METHODOLOGY.md, Load generator)";
   t.columns = point_columns(plan, multi_run);
-  for (const char* c : {"MLPerf scenario", "metric", "value", "result", "p50", "p90", "p99", "p99.9", "constraints not met"})
+  for (const char* c :
+       {"MLPerf scenario", "metric", "value", "result", "p50", "p90", "p99", "p99.9", "constraints not met"})
     t.columns.push_back(c);
   for (const auto& p : points) {
     const json& sc = p.typed().scenario;

@@ -26,8 +26,8 @@ constexpr std::array<const char*, 4> kRates = {"samples_per_s", "tflops", "gbps"
 constexpr std::array<const char*, 3> kTelemetry = {"mean_power_w", "energy_j", "samples_per_j"};
 // The load generator's verdict and latency percentiles (docs/RESULTS.md, the scenario block), when
 // any point has them: what an MLPerf reader looks for first.
-constexpr std::array<const char*, 11> kScenario = {"name",        "result",      "metric.name",  "metric.value",
-                                                   "latency_s.p50", "latency_s.p90", "latency_s.p95", "latency_s.p97",
+constexpr std::array<const char*, 11> kScenario = {"name",          "result",          "metric.name",   "metric.value",
+                                                   "latency_s.p50", "latency_s.p90",   "latency_s.p95", "latency_s.p97",
                                                    "latency_s.p99", "latency_s.p99_9", "latency_s.max"};
 
 // The key may be dotted (scenario's "latency_s.p99"); params keys are taken whole.
@@ -90,7 +90,8 @@ void write_csv(std::ostream& out, const std::vector<json>& points) {
   auto when_any = [&](const char* section, const auto& keys) {
     for (const char* k : keys) {
       const Column c{section, k};
-      if (std::any_of(points.begin(), points.end(), [&c](const json& p) { return p.is_object() && find(p, c) != nullptr; }))
+      if (std::any_of(points.begin(), points.end(),
+                      [&c](const json& p) { return p.is_object() && find(p, c) != nullptr; }))
         cols.push_back(c);
     }
   };
@@ -109,11 +110,15 @@ void write_csv(std::ostream& out, const std::vector<json>& points) {
 }
 
 json run_row_json(const RunRow& r) {
-  return {{"run_id", r.run_id},   {"started_at", r.started_at},
+  return {{"run_id", r.run_id},
+          {"started_at", r.started_at},
           {"ended_at", r.ended_at.empty() ? json(nullptr) : json(r.ended_at)},
-          {"status", r.status},   {"shown_status", r.shown_status},
-          {"command_line", r.command_line}, {"host", r.host.empty() ? json(nullptr) : json(r.host)},
-          {"points", r.points},   {"ok_points", r.ok_points}};
+          {"status", r.status},
+          {"shown_status", r.shown_status},
+          {"command_line", r.command_line},
+          {"host", r.host.empty() ? json(nullptr) : json(r.host)},
+          {"points", r.points},
+          {"ok_points", r.ok_points}};
 }
 
 void write_json(std::ostream& out, const std::vector<RunRow>& runs) {

@@ -76,19 +76,30 @@ constexpr const char* kRateSql = R"sql(
 
 std::string view_sql(const std::string& name, const std::string& axis_columns) {
   const std::string rate = std::string("(") + kRateSql + ")";
-  return "CREATE VIEW " + name + " AS SELECT p.run_id AS run_id, p.seq AS seq, p.started_at AS started_at, r.host AS host, "
-         "p.workload AS workload, p.device_name AS device_name, " + axis_columns +
+  return "CREATE VIEW " + name +
+         " AS SELECT p.run_id AS run_id, p.seq AS seq, p.started_at AS started_at, r.host AS host, "
+         "p.workload AS workload, p.device_name AS device_name, " +
+         axis_columns +
          "p.status AS status, json_extract(p.record_json, '$.reason') AS reason, "
-         "json_extract(p.record_json, '$.time.median_s') AS median_s, json_extract(p.record_json, '$.time.p90_s') AS p90_s, "
-         "json_extract(p.record_json, '$.time.p99_s') AS p99_s, json_extract(p.record_json, '$.time.rel_spread') AS rel_spread, "
+         "json_extract(p.record_json, '$.time.median_s') AS median_s, json_extract(p.record_json, '$.time.p90_s') AS "
+         "p90_s, "
+         "json_extract(p.record_json, '$.time.p99_s') AS p99_s, json_extract(p.record_json, '$.time.rel_spread') AS "
+         "rel_spread, "
          "json_extract(p.record_json, '$.time.converged') AS converged, "
-         "json_extract(p.record_json, '$.rates.' || " + rate + ") AS rate, "
-         "CASE " + rate + " WHEN 'tokens_per_s' THEN 'tokens/s' WHEN 'samples_per_s' THEN 'samples/s' "
-         "WHEN 'tflops' THEN 'TFLOP/s' WHEN 'gbps' THEN 'GB/s' ELSE " + rate + " END AS unit, "
+         "json_extract(p.record_json, '$.rates.' || " +
+         rate +
+         ") AS rate, "
+         "CASE " +
+         rate +
+         " WHEN 'tokens_per_s' THEN 'tokens/s' WHEN 'samples_per_s' THEN 'samples/s' "
+         "WHEN 'tflops' THEN 'TFLOP/s' WHEN 'gbps' THEN 'GB/s' ELSE " +
+         rate +
+         " END AS unit, "
          "json_extract(p.record_json, '$.rates.pct_of_ceiling') AS pct_of_ceiling, "
          "json_extract(p.record_json, '$.rates.samples_per_s') AS samples_per_s, "
          "json_extract(p.record_json, '$.rates.tokens_per_s') AS tokens_per_s, "
-         "json_extract(p.record_json, '$.rates.tflops') AS tflops, json_extract(p.record_json, '$.rates.gbps') AS gbps, "
+         "json_extract(p.record_json, '$.rates.tflops') AS tflops, json_extract(p.record_json, '$.rates.gbps') AS "
+         "gbps, "
          "json_extract(p.record_json, '$.scenario.result') AS validity, "
          "json_extract(p.record_json, '$.telemetry.mean_power_w') AS mean_power_w, "
          "json_extract(p.record_json, '$.telemetry.energy_j') AS energy_j, "
@@ -98,8 +109,10 @@ std::string view_sql(const std::string& name, const std::string& axis_columns) {
 
 // `results`: every point, its axes as one "name=value ..." text; `result_axes`: one row per axis value.
 std::string generic_views_sql() {
-  return view_sql("results", "(SELECT group_concat(j.key || '=' || j.value, ' ') FROM json_each(p.params_json) j) AS axes, ") +
-         ";\nCREATE VIEW result_axes AS SELECT p.run_id AS run_id, p.seq AS seq, p.workload AS workload, j.key AS axis, "
+  return view_sql("results",
+                  "(SELECT group_concat(j.key || '=' || j.value, ' ') FROM json_each(p.params_json) j) AS axes, ") +
+         ";\nCREATE VIEW result_axes AS SELECT p.run_id AS run_id, p.seq AS seq, p.workload AS workload, j.key AS "
+         "axis, "
          "j.value AS value FROM points p, json_each(p.params_json) j;\n";
 }
 
@@ -238,9 +251,10 @@ namespace {
 
 const std::set<std::string>& fixed_columns() {
   static const std::set<std::string> names = {
-      "run_id", "seq",   "started_at", "host",       "workload",  "device_name", "status",        "reason",
-      "median_s", "p90_s", "p99_s",    "rel_spread", "converged", "rate",        "unit",          "pct_of_ceiling",
-      "samples_per_s", "tokens_per_s", "tflops", "gbps", "validity", "mean_power_w", "energy_j", "samples_per_j"};
+      "run_id",    "seq",    "started_at", "host",           "workload",      "device_name",
+      "status",    "reason", "median_s",   "p90_s",          "p99_s",         "rel_spread",
+      "converged", "rate",   "unit",       "pct_of_ceiling", "samples_per_s", "tokens_per_s",
+      "tflops",    "gbps",   "validity",   "mean_power_w",   "energy_j",      "samples_per_j"};
   return names;
 }
 
@@ -261,15 +275,16 @@ void ensure_workload_view(Db& db, const std::string& workload, const std::vector
   std::replace(name.begin(), name.end(), '-', '_');
   if (!plain_name(name)) return;
   const auto present = view_columns(db, name);
-  const bool complete = !present.empty() && std::all_of(axes_of_point.begin(), axes_of_point.end(), [&](const std::string& a) {
-    return !is_view_axis(a) || present.count(a) > 0;
-  });
+  const bool complete =
+      !present.empty() && std::all_of(axes_of_point.begin(), axes_of_point.end(),
+                                      [&](const std::string& a) { return !is_view_axis(a) || present.count(a) > 0; });
   if (complete) return;  // the common case: one cheap look at the view's columns
   std::string columns;
   Stmt q(db, "SELECT DISTINCT j.key FROM points p, json_each(p.params_json) j WHERE p.workload = ?1 ORDER BY j.key");
   q.bind_text(1, workload);
   while (q.step())
-    if (const std::string k = q.text(0); is_view_axis(k)) columns += "json_extract(p.params_json, '$." + k + "') AS " + k + ", ";
+    if (const std::string k = q.text(0); is_view_axis(k))
+      columns += "json_extract(p.params_json, '$." + k + "') AS " + k + ", ";
   db.exec(("DROP VIEW IF EXISTS " + name).c_str());
   // A view's definition cannot take bound parameters: the workload is a plain name (checked above).
   db.exec((view_sql(name, columns) + " WHERE p.workload = '" + workload + "'").c_str());

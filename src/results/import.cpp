@@ -156,8 +156,8 @@ bool printable(const std::string& s) {
 
 }  // namespace
 
-ImportResult import_csv(const fs::path& csv, const std::string& system, const fs::path& out_dir, const std::string& command_line,
-                        const AxisDefaults& defaults) {
+ImportResult import_csv(const fs::path& csv, const std::string& system, const fs::path& out_dir,
+                        const std::string& command_line, const AxisDefaults& defaults) {
   const std::string file = csv.string();
   if (system.empty() || system.size() > 128 || !printable(system) || !valid_utf8(system))
     throw UsageError("--system must be 1-128 printable characters");

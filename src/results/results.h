@@ -118,7 +118,8 @@ struct ImportResult {
 // null or {} for a workload it does not know. An imported row that leaves such an axis out takes
 // its default (listed in the record's metrics.defaulted_axes), so it matches the measured point.
 using AxisDefaults = std::function<nlohmann::json(const std::string& workload)>;
-ImportResult import_csv(const std::filesystem::path& csv, const std::string& system, const std::filesystem::path& out_dir,
-                        const std::string& command_line, const AxisDefaults& defaults = {});
+ImportResult import_csv(const std::filesystem::path& csv, const std::string& system,
+                        const std::filesystem::path& out_dir, const std::string& command_line,
+                        const AxisDefaults& defaults = {});
 
 }  // namespace ab::results

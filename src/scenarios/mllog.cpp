@@ -184,7 +184,8 @@ void latency_block(std::ostream& o, const LatencyStats& l) {
   o << "Min latency (ns)                : " << ns(l.min) << '\n'
     << "Max latency (ns)                : " << ns(l.max) << '\n'
     << "Mean latency (ns)               : " << ns(l.mean) << '\n';
-  const std::pair<double, double> pcts[] = {{0.5, l.p50}, {0.9, l.p90}, {0.95, l.p95}, {0.97, l.p97}, {0.99, l.p99}, {0.999, l.p999}};
+  const std::pair<double, double> pcts[] = {{0.5, l.p50},  {0.9, l.p90},  {0.95, l.p95},
+                                            {0.97, l.p97}, {0.99, l.p99}, {0.999, l.p999}};
   for (const auto& [p, v] : pcts) o << percent_key(p) << " percentile latency (ns)   : " << ns(v) << '\n';
 }
 
@@ -192,8 +193,12 @@ void headline(std::ostream& o, const RunResult& r) {
   const Settings& s = r.settings;
   const std::string pct = std::to_string(static_cast<int>(std::lround(s.target_percentile * 100)));
   switch (s.scenario) {
-    case Scenario::single_stream: o << pct << "th percentile latency (ns) : " << ns(r.target_percentile_latency_s) << '\n'; break;
-    case Scenario::multi_stream: o << pct << "th percentile latency (ns) : " << ns(r.target_percentile_latency_s) << '\n'; break;
+    case Scenario::single_stream:
+      o << pct << "th percentile latency (ns) : " << ns(r.target_percentile_latency_s) << '\n';
+      break;
+    case Scenario::multi_stream:
+      o << pct << "th percentile latency (ns) : " << ns(r.target_percentile_latency_s) << '\n';
+      break;
     case Scenario::server: o << "Scheduled samples per second : " << two_decimals(r.scheduled_qps) << '\n'; break;
     case Scenario::offline: o << "Samples per second: " << r.completed_samples_per_s << '\n'; break;
   }
@@ -232,19 +237,25 @@ std::string loadgen_summary_text(const RunResult& r, const SearchResult* search,
     << "Mode     : " << (search != nullptr ? "FindPeakPerformance" : "PerformanceOnly") << '\n';
   headline(o, r);
   o << "Result is : " << (r.valid ? "VALID" : "INVALID") << '\n';
-  if (s.scenario == Scenario::server) o << "  Performance constraints satisfied : " << yes_no(met(r, "latency_bound")) << '\n';
+  if (s.scenario == Scenario::server)
+    o << "  Performance constraints satisfied : " << yes_no(met(r, "latency_bound")) << '\n';
   o << "  Min duration satisfied : " << yes_no(met(r, "min_duration")) << '\n'
     << "  Min queries satisfied : " << yes_no(met(r, "min_query_count") && met(r, "min_sample_count")) << '\n'
     << "  Early stopping satisfied: " << yes_no(s.scenario == Scenario::offline || r.early_stopping_met) << '\n';
   recommendations(o, r);
   if (s.scenario != Scenario::offline) {
     const Constraint* es = find(r, "early_stopping");
-    o << "Early Stopping Result:\n * " << (es != nullptr && !es->detail.empty() ? es->detail : r.early_stopping_met ? "Run successful." : "not met") << '\n';
+    o << "Early Stopping Result:\n * "
+      << (es != nullptr && !es->detail.empty() ? es->detail
+          : r.early_stopping_met               ? "Run successful."
+                                               : "not met")
+      << '\n';
   }
   o << '\n' << rule << "Additional Stats\n" << rule;
   if (s.scenario == Scenario::single_stream) {
     o << "QPS w/ loadgen overhead         : " << two_decimals(r.scheduled_qps) << '\n'
-      << "QPS w/o loadgen overhead        : " << two_decimals(r.sample_latency.mean > 0 ? 1 / r.sample_latency.mean : 0.0) << "\n\n";
+      << "QPS w/o loadgen overhead        : "
+      << two_decimals(r.sample_latency.mean > 0 ? 1 / r.sample_latency.mean : 0.0) << "\n\n";
   } else if (s.scenario == Scenario::server) {
     o << "Completed samples per second    : " << two_decimals(r.completed_samples_per_s) << "\n\n";
   } else if (s.scenario == Scenario::multi_stream) {
@@ -254,9 +265,11 @@ std::string loadgen_summary_text(const RunResult& r, const SearchResult* search,
   if (s.scenario != Scenario::multi_stream) latency_block(o, r.sample_latency);
   o << '\n' << rule << "Test Parameters Used\n" << rule;
   parameters(o, r, info);
-  const int errors = (r.lost_samples > 0) + (r.duplicate_completions + r.unknown_completions > 0) + !r.sut_failure.empty();
-  o << '\n' << (errors == 0 ? std::string("No errors encountered during test.\n")
-                            : std::to_string(errors) + " ERROR(s) encountered. See detailed log.\n");
+  const int errors =
+      (r.lost_samples > 0) + (r.duplicate_completions + r.unknown_completions > 0) + !r.sut_failure.empty();
+  o << '\n'
+    << (errors == 0 ? std::string("No errors encountered during test.\n")
+                    : std::to_string(errors) + " ERROR(s) encountered. See detailed log.\n");
   return o.str();
 }
 
@@ -266,8 +279,8 @@ void write_mllog(const std::filesystem::path& dir, const RunResult& r, const Sea
   if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
   std::string detail;
   for (const auto& l : mllog_detail(r, search, info)) detail += l + '\n';
-  const std::pair<const char*, std::string> files[] = {{"mlperf_log_summary.txt", loadgen_summary_text(r, search, info)},
-                                                       {"mlperf_log_detail.txt", detail}};
+  const std::pair<const char*, std::string> files[] = {
+      {"mlperf_log_summary.txt", loadgen_summary_text(r, search, info)}, {"mlperf_log_detail.txt", detail}};
   for (const auto& [name, text] : files) {
     std::ofstream f(dir / name);
     f << text;
