@@ -159,34 +159,10 @@ Section ceilings_section(const std::vector<Ceiling>& ceilings) {
   return s;
 }
 
-Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& all) {
-  Section s{"Summary", 2, {}};
-  std::map<std::string, int> by_status;
-  int unconverged = 0, noisy = 0, external = 0;
-  for (const auto& p : all) {
-    ++by_status[p.status];
-    unconverged += p.measured() && p.unconverged;
-    noisy += p.measured() && p.noisy;
-    external += p.external;
-  }
-  std::vector<std::string> parts;
-  for (const auto& [k, n] : by_status) parts.push_back(std::to_string(n) + " " + k);
-  std::string text = std::to_string(runs.size()) + (runs.size() == 1 ? " run, " : " runs, ") + std::to_string(all.size()) +
-                     " points: " + join(parts, ", ") + ".";
-  if (unconverged || noisy)
-    text += " Of the measured points, " + std::to_string(unconverged) + " did not converge and " + std::to_string(noisy) +
-            " are noisier than their target: their numbers are shown, marked, and deserve a re-run before anyone acts on them.";
-  if (external) text += " " + std::to_string(external) + " points are published figures (external), not measurements.";
-  int incomplete = 0;
-  for (const auto& run : runs) {  // a run that ended short of its plan says so before anything else is read
-    const std::string status = run.info.is_object() ? run.info.value("status", std::string()) : std::string();
-    if (status.rfind("incomplete", 0) != 0) continue;
-    ++incomplete;
-    text += " Run " + run.id + " is " + status + ": its sweep did not finish.";
-  }
-  s.blocks.push_back(Paragraph{text, false});
-
-  const bool multi_run = runs.size() > 1;
+// Every flagged point with its reason, named by the axes that vary within its workload. Skipped
+// points did not apply (no such device, an unsupported precision): one line per workload and run
+// with the count and the reasons, so they never crowd out the points that went wrong.
+Table attention_table(const std::vector<Point>& all, bool multi_run) {
   std::map<std::string, std::vector<Point>> by_workload;  // each workload's plan names its points by the axes that vary
   for (const auto& p : all) by_workload[p.workload()].push_back(p);
   std::map<std::string, AxisPlan> plans;
@@ -195,8 +171,6 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
   t.caption = "points that need attention";
   t.columns = {"workload", "point", "status", "median time", "±95% CI"};
   if (multi_run) t.columns.insert(t.columns.begin(), "run");
-  // Skipped points did not apply (no such device, an unsupported precision): one line per workload
-  // and run with the count and the reasons, so they never crowd out the points that went wrong.
   std::map<std::pair<std::string, const Run*>, std::pair<int, std::set<std::string>>> skipped;
   std::vector<std::pair<std::string, const Run*>> skipped_order;
   for (const auto& p : all) {
@@ -226,6 +200,37 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     if (multi_run) row.insert(row.begin(), text_cell(key.second->label, key.second->id));
     t.rows.push_back(std::move(row));
   }
+  return t;
+}
+
+Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& all) {
+  Section s{"Summary", 2, {}};
+  std::map<std::string, int> by_status;
+  int unconverged = 0, noisy = 0, external = 0;
+  for (const auto& p : all) {
+    ++by_status[p.status];
+    unconverged += p.measured() && p.unconverged;
+    noisy += p.measured() && p.noisy;
+    external += p.external;
+  }
+  std::vector<std::string> parts;
+  for (const auto& [k, n] : by_status) parts.push_back(std::to_string(n) + " " + k);
+  std::string text = std::to_string(runs.size()) + (runs.size() == 1 ? " run, " : " runs, ") + std::to_string(all.size()) +
+                     " points: " + join(parts, ", ") + ".";
+  if (unconverged || noisy)
+    text += " Of the measured points, " + std::to_string(unconverged) + " did not converge and " + std::to_string(noisy) +
+            " are noisier than their target: their numbers are shown, marked, and deserve a re-run before anyone acts on them.";
+  if (external) text += " " + std::to_string(external) + " points are published figures (external), not measurements.";
+  int incomplete = 0;
+  for (const auto& run : runs) {  // a run that ended short of its plan says so before anything else is read
+    const std::string status = run.info.is_object() ? run.info.value("status", std::string()) : std::string();
+    if (status.rfind("incomplete", 0) != 0) continue;
+    ++incomplete;
+    text += " Run " + run.id + " is " + status + ": its sweep did not finish.";
+  }
+  s.blocks.push_back(Paragraph{text, false});
+
+  const Table t = attention_table(all, runs.size() > 1);
   std::size_t unreadable = 0;
   for (const auto& r : runs) unreadable += r.unreadable_lines;
   if (unreadable > 0)
@@ -245,7 +250,7 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     s.blocks.push_back(Paragraph{"No point needs attention: every point is ok, and every measured one converged and met its "
                                  "noise target.",
                                  false});
-  else s.blocks.push_back(std::move(t));
+  else s.blocks.push_back(t);
   return s;
 }
 
