@@ -1,6 +1,7 @@
 // End to end through the real binary: a small real run, its report opened in headless Chromium
 // with networking off (every chart drawn, no error or warning on the console, a screenshot kept
 // under test-output/report_e2e/), hostile names inert in the browser, and the CLI's exit codes.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -145,6 +146,39 @@ TEST_F(ReportE2E, HostileNamesStayInertInTheBrowser) {
   EXPECT_NE(dom.output.find("&lt;img src=x onerror=alert(1)&gt;"), std::string::npos);
 }
 
+// Bar charts (no numeric sweep) and a comparison's ratio chart draw with no warning from the charting
+// library, which the page counts in data-warnings and never shows the reader.
+TEST_F(ReportE2E, BarAndCompareChartsDrawWithoutWarnings) {
+  const fs::path dir = kOutput / "bars";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string store = (dir / "store").string();
+  for (const auto& [sys, scale] : {std::pair<std::string, int>{"A", 1}, {"B", 2}}) {
+    std::ofstream(dir / (sys + ".csv")) << "workload,params,metric,value,unit,source\n"
+                                        << "w,model=a,samples_per_s," << 10 * scale << ",samples/s,s\n"
+                                        << "w,model=b,samples_per_s," << 20 * scale << ",samples/s,s\n"
+                                        << "w,model=c,samples_per_s,30,samples/s,s\n";
+    ASSERT_EQ(accelbench({"import", (dir / (sys + ".csv")).string(), "--system", sys, "--out", store}).code, 0);
+  }
+  const fs::path report = dir / "bars.html", cmp = dir / "compare.html";
+  ASSERT_EQ(accelbench({"report", "A", "B", "-o", report.string(), "--out", store}).code, 0);
+  const auto c = accelbench({"compare", "A", "B", "--format", "html", "-o", cmp.string(), "--out", store});
+  ASSERT_EQ(c.code, 0) << c.output;
+  for (const fs::path& page : {report, cmp}) {
+    SCOPED_TRACE(page.string());
+    const auto dom = shell(chromium(browser_, dir / "profile", "--dump-dom", page));
+    const PageStatus st = page_status(dom.output);
+    EXPECT_EQ(st.done, 1) << st.text;
+    EXPECT_GE(st.charts, 1);
+    EXPECT_EQ(st.rendered, st.charts) << st.text;
+    EXPECT_EQ(st.errors, 0) << st.text;
+    std::smatch m;
+    std::regex_search(dom.output, m, std::regex("data-warning-text=\"([^\"]*)\""));
+    EXPECT_EQ(st.warnings, 0) << m[1];
+    EXPECT_EQ(st.text.find("WARN"), std::string::npos) << st.text;
+  }
+}
+
 TEST(ReportCli, ExitCodesAndMessages) {
   const fs::path dir = kOutput / "cli";
   fs::remove_all(dir);
@@ -181,6 +215,71 @@ TEST(ReportCli, ExitCodesAndMessages) {
   o = accelbench({"compare", ids[0], ids[1], "--format", "md", "--out", store});
   EXPECT_EQ(o.code, 0) << o.output;
   EXPECT_NE(o.output.find("| workload | point | A | B | B/A | verdict |"), std::string::npos) << o.output;
+  o = accelbench({"compare", ids[0], ids[1], "--fail-on", "nonsense", "--out", store});
+  EXPECT_EQ(o.code, 2) << o.output;
+
+  // `results --json`: the run list and one run's records, no JSON paths to learn.
+  o = ab::test::shell(quote(ab::test::accelbench_path()) + " results --json --out " + quote(store));
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto list = nlohmann::json::parse(o.output);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0]["run_id"], ids[1]);
+  EXPECT_EQ(list[0]["points"], 1);
+  o = ab::test::shell(quote(ab::test::accelbench_path()) + " results " + ids[0] + " --json --out " + quote(store));
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto one = nlohmann::json::parse(o.output);
+  EXPECT_EQ(one["run"]["run_id"], ids[0]);
+  ASSERT_EQ(one["points"].size(), 1u);
+  EXPECT_EQ(one["points"][0]["workload"], "stream");
+  EXPECT_EQ(accelbench({"results", "--json", "--csv", "--out", store}).code, 2);
+}
+
+// For CI: a regression against the baseline fails the job, with what regressed on standard error.
+TEST(ReportCli, CompareFailOnSlowerGatesARegression) {
+  const fs::path dir = kOutput / "fail_on";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string store = (dir / "store").string();
+  std::ofstream(dir / "base.csv")
+      << "workload,params,metric,value,unit,source\nw,batch=1,samples_per_s,100,samples/s,a\n"
+         "w,batch=2,samples_per_s,200,samples/s,a\n";
+  std::ofstream(dir / "new.csv") << "workload,params,metric,value,unit,source\nw,batch=1,samples_per_s,80,samples/s,b\n"
+                                    "w,batch=2,samples_per_s,200,samples/s,b\n";
+  ASSERT_EQ(accelbench({"import", (dir / "base.csv").string(), "--system", "base", "--out", store}).code, 0);
+  ASSERT_EQ(accelbench({"import", (dir / "new.csv").string(), "--system", "new", "--out", store}).code, 0);
+  auto o = accelbench({"compare", "base", "new", "--out", store});
+  EXPECT_EQ(o.code, 0) << o.output;  // without --fail-on the verdicts are information
+  o = accelbench({"compare", "base", "new", "--fail-on", "slower", "--out", store});
+  EXPECT_EQ(o.code, 3) << o.output;
+  EXPECT_NE(o.output.find("1 slower matched point(s) against the baseline (--fail-on)"), std::string::npos) << o.output;
+  o = accelbench({"compare", "new", "base", "--fail-on", "slower", "--out", store});  // the other way round: faster
+  EXPECT_EQ(o.code, 0) << o.output;
+}
+
+// A published figure that names only some axes matches the point the workload measures by default.
+TEST(ReportCli, ImportTakesTheWorkloadsDefaultsForAxesARowLeavesOut) {
+  const fs::path dir = kOutput / "import_defaults";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string store = (dir / "store").string();
+  std::ofstream(dir / "pub.csv")
+      << "workload,params,metric,value,unit,source\ninfer,model=resnet50;batch=8,samples_per_s,900,images/s,paper\n";
+  auto o = accelbench({"import", (dir / "pub.csv").string(), "--system", "Pub", "--out", store});
+  ASSERT_EQ(o.code, 0) << o.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.output, m, std::regex(R"(: run (\d{8}-\d{6}-[0-9a-f]{6}) in )"))) << o.output;
+  o = ab::test::shell(quote(ab::test::accelbench_path()) + " results " + std::string(m[1]) + " --json --out " +
+                      quote(store));
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto rec = nlohmann::json::parse(o.output)["points"][0];
+  EXPECT_EQ(rec["params"]["model"], "resnet50");
+  EXPECT_EQ(rec["params"]["batch"], 8);
+  for (const char* axis : {"fold", "graph", "precision"}) {
+    EXPECT_TRUE(rec["params"].contains(axis)) << axis << " in " << rec.dump();
+    EXPECT_NE(std::find(rec["metrics"]["defaulted_axes"].begin(), rec["metrics"]["defaulted_axes"].end(), axis),
+              rec["metrics"]["defaulted_axes"].end())
+        << axis;
+  }
 }
 
 }  // namespace

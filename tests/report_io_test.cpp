@@ -87,6 +87,40 @@ TEST_F(ReportIo, ImportStoresExternalRunAndReportShowsIt) {
   EXPECT_NE(md.find("ok · external: published figure, source: Graphcore, MK2 performance results (2021)"), std::string::npos) << md;
 }
 
+// A published figure names the axes it knows; the rest take the workload's defaults, so it matches
+// the point a plain `accelbench run infer --axis batch=8` measures.
+TEST_F(ReportIo, ImportFillsTheAxesARowLeavesOutWithTheWorkloadsDefaults) {
+  const auto csv = write("pub.csv",
+                         "workload,params,metric,value,unit,source\n"
+                         "infer,batch=8;graph=off,samples_per_s,900,images/s,paper\n"
+                         "other,batch=8,samples_per_s,10,images/s,paper\n");
+  const results::AxisDefaults defaults = [](const std::string& workload) {
+    return workload == "infer" ? json{{"graph", "on"}, {"fold", "fused"}, {"fp8_layers", "all"}} : json(nullptr);
+  };
+  const auto r = results::import_csv(csv, "Pub", dir_, "import", defaults);
+  const auto pts = results::load_points(db(), r.run_id);
+  ASSERT_EQ(pts.size(), 2u);
+  // The row's own value wins; the axes it left out are the defaults, and the record says which.
+  EXPECT_EQ(pts[0]["params"], (json{{"batch", 8}, {"graph", "off"}, {"fold", "fused"}, {"fp8_layers", "all"}}));
+  EXPECT_EQ(pts[0]["metrics"]["defaulted_axes"], (json{"fold", "fp8_layers"}));
+  EXPECT_EQ(pts[1]["params"], (json{{"batch", 8}}));  // a workload without defaults keeps what the row gave
+  EXPECT_FALSE(pts[1].contains("metrics"));
+
+  // Matched against a measured point with every axis: compared, not "without a partner".
+  ab::report::Run measured;
+  measured.id = measured.label = "M";
+  measured.points = {{{"schema_version", 1},
+                      {"run_id", "M"},
+                      {"seq", 0},
+                      {"workload", "infer"},
+                      {"status", "ok"},
+                      {"params", {{"batch", 8}, {"graph", "off"}, {"fold", "fused"}, {"fp8_layers", "all"}}},
+                      {"rates", {{"samples_per_s", 1000.0}}},
+                      {"time", {{"median_s", 0.008}, {"rel_spread", 0.001}}}}};
+  const Document doc = build_comparison({load_run(r.run_id, dir_), measured});
+  EXPECT_NE(render_text(doc).find("1 matched point(s)"), std::string::npos) << render_text(doc);
+}
+
 TEST_F(ReportIo, MalformedCsvIsRefusedWithLineAndNothingStored) {
   const std::string header = "workload,params,metric,value,unit,source\n";
   struct Case {

@@ -324,7 +324,17 @@ TEST(CompareRule, RunsMatchedByWorkloadAndAxes) {
   const Document doc = build_comparison({a, b});
   const Section* s = find_section(doc, "B (B) vs A (A)");
   ASSERT_NE(s, nullptr);
-  const auto& t = std::get<Table>(s->blocks[1]);
+  // The matched points are a chart of B/A per point, coloured by verdict, over the table of them.
+  const auto* chart = std::get_if<Chart>(&s->blocks[1]);
+  ASSERT_NE(chart, nullptr);
+  const json& bars = chart->spec["layer"][1]["data"]["values"];
+  ASSERT_EQ(bars.size(), 2u);  // the pair with an oom side has no ratio to draw
+  EXPECT_EQ(bars[0]["point"], "gemm m=1024");
+  EXPECT_NEAR(bars[0]["ratio"].get<double>(), 2.0, 0.1);
+  EXPECT_EQ(bars[0]["verdict"], "faster");
+  EXPECT_EQ(bars[1]["verdict"], "same");
+  EXPECT_EQ(chart->spec["layer"][1]["encoding"]["color"]["field"], "verdict");
+  const auto& t = chart->table;
   ASSERT_EQ(t.rows.size(), 3u);
   EXPECT_EQ(t.rows[0][5].badges[0], "faster");
   EXPECT_EQ(t.rows[1][5].badges[0], "same");

@@ -139,6 +139,67 @@ TEST_F(ResultsTest, RecordsRoundTripThroughJsonlAndSqlite) {
   EXPECT_EQ(ended["command_line"], "accelbench run gemm --axis precision=bf16");
 }
 
+// Rows of a query on the store, cells as text ("" for NULL), as `sqlite3 accelbench.db 'select ...'` shows them.
+std::vector<std::vector<std::string>> query(const fs::path& db, const std::string& sql) {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr), SQLITE_OK) << sqlite3_errmsg(h) << ": " << sql;
+  std::vector<std::vector<std::string>> rows;
+  while (st != nullptr && sqlite3_step(st) == SQLITE_ROW) {
+    rows.emplace_back();
+    for (int i = 0; i < sqlite3_column_count(st); ++i) {
+      const auto* t = sqlite3_column_text(st, i);
+      rows.back().push_back(t != nullptr ? reinterpret_cast<const char*>(t) : "");
+    }
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return rows;
+}
+
+TEST_F(ResultsTest, ViewsGiveFlatColumnsWithoutJsonPaths) {
+  const std::string id = "20261129-135501-bbbbbb";
+  {
+    ResultStore store(dir_, run_info(id));
+    json gemm = make_record(id, 0);
+    gemm["rates"]["primary"] = "tflops";  // as derived.cpp sets it
+    store.append(gemm);
+    store.append(make_record(id, 1, "gemm", "skipped"));
+    json train = make_record(id, 2, "train", "ok", "NVIDIA H200", {{"batch", 32}, {"model", "resnet50"}});
+    store.append(train);
+    // A later point with an axis the view lacks re-creates it with the new column.
+    store.append(make_record(id, 3, "train", "ok", "NVIDIA H200", {{"batch", 64}, {"model", "resnet50"}, {"gpus", 2}}));
+    store.finish("complete");
+  }
+  const auto gemm = query(db(),
+                          "select run_id, m, precision, trans, status, median_s, rate, unit, pct_of_ceiling, host "
+                          "from results_gemm order by seq");
+  ASSERT_EQ(gemm.size(), 2u);
+  EXPECT_EQ(gemm[0],
+            (std::vector<std::string>{id, "8192", "bf16", "NN", "ok", "0.0015", "733.3", "TFLOP/s", "94.0", "node17"}));
+  EXPECT_EQ(gemm[1][4], "skipped");
+  EXPECT_EQ(gemm[1][6], "");  // a skipped point has no rate
+  // Where the workload has a batch axis, the rate is samples/s (the report's rule).
+  const auto train = query(db(), "select batch, gpus, model, rate, unit from results_train order by seq");
+  ASSERT_EQ(train.size(), 2u);
+  EXPECT_EQ(train[0], (std::vector<std::string>{"32", "", "resnet50", "666.7", "samples/s"}));
+  EXPECT_EQ(train[1], (std::vector<std::string>{"64", "2", "resnet50", "666.7", "samples/s"}));
+  // Every point in one view, its axes as text; and one row per axis value.
+  const auto all = query(db(), "select workload, axes, status from results where seq = 3 and run_id = '" + id + "'");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0], (std::vector<std::string>{"train", "batch=64 gpus=2 model=resnet50", "ok"}));
+  const auto axes = query(db(), "select axis, value from result_axes where seq = 0 order by axis");
+  ASSERT_EQ(axes.size(), 5u);
+  EXPECT_EQ(axes[0], (std::vector<std::string>{"k", "8192"}));
+  // The store still opens for reading and writing with its views in it.
+  EXPECT_EQ(load_points(db(), id).size(), 4u);
+  ResultStore again(dir_, run_info("20261129-135502-cccccc"));
+  again.append(make_record("20261129-135502-cccccc", 0));
+  again.finish("complete");
+  EXPECT_EQ(query(db(), "select count(*) from results_gemm")[0][0], "3");
+}
+
 TEST_F(ResultsTest, ListRunsNewestFirstWithStatusAndCounts) {
   {
     ResultStore older(dir_, run_info("run-a", "2026-11-29T10:00:00.000Z"));
@@ -470,6 +531,47 @@ TEST(ResultsCsv, QuotesAndUnitesColumns) {
   EXPECT_NE(first_line.find(",rates.pct_of_ceiling,telemetry.mean_power_w,telemetry.energy_j"), std::string::npos);
   EXPECT_EQ(first_line.find("samples_per_j"), std::string::npos);
   EXPECT_NE(text.find(",650.5,1300.0\n"), std::string::npos) << text;
+}
+
+// A load generator point carries its verdict and latency percentiles in columns of their own.
+TEST(ResultsCsv, LoadgenVerdictAndPercentilesHaveColumns) {
+  const std::vector<json> points = {
+      {{"run_id", "r"},
+       {"seq", 0},
+       {"workload", "loadgen"},
+       {"status", "ok"},
+       {"params", {{"scenario", "server"}}},
+       {"scenario",
+        {{"name", "server"},
+         {"result", "INVALID"},
+         {"metric", {{"name", "completed_samples_per_s"}, {"value", 812.5}}},
+         {"latency_s",
+          {{"p50", 0.002},
+           {"p90", 0.003},
+           {"p95", 0.004},
+           {"p97", 0.0045},
+           {"p99", 0.009},
+           {"p99_9", 0.02},
+           {"max", 0.05}}}}}},
+      {{"run_id", "r"}, {"seq", 1}, {"workload", "gemm"}, {"status", "ok"}, {"params", {{"m", 64}}}}};
+  std::ostringstream out;
+  write_csv(out, points);
+  const std::string text = out.str();
+  const std::string header = text.substr(0, text.find('\n'));
+  EXPECT_NE(
+      header.find(",scenario.name,scenario.result,scenario.metric.name,scenario.metric.value,scenario.latency_s.p50,"
+                  "scenario.latency_s.p90,scenario.latency_s.p95,scenario.latency_s.p97,scenario.latency_s.p99,"
+                  "scenario.latency_s.p99_9,scenario.latency_s.max"),
+      std::string::npos)
+      << header;
+  EXPECT_NE(text.find(",server,INVALID,completed_samples_per_s,812.5,0.002,0.003,0.004,0.0045,0.009,0.02,0.05\n"),
+            std::string::npos)
+      << text;
+  // The gemm row leaves them empty; without a loadgen point there are no such columns.
+  EXPECT_NE(text.find("r,1,gemm,"), std::string::npos);
+  std::ostringstream gemm_only;
+  write_csv(gemm_only, {points[1]});
+  EXPECT_EQ(gemm_only.str().find("scenario."), std::string::npos);
 }
 
 TEST_F(ResultsTest, ConcurrentAppendsFromTwoStoresBothLand) {

@@ -13,6 +13,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -647,14 +648,48 @@ TEST(Mllog, EveryLineParsesAsJson) {
   const RunResult lost = run(faulty, lib, s);
   TempDir dir;
   write_mllog(dir.path() / "logs", lost, nullptr, info);
-  for (const char* f : {"mlperf_log_summary.txt", "mlperf_log_detail.txt"}) {
-    std::ifstream in(dir.path() / "logs" / f);
-    std::vector<std::string> lines;
-    for (std::string l; std::getline(in, l);) lines.push_back(l);
-    ASSERT_NO_FATAL_FAILURE(expect_mllog(lines));
-    EXPECT_EQ(value_of(lines, "result_validity"), "INVALID") << f;
-    EXPECT_EQ(value_of(lines, "accelbench_lost_samples"), lost.lost_samples) << f;
-  }
+  std::ifstream in(dir.path() / "logs" / "mlperf_log_detail.txt");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_NO_FATAL_FAILURE(expect_mllog(lines));
+  EXPECT_EQ(value_of(lines, "result_validity"), "INVALID");
+  EXPECT_EQ(value_of(lines, "accelbench_lost_samples"), lost.lost_samples);
+  std::ifstream summary_file(dir.path() / "logs" / "mlperf_log_summary.txt");
+  const std::string text((std::istreambuf_iterator<char>(summary_file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, loadgen_summary_text(lost, nullptr, info));
+  EXPECT_NE(text.find("Result is : INVALID"), std::string::npos) << text;
+  EXPECT_NE(text.find("ERROR(s) encountered"), std::string::npos) << text;
+}
+
+// The summary file in LoadGen's own layout, so scripts that parse MLPerf submissions read it.
+TEST(Mllog, SummaryTextHasLoadGenLayout) {
+  NullSut sut;
+  SyntheticLibrary lib(64, 64);
+  const LogInfo info{"accelbench test", "null", "synthetic", 64, 64, "2026-01-01T00:00:00.000Z"};
+  const RunResult r = run(sut, lib, fast(Scenario::single_stream, 0.05));
+  const std::string text = loadgen_summary_text(r, nullptr, info);
+  const std::string banner =
+      "================================================\nMLPerf Results Summary\n"
+      "================================================\n";
+  EXPECT_EQ(text.rfind(banner, 0), 0u) << text;
+  for (const char* line : {"SUT name : null\n", "Scenario : SingleStream\n", "Mode     : PerformanceOnly\n",
+                           "90th percentile latency (ns) : ", "  Min duration satisfied : ", "Additional Stats\n",
+                           "Test Parameters Used\n", "min_query_count : "})
+    EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
+  EXPECT_NE(text.find(std::string("Result is : ") + (r.valid ? "VALID\n" : "INVALID\n")), std::string::npos) << text;
+  // The percentiles in integer nanoseconds, as LoadGen prints them.
+  const auto at = text.find("99.00 percentile latency (ns)   : ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string value = text.substr(at + 34, text.find('\n', at) - at - 34);
+  EXPECT_EQ(value, std::to_string(std::llround(r.sample_latency.p99 * 1e9)));
+  // An offline run prints its throughput headline; a server one its constraint line.
+  const RunResult off = run(sut, lib, fast(Scenario::offline, 0.05));
+  EXPECT_NE(loadgen_summary_text(off, nullptr, info).find("Samples per second: "), std::string::npos);
+  const SearchResult search = find_peak_qps(sut, lib, fast(Scenario::server, 0.1));
+  const std::string server = loadgen_summary_text(search.final, &search, info);
+  EXPECT_NE(server.find("Mode     : FindPeakPerformance\n"), std::string::npos) << server;
+  EXPECT_NE(server.find("  Performance constraints satisfied : "), std::string::npos) << server;
+  EXPECT_NE(server.find("Completed samples per second    : "), std::string::npos) << server;
 }
 
 }  // namespace
@@ -806,11 +841,13 @@ TEST(LoadgenCli, NullAndGemmQuickPresetProduceRecordsWithValidity) {
     if (name == "server") {
       EXPECT_TRUE(sc.contains("search"));
     }
-    for (const char* f : {"summary", "detail"}) {
-      std::ifstream mllog(run_dir_of[r["run_id"]] / sc["logs"][f].get<std::string>());
-      for (std::string l; std::getline(mllog, l);) EXPECT_NO_THROW(json::parse(l.substr(9))) << l;
-      ++mllog_files;
-    }
+    std::ifstream mllog(run_dir_of[r["run_id"]] / sc["logs"]["detail"].get<std::string>());
+    for (std::string l; std::getline(mllog, l);) EXPECT_NO_THROW(json::parse(l.substr(9))) << l;
+    ++mllog_files;
+    std::ifstream summary(run_dir_of[r["run_id"]] / sc["logs"]["summary"].get<std::string>());
+    const std::string text((std::istreambuf_iterator<char>(summary)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("Result is : " + sc["result"].get<std::string>() + "\n"), std::string::npos) << text;
+    ++mllog_files;
   }
   EXPECT_EQ(mllog_files, 12);
   fs::remove_all(out);

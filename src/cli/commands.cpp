@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -247,7 +248,7 @@ static void write_run_list(std::ostream& out, const std::vector<results::RunRow>
 }
 
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file,
-            const std::string& fields) {
+            const std::string& fields, bool json) {
   try {
     const auto field_paths = fields.empty() ? std::vector<std::string>{} : results::split_field_list(fields);
     const std::filesystem::path db = std::filesystem::path(out_dir) / "runs" / "accelbench.db";
@@ -257,7 +258,8 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
     std::ostringstream out;
     const auto runs = results::list_runs(db);
     if (run_id.empty() && !csv && field_paths.empty()) {
-      write_run_list(out, runs);
+      if (json) results::write_json(out, runs);
+      else write_run_list(out, runs);
     } else {
       if (runs.empty()) throw UsageError("the store has no runs");
       const std::string id = run_id.empty() ? runs.front().run_id : run_id;
@@ -266,6 +268,11 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
         results::write_fields(out, points, field_paths, csv);
       } else if (csv) {
         results::write_csv(out, points);
+      } else if (json) {
+        // load_points refused an unknown id, so its row is in the list.
+        const auto row =
+            std::find_if(runs.begin(), runs.end(), [&id](const results::RunRow& r) { return r.run_id == id; });
+        results::write_json(out, *row, points);
       } else {
         for (auto& p : points)
           if (p.contains("time")) p["time"].erase("samples_s");

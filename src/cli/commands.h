@@ -20,7 +20,7 @@ int sysinfo(bool json);
 int list(bool json);
 int run(const RunOptions& options);
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file,
-            const std::string& fields);
+            const std::string& fields, bool json = false);
 int monitor(double interval_ms, double duration_s);
 
 }  // namespace ab::cli

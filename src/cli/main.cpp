@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   run->add_flag("--quiet,-q", run_opts.quiet, "no progress lines");
 
   std::string results_out = ".", results_run, results_file, results_fields;
-  bool results_csv = false;
+  bool results_csv = false, results_json = false;
   auto* results = app.add_subcommand("results", "Runs in the store; a run's points; CSV export; chosen record fields");
   results->add_option("run_id", results_run, "a run to show (default: list the runs)");
   results->add_option("--out", results_out, "the folder given to `run --out`")->check(kNotEmpty);
@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
                    "a table of these record fields, one row per point (the newest run unless run_id is given): "
                    "dotted paths, comma-separated, e.g. params.batch,telemetry.gpus.0.mean_sm_clock_mhz")
       ->check(kNotEmpty);
+  results->add_flag("--json", results_json, "the run list, or a run and its records, as one JSON document")
+      ->excludes("--csv")
+      ->excludes("--fields");
 
   double monitor_interval_ms = 1000, monitor_duration_s = 0;
   auto* monitor =
@@ -105,6 +108,12 @@ int main(int argc, char** argv) {
   compare->add_option("--format", compare_opts.format, "text (default), md or html")
       ->check(CLI::IsMember({"text", "md", "html"}));
   compare->add_option("-o,--output", compare_opts.output, "write to this file instead of standard output");
+  compare
+      ->add_option(
+          "--fail-on", compare_opts.fail_on,
+          "exit 3 when any matched point gets one of these verdicts (slower, unsure; comma-separated): a CI gate")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"slower", "unsure", "faster", "same"}));
   compare->add_option("--out", compare_opts.out_dir, "the folder given to `run --out`, where run ids are looked up")
       ->check(kNotEmpty);
 
@@ -133,7 +142,8 @@ int main(int argc, char** argv) {
     if (*sysinfo) return ab::cli::sysinfo(sysinfo_json);
     if (*list) return ab::cli::list(list_json);
     if (*run) return ab::cli::run(run_opts);
-    if (*results) return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields);
+    if (*results)
+      return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields, results_json);
     if (*monitor) return ab::cli::monitor(monitor_interval_ms, monitor_duration_s);
     if (*report) return ab::cli::report(report_opts);
     if (*compare) return ab::cli::compare(compare_opts);

@@ -2,11 +2,15 @@
 
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
 
 #include "core/error.h"
+#include "harness/workload.h"
 #include "report/report.h"
 #include "results/output.h"
 #include "results/results.h"
+#include "workloads/registry.h"
 
 namespace ab::cli {
 namespace fs = std::filesystem;
@@ -49,6 +53,28 @@ int guarded(const char* name, F&& body) {
   }
 }
 
+// The axes a workload sweeps one value of by default (on an accelerator), typed as the runner
+// records them: what an imported figure that names only some axes is measured at.
+nlohmann::json registry_defaults(const std::string& workload) {
+  nlohmann::json d = nlohmann::json::object();
+  for (const auto& w : workloads::registry().all()) {
+    if (w->name() != workload) continue;
+    std::set<std::string> zipped;  // their values come in rows of a table: no single default
+    for (const auto& g : w->zip_groups()) zipped.insert(g.names.begin(), g.names.end());
+    for (const auto& a : w->axes("cuda")) {
+      if (zipped.count(a.name)) continue;
+      // A default written as a range ("1:256:pow2") is a sweep, not one value.
+      const auto values =
+          a.defaults.size() == 1 ? harness::expand_values(a.defaults.front(), a.kind) : std::vector<std::string>{};
+      if (values.size() != 1) continue;
+      if (a.kind == harness::AxisKind::integer) d[a.name] = std::stoll(values.front());
+      else if (a.kind == harness::AxisKind::real) d[a.name] = std::stod(values.front());
+      else d[a.name] = values.front();
+    }
+  }
+  return d;
+}
+
 }  // namespace
 
 int report(const ReportOptions& o) {
@@ -79,19 +105,27 @@ int compare(const CompareOptions& o) {
     }
     check_output(o.output, o.out_dir);
     const auto runs = load_runs(o.runs, o.out_dir);
-    const auto doc = report::build_comparison(runs);
+    std::map<report::Verdict, std::size_t> verdicts;
+    const auto doc = report::build_comparison(runs, {}, &verdicts);
     const std::string text = o.format == "md"     ? report::render_markdown(doc)
                              : o.format == "html" ? report::render_html(doc)
                                                   : report::render_text(doc);
     write_result(o.output, o.out_dir, text);
-    return 0;
+    std::string failed;
+    for (const auto& word : o.fail_on)
+      for (const auto& [v, n] : verdicts)
+        if (report::to_string(v) == word && n > 0)
+          failed += (failed.empty() ? "" : ", ") + std::to_string(n) + " " + word;
+    if (failed.empty()) return 0;
+    std::cerr << "accelbench compare: " << failed << " matched point(s) against the baseline (--fail-on)\n";
+    return 3;
   });
 }
 
 int import_results(const std::string& csv, const std::string& system, const std::string& out_dir,
                    const std::string& command_line) {
   return guarded("import", [&] {
-    const auto r = results::import_csv(csv, system, out_dir, command_line);
+    const auto r = results::import_csv(csv, system, out_dir, command_line, registry_defaults);
     std::cout << "imported " << r.rows << " row(s) of " << csv << " as " << r.points << " external point(s) of system "
               << system << ": run " << r.run_id << " in " << (fs::path(out_dir) / "runs" / r.run_id).string() << '\n';
     return 0;

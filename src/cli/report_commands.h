@@ -1,6 +1,6 @@
 // The subcommands that read results back: report, compare, import. Exit codes as in commands.h:
 // 0 ok, 1 failure (a corrupt file, a missing charting library), 2 usage error (unknown run,
-// malformed CSV, unwritable output).
+// malformed CSV, unwritable output); compare: 3 when a matched point got a verdict of --fail-on.
 #pragma once
 
 #include <string>
@@ -21,6 +21,7 @@ struct CompareOptions {
   std::string out_dir = ".";
   std::string output;           // "" = standard output
   std::string format = "text";  // text | md | html
+  std::vector<std::string> fail_on;  // verdicts (slower, unsure) that make compare exit 3: a regression gate for CI
 };
 int compare(const CompareOptions& options);
 

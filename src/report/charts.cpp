@@ -22,14 +22,36 @@ std::optional<double> x_of(const Point& p, const std::string& axis) {
   return v;
 }
 
-std::vector<std::string> axis_names(const AxisPlan& plan) {
-  std::vector<std::string> names;
-  for (const auto& a : plan.axes) names.push_back(a.name);
+// The axes a table and a label order points by: the series' axes, then x, then the rest that vary.
+std::vector<std::string> order_keys(const AxisPlan& plan) {
+  std::vector<std::string> keys = plan.series;
+  if (plan.x) keys.push_back(*plan.x);
+  for (const auto& a : varying_axes(plan))
+    if (std::find(keys.begin(), keys.end(), a) == keys.end()) keys.push_back(a);
+  return keys;
+}
+
+std::vector<const Point*> in_order(const ChartInput& in) {
+  std::vector<const Point*> order;
+  for (const auto& p : in.points) order.push_back(&p);
+  const auto keys = order_keys(in.plan);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const Point* a, const Point* b) { return params_less(*a, *b, keys, in.multi_run); });
+  return order;
+}
+
+// The lines' names in numeric order (k=128 before k=1024), for the legend.
+json series_order(const ChartInput& in) {
+  json names = json::array();
+  for (const Point* p : in_order(in)) {
+    const std::string s = series_of(*p, in.plan, in.multi_run);
+    if (std::find(names.begin(), names.end(), json(s)) == names.end()) names.push_back(s);
+  }
   return names;
 }
 
 std::string point_label(const Point& p, const AxisPlan& plan, bool multi_run) {
-  std::string s = params_label(p.params(), axis_names(plan));
+  std::string s = params_label(p.params(), varying_axes(plan));
   if (multi_run) s = p.run->label + (s.empty() ? "" : " " + s);
   return s.empty() ? p.workload() : s;
 }
@@ -99,7 +121,7 @@ json y_scale(const json& rows, const char* field) {
 json xy_layers(const ChartInput& in, const XY& d, const json& x_enc, json y_enc, const json& y_tooltip,
                const std::optional<json>& dash = std::nullopt) {
   json layers = json::array();
-  json color = {{"field", "series"}, {"type", "nominal"}, {"title", color_title(in)}};
+  json color = {{"field", "series"}, {"type", "nominal"}, {"title", color_title(in)}, {"sort", series_order(in)}};
   std::set<std::string> series;
   for (const auto& r : d.measured) series.insert(r["series"].get<std::string>());
   if (series.size() <= 1) color["legend"] = nullptr;  // one line: its name is the chart's title
@@ -147,16 +169,7 @@ Table point_table(const ChartInput& in, const std::string& caption, const std::v
   t.caption = caption;
   t.columns = point_columns(in.plan, in.multi_run);
   t.columns.insert(t.columns.end(), value_cols.begin(), value_cols.end());
-  std::vector<const Point*> order;
-  for (const auto& p : in.points) order.push_back(&p);
-  if (in.plan.x) {
-    std::stable_sort(order.begin(), order.end(), [&in](const Point* a, const Point* b) {
-      const auto sa = series_of(*a, in.plan, in.multi_run), sb = series_of(*b, in.plan, in.multi_run);
-      if (sa != sb) return sa < sb;
-      return x_of(*a, *in.plan.x).value_or(0) < x_of(*b, *in.plan.x).value_or(0);
-    });
-  }
-  for (const Point* p : order) {
+  for (const Point* p : in_order(in)) {
     auto row = point_cells(*p, in.plan, in.multi_run);
     auto v = values(*p);
     row.insert(row.end(), v.begin(), v.end());
@@ -228,7 +241,7 @@ std::optional<Chart> throughput_chart(const ChartInput& in, const Metric& metric
     const auto y = metric.of(p);
     return y ? std::vector<json>{{{"y", *y}}} : std::vector<json>{};
   });
-  if (d.measured.empty() && d.unmeasured.empty()) return std::nullopt;
+  if (d.measured.empty()) return std::nullopt;  // nothing to draw: the section's table lists every point
   json y_enc = {{"field", "y"}, {"type", "quantitative"}, {"title", metric.label}, {"scale", y_scale(d.measured, "y")}};
   json spec = base_spec(in.workload + ": " + metric.label + " vs " + *in.plan.x);
   json layers = xy_layers(in, d, x_encoding(in), y_enc, {{"field", "y"}, {"title", metric.label}, {"format", ".4~g"}});
@@ -295,7 +308,8 @@ std::optional<Chart> per_point_chart(const ChartInput& in, const Metric& metric)
   json measured = json::array(), unmeasured = json::array();
   std::vector<const Point*> not_measured;
   int no_value = 0;
-  for (const auto& p : in.points) {
+  for (const Point* pp : in_order(in)) {
+    const Point& p = *pp;
     const std::string label = point_label(p, in.plan, in.multi_run);
     if (!p.measured()) {
       not_measured.push_back(&p);
@@ -310,9 +324,14 @@ std::optional<Chart> per_point_chart(const ChartInput& in, const Metric& metric)
     measured.push_back({{"point", label}, {"y", *y}, {"series", in.multi_run ? p.run->label : p.quality()},
                         {"quality", p.quality()}, {"note", p.explanation()}});
   }
-  if (measured.empty() && unmeasured.empty()) return std::nullopt;
+  if (measured.empty()) return std::nullopt;
   json spec = base_spec(in.workload + ": " + metric.label + " per point");
-  spec["height"] = {{"step", 20}};
+  // A fixed height of 20 px a bar, not {"step": 20}: a step height beside width "container" makes
+  // Vega-Lite drop its fit and log a warning on every page.
+  std::set<std::string> bars;
+  for (const auto& r : measured) bars.insert(r["point"].get<std::string>());
+  for (const auto& r : unmeasured) bars.insert(r["point"].get<std::string>());
+  spec["height"] = 20 * static_cast<int>(bars.size());
   const json y_enc = {{"field", "point"}, {"type", "nominal"}, {"title", nullptr}, {"sort", nullptr},
                       {"axis", {{"labelLimit", 360}}}};
   json color = {{"field", "series"}, {"type", "nominal"}, {"title", in.multi_run ? "run" : "quality"}};
@@ -364,6 +383,7 @@ std::optional<Chart> latency_chart(const ChartInput& in) {
       if (const auto v = p.typed().time_of(path)) rows.push_back({{"y", *v * scale}, {"percentile", name}});
     return rows;
   });
+  if (d.measured.empty()) return std::nullopt;
   const std::string label = "time per iteration (" + unit + ")";
   json y_enc = {{"field", "y"}, {"type", "quantitative"}, {"title", label}, {"scale", y_scale(d.measured, "y")}};
   const json dash = {{"field", "percentile"}, {"type", "nominal"}, {"title", "percentile"},
@@ -394,6 +414,7 @@ std::optional<Chart> energy_chart(const ChartInput& in) {
     const auto y = p.typed().telemetry_number("samples_per_j");
     return y ? std::vector<json>{{{"y", *y}}} : std::vector<json>{};
   });
+  if (d.measured.empty()) return std::nullopt;
   json y_enc = {{"field", "y"}, {"type", "quantitative"}, {"title", "samples/J"}, {"scale", y_scale(d.measured, "y")}};
   json spec = base_spec(in.workload + ": samples per joule vs " + *in.plan.x);
   spec["layer"] = xy_layers(in, d, x_encoding(in), y_enc, {{"field", "y"}, {"title", "samples/J"}, {"format", ".4~g"}});

@@ -34,6 +34,13 @@ std::vector<Section> study_sections(const std::vector<Point>& all, const std::ve
 // Power and host CPU over the run, from telemetry.json; empty without a trace.
 std::vector<Block> telemetry_blocks(const Run& run);
 
+// The load generator's points as MLPerf shows them: scenario, metric, value, VALID/INVALID and the
+// latency percentiles (per query for multi-stream); none without a point that has a scenario block.
+std::optional<Table> loadgen_table(const std::vector<Point>& points, const AxisPlan& plan, bool multi_run);
+// A system name's merged runs side by side: started, status, points kept and each setting
+// (command line, context) whose value differs between them; none for a run that merged nothing.
+std::optional<Table> merged_runs_table(const Run& run);
+
 // Shared by the builders: the shape legend of point quality, the ✕ layer of unmeasured points.
 nlohmann::json quality_shape(const std::vector<std::string>& present);
 std::string not_drawn_note(const std::vector<const Point*>& unmeasured, const std::string& where);

@@ -211,7 +211,47 @@ std::map<std::string, const Point*> index_points(const std::vector<Point>& pts, 
   return idx;
 }
 
-Section pair_section(const Run& ra, const std::vector<Point>& pa, const Run& rb, const std::vector<Point>& pb, const CompareRule& rule) {
+// B/A per matched point as a bar from 1, coloured by verdict, log scale, the threshold band shaded.
+json ratio_spec(const json& bars, const CompareRule& rule) {
+  json spec = base_spec("B/A per matched point");
+  spec["height"] = 18 * static_cast<int>(bars.size());  // not a step height: see per_point_chart
+  const json y = {
+      {"field", "point"}, {"type", "nominal"}, {"title", nullptr}, {"sort", nullptr}, {"axis", {{"labelLimit", 360}}}};
+  const json x = {{"field", "ratio"},
+                  {"type", "quantitative"},
+                  {"title", "B/A (above 1: B is faster)"},
+                  {"scale", {{"type", "log"}}}};
+  const json color = {
+      {"field", "verdict"},
+      {"type", "nominal"},
+      {"title", "verdict"},
+      {"scale",
+       {{"domain", {"faster", "slower", "same", "unsure"}}, {"range", {"#137333", "#c5221f", "#80868b", "#e0a800"}}}}};
+  spec["layer"] =
+      json::array({{{"data", {{"values", json::array({{{"lo", 1 - rule.threshold}, {"hi", 1 + rule.threshold}}})}}},
+                    {"mark", {{"type", "rect"}, {"color", "#e8eaed"}, {"opacity", 0.7}}},
+                    {"encoding",
+                     {{"x", {{"field", "lo"}, {"type", "quantitative"}, {"title", x["title"]}, {"scale", x["scale"]}}},
+                      {"x2", {{"field", "hi"}}}}}},
+                   {{"data", {{"values", bars}}},
+                    {"mark", {{"type", "bar"}, {"height", {{"band", 0.7}}}}},
+                    {"encoding",
+                     {{"y", y},
+                      {"x", x},
+                      {"x2", {{"datum", 1}}},
+                      {"color", color},
+                      {"tooltip", json::array({{{"field", "point"}},
+                                               {{"field", "ratio"}, {"title", "B/A"}, {"format", ".4~g"}},
+                                               {{"field", "verdict"}},
+                                               {{"field", "why"}}})}}}},
+                   {{"data", {{"values", json::array({json::object()})}}},
+                    {"mark", {{"type", "rule"}, {"color", "#5f6368"}}},
+                    {"encoding", {{"x", {{"datum", 1}, {"type", "quantitative"}}}}}}});
+  return spec;
+}
+
+Section pair_section(const Run& ra, const std::vector<Point>& pa, const Run& rb, const std::vector<Point>& pb,
+                     const CompareRule& rule, std::map<Verdict, std::size_t>* verdicts) {
   Section s{rb.label + " (B) vs " + ra.label + " (A)", 2, {}};
   std::vector<std::string> order_a, order_b;
   const auto ia = index_points(pa, &order_a);
@@ -222,6 +262,7 @@ Section pair_section(const Run& ra, const std::vector<Point>& pa, const Run& rb,
   std::map<Verdict, int> counts;
   double log_sum = 0;
   int logs = 0;
+  json bars = json::array();
   for (const auto& k : order_a) {
     const auto jt = ib.find(k);
     if (jt == ib.end()) continue;
@@ -230,8 +271,14 @@ Section pair_section(const Run& ra, const std::vector<Point>& pa, const Run& rb,
     const Outcome o = compare_points(a, b, rule);
     if (o.decided) {
       ++counts[o.c.verdict];
+      if (verdicts) ++(*verdicts)[o.c.verdict];
       if (o.c.ratio > 0) log_sum += std::log(o.c.ratio), ++logs;
     }
+    if (o.c.ratio > 0 && std::isfinite(o.c.ratio))
+      bars.push_back({{"point", a.workload() + " " + label_of(a)},
+                      {"ratio", o.c.ratio},
+                      {"verdict", std::string(to_string(o.c.verdict))},
+                      {"why", o.c.why}});
     Cell ac = text_cell(o.a_text), bc = text_cell(o.b_text);
     ac.numeric = bc.numeric = true;
     if (a.flagged()) ac.badges = a.badges(), ac.title = a.explanation();
@@ -247,7 +294,19 @@ Section pair_section(const Run& ra, const std::vector<Point>& pa, const Run& rb,
                         " same, " + std::to_string(counts[Verdict::unsure]) + " unsure (B against A).";
   if (logs) summary += " Geometric mean of B/A over the measured pairs: " + fmt(std::exp(log_sum / logs), 4) + ".";
   s.blocks.push_back(Paragraph{summary, false});
-  if (!t.rows.empty()) s.blocks.push_back(std::move(t));
+  if (!bars.empty()) {
+    Chart c;
+    c.title = "B/A per matched point";
+    c.note =
+        "One bar per matched point from 1 to its ratio, on a log scale, coloured by its verdict; the grey band is the "
+        "±" +
+        fmt(rule.threshold * 100) + "% threshold within which a difference is too small to call.";
+    c.spec = ratio_spec(bars, rule);
+    c.table = std::move(t);
+    s.blocks.push_back(std::move(c));
+  } else if (!t.rows.empty()) {
+    s.blocks.push_back(std::move(t));
+  }
 
   Table only;
   only.caption = "points without a partner (not compared)";
@@ -262,7 +321,8 @@ Section pair_section(const Run& ra, const std::vector<Point>& pa, const Run& rb,
 
 }  // namespace
 
-Document build_comparison(const std::vector<Run>& runs, const CompareRule& rule) {
+Document build_comparison(const std::vector<Run>& runs, const CompareRule& rule,
+                          std::map<Verdict, std::size_t>* verdicts) {
   Document doc;
   doc.title = "accelbench compare";
   std::string names;
@@ -281,7 +341,8 @@ Document build_comparison(const std::vector<Run>& runs, const CompareRule& rule)
   doc.sections.push_back(std::move(how));
   std::vector<std::vector<Point>> pts;
   for (const auto& r : runs) pts.push_back(make_points(r));
-  for (std::size_t i = 1; i < runs.size(); ++i) doc.sections.push_back(pair_section(runs[0], pts[0], runs[i], pts[i], rule));
+  for (std::size_t i = 1; i < runs.size(); ++i)
+    doc.sections.push_back(pair_section(runs[0], pts[0], runs[i], pts[i], rule, verdicts));
   return doc;
 }
 

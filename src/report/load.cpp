@@ -214,8 +214,10 @@ Run load_run(const std::string& what, const fs::path& out_dir) {
     Run r = load_from_store(db, *row, out_dir);
     ids.push_back(r.id);
     if (merged.context.is_null()) merged.context = r.context;
+    Run::Part part{r.id, row->started_at, row->shown_status, row->command_line, r.context, 0};
     for (auto it = r.points.rbegin(); it != r.points.rend(); ++it)
-      if (seen.insert(detail::point_key(*it)).second) merged.points.push_back(std::move(*it));
+      if (seen.insert(detail::point_key(*it)).second) merged.points.push_back(std::move(*it)), ++part.points_kept;
+    merged.merged.push_back(std::move(part));
   }
   std::reverse(merged.points.begin(), merged.points.end());
   std::string list;

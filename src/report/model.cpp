@@ -18,15 +18,27 @@ const json& empty_object() {
 
 bool is_integer(const json& v) { return v.is_number_integer() || v.is_number_unsigned(); }
 
-// JSON values sort numbers by value, then strings; nlohmann's operator< already does this for
-// same-typed values, and numbers of mixed integer/float types compare by value.
+}  // namespace
+
 bool value_less(const json& a, const json& b) {
   if (a.is_number() && b.is_number()) return a.get<double>() < b.get<double>();
   if (a.is_number() != b.is_number()) return a.is_number();
+  if (a.is_string() && b.is_string()) return a.get_ref<const std::string&>() < b.get_ref<const std::string&>();
   return a.dump() < b.dump();
 }
 
-}  // namespace
+bool params_less(const Point& a, const Point& b, const std::vector<std::string>& keys, bool multi_run) {
+  if (multi_run && a.run != b.run) return a.run->label < b.run->label;
+  for (const auto& k : keys) {
+    const auto ia = a.params().find(k), ib = b.params().find(k);
+    const bool ha = ia != a.params().end(), hb = ib != b.params().end();
+    if (ha != hb) return hb;  // a point without the axis first
+    if (!ha) continue;
+    if (value_less(*ia, *ib)) return true;
+    if (value_less(*ib, *ia)) return false;
+  }
+  return false;
+}
 
 std::string Point::quality() const {
   if (external) return "external";
@@ -186,7 +198,11 @@ AxisPlan plan_axes(const std::vector<Point>& points) {
         axis.values.push_back(v);
     }
   }
-  for (auto& a : plan.axes) std::sort(a.values.begin(), a.values.end(), value_less);
+  for (auto& a : plan.axes) {
+    std::sort(a.values.begin(), a.values.end(), value_less);
+    a.constant = a.values.size() == 1 && std::all_of(points.begin(), points.end(),
+                                                     [&a](const Point& p) { return p.params().contains(a.name); });
+  }
 
   auto positive_values = [](const AxisInfo& a) {
     return std::count_if(a.values.begin(), a.values.end(), [](const json& v) { return v.get<double>() > 0; });
@@ -228,6 +244,20 @@ const AxisInfo* find_axis(const AxisPlan& plan, std::string_view name) {
   for (const auto& a : plan.axes)
     if (a.name == name) return &a;
   return nullptr;
+}
+
+std::vector<std::string> varying_axes(const AxisPlan& plan) {
+  std::vector<std::string> names;
+  for (const auto& a : plan.axes)
+    if (!a.constant) names.push_back(a.name);
+  return names;
+}
+
+std::string constant_axes_label(const AxisPlan& plan) {
+  std::string out;
+  for (const auto& a : plan.axes)
+    if (a.constant) out += (out.empty() ? "" : ", ") + a.name + "=" + fmt_param(a.values.front());
+  return out;
 }
 
 std::string series_of(const Point& p, const AxisPlan& plan, bool multi_run) {
@@ -275,7 +305,8 @@ Cell status_cell(const Point& p) { return Cell{p.explanation(), p.badges(), {}, 
 std::vector<std::string> point_columns(const AxisPlan& plan, bool multi_run) {
   std::vector<std::string> cols;
   if (multi_run) cols.push_back("run");
-  for (const auto& a : plan.axes) cols.push_back(a.name);
+  for (const auto& a : plan.axes)
+    if (!a.constant) cols.push_back(a.name);
   cols.push_back("status");
   return cols;
 }
@@ -284,6 +315,7 @@ std::vector<Cell> point_cells(const Point& p, const AxisPlan& plan, bool multi_r
   std::vector<Cell> cells;
   if (multi_run) cells.push_back(text_cell(p.run->label, p.run->id));
   for (const auto& a : plan.axes) {
+    if (a.constant) continue;
     const auto it = p.params().find(a.name);
     Cell c = text_cell(it == p.params().end() ? "" : fmt_param(*it));
     c.numeric = a.integer;

@@ -65,7 +65,8 @@ std::string params_label(const nlohmann::json& params, const std::vector<std::st
 struct AxisInfo {
   std::string name;
   bool integer = false;  // every value is an integer
-  std::vector<nlohmann::json> values;  // distinct, sorted
+  std::vector<nlohmann::json> values;  // distinct, sorted (numbers by value, before strings)
+  bool constant = false;  // one value, which every point has: said once in the section's header, not per row
 };
 struct AxisPlan {
   std::vector<AxisInfo> axes;    // every axis seen, in first-seen order
@@ -74,6 +75,13 @@ struct AxisPlan {
 };
 AxisPlan plan_axes(const std::vector<Point>& points);
 const AxisInfo* find_axis(const AxisPlan& plan, std::string_view name);
+// The axes that vary (the table columns and point labels) and "name=value" of the constant ones.
+std::vector<std::string> varying_axes(const AxisPlan& plan);
+std::string constant_axes_label(const AxisPlan& plan);
+// Numbers by value (128 before 1024), then strings: how axis values sort everywhere in a report.
+bool value_less(const nlohmann::json& a, const nlohmann::json& b);
+// Points in the order of these axes' values, compared one axis after the other (the run first).
+bool params_less(const Point& a, const Point& b, const std::vector<std::string>& keys, bool multi_run);
 
 // Line label: the series axes' values, with the run's label first when several runs are shown.
 std::string series_of(const Point& p, const AxisPlan& plan, bool multi_run);
@@ -91,7 +99,7 @@ std::optional<Metric> rate_metric(const std::vector<Point>& points, const AxisPl
 Cell text_cell(std::string text, std::string title = {});
 Cell num_cell(const std::optional<double>& v, int significant = 4);
 Cell status_cell(const Point& p);
-// Columns for the leading part of every point table: run (if several), each axis, status.
+// Columns for the leading part of every point table: run (if several), each axis that varies, status.
 std::vector<std::string> point_columns(const AxisPlan& plan, bool multi_run);
 std::vector<Cell> point_cells(const Point& p, const AxisPlan& plan, bool multi_run);
 

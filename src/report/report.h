@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,14 @@ struct Run {
   std::vector<nlohmann::json> points;  // records in seq order
   std::optional<nlohmann::json> telemetry_trace;  // telemetry.json, when the run folder has one
   std::vector<std::string> notes;      // things the reader should know (skipped lines, unreadable trace)
+  // The runs a system name merged (newest first), each with its own command line and context, so
+  // the report shows every run's settings where they differ, not only the newest run's.
+  struct Part {
+    std::string id, started_at, status, command_line;
+    nlohmann::json context;
+    std::size_t points_kept = 0;
+  };
+  std::vector<Part> merged;
   bool external = false;               // imported published figures (`accelbench import`)
   std::size_t unreadable_lines = 0;    // lines of points.jsonl that are no record (named in notes)
 };
@@ -143,6 +152,9 @@ Comparison compare_times(const std::vector<double>& a_s, const std::vector<doubl
 Comparison compare_rates(double a_rate, double a_spread, double b_rate, double b_spread, const CompareRule& rule = {});
 
 // The first run is the baseline; every other run is matched to it by workload and axis values.
-Document build_comparison(const std::vector<Run>& runs, const CompareRule& rule = {});
+// Each pair's section has a chart of B/A per matched point coloured by verdict. `verdicts`, where
+// given, receives how many matched points of all pairs got each verdict (for `--fail-on`).
+Document build_comparison(const std::vector<Run>& runs, const CompareRule& rule = {},
+                          std::map<Verdict, std::size_t>* verdicts = nullptr);
 
 }  // namespace ab::report

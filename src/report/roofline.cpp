@@ -62,7 +62,7 @@ std::optional<Chart> precision_chart(const ChartInput& in, const Metric& metric)
                          {"note", !p.measured() ? p.explanation() : bp ? bp->explanation() : "no fp32 point with these axis values"}});
     }
   }
-  if (rows.empty()) return std::nullopt;
+  if (bars.empty()) return std::nullopt;  // no precision has a speed-up to draw: the section says why
   json spec = base_spec(in.workload + ": speed-up over fp32 (" + metric.label + ")");
   const json x = {{"field", "group"}, {"type", "nominal"}, {"title", nullptr}, {"sort", nullptr},
                   {"axis", {{"labelAngle", -30}, {"labelLimit", 220}}}};
@@ -157,7 +157,7 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
     lo = lo == 0 ? ai : std::min(lo, ai);
     hi = std::max(hi, ai);
   }
-  if (dots.empty() && crosses.empty()) return std::nullopt;
+  if (dots.empty()) return std::nullopt;  // nothing measured to place
 
   // Roofs per device: min(peak, AI x bandwidth), drawn over the points' range widened to show the ridge.
   struct Roof {
@@ -307,7 +307,7 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric) {
                          {"note", !p.measured() ? p.explanation() : bp ? bp->explanation() : ""}});
     }
   }
-  if (dots.empty() && crosses.empty()) return std::nullopt;
+  if (dots.empty()) return std::nullopt;  // nothing measured to place
   json spec = base_spec(in.workload + ": scaling efficiency vs GPU count");
   std::vector<double> ticks;
   for (const auto& v : axis->values) ticks.push_back(v.get<double>());

@@ -27,6 +27,13 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
+// Every axis of the point (the tooltip of its shorter label).
+std::string all_axes_label(const Point& p) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : p.params().items()) keys.push_back(k);
+  return params_label(p.params(), keys);
+}
+
 std::string gib(const std::optional<double>& bytes) { return bytes ? human_bytes(*bytes) : "—"; }
 
 std::string device_line(const json& d) {
@@ -124,6 +131,8 @@ Section system_section(const std::vector<Run>& runs) {
   });
   s.blocks.push_back(std::move(t));
   for (const auto& r : runs)
+    if (auto merged = merged_runs_table(r)) s.blocks.push_back(std::move(*merged));
+  for (const auto& r : runs)
     for (const auto& n : r.notes) s.blocks.push_back(Paragraph{r.label + ": " + n, true});
   return s;
 }
@@ -148,6 +157,50 @@ Section ceilings_section(const std::vector<Ceiling>& ceilings) {
                       text_cell(c.unit), text_cell(c.source), Cell{c.reason, {c.status}, {}, false}});
   s.blocks.push_back(std::move(t));
   return s;
+}
+
+// Every flagged point with its reason, named by the axes that vary within its workload. Skipped
+// points did not apply (no such device, an unsupported precision): one line per workload and run
+// with the count and the reasons, so they never crowd out the points that went wrong.
+Table attention_table(const std::vector<Point>& all, bool multi_run) {
+  std::map<std::string, std::vector<Point>> by_workload;  // each workload's plan names its points by the axes that vary
+  for (const auto& p : all) by_workload[p.workload()].push_back(p);
+  std::map<std::string, AxisPlan> plans;
+  for (const auto& [w, pts] : by_workload) plans[w] = plan_axes(pts);
+  Table t;
+  t.caption = "points that need attention";
+  t.columns = {"workload", "point", "status", "median time", "±95% CI"};
+  if (multi_run) t.columns.insert(t.columns.begin(), "run");
+  std::map<std::pair<std::string, const Run*>, std::pair<int, std::set<std::string>>> skipped;
+  std::vector<std::pair<std::string, const Run*>> skipped_order;
+  for (const auto& p : all) {
+    if (!p.flagged()) continue;
+    if (p.status == "skipped") {
+      auto& [n, reasons] = skipped[{p.workload(), p.run}];
+      if (n++ == 0) skipped_order.emplace_back(p.workload(), p.run);
+      reasons.insert(p.reason.empty() ? "no reason given" : p.reason);
+      continue;
+    }
+    const auto med = p.typed().time_of(&results::TimeStats::median_s);
+    const auto spread = p.typed().time_of(&results::TimeStats::rel_spread);
+    Cell mc = text_cell(med ? fmt_time(*med) : "—"), sc = text_cell(spread ? "±" + fmt(*spread * 100, 3) + "%" : "—");
+    mc.numeric = sc.numeric = true;
+    const std::string label = params_label(p.params(), varying_axes(plans[p.workload()]));
+    t.rows.push_back({text_cell(p.workload()), text_cell(label.empty() ? "its only point" : label, all_axes_label(p)),
+                      status_cell(p), mc, sc});
+    if (multi_run) t.rows.back().insert(t.rows.back().begin(), text_cell(p.run->label, p.run->id));
+  }
+  for (const auto& key : skipped_order) {
+    const auto& [n, reasons] = skipped.at(key);
+    std::vector<std::string> why(reasons.begin(), reasons.end());
+    if (why.size() > 3) why = {why[0], why[1], why[2], "… (" + std::to_string(reasons.size()) + " reasons)"};
+    std::vector<Cell> row{text_cell(key.first),
+                          text_cell(std::to_string(n) + (n == 1 ? " point" : " points") + " skipped"),
+                          Cell{join(why, "; "), {"skipped"}, {}, false}, text_cell("—"), text_cell("—")};
+    if (multi_run) row.insert(row.begin(), text_cell(key.second->label, key.second->id));
+    t.rows.push_back(std::move(row));
+  }
+  return t;
 }
 
 Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& all) {
@@ -177,22 +230,7 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
   }
   s.blocks.push_back(Paragraph{text, false});
 
-  const bool multi_run = runs.size() > 1;
-  Table t;
-  t.caption = "points that need attention";
-  t.columns = {"workload", "point", "status", "median time", "±95% CI"};
-  if (multi_run) t.columns.insert(t.columns.begin(), "run");
-  for (const auto& p : all) {
-    if (!p.flagged()) continue;
-    std::vector<std::string> keys;
-    for (const auto& [k, v] : p.params().items()) keys.push_back(k);
-    const auto med = p.typed().time_of(&results::TimeStats::median_s);
-    const auto spread = p.typed().time_of(&results::TimeStats::rel_spread);
-    Cell mc = text_cell(med ? fmt_time(*med) : "—"), sc = text_cell(spread ? "±" + fmt(*spread * 100, 3) + "%" : "—");
-    mc.numeric = sc.numeric = true;
-    t.rows.push_back({text_cell(p.workload()), text_cell(params_label(p.params(), keys)), status_cell(p), mc, sc});
-    if (multi_run) t.rows.back().insert(t.rows.back().begin(), text_cell(p.run->label, p.run->id));
-  }
+  const Table t = attention_table(all, runs.size() > 1);
   std::size_t unreadable = 0;
   for (const auto& r : runs) unreadable += r.unreadable_lines;
   if (unreadable > 0)
@@ -212,7 +250,7 @@ Section summary_section(const std::vector<Run>& runs, const std::vector<Point>& 
     s.blocks.push_back(Paragraph{"No point needs attention: every point is ok, and every measured one converged and met its "
                                  "noise target.",
                                  false});
-  else s.blocks.push_back(std::move(t));
+  else s.blocks.push_back(t);
   return s;
 }
 
@@ -226,14 +264,19 @@ Section workload_section(const std::string& workload, const std::vector<Point>& 
   std::vector<std::string> parts, axes;
   for (const auto& [k, n] : by_status) parts.push_back(std::to_string(n) + " " + k);
   for (const auto& a : plan.axes) {
+    if (a.constant) continue;
     std::vector<std::string> vals;
     for (const auto& v : a.values) vals.push_back(fmt_param(v));
     if (vals.size() > 8) vals = {vals.front(), "…", vals.back()};
     axes.push_back(a.name + " (" + join(vals, ", ") + ")");
   }
-  s.blocks.push_back(Paragraph{std::to_string(points.size()) + " points (" + join(parts, ", ") + ")" +
-                                   (axes.empty() ? "." : "; axes: " + join(axes, "; ") + "."),
-                               false});
+  const std::string constant = constant_axes_label(plan);
+  s.blocks.push_back(
+      Paragraph{std::to_string(points.size()) + " points (" + join(parts, ", ") + ")" +
+                    (axes.empty() ? "." : "; axes that vary: " + join(axes, "; ") + ".") +
+                    (constant.empty() ? "" : " Every point has " + constant + " (not repeated in the tables)."),
+                false});
+  if (auto t = loadgen_table(points, plan, multi_run)) s.blocks.push_back(std::move(*t));
 
   std::vector<Chart> charts;
   auto add = [&charts](std::optional<Chart> c) {
@@ -247,7 +290,17 @@ Section workload_section(const std::string& workload, const std::vector<Point>& 
   }
   add(latency_chart(in));
   add(energy_chart(in));
-  if (metric) add(precision_chart(in, *metric));
+  if (metric) {
+    const std::size_t before = charts.size();
+    add(precision_chart(in, *metric));
+    const AxisInfo* precision = find_axis(plan, "precision");
+    if (charts.size() == before && precision && precision->values.size() > 1 &&
+        std::find(precision->values.begin(), precision->values.end(), json("fp32")) != precision->values.end())
+      s.blocks.push_back(
+          Paragraph{"No precision speed-up chart: no precision besides fp32 has a measured point with a "
+                    "measured fp32 baseline (the tables below give each point's status).",
+                    false});
+  }
   add(roofline_chart(in, ceilings));
   if (metric) add(scaling_chart(in, *metric));
   if (charts.empty()) {
@@ -261,7 +314,7 @@ Section workload_section(const std::string& workload, const std::vector<Point>& 
       cells.push_back(text_cell(med ? fmt_time(*med) : "—"));
       t.rows.push_back(std::move(cells));
     }
-    s.blocks.push_back(Paragraph{"No chart: no point of this workload has a rate to plot.", false});
+    s.blocks.push_back(Paragraph{"No chart: no measured point of this workload has a rate to plot.", false});
     s.blocks.push_back(std::move(t));
   }
   for (auto& c : charts) s.blocks.push_back(std::move(c));

@@ -1,3 +1,5 @@
+// Exports of stored points for other tools: CSV (spreadsheets) and JSON (`results --json`).
+#include <algorithm>
 #include <array>
 #include <set>
 #include <string>
@@ -22,7 +24,13 @@ constexpr std::array<const char*, 9> kTime = {"median_s", "mean_s", "min_s",   "
                                               "p99_s",    "rel_spread", "count", "converged"};
 constexpr std::array<const char*, 4> kRates = {"samples_per_s", "tflops", "gbps", "pct_of_ceiling"};
 constexpr std::array<const char*, 3> kTelemetry = {"mean_power_w", "energy_j", "samples_per_j"};
+// The load generator's verdict and latency percentiles (docs/RESULTS.md, the scenario block), when
+// any point has them: what an MLPerf reader looks for first.
+constexpr std::array<const char*, 11> kScenario = {"name",          "result",          "metric.name",   "metric.value",
+                                                   "latency_s.p50", "latency_s.p90",   "latency_s.p95", "latency_s.p97",
+                                                   "latency_s.p99", "latency_s.p99_9", "latency_s.max"};
 
+// The key may be dotted (scenario's "latency_s.p99"); params keys are taken whole.
 const json* find(const json& record, const Column& c) {
   const json* obj = &record;
   if (!c.section.empty()) {
@@ -30,8 +38,11 @@ const json* find(const json& record, const Column& c) {
     if (s == record.end() || !s->is_object()) return nullptr;
     obj = &*s;
   }
-  const auto it = obj->find(c.key);
-  return it == obj->end() ? nullptr : &*it;
+  if (c.section == "params") {
+    const auto it = obj->find(c.key);
+    return it == obj->end() ? nullptr : &*it;
+  }
+  return find_path(*obj, c.key);
 }
 
 std::string cell_text(const json* v) {
@@ -76,15 +87,16 @@ void write_csv(std::ostream& out, const std::vector<json>& points) {
   for (const auto& k : param_keys) cols.push_back({"params", k});
   for (const char* k : kTime) cols.push_back({"time", k});
   for (const char* k : kRates) cols.push_back({"rates", k});
-  for (const char* k : kTelemetry) {
-    const Column c{"telemetry", k};
-    for (const auto& p : points) {
-      if (find(p, c) != nullptr) {
+  auto when_any = [&](const char* section, const auto& keys) {
+    for (const char* k : keys) {
+      const Column c{section, k};
+      if (std::any_of(points.begin(), points.end(),
+                      [&c](const json& p) { return p.is_object() && find(p, c) != nullptr; }))
         cols.push_back(c);
-        break;
-      }
     }
-  }
+  };
+  when_any("telemetry", kTelemetry);
+  when_any("scenario", kScenario);
 
   std::vector<std::string> fields;
   fields.reserve(cols.size());
@@ -95,6 +107,29 @@ void write_csv(std::ostream& out, const std::vector<json>& points) {
     for (const auto& c : cols) fields.push_back(p.is_object() ? cell_text(find(p, c)) : std::string());
     write_row(out, fields);
   }
+}
+
+json run_row_json(const RunRow& r) {
+  return {{"run_id", r.run_id},
+          {"started_at", r.started_at},
+          {"ended_at", r.ended_at.empty() ? json(nullptr) : json(r.ended_at)},
+          {"status", r.status},
+          {"shown_status", r.shown_status},
+          {"command_line", r.command_line},
+          {"host", r.host.empty() ? json(nullptr) : json(r.host)},
+          {"points", r.points},
+          {"ok_points", r.ok_points}};
+}
+
+void write_json(std::ostream& out, const std::vector<RunRow>& runs) {
+  json list = json::array();
+  for (const auto& r : runs) list.push_back(run_row_json(r));
+  out << list.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
+}
+
+void write_json(std::ostream& out, const RunRow& run, const std::vector<json>& points) {
+  const json doc = {{"run", run_row_json(run)}, {"points", points}};
+  out << doc.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
 }
 
 }  // namespace ab::results

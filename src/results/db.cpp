@@ -2,9 +2,12 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -56,6 +59,68 @@ CREATE TABLE points(
 );
 CREATE INDEX points_workload_device ON points(workload, device_name);
 )sql";
+
+// Flat views over the points, so `sqlite3 runs/accelbench.db 'select ...'` needs no JSON paths.
+// The rate is the one the report judges a workload by: tokens/s or samples/s where the point has
+// a batch axis, else the record's primary rate, else the first it has of samples/s, TFLOP/s, GB/s
+// (docs/RESULTS.md, "SQLite views").
+constexpr const char* kRateSql = R"sql(
+  CASE WHEN json_type(p.params_json, '$.batch') IS NOT NULL AND json_type(p.record_json, '$.rates.tokens_per_s') IS NOT NULL
+         THEN 'tokens_per_s'
+       WHEN json_type(p.params_json, '$.batch') IS NOT NULL AND json_type(p.record_json, '$.rates.samples_per_s') IS NOT NULL
+         THEN 'samples_per_s'
+       WHEN json_type(p.record_json, '$.rates.primary') IS NOT NULL THEN json_extract(p.record_json, '$.rates.primary')
+       WHEN json_type(p.record_json, '$.rates.samples_per_s') IS NOT NULL THEN 'samples_per_s'
+       WHEN json_type(p.record_json, '$.rates.tflops') IS NOT NULL THEN 'tflops'
+       WHEN json_type(p.record_json, '$.rates.gbps') IS NOT NULL THEN 'gbps' END)sql";
+
+std::string view_sql(const std::string& name, const std::string& axis_columns) {
+  const std::string rate = std::string("(") + kRateSql + ")";
+  return "CREATE VIEW " + name +
+         " AS SELECT p.run_id AS run_id, p.seq AS seq, p.started_at AS started_at, r.host AS host, "
+         "p.workload AS workload, p.device_name AS device_name, " +
+         axis_columns +
+         "p.status AS status, json_extract(p.record_json, '$.reason') AS reason, "
+         "json_extract(p.record_json, '$.time.median_s') AS median_s, json_extract(p.record_json, '$.time.p90_s') AS "
+         "p90_s, "
+         "json_extract(p.record_json, '$.time.p99_s') AS p99_s, json_extract(p.record_json, '$.time.rel_spread') AS "
+         "rel_spread, "
+         "json_extract(p.record_json, '$.time.converged') AS converged, "
+         "json_extract(p.record_json, '$.rates.' || " +
+         rate +
+         ") AS rate, "
+         "CASE " +
+         rate +
+         " WHEN 'tokens_per_s' THEN 'tokens/s' WHEN 'samples_per_s' THEN 'samples/s' "
+         "WHEN 'tflops' THEN 'TFLOP/s' WHEN 'gbps' THEN 'GB/s' ELSE " +
+         rate +
+         " END AS unit, "
+         "json_extract(p.record_json, '$.rates.pct_of_ceiling') AS pct_of_ceiling, "
+         "json_extract(p.record_json, '$.rates.samples_per_s') AS samples_per_s, "
+         "json_extract(p.record_json, '$.rates.tokens_per_s') AS tokens_per_s, "
+         "json_extract(p.record_json, '$.rates.tflops') AS tflops, json_extract(p.record_json, '$.rates.gbps') AS "
+         "gbps, "
+         "json_extract(p.record_json, '$.scenario.result') AS validity, "
+         "json_extract(p.record_json, '$.telemetry.mean_power_w') AS mean_power_w, "
+         "json_extract(p.record_json, '$.telemetry.energy_j') AS energy_j, "
+         "json_extract(p.record_json, '$.telemetry.samples_per_j') AS samples_per_j "
+         "FROM points p LEFT JOIN runs r ON r.run_id = p.run_id";
+}
+
+// `results`: every point, its axes as one "name=value ..." text; `result_axes`: one row per axis value.
+std::string generic_views_sql() {
+  return view_sql("results",
+                  "(SELECT group_concat(j.key || '=' || j.value, ' ') FROM json_each(p.params_json) j) AS axes, ") +
+         ";\nCREATE VIEW result_axes AS SELECT p.run_id AS run_id, p.seq AS seq, p.workload AS workload, j.key AS "
+         "axis, "
+         "j.value AS value FROM points p, json_each(p.params_json) j;\n";
+}
+
+// Names that go into view definitions unquoted: the registry's workload and axis names all are.
+bool plain_name(const std::string& s) {
+  return !s.empty() && s.size() <= 64 &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+}
 
 std::string sqlite_reason(sqlite3* db, int rc) {
   std::string reason = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
@@ -148,6 +213,7 @@ void Db::check_schema(Mode mode) {
   if (app_id == 0 && version == 0 && tables.empty()) {
     if (mode == Mode::existing) not_ours("it is empty");
     exec(kSchemaV1);
+    exec(generic_views_sql().c_str());
     // Pragmas cannot take bound parameters; these values are our own constants, not data.
     exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str());
     exec(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
@@ -169,7 +235,59 @@ void Db::check_schema(Mode mode) {
   if (version != kSchemaVersion)
     throw Error(path_.string() + " holds results schema version " + std::to_string(version) +
                 "; this accelbench reads version " + std::to_string(kSchemaVersion));
-  if (tx) tx->commit();
+  if (tx) {
+    // Stores written before the views existed get them on their next write; the schema is unchanged.
+    bool has_views = false;
+    {
+      Stmt v(*this, "SELECT 1 FROM sqlite_master WHERE type = 'view' AND name = 'results'");
+      has_views = v.step();
+    }
+    if (!has_views) exec(generic_views_sql().c_str());
+    tx->commit();
+  }
+}
+
+namespace {
+
+const std::set<std::string>& fixed_columns() {
+  static const std::set<std::string> names = {
+      "run_id",    "seq",    "started_at", "host",           "workload",      "device_name",
+      "status",    "reason", "median_s",   "p90_s",          "p99_s",         "rel_spread",
+      "converged", "rate",   "unit",       "pct_of_ceiling", "samples_per_s", "tokens_per_s",
+      "tflops",    "gbps",   "validity",   "mean_power_w",   "energy_j",      "samples_per_j"};
+  return names;
+}
+
+std::set<std::string> view_columns(Db& db, const std::string& view) {
+  std::set<std::string> present;
+  Stmt cols(db, "SELECT name FROM pragma_table_info(?1)");
+  cols.bind_text(1, view);
+  while (cols.step()) present.insert(cols.text(0));
+  return present;
+}
+
+bool is_view_axis(const std::string& key) { return plain_name(key) && !fixed_columns().count(key); }
+
+}  // namespace
+
+void ensure_workload_view(Db& db, const std::string& workload, const std::vector<std::string>& axes_of_point) {
+  std::string name = "results_" + workload;
+  std::replace(name.begin(), name.end(), '-', '_');
+  if (!plain_name(name)) return;
+  const auto present = view_columns(db, name);
+  const bool complete =
+      !present.empty() && std::all_of(axes_of_point.begin(), axes_of_point.end(),
+                                      [&](const std::string& a) { return !is_view_axis(a) || present.count(a) > 0; });
+  if (complete) return;  // the common case: one cheap look at the view's columns
+  std::string columns;
+  Stmt q(db, "SELECT DISTINCT j.key FROM points p, json_each(p.params_json) j WHERE p.workload = ?1 ORDER BY j.key");
+  q.bind_text(1, workload);
+  while (q.step())
+    if (const std::string k = q.text(0); is_view_axis(k))
+      columns += "json_extract(p.params_json, '$." + k + "') AS " + k + ", ";
+  db.exec(("DROP VIEW IF EXISTS " + name).c_str());
+  // A view's definition cannot take bound parameters: the workload is a plain name (checked above).
+  db.exec((view_sql(name, columns) + " WHERE p.workload = '" + workload + "'").c_str());
 }
 
 Stmt::Stmt(Db& db, const char* sql) : db_(db), sql_(sql_head(sql)) {

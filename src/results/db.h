@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 struct sqlite3;
 struct sqlite3_stmt;
@@ -60,6 +61,12 @@ class Stmt {
   sqlite3_stmt* stmt_ = nullptr;
   std::string sql_;
 };
+
+// The view results_<workload> (a '-' in the name becomes '_'): every point of the workload with one
+// column per axis it has ever had, then status, times, rate, unit and % of ceiling. Re-created
+// when a point brings an axis the view lacks; names that are not [A-Za-z0-9_] get no view or column.
+// The caller holds the transaction.
+void ensure_workload_view(Db& db, const std::string& workload, const std::vector<std::string>& axes_of_point);
 
 // BEGIN IMMEDIATE takes the write lock up front: two writers that both began deferred could each
 // hold a read lock and wait on the other, and SQLite would fail one without using the busy timeout.

@@ -156,7 +156,8 @@ bool printable(const std::string& s) {
 
 }  // namespace
 
-ImportResult import_csv(const fs::path& csv, const std::string& system, const fs::path& out_dir, const std::string& command_line) {
+ImportResult import_csv(const fs::path& csv, const std::string& system, const fs::path& out_dir,
+                        const std::string& command_line, const AxisDefaults& defaults) {
   const std::string file = csv.string();
   if (system.empty() || system.size() > 128 || !printable(system) || !valid_utf8(system))
     throw UsageError("--system must be 1-128 printable characters");
@@ -210,7 +211,14 @@ ImportResult import_csv(const fs::path& csv, const std::string& system, const fs
     if (workload.empty() || workload.size() > 128 || !printable(workload)) throw UsageError(at + "workload must be 1-128 printable characters");
     if (source.empty()) throw UsageError(at + "source is empty: every published figure needs its source (paper, table, URL)");
     if (!printable(source)) throw UsageError(at + "source has control characters");
-    const json params = parse_params(row.fields[1], at);
+    json params = parse_params(row.fields[1], at);
+    std::vector<std::string> defaulted;  // axes the row left out, at the workload's single default
+    if (defaults) {
+      const json d = defaults(workload);
+      if (d.is_object())
+        for (const auto& [k, v] : d.items())
+          if (!params.contains(k)) params[k] = v, defaulted.push_back(k);
+    }
     const MetricSpec* spec = nullptr;
     for (const auto& m : metrics())
       if (metric == m.name) spec = &m;
@@ -234,6 +242,7 @@ ImportResult import_csv(const fs::path& csv, const std::string& system, const fs
     const std::string key = workload + '\n' + params.dump();
     auto [it, added] = index.emplace(key, points.size());
     if (added) points.push_back({workload, params, json::object(), {}, {}});
+    if (added && !defaulted.empty()) points.back().record["metrics"]["defaulted_axes"] = defaulted;
     Point& p = points[it->second];
     if (const auto seen = p.metric_line.find(metric); seen != p.metric_line.end())
       throw UsageError(at + "metric " + metric + " of this point was already given on line " + std::to_string(seen->second));

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -95,8 +96,15 @@ std::optional<nlohmann::json> latest_point(const std::filesystem::path& db_path,
 
 // One row per point, RFC 4180 quoting, missing values as empty cells. Columns: run_id, seq,
 // workload, device, device_name, status, reason, params.* (union over points, sorted), the time
-// and rates summaries, and telemetry power/energy columns when any point has them.
+// and rates summaries, telemetry power/energy columns and the load generator's scenario.name,
+// scenario.result (VALID/INVALID), scenario.metric.* and scenario.latency_s.* percentiles when any
+// point has them.
 void write_csv(std::ostream& out, const std::vector<nlohmann::json>& points);
+
+// `results --json`: the runs (newest first) as an array of objects with the runs table's fields and
+// the shown status; one run as {"run": {...}, "points": [records as stored]}. Indented, one document.
+void write_json(std::ostream& out, const std::vector<RunRow>& runs);
+void write_json(std::ostream& out, const RunRow& run, const std::vector<nlohmann::json>& points);
 
 // Published figures from a CSV file (workload,params,metric,value,unit,source; docs/RESULTS.md,
 // "External results") stored as one run of status "external" whose records are marked external
@@ -106,7 +114,12 @@ struct ImportResult {
   std::string run_id;
   std::size_t rows = 0, points = 0;  // CSV rows read; records written (rows of one point merge)
 };
-ImportResult import_csv(const std::filesystem::path& csv, const std::string& system, const std::filesystem::path& out_dir,
-                        const std::string& command_line);
+// A workload's single-valued default axis values, typed as records hold them ({"graph": "on", ...});
+// null or {} for a workload it does not know. An imported row that leaves such an axis out takes
+// its default (listed in the record's metrics.defaulted_axes), so it matches the measured point.
+using AxisDefaults = std::function<nlohmann::json(const std::string& workload)>;
+ImportResult import_csv(const std::filesystem::path& csv, const std::string& system,
+                        const std::filesystem::path& out_dir, const std::string& command_line,
+                        const AxisDefaults& defaults = {});
 
 }  // namespace ab::results

@@ -66,6 +66,10 @@ void insert_point(detail::Db& db, const std::string& run_id, std::int64_t seq, c
     ins.bind_null(8);
   }
   ins.step();
+  std::vector<std::string> axes;
+  if (params != record.end() && params->is_object())
+    for (const auto& [k, v] : params->items()) axes.push_back(k);
+  detail::ensure_workload_view(db, workload, axes);
 }
 
 // The runs row; `ended_at` "" is NULL (running). A run id already there is refused.

@@ -1,10 +1,13 @@
-// MLPerf's log format: one ":::MLLOG {json}" line per event, with LoadGen's keys where one exists
-// and accelbench_* keys for the rest. Written after the run, never on the measurement's path.
+// MLPerf's log files: mlperf_log_summary.txt in LoadGen's own text layout (what people and
+// submission checkers read first), and mlperf_log_detail.txt with one ":::MLLOG {json}" line per
+// event, LoadGen's keys where one exists and accelbench_* keys for the rest. Written after the run,
+// never on the measurement's path.
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "scenarios/scenarios.h"
@@ -166,15 +169,121 @@ std::vector<std::string> mllog_detail(const RunResult& r, const SearchResult* se
   return out.lines;
 }
 
+namespace {
+
+// LoadGen's "key : value" lines; its DoubleToString prints two decimals.
+std::string two_decimals(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.2f", v);
+  return buf;
+}
+
+std::string yes_no(bool v) { return v ? "Yes" : "NO"; }
+
+void latency_block(std::ostream& o, const LatencyStats& l) {
+  o << "Min latency (ns)                : " << ns(l.min) << '\n'
+    << "Max latency (ns)                : " << ns(l.max) << '\n'
+    << "Mean latency (ns)               : " << ns(l.mean) << '\n';
+  const std::pair<double, double> pcts[] = {{0.5, l.p50},  {0.9, l.p90},  {0.95, l.p95},
+                                            {0.97, l.p97}, {0.99, l.p99}, {0.999, l.p999}};
+  for (const auto& [p, v] : pcts) o << percent_key(p) << " percentile latency (ns)   : " << ns(v) << '\n';
+}
+
+void headline(std::ostream& o, const RunResult& r) {
+  const Settings& s = r.settings;
+  const std::string pct = std::to_string(static_cast<int>(std::lround(s.target_percentile * 100)));
+  switch (s.scenario) {
+    case Scenario::single_stream:
+      o << pct << "th percentile latency (ns) : " << ns(r.target_percentile_latency_s) << '\n';
+      break;
+    case Scenario::multi_stream:
+      o << pct << "th percentile latency (ns) : " << ns(r.target_percentile_latency_s) << '\n';
+      break;
+    case Scenario::server: o << "Scheduled samples per second : " << two_decimals(r.scheduled_qps) << '\n'; break;
+    case Scenario::offline: o << "Samples per second: " << r.completed_samples_per_s << '\n'; break;
+  }
+}
+
+void recommendations(std::ostream& o, const RunResult& r) {
+  if (r.valid) return;
+  o << "Recommendations:\n";
+  for (const auto& c : r.constraints)
+    if (!c.met) o << " * " << c.name << (c.detail.empty() ? "" : ": " + c.detail) << '\n';
+}
+
+void parameters(std::ostream& o, const RunResult& r, const LogInfo& info) {
+  const Settings& s = r.settings;
+  o << "samples_per_query : " << s.samples_per_query << '\n';
+  if (s.scenario == Scenario::server || s.scenario == Scenario::offline) o << "target_qps : " << s.target_qps << '\n';
+  o << "target_latency (ns): " << ns(s.latency_bound_s) << '\n'
+    << "min_duration (ms): " << std::llround(s.min_duration_s * 1e3) << '\n'
+    << "max_duration (ms): " << std::llround(s.timeout_s * 1e3) << '\n'
+    << "min_query_count : " << s.min_query_count << '\n'
+    << "qsl_rng_seed : " << s.library_seed << '\n'
+    << "sample_index_rng_seed : " << s.sample_seed << '\n'
+    << "schedule_rng_seed : " << s.schedule_seed << '\n'
+    << "performance_sample_count : " << info.performance_samples << '\n';
+}
+
+}  // namespace
+
+std::string loadgen_summary_text(const RunResult& r, const SearchResult* search, const LogInfo& info) {
+  const Settings& s = r.settings;
+  const char* rule = "================================================\n";
+  std::ostringstream o;
+  o << rule << "MLPerf Results Summary\n" << rule;
+  o << "SUT name : " << info.sut << '\n'
+    << "Scenario : " << mlperf_name(s.scenario) << '\n'
+    << "Mode     : " << (search != nullptr ? "FindPeakPerformance" : "PerformanceOnly") << '\n';
+  headline(o, r);
+  o << "Result is : " << (r.valid ? "VALID" : "INVALID") << '\n';
+  if (s.scenario == Scenario::server)
+    o << "  Performance constraints satisfied : " << yes_no(met(r, "latency_bound")) << '\n';
+  o << "  Min duration satisfied : " << yes_no(met(r, "min_duration")) << '\n'
+    << "  Min queries satisfied : " << yes_no(met(r, "min_query_count") && met(r, "min_sample_count")) << '\n'
+    << "  Early stopping satisfied: " << yes_no(s.scenario == Scenario::offline || r.early_stopping_met) << '\n';
+  recommendations(o, r);
+  if (s.scenario != Scenario::offline) {
+    const Constraint* es = find(r, "early_stopping");
+    o << "Early Stopping Result:\n * "
+      << (es != nullptr && !es->detail.empty() ? es->detail
+          : r.early_stopping_met               ? "Run successful."
+                                               : "not met")
+      << '\n';
+  }
+  o << '\n' << rule << "Additional Stats\n" << rule;
+  if (s.scenario == Scenario::single_stream) {
+    o << "QPS w/ loadgen overhead         : " << two_decimals(r.scheduled_qps) << '\n'
+      << "QPS w/o loadgen overhead        : "
+      << two_decimals(r.sample_latency.mean > 0 ? 1 / r.sample_latency.mean : 0.0) << "\n\n";
+  } else if (s.scenario == Scenario::server) {
+    o << "Completed samples per second    : " << two_decimals(r.completed_samples_per_s) << "\n\n";
+  } else if (s.scenario == Scenario::multi_stream) {
+    o << "Per-query latency:  \n";
+    latency_block(o, r.query_latency);
+  }
+  if (s.scenario != Scenario::multi_stream) latency_block(o, r.sample_latency);
+  o << '\n' << rule << "Test Parameters Used\n" << rule;
+  parameters(o, r, info);
+  const int errors =
+      (r.lost_samples > 0) + (r.duplicate_completions + r.unknown_completions > 0) + !r.sut_failure.empty();
+  o << '\n'
+    << (errors == 0 ? std::string("No errors encountered during test.\n")
+                    : std::to_string(errors) + " ERROR(s) encountered. See detailed log.\n");
+  return o.str();
+}
+
 void write_mllog(const std::filesystem::path& dir, const RunResult& r, const SearchResult* search, const LogInfo& info) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
-  const std::pair<const char*, std::vector<std::string>> files[] = {
-      {"mlperf_log_summary.txt", mllog_summary(r, info)}, {"mlperf_log_detail.txt", mllog_detail(r, search, info)}};
-  for (const auto& [name, lines] : files) {
+  std::string detail;
+  for (const auto& l : mllog_detail(r, search, info)) detail += l + '\n';
+  const std::pair<const char*, std::string> files[] = {
+      {"mlperf_log_summary.txt", loadgen_summary_text(r, search, info)}, {"mlperf_log_detail.txt", detail}};
+  for (const auto& [name, text] : files) {
     std::ofstream f(dir / name);
-    for (const auto& l : lines) f << l << '\n';
+    f << text;
     f.flush();
     if (!f) throw Error("cannot write " + (dir / name).string());
   }

@@ -225,7 +225,11 @@ struct LogInfo {
 std::string mllog_line(std::string_view key, const nlohmann::json& value, double time_ms, bool is_error = false);
 std::vector<std::string> mllog_summary(const RunResult& r, const LogInfo& info);
 std::vector<std::string> mllog_detail(const RunResult& r, const SearchResult* search, const LogInfo& info);
-// Writes mlperf_log_summary.txt and mlperf_log_detail.txt into `dir` (created); throws Error.
+// mlperf_log_summary.txt as LoadGen writes it: "MLPerf Results Summary", the headline figure,
+// "Result is : VALID" or INVALID with each rule's Yes/NO, the latency percentiles in ns, the settings.
+std::string loadgen_summary_text(const RunResult& r, const SearchResult* search, const LogInfo& info);
+// Writes mlperf_log_summary.txt (LoadGen's text) and mlperf_log_detail.txt (MLLOG lines, the
+// results included) into `dir` (created); throws Error.
 void write_mllog(const std::filesystem::path& dir, const RunResult& r, const SearchResult* search, const LogInfo& info);
 
 }  // namespace ab::scenarios
