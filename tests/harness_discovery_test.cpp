@@ -65,20 +65,24 @@ TEST(Suggest, TheNearestNameIsOfferedOnlyWhenClose) {
   EXPECT_EQ(closest_name("frobnicate", workloads), std::nullopt);
   EXPECT_EQ(closest_name("gemm", workloads), std::nullopt);  // nothing to correct
   EXPECT_EQ(closest_name("", workloads), std::nullopt);
-  EXPECT_EQ(closest_name("lo", workloads), "loadgen");  // the one name it begins
+  EXPECT_EQ(closest_name("lo", workloads), "loadgen");    // the one name it begins
   EXPECT_EQ(closest_name("c", workloads), std::nullopt);  // begins three
-  EXPECT_EQ(did_you_mean("trian", workloads), " (did you mean 'train'?)");
+  EXPECT_EQ(did_you_mean("trian", workloads), "; did you mean 'train'?");
   EXPECT_EQ(did_you_mean("zzz", workloads), "");
 }
 
 TEST(Suggest, UnknownAxesValuesAndOptionsSayWhatWasMeant) {
   const std::string axis = ab::test::usage_error([] { values_of("bytes", "byte=1"); });
-  EXPECT_NE(axis.find("unknown axis 'byte' (did you mean 'bytes'?); valid: bytes, batch"), std::string::npos) << axis;
+  EXPECT_NE(axis.find("unknown axis 'byte'; valid: bytes, batch, m, n, precision; did you mean 'bytes'?"),
+            std::string::npos)
+      << axis;
   const std::string choice = ab::test::usage_error([] { values_of("precision", "precision=bf61"); });
-  EXPECT_NE(choice.find("(did you mean 'bf16'?)"), std::string::npos) << choice;
+  EXPECT_NE(choice.find("valid: fp32, bf16, fp16; did you mean 'bf16'?"), std::string::npos) << choice;
   const std::vector<OptionSpec> specs = {{"trajectory_steps", AxisKind::integer, "0", {}, ""}};
-  const std::string option = ab::test::usage_error([&] { resolve_options("train", specs, {{"trajectory_step", "1"}}); });
-  EXPECT_NE(option.find("(did you mean 'trajectory_steps'?)"), std::string::npos) << option;
+  const std::string option = ab::test::usage_error([&] {
+    resolve_options("train", specs, {{"trajectory_step", "1"}});
+  });
+  EXPECT_NE(option.find("valid: trajectory_steps; did you mean 'trajectory_steps'?"), std::string::npos) << option;
 }
 
 // ACCELBENCH_SUITES comes first: its suites are found by name and by file name, and hide the

@@ -200,27 +200,28 @@ TEST(ReportTerminalSummary, VaryingAxesAreColumnsAndConstantOnesAreSaidOnce) {
   EXPECT_NE(t.find("   gpt2_124m  oom "), std::string::npos) << t;
   EXPECT_NE(t.find("   bert_base  skipped "), std::string::npos) << t;
   EXPECT_NE(t.find("out of memory\n"), std::string::npos) << t;  // each point's reason, in the stop column
-  EXPECT_EQ(t.find("model="), std::string::npos) << t;          // a varying axis is a column, not text
+  EXPECT_EQ(t.find("model="), std::string::npos) << t;           // a varying axis is a column, not text
 }
 
 // Byte for byte: kernels (a ceiling, integer ops, bandwidth, a skipped point), the load
 // generator's scenarios under their metrics, collectives nccl-tests style, a workload whose every
 // point was skipped (one line), copy sizes in numeric order, inference in images/s, the legend.
 TEST(ReportTerminalSummary, TableIsByteForByte) {
-  const std::vector<std::string> lines = {
-      R"({"schema_version":1,"run_id":"r","seq":0,"workload":"gemm","device":"cpu","params":{"precision":"bf16","m":8192,"n":8192,"k":8192,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e12,"bytes":4e8,"ops_unit":"FLOP"},"time":{"median_s":0.0015,"rel_spread":0.004,"converged":true,"stop_reason":"noise below target"},"rates":{"tflops":733.3,"gbps":266.6,"samples_per_s":666.6,"pct_of_ceiling":81.53,"primary":"tflops"}})",
-      R"({"schema_version":1,"run_id":"r","seq":1,"workload":"gemm","device":"cpu","params":{"precision":"int8","m":64,"n":64,"k":64,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e6,"bytes":4e3,"ops_unit":"OP"},"time":{"median_s":0.00000123,"rel_spread":0.0234,"converged":false,"stop_reason":"timeout before the noise target"},"rates":{"tflops":0.8943,"gbps":3.2,"primary":"tflops"}})",
-      R"({"schema_version":1,"run_id":"r","seq":2,"workload":"stream","device":"cpu","params":{"op":"triad","bytes":1073741824},"status":"ok","counts":{"samples":0.0,"flops":0.0,"bytes":3e9,"ops_unit":"FLOP"},"time":{"median_s":2.5,"rel_spread":0.0,"converged":true},"rates":{"gbps":1.2e3,"primary":"gbps"}})",
-      R"({"schema_version":1,"run_id":"r","seq":3,"workload":"gemm","device":"cpu","params":{"precision":"fp8","m":64,"n":64,"k":64,"trans":"NN"},"status":"skipped","reason":"no fp8"})",
-      R"({"schema_version":1,"run_id":"r","seq":4,"workload":"loadgen","device":"cpu","params":{"scenario":"server","model":"a-very-long-model-name-that-is-long","batch":4},"status":"ok","scenario":{"name":"server","metric":{"name":"completed_samples_per_s","value":812.34},"latency_s":{"p50":0.004,"p99":0.0123},"completed_samples_per_s":812.34,"result":"VALID"},"rates":{"samples_per_s":812.34,"primary":"samples_per_s"}})",
-      R"({"schema_version":1,"run_id":"r","seq":5,"workload":"loadgen","device":"cpu","params":{"scenario":"single-stream","model":"a-very-long-model-name-that-is-long","batch":1},"status":"invalid","reason":"x","scenario":{"name":"single-stream","metric":{"name":"latency_p90_early_stopping_s","value":0.00042},"latency_s":{"p50":0.0003,"p99":0.001},"completed_samples_per_s":2000,"result":"INVALID"}})",
-      R"({"schema_version":1,"run_id":"r","seq":6,"workload":"copy","device":"cpu","params":{"bytes":67108864},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":67108864.0,"ops_unit":"FLOP"},"time":{"median_s":0.5,"rel_spread":0.012,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":2.0,"gbps":0.1342,"primary":"gbps"}})",
-      R"({"schema_version":1,"run_id":"r","seq":7,"workload":"copy","device":"cpu","params":{"bytes":1048576},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":1048576.0,"ops_unit":"FLOP"},"time":{"median_s":0.001,"rel_spread":0.02,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":1000.0,"gbps":1.049,"primary":"gbps"}})",
-      R"({"schema_version":1,"run_id":"r","seq":8,"workload":"infer","device":"cpu","params":{"model":"resnet50","batch":8},"status":"ok","time":{"median_s":0.02,"p99_s":0.025,"rel_spread":0.002,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":400.0,"tflops":0.1648,"primary":"samples_per_s"}})",
-      R"({"schema_version":1,"run_id":"r","seq":9,"workload":"p2p","device":"cpu","params":{"bytes":1024},"status":"skipped","reason":"needs two GPUs"})",
-      R"({"schema_version":1,"run_id":"r","seq":10,"workload":"p2p","device":"cpu","params":{"bytes":2048},"status":"skipped","reason":"needs two GPUs"})",
-      R"({"schema_version":1,"run_id":"r","seq":11,"workload":"collectives","device":"cuda:0","params":{"op":"all_reduce","bytes":8388608,"gpus":2},"status":"ok","check":{"what":"wrong elements","rel_error":0,"passed":true},"metrics":{"algbw_gbps":120.5,"busbw_gbps":120.5},"time":{"median_s":0.0000696,"rel_spread":0.001,"converged":true,"stop_reason":"noise below target"}})",
-  };
+  const std::vector<std::string> lines =
+      {
+          R"({"schema_version":1,"run_id":"r","seq":0,"workload":"gemm","device":"cpu","params":{"precision":"bf16","m":8192,"n":8192,"k":8192,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e12,"bytes":4e8,"ops_unit":"FLOP"},"time":{"median_s":0.0015,"rel_spread":0.004,"converged":true,"stop_reason":"noise below target"},"rates":{"tflops":733.3,"gbps":266.6,"samples_per_s":666.6,"pct_of_ceiling":81.53,"primary":"tflops"}})",
+          R"({"schema_version":1,"run_id":"r","seq":1,"workload":"gemm","device":"cpu","params":{"precision":"int8","m":64,"n":64,"k":64,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e6,"bytes":4e3,"ops_unit":"OP"},"time":{"median_s":0.00000123,"rel_spread":0.0234,"converged":false,"stop_reason":"timeout before the noise target"},"rates":{"tflops":0.8943,"gbps":3.2,"primary":"tflops"}})",
+          R"({"schema_version":1,"run_id":"r","seq":2,"workload":"stream","device":"cpu","params":{"op":"triad","bytes":1073741824},"status":"ok","counts":{"samples":0.0,"flops":0.0,"bytes":3e9,"ops_unit":"FLOP"},"time":{"median_s":2.5,"rel_spread":0.0,"converged":true},"rates":{"gbps":1.2e3,"primary":"gbps"}})",
+          R"({"schema_version":1,"run_id":"r","seq":3,"workload":"gemm","device":"cpu","params":{"precision":"fp8","m":64,"n":64,"k":64,"trans":"NN"},"status":"skipped","reason":"no fp8"})",
+          R"({"schema_version":1,"run_id":"r","seq":4,"workload":"loadgen","device":"cpu","params":{"scenario":"server","model":"a-very-long-model-name-that-is-long","batch":4},"status":"ok","scenario":{"name":"server","metric":{"name":"completed_samples_per_s","value":812.34},"latency_s":{"p50":0.004,"p99":0.0123},"completed_samples_per_s":812.34,"result":"VALID"},"rates":{"samples_per_s":812.34,"primary":"samples_per_s"}})",
+          R"({"schema_version":1,"run_id":"r","seq":5,"workload":"loadgen","device":"cpu","params":{"scenario":"single-stream","model":"a-very-long-model-name-that-is-long","batch":1},"status":"invalid","reason":"x","scenario":{"name":"single-stream","metric":{"name":"latency_p90_early_stopping_s","value":0.00042},"latency_s":{"p50":0.0003,"p99":0.001},"completed_samples_per_s":2000,"result":"INVALID"}})",
+          R"({"schema_version":1,"run_id":"r","seq":6,"workload":"copy","device":"cpu","params":{"bytes":67108864},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":67108864.0,"ops_unit":"FLOP"},"time":{"median_s":0.5,"rel_spread":0.012,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":2.0,"gbps":0.1342,"primary":"gbps"}})",
+          R"({"schema_version":1,"run_id":"r","seq":7,"workload":"copy","device":"cpu","params":{"bytes":1048576},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":1048576.0,"ops_unit":"FLOP"},"time":{"median_s":0.001,"rel_spread":0.02,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":1000.0,"gbps":1.049,"primary":"gbps"}})",
+          R"({"schema_version":1,"run_id":"r","seq":8,"workload":"infer","device":"cpu","params":{"model":"resnet50","batch":8},"status":"ok","time":{"median_s":0.02,"p99_s":0.025,"rel_spread":0.002,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":400.0,"tflops":0.1648,"primary":"samples_per_s"}})",
+          R"({"schema_version":1,"run_id":"r","seq":9,"workload":"p2p","device":"cpu","params":{"bytes":1024},"status":"skipped","reason":"needs two GPUs"})",
+          R"({"schema_version":1,"run_id":"r","seq":10,"workload":"p2p","device":"cpu","params":{"bytes":2048},"status":"skipped","reason":"needs two GPUs"})",
+          R"({"schema_version":1,"run_id":"r","seq":11,"workload":"collectives","device":"cuda:0","params":{"op":"all_reduce","bytes":8388608,"gpus":2},"status":"ok","check":{"what":"wrong elements","rel_error":0,"passed":true},"metrics":{"algbw_gbps":120.5,"busbw_gbps":120.5},"time":{"median_s":0.0000696,"rel_spread":0.001,"converged":true,"stop_reason":"noise below target"}})",
+      };
   std::vector<json> records;
   for (const auto& l : lines) records.push_back(json::parse(l));
   const AxisOrder order = {{"gemm", {"precision", "m", "n", "k", "trans"}},
@@ -232,7 +233,8 @@ TEST(ReportTerminalSummary, TableIsByteForByte) {
       "gemm: trans=NN\n"
       "   precision     m     n     k  status    median           rate  % ceil  noise  stop\n"
       "   bf16       8192  8192  8192  ok        1.5 ms  733.3 TFLOP/s   81.5%   0.4%  noise below target\n"
-      "   int8         64    64    64  ok       1.23 us    894.3 GOP/s          2.3%!  timeout before the noise target\n"
+      "   int8         64    64    64  ok       1.23 us    894.3 GOP/s          2.3%!  timeout before the noise "
+      "target\n"
       "   fp8          64    64    64  skipped                                         no fp8\n"
       "\n"
       "stream: op=triad bytes=1073741824\n"
@@ -279,7 +281,10 @@ TEST(ReportTerminalSummary, TableIsByteForByte) {
 TEST(ReportTerminalSummary, UnknownWorkloadsTakeTheirAxesByNameAndConvergedRunsHaveNoLegend) {
   std::vector<json> records;
   for (const int size : {256, 16, 64})
-    records.push_back({{"schema_version", 1}, {"run_id", "r"}, {"workload", "w"}, {"status", "ok"},
+    records.push_back({{"schema_version", 1},
+                       {"run_id", "r"},
+                       {"workload", "w"},
+                       {"status", "ok"},
                        {"params", {{"z", "same"}, {"size", size}, {"alpha", size == 16 ? "b" : "a"}}},
                        {"time", {{"median_s", 0.001}, {"rel_spread", 0.001}, {"converged", true}}}});
   std::ostringstream table;

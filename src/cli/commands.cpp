@@ -151,8 +151,10 @@ nlohmann::json workload_json(const harness::Workload& w) {
   const auto cpu_axes = w.axes("cpu");
   const auto gpu_axes = w.axes("cuda");
   for (std::size_t i = 0; i < cpu_axes.size(); ++i) {
-    nlohmann::json a = {{"name", cpu_axes[i].name}, {"kind", harness::kind_name(cpu_axes[i].kind)},
-                        {"defaults_cpu", cpu_axes[i].defaults}, {"defaults_cuda", gpu_axes[i].defaults},
+    nlohmann::json a = {{"name", cpu_axes[i].name},
+                        {"kind", harness::kind_name(cpu_axes[i].kind)},
+                        {"defaults_cpu", cpu_axes[i].defaults},
+                        {"defaults_cuda", gpu_axes[i].defaults},
                         {"help", cpu_axes[i].help}};
     if (!cpu_axes[i].choices.empty()) a["choices"] = cpu_axes[i].choices;
     axes.push_back(a);
@@ -160,16 +162,19 @@ nlohmann::json workload_json(const harness::Workload& w) {
   nlohmann::json groups = nlohmann::json::array();
   for (const auto& g : w.zip_groups()) {
     nlohmann::json tables = nlohmann::json::array();
-    for (const auto& [name, rows] : g.tables) tables.push_back("@" + name + " (" + std::to_string(rows.size()) + " rows)");
+    for (const auto& [name, rows] : g.tables)
+      tables.push_back("@" + name + " (" + std::to_string(rows.size()) + " rows)");
     groups.push_back({{"axes", g.names}, {"tables", tables}});
   }
   nlohmann::json options = nlohmann::json::array();
   for (const auto& o : w.options()) {
-    nlohmann::json j = {{"name", o.name}, {"kind", harness::kind_name(o.kind)}, {"default", o.default_value}, {"help", o.help}};
+    nlohmann::json j = {
+        {"name", o.name}, {"kind", harness::kind_name(o.kind)}, {"default", o.default_value}, {"help", o.help}};
     if (!o.choices.empty()) j["choices"] = o.choices;
     options.push_back(j);
   }
-  return {{"name", w.name()}, {"description", w.description()}, {"axes", axes}, {"zipped", groups}, {"options", options}};
+  return {
+      {"name", w.name()}, {"description", w.description()}, {"axes", axes}, {"zipped", groups}, {"options", options}};
 }
 
 void print_workload(std::ostream& out, const nlohmann::json& w) {
@@ -180,17 +185,19 @@ void print_workload(std::ostream& out, const nlohmann::json& w) {
     const auto dc = a["defaults_cpu"].get<std::vector<std::string>>();
     const auto dg = a["defaults_cuda"].get<std::vector<std::string>>();
     out << "               default " << (dc == dg ? join(dc) : "cuda: " + join(dg) + "; cpu: " + join(dc)) << '\n';
-    if (a.contains("choices")) out << "               choices " << join(a["choices"].get<std::vector<std::string>>()) << '\n';
+    if (a.contains("choices"))
+      out << "               choices " << join(a["choices"].get<std::vector<std::string>>()) << '\n';
   }
   for (const auto& o : w["options"]) {
     out << "  --option " << std::left << std::setw(10) << o["name"].get<std::string>() << " "
         << o["kind"].get<std::string>() << ", " << o["help"].get<std::string>() << '\n'
         << "               default " << o["default"].get<std::string>() << '\n';
-    if (o.contains("choices")) out << "               choices " << join(o["choices"].get<std::vector<std::string>>()) << '\n';
+    if (o.contains("choices"))
+      out << "               choices " << join(o["choices"].get<std::vector<std::string>>()) << '\n';
   }
   for (const auto& g : w["zipped"]) {
-    out << "  zipped  " << join(g["axes"].get<std::vector<std::string>>()) << " vary together; tables: "
-        << join(g["tables"].get<std::vector<std::string>>(), ", ") << '\n';
+    out << "  zipped  " << join(g["axes"].get<std::vector<std::string>>())
+        << " vary together; tables: " << join(g["tables"].get<std::vector<std::string>>(), ", ") << '\n';
   }
 }
 
@@ -199,7 +206,8 @@ int list_suites(bool json) {
   const auto suites = harness::bundled_suites();
   if (json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& s : suites) out.push_back({{"name", s.name}, {"description", s.description}, {"path", s.path.string()}});
+    for (const auto& s : suites)
+      out.push_back({{"name", s.name}, {"description", s.description}, {"path", s.path.string()}});
     std::cout << out.dump(2) << '\n';
     return 0;
   }
@@ -218,7 +226,8 @@ int list_suites(bool json) {
               << (shadowed ? " (run it as `accelbench run " + s.name + ".yaml`: `" + s.name + "` is a workload)" : "")
               << '\n';
   }
-  std::cout << "\nfrom " << suites.front().path.parent_path().string() << " (set ACCELBENCH_SUITES for another folder)\n";
+  std::cout << "\nfrom " << suites.front().path.parent_path().string()
+            << " (set ACCELBENCH_SUITES for another folder)\n";
   return 0;
 }
 
@@ -238,8 +247,8 @@ int list(bool json, const std::string& what) {
   if (out.empty()) {
     auto names = workload_names();
     names.insert(names.begin(), {"suites", "workloads"});
-    std::cerr << "accelbench list: unknown workload '" << what << "'" << harness::did_you_mean(what, names)
-              << "; valid: suites, workloads, " << join(workload_names(), ", ") << '\n';
+    std::cerr << "accelbench list: unknown workload '" << what << "'; valid: suites, workloads, "
+              << join(workload_names(), ", ") << harness::did_you_mean(what, names) << '\n';
     return 2;
   }
   if (json) {
@@ -284,9 +293,9 @@ static std::string resolve_target(const std::string& target) {
     suites.push_back(s.name);
     candidates.push_back(s.name);
   }
-  throw UsageError("unknown workload or suite '" + target + "'" + harness::did_you_mean(target, candidates) +
-                   "; workloads: " + join(names, ", ") + "; suites: " + (suites.empty() ? "none found" : join(suites, ", ")) +
-                   " (`accelbench list`, `accelbench list suites`)");
+  throw UsageError("unknown workload or suite '" + target + "'; valid: " + join(names, ", ") +
+                   (suites.empty() ? "" : ", or a suite: " + join(suites, ", ")) +
+                   " (`accelbench list`, `accelbench list suites`)" + harness::did_you_mean(target, candidates));
 }
 
 int run(const RunOptions& options) {
@@ -347,7 +356,8 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
       write_run_list(out, runs);
     } else {
       if (runs.empty()) throw UsageError("the store has no runs");
-      const std::string id = run_id.empty() ? runs.front().run_id : results::resolve_run_id(runs, run_id).value_or(run_id);
+      const std::string id =
+          run_id.empty() ? runs.front().run_id : results::resolve_run_id(runs, run_id).value_or(run_id);
       auto points = results::load_points(db, id);
       if (!field_paths.empty()) {
         results::write_fields(out, points, field_paths, csv);

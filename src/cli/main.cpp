@@ -36,8 +36,8 @@ bool refuse_unknown_subcommand(const CLI::App& app, int argc, char** argv) {
   }
   std::string valid;
   for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
-  std::cerr << "accelbench: unknown command '" << typed << "'" << ab::harness::did_you_mean(typed, names)
-            << "; commands: " << valid << " (accelbench --help)\n";
+  std::cerr << "accelbench: unknown command '" << typed << "'; commands: " << valid << " (accelbench --help)"
+            << ab::harness::did_you_mean(typed, names) << '\n';
   return true;
 }
 
@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
   std::string results_out = out_default, results_run, results_file, results_fields;
   bool results_csv = false;
   auto* results = app.add_subcommand("results", "Runs in the store; a run's points; CSV export; chosen record fields");
-  results->add_option("run_id", results_run, "a run to show: its id, a unique prefix of it, or `latest` (default: list the runs)");
+  results->add_option("run_id", results_run,
+                      "a run to show: its id, a unique prefix of it, or `latest` (default: list the runs)");
   results->add_option("--out", results_out, "the folder given to `run --out`" + out_help)->check(kNotEmpty);
   results->add_flag("--csv", results_csv, "export the points as CSV (the newest run unless run_id is given)");
   results->add_option("-o,--output", results_file, "write to this file instead of standard output");
@@ -125,7 +126,9 @@ int main(int argc, char** argv) {
   report->add_option("-o,--output", report_opts.output,
                      "file to write (default: report.html; Markdown goes to standard output)");
   report->add_option("--format", report_opts.format, "html (default) or md")->check(CLI::IsMember({"html", "md"}));
-  report->add_option("--out", report_opts.out_dir, "the folder given to `run --out`, where run ids are looked up" + out_help)
+  report
+      ->add_option("--out", report_opts.out_dir,
+                   "the folder given to `run --out`, where run ids are looked up" + out_help)
       ->check(kNotEmpty);
 
   ab::cli::CompareOptions compare_opts;
@@ -140,7 +143,9 @@ int main(int argc, char** argv) {
   compare->add_option("--format", compare_opts.format, "text (default), md or html")
       ->check(CLI::IsMember({"text", "md", "html"}));
   compare->add_option("-o,--output", compare_opts.output, "write to this file instead of standard output");
-  compare->add_option("--out", compare_opts.out_dir, "the folder given to `run --out`, where run ids are looked up" + out_help)
+  compare
+      ->add_option("--out", compare_opts.out_dir,
+                   "the folder given to `run --out`, where run ids are looked up" + out_help)
       ->check(kNotEmpty);
 
   std::string import_file, import_system, import_out = out_default;

@@ -53,9 +53,10 @@ std::int64_t parse_int(const std::string& s, const std::string& context) {
   std::int64_t v = 0;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   const std::string_view suffix(ptr, static_cast<std::size_t>(s.data() + s.size() - ptr));
-  const auto multiplier = ec == std::errc() && !s.empty() && s.front() != '-' ? size_multiplier(suffix)
-                          : ec == std::errc() && suffix.empty()              ? std::optional<std::int64_t>(1)
-                                                                             : std::nullopt;
+  // A negative number takes no suffix (no size is negative; "-1k" is more likely a typo).
+  const bool negative = !s.empty() && s.front() == '-';
+  const std::optional<std::int64_t> multiplier =
+      ec != std::errc() || (negative && !suffix.empty()) ? std::nullopt : size_multiplier(suffix);
   if (!multiplier)
     throw UsageError("'" + s + "' is not an integer (" + context +
                      "; a size may end in k, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti (powers of 1024), with or "
@@ -88,7 +89,7 @@ void check_value(const AxisSpec& axis, const std::string& v) {
              std::find(axis.choices.begin(), axis.choices.end(), v) == axis.choices.end()) {
     std::string valid;
     for (const auto& c : axis.choices) valid += (valid.empty() ? "" : ", ") + c;
-    throw UsageError("unknown " + axis.name + " '" + v + "'" + did_you_mean(v, axis.choices) + "; valid: " + valid);
+    throw UsageError("unknown " + axis.name + " '" + v + "'; valid: " + valid + did_you_mean(v, axis.choices));
   }
 }
 
@@ -158,7 +159,7 @@ std::vector<std::vector<std::string>> group_rows(const ZipGroup& g, const std::v
           valid += (valid.empty() ? "@" : ", @") + name;
           names.push_back("@" + name);
         }
-        throw UsageError("unknown table '" + item + "'" + did_you_mean(item, names) + "; valid: " + valid);
+        throw UsageError("unknown table '" + item + "'; valid: " + valid + did_you_mean(item, names));
       }
       rows.insert(rows.end(), t->second.begin(), t->second.end());
       continue;
@@ -180,7 +181,8 @@ std::vector<std::vector<std::string>> group_rows(const ZipGroup& g, const std::v
     std::vector<std::string> row = fill;
     for (std::size_t i = 0; i < named.size(); ++i) {
       const auto pos = std::find(g.names.begin(), g.names.end(), named[i]) - g.names.begin();
-      row[static_cast<std::size_t>(pos)] = normalized(*find_axis(axes, named[i]), fields.size() == 1 ? fields[0] : fields[i]);
+      row[static_cast<std::size_t>(pos)] =
+          normalized(*find_axis(axes, named[i]), fields.size() == 1 ? fields[0] : fields[i]);
     }
     rows.push_back(row);
   }
@@ -296,7 +298,7 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
   for (const auto& o : overrides) {
     for (const auto& n : o.names)
       if (find_axis(axes, n) == nullptr)
-        throw UsageError("unknown axis '" + n + "'" + did_you_mean(n, names_of(axes)) + "; valid: " + valid_names);
+        throw UsageError("unknown axis '" + n + "'; valid: " + valid_names + did_you_mean(n, names_of(axes)));
     const ZipGroup* g = find_group(groups, o.names.front());
     auto dim = std::find_if(dims.begin(), dims.end(), [&](const Dimension& d) {
       return std::find(d.names.begin(), d.names.end(), o.names.front()) != d.names.end();

@@ -30,7 +30,7 @@ void check_option_value(const OptionSpec& o, const std::string& v) {
   } else if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), v) == o.choices.end()) {
     std::string valid;
     for (const auto& c : o.choices) valid += (valid.empty() ? "" : ", ") + c;
-    throw UsageError("unknown " + o.name + " '" + v + "'" + did_you_mean(v, o.choices) + "; valid: " + valid);
+    throw UsageError("unknown " + o.name + " '" + v + "'; valid: " + valid + did_you_mean(v, o.choices));
   }
 }
 
@@ -43,7 +43,7 @@ OptionValues resolve_options(const std::string& workload, const std::vector<Opti
     if (!known) {
       std::vector<std::string> names;
       for (const auto& o : specs) names.push_back(o.name);
-      throw UsageError(workload + " has no option '" + name + "'" + did_you_mean(name, names) + "; valid: " + names_of(specs));
+      throw UsageError(workload + " has no option '" + name + "'; valid: " + names_of(specs) + did_you_mean(name, names));
     }
   }
   OptionValues out;

@@ -173,8 +173,8 @@ void RunSession::prepare(const Registry& registry, const Planner& planner) {
   if (suite_) context_["suite_file"] = suite_file_json(request_.target);
   context_["host_load"] = telemetry::host_load_json(telemetry::measure_host_load(kHostLoadWindowS), usable_cpus(),
                                                     run_threads(backend_->info()));
-  if (leader_ && context_["host_load"].contains("note"))
-    err_ << kWho << "warning: " << context_["host_load"]["note"].get<std::string>() << '\n';
+  if (!quiet_ && context_["host_load"].contains("note"))
+    err_ << "accelbench warning: " << context_["host_load"]["note"].get<std::string>() << '\n';
 }
 
 // Every rank must have built the same sweep; then the context learns where each rank runs.

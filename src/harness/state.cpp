@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "harness/suggest.h"
 #include "dist/comm.h"
+#include "harness/suggest.h"
 
 namespace ab::harness {
 
@@ -106,7 +106,7 @@ Workload& Registry::find(const std::string& name) const {
     valid += (valid.empty() ? "" : ", ") + w->name();
     names.push_back(w->name());
   }
-  throw UsageError("unknown workload '" + name + "'" + did_you_mean(name, names) + "; valid: " + valid);
+  throw UsageError("unknown workload '" + name + "'; valid: " + valid + did_you_mean(name, names));
 }
 
 }  // namespace ab::harness

@@ -14,7 +14,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
     for (std::size_t j = 1; j <= b.size(); ++j) {
       const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   return d[a.size()][b.size()];
 }
@@ -44,7 +45,7 @@ std::optional<std::string> closest_name(const std::string& typed, const std::vec
 
 std::string did_you_mean(const std::string& typed, const std::vector<std::string>& valid) {
   const auto name = closest_name(typed, valid);
-  return name ? " (did you mean '" + *name + "'?)" : "";
+  return name ? "; did you mean '" + *name + "'?" : "";
 }
 
 }  // namespace ab::harness

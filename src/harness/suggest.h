@@ -13,7 +13,8 @@ namespace ab::harness {
 // of the longer name (and at least 1); or the one name `typed` begins. nullopt when none is close.
 std::optional<std::string> closest_name(const std::string& typed, const std::vector<std::string>& valid);
 
-// " (did you mean 'gemm'?)" where closest_name finds one, else "".
+// "; did you mean 'gemm'?" where closest_name finds one, else "": the end of a message that has
+// listed the valid names ("unknown workload 'gemn'; valid: ...; did you mean 'gemm'?").
 std::string did_you_mean(const std::string& typed, const std::vector<std::string>& valid);
 
 }  // namespace ab::harness

@@ -3,6 +3,8 @@
 // are the same on every point said once above it, the ones that vary as columns in declaration
 // order, then the workload's own figures (nccl-tests and MLPerf style where those are the anchors).
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <functional>
 #include <iomanip>
 #include <map>
@@ -62,8 +64,12 @@ std::string percent_text(double fraction_pct, int digits = 1) {
   return s.str();
 }
 
+// A whole number stored as a float (target_qps 0.0) reads as the integer it is, as --axis took it.
 std::string axis_text(const nlohmann::json& v) {
-  return results::terminal_safe(v.is_string() ? v.get<std::string>() : v.dump());
+  if (v.is_string()) return results::terminal_safe(v.get<std::string>());
+  if (v.is_number_float() && std::abs(v.get<double>()) < 1e15 && v.get<double>() == std::trunc(v.get<double>()))
+    return std::to_string(static_cast<std::int64_t>(v.get<double>()));
+  return results::terminal_safe(v.dump());
 }
 
 // The points of one table: one workload, and for loadgen one scenario metric (each has its header).
@@ -75,9 +81,8 @@ struct Group {
 // The scenario's metric name ("metric" where the record names none); "" for other workloads.
 std::string scenario_metric(const Record& r) {
   if (!r.scenario.is_object()) return "";
-  const std::string name = r.scenario.contains("metric") && r.scenario["metric"].is_object()
-                               ? r.scenario["metric"].value("name", "")
-                               : "";
+  const std::string name =
+      r.scenario.contains("metric") && r.scenario["metric"].is_object() ? r.scenario["metric"].value("name", "") : "";
   return name.empty() ? "metric" : name;
 }
 
@@ -189,7 +194,8 @@ Figures scenario_figures(const std::string& metric) {
   return {cols, [is_latency](const Record& r) {
             const nlohmann::json& sc = r.scenario;
             const nlohmann::json lat = sc.value("latency_s", nlohmann::json::object());
-            const double value = sc.contains("metric") && sc["metric"].is_object() ? sc["metric"].value("value", 0.0) : 0.0;
+            const double value =
+                sc.contains("metric") && sc["metric"].is_object() ? sc["metric"].value("value", 0.0) : 0.0;
             Cells c = {is_latency ? results::format_seconds(value) : number_text(value),
                        results::format_seconds(lat.value("p50", 0.0)), results::format_seconds(lat.value("p99", 0.0))};
             if (is_latency) c.push_back(number_text(sc.value("completed_samples_per_s", 0.0)));
@@ -206,7 +212,8 @@ Figures collective_figures() {
               return v ? number_text(*v) : std::string();
             };
             std::string wrong;
-            if (r.check.is_object() && r.check.contains("rel_error")) wrong = number_text(r.check["rel_error"].get<double>());
+            if (r.check.is_object() && r.check.contains("rel_error"))
+              wrong = number_text(r.check["rel_error"].get<double>());
             return Cells{seconds_text(r.time_of(&results::TimeStats::median_s)), gbps("algbw_gbps"), gbps("busbw_gbps"),
                          wrong, noise_text(r)};
           }};
@@ -216,8 +223,8 @@ Figures collective_figures() {
 // models) with the latency of one step or batch.
 Figures model_figures(const std::string& noun) {
   return {{{noun + "/s"}, {"p50"}, {"p99"}, {"TFLOP/s"}, {"noise"}}, [noun](const Record& r) {
-            const auto rate = noun == "tokens" ? r.rate_of(&results::Rates::tokens_per_s)
-                                               : r.rate_of(&results::Rates::samples_per_s);
+            const auto rate =
+                noun == "tokens" ? r.rate_of(&results::Rates::tokens_per_s) : r.rate_of(&results::Rates::samples_per_s);
             const auto tflops = r.rate_of(&results::Rates::tflops);
             return Cells{rate ? number_text(*rate) : "", seconds_text(r.time_of(&results::TimeStats::median_s)),
                          seconds_text(r.time_of(&results::TimeStats::p99_s)), tflops ? number_text(*tflops) : "",
@@ -238,9 +245,12 @@ bool images_are_samples(const std::string& workload) { return workload == "train
 
 Figures figures_for(const Group& g) {
   if (!g.metric.empty()) return scenario_figures(g.metric);
-  const auto any = [&](const auto& has) { return std::any_of(g.records.begin(), g.records.end(), [&](const Record* r) { return has(*r); }); };
+  const auto any = [&](const auto& has) {
+    return std::any_of(g.records.begin(), g.records.end(), [&](const Record* r) { return has(*r); });
+  };
   if (any([](const Record& r) { return r.metric("busbw_gbps").has_value(); })) return collective_figures();
-  if (any([](const Record& r) { return r.rate_of(&results::Rates::tokens_per_s).has_value(); })) return model_figures("tokens");
+  if (any([](const Record& r) { return r.rate_of(&results::Rates::tokens_per_s).has_value(); }))
+    return model_figures("tokens");
   if (images_are_samples(g.workload)) return model_figures("images");
   return kernel_figures();
 }

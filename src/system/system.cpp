@@ -27,8 +27,8 @@ std::string os_release() {
   return "unknown";
 }
 
-constexpr std::string_view kResultPrefixes[] = {"CUDA_", "NCCL_", "OMP_", "GOMP_", "KMP_", "OPENBLAS_",
-                                                "CUBLAS_", "CUBLASLT_", "CUDNN_", "NVIDIA_TF32_OVERRIDE"};
+constexpr std::string_view kResultPrefixes[] = {"CUDA_",     "NCCL_",   "OMP_",      "GOMP_",  "KMP_",
+                                                "OPENBLAS_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "NVIDIA_TF32_OVERRIDE"};
 
 }  // namespace
 
@@ -88,12 +88,9 @@ nlohmann::json make_context(const std::vector<backend::DeviceInfo>& devices, con
                             const std::string& started_at) {
   nlohmann::json devs = nlohmann::json::array();
   for (const auto& d : devices) devs.push_back(to_json(d));
-  nlohmann::json context = {{"host", to_json(host_info())},
-                             {"devices", devs},
-                             {"build", build_json()},
-                             {"environment", result_environment(environ)},
-                             {"command_line", command_line},
-                             {"started_at", started_at}};
+  nlohmann::json context = {{"host", to_json(host_info())}, {"devices", devs},
+                            {"build", build_json()},        {"environment", result_environment(environ)},
+                            {"command_line", command_line}, {"started_at", started_at}};
   if (nlohmann::json topology = topology_json(devices); !topology.is_null()) context["topology"] = topology;
   return context;
 }

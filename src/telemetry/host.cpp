@@ -11,8 +11,8 @@
 #include <fstream>
 #include <iomanip>
 #include <sstream>
-#include <thread>
 #include <string_view>
+#include <thread>
 
 #include "telemetry/telemetry.h"
 
@@ -187,7 +187,8 @@ HostLoad measure_host_load(double window_s, const std::filesystem::path& proc_ro
   load.cores = static_cast<int>(s.core_busy_frac.size());
   for (const double f : s.core_busy_frac) load.busy_cores += f;
   // This process's own threads (OpenBLAS's spinning after start-up) are not someone else's load.
-  if (window_s > 0) load.busy_cores = std::max(0.0, load.busy_cores - (s.process_cpu_s - before.process_cpu_s) / window_s);
+  if (window_s > 0)
+    load.busy_cores = std::max(0.0, load.busy_cores - (s.process_cpu_s - before.process_cpu_s) / window_s);
   std::ifstream in(proc_root / "loadavg");
   if (double avg = 0; in >> avg) load.load_avg_1m = avg;
   return load;
@@ -200,15 +201,16 @@ nlohmann::json host_load_json(const HostLoad& load, int usable_cores, int thread
   const double free_cores = std::max(0.0, cores - busy);
   const bool is_busy = cores > 0 && busy >= std::max(1.0, 0.1 * cores);
   const bool oversubscribed = cores > 0 && threads > static_cast<int>(std::lround(free_cores));
-  nlohmann::json j = {{"cores", cores},           {"busy_cores", busy}, {"free_cores", free_cores},
-                      {"threads", threads},       {"busy", is_busy},    {"oversubscribed", oversubscribed}};
+  nlohmann::json j = {{"cores", cores},     {"busy_cores", busy}, {"free_cores", free_cores},
+                      {"threads", threads}, {"busy", is_busy},    {"oversubscribed", oversubscribed}};
   if (load.load_avg_1m) j["load_avg_1m"] = *load.load_avg_1m;
   if (is_busy || oversubscribed) {
     std::ostringstream note;
     note << std::fixed << std::setprecision(1) << "the host is shared: other processes kept " << busy << " of " << cores
          << " core(s) busy before the run";
     if (load.load_avg_1m) note << " (load average " << *load.load_avg_1m << ")";
-    if (oversubscribed) note << ", and the run's " << threads << " thread(s) outnumber the " << free_cores << " free core(s)";
+    if (oversubscribed)
+      note << ", and the run's " << threads << " thread(s) outnumber the " << free_cores << " free core(s)";
     note << "; CPU timings will be slower and may sit on a steady plateau with low noise";
     j["note"] = note.str();
   }
