@@ -43,7 +43,8 @@ OptionValues resolve_options(const std::string& workload, const std::vector<Opti
     if (!known) {
       std::vector<std::string> names;
       for (const auto& o : specs) names.push_back(o.name);
-      throw UsageError(workload + " has no option '" + name + "'; valid: " + names_of(specs) + did_you_mean(name, names));
+      throw UsageError(workload + " has no option '" + name + "'; valid: " + names_of(specs) +
+                       did_you_mean(name, names));
     }
   }
   OptionValues out;
