@@ -46,6 +46,10 @@ TEST(CliDiscovery, AMistypedCommandNamesTheNearestOne) {
   EXPECT_EQ(suite.code, 2);
   EXPECT_TRUE(has(suite.output, "or a suite: ")) << suite.output;
   EXPECT_TRUE(has(suite.output, "; did you mean 'quick'?\n")) << suite.output;
+  const Ran flag = ab::test::accelbench({"run", "gemm", "--max-nosie", "3"});
+  EXPECT_EQ(flag.code, 2);
+  EXPECT_TRUE(has(flag.output, "accelbench run: unknown option '--max-nosie'; did you mean '--max-noise'?"))
+      << flag.output;
   const Ran axis = ab::test::accelbench({"run", "stream", "--device", "cpu", "--axis", "array_byte=1k"});
   EXPECT_EQ(axis.code, 2);
   EXPECT_TRUE(has(axis.output, "; did you mean 'array_bytes'?")) << axis.output;

@@ -1,6 +1,7 @@
 // accelbench: benchmarks for AI/ML accelerators. Parses the command line and dispatches.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -39,6 +40,25 @@ bool refuse_unknown_subcommand(const CLI::App& app, int argc, char** argv) {
   std::cerr << "accelbench: unknown command '" << typed << "'; commands: " << valid << " (accelbench --help)"
             << ab::harness::did_you_mean(typed, names) << '\n';
   return true;
+}
+
+// After CLI11's "The following arguments were not expected: --max-nosie": the option of the
+// subcommand given that each unknown --name most likely meant.
+void suggest_options(const CLI::App& app, int argc, char** argv) {
+  const auto given = app.get_subcommands();
+  if (given.empty()) return;
+  std::vector<std::string> names;
+  for (const CLI::Option* o : given.front()->get_options())
+    for (const auto& l : o->get_lnames()) names.push_back("--" + l);
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+    if (const auto meant = ab::harness::closest_name(name, names))
+      std::cerr << "accelbench " << given.front()->get_name() << ": unknown option '" << name << "'; did you mean '"
+                << *meant << "'?\n";
+  }
 }
 
 }  // namespace
@@ -163,6 +183,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) suggest_options(app, argc, argv);
     return rc == 0 ? 0 : 2;
   }
   run_opts.command_line = ab::results::shell_quoted_command(std::vector<std::string>(argv, argv + argc));
