@@ -214,10 +214,9 @@ TEST_F(ReportIo, RunFolderAndStoreGiveTheSameRun) {
   EXPECT_EQ(a.context.dump(), b.context.dump());
 }
 
-// The terminal summary, byte for byte: these lines are what the runner's table printed before it
-// moved here (gemm with a ceiling, integer ops, bandwidth, skipped, scenarios, a point without rates).
-// A train point has 14 axes, more than the column shows: the one that tells the lines apart leads.
-TEST(ReportTerminalSummary, AxesThatVaryBetweenPointsComeFirst) {
+// The terminal summary: one table per workload, the constant axes said once above it, the ones
+// that vary as columns in declaration order, uncut.
+TEST(ReportTerminalSummary, VaryingAxesAreColumnsAndConstantOnesAreSaidOnce) {
   std::vector<json> records;
   for (const char* model : {"gpt2_124m", "bert_base"})
     records.push_back(
@@ -226,46 +225,114 @@ TEST(ReportTerminalSummary, AxesThatVaryBetweenPointsComeFirst) {
          {"workload", "train"},
          {"device", "cpu"},
          {"params", {{"comm_dtype", "grad"}, {"comm_engine", "auto"}, {"fuse", "auto"}, {"model", model}}},
-         {"status", "skipped"},
-         {"reason", "x"}});
+         {"status", model == std::string("gpt2_124m") ? "oom" : "skipped"},
+         {"reason", model == std::string("gpt2_124m") ? "out of memory" : "x"}});
   std::ostringstream table;
-  print_summary(table, records);
-  EXPECT_NE(table.str().find("model=gpt2_124m comm_dtype=grad"), std::string::npos) << table.str();
-  EXPECT_NE(table.str().find("model=bert_base comm_dtype=grad"), std::string::npos) << table.str();
+  print_summary(table, records, {{"train", {"model", "fuse", "comm_dtype", "comm_engine"}}});
+  const std::string t = table.str();
+  EXPECT_EQ(t.rfind("train: fuse=auto comm_dtype=grad comm_engine=auto\n", 0), 0u) << t;
+  EXPECT_NE(t.find("   gpt2_124m  oom "), std::string::npos) << t;
+  EXPECT_NE(t.find("   bert_base  skipped "), std::string::npos) << t;
+  EXPECT_NE(t.find("out of memory\n"), std::string::npos) << t;  // each point's reason, in the stop column
+  EXPECT_EQ(t.find("model="), std::string::npos) << t;           // a varying axis is a column, not text
 }
 
-TEST(ReportTerminalSummary, TableIsByteForByteTheRunnersTable) {
-  const std::vector<std::string> lines = {
-      R"({"schema_version":1,"run_id":"r","seq":0,"workload":"gemm","device":"cpu","params":{"precision":"bf16","m":8192,"n":8192,"k":8192,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e12,"bytes":4e8,"ops_unit":"FLOP"},"time":{"median_s":0.0015,"rel_spread":0.004,"converged":true},"rates":{"tflops":733.3,"gbps":266.6,"samples_per_s":666.6,"pct_of_ceiling":81.53,"primary":"tflops"}})",
-      R"({"schema_version":1,"run_id":"r","seq":1,"workload":"gemm","device":"cpu","params":{"precision":"int8","m":64},"status":"ok","counts":{"samples":1.0,"flops":1.1e6,"bytes":4e3,"ops_unit":"OP"},"time":{"median_s":0.00000123,"rel_spread":0.0234,"converged":false},"rates":{"tflops":0.8943,"gbps":3.2,"primary":"tflops"}})",
-      R"({"schema_version":1,"run_id":"r","seq":2,"workload":"stream","device":"cpu","params":{"op":"triad","bytes":1073741824},"status":"ok","counts":{"samples":0.0,"flops":0.0,"bytes":3e9,"ops_unit":"FLOP"},"time":{"median_s":2.5,"rel_spread":0.0,"converged":true},"rates":{"gbps":1.2e3,"primary":"gbps"}})",
-      R"({"schema_version":1,"run_id":"r","seq":3,"workload":"gemm","device":"cpu","params":{"precision":"fp8"},"status":"skipped","reason":"no fp8"})",
-      R"({"schema_version":1,"run_id":"r","seq":4,"workload":"loadgen","device":"cpu","params":{"scenario":"server","model":"a-very-long-model-name-that-is-long","batch":4},"status":"ok","scenario":{"name":"server","latency_s":{"p99":0.0123},"completed_samples_per_s":812.34,"result":"VALID"},"rates":{"samples_per_s":812.34,"primary":"samples_per_s"}})",
-      R"({"schema_version":1,"run_id":"r","seq":5,"workload":"loadgen","device":"cpu","params":{"scenario":"single-stream"},"status":"invalid","reason":"x","scenario":{"name":"single-stream","metric":{"value":0.00042},"latency_s":{"p99":0.001},"completed_samples_per_s":2000,"result":"INVALID"}})",
-      R"({"schema_version":1,"run_id":"r","seq":6,"workload":"copy","device":"cpu","params":{"bytes":64},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":64.0,"ops_unit":"FLOP"},"time":{"median_s":0.5,"rel_spread":0.012,"converged":true},"rates":{"samples_per_s":2.0,"gbps":1.28e-7,"primary":"gbps"}})",
-      R"({"schema_version":1,"run_id":"r","seq":7,"workload":"infer","device":"cpu","params":{"batch":8},"status":"ok","time":{"median_s":0.02,"rel_spread":0.002,"converged":true}})",
-  };
+// Byte for byte: kernels (a ceiling, integer ops, bandwidth, a skipped point), the load
+// generator's scenarios under their metrics, collectives nccl-tests style, a workload whose every
+// point was skipped (one line), copy sizes in numeric order, inference in images/s, the legend.
+TEST(ReportTerminalSummary, TableIsByteForByte) {
+  const std::vector<std::string> lines =
+      {
+          R"({"schema_version":1,"run_id":"r","seq":0,"workload":"gemm","device":"cpu","params":{"precision":"bf16","m":8192,"n":8192,"k":8192,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e12,"bytes":4e8,"ops_unit":"FLOP"},"time":{"median_s":0.0015,"rel_spread":0.004,"converged":true,"stop_reason":"noise below target"},"rates":{"tflops":733.3,"gbps":266.6,"samples_per_s":666.6,"pct_of_ceiling":81.53,"primary":"tflops"}})",
+          R"({"schema_version":1,"run_id":"r","seq":1,"workload":"gemm","device":"cpu","params":{"precision":"int8","m":64,"n":64,"k":64,"trans":"NN"},"status":"ok","counts":{"samples":1.0,"flops":1.1e6,"bytes":4e3,"ops_unit":"OP"},"time":{"median_s":0.00000123,"rel_spread":0.0234,"converged":false,"stop_reason":"timeout before the noise target"},"rates":{"tflops":0.8943,"gbps":3.2,"primary":"tflops"}})",
+          R"({"schema_version":1,"run_id":"r","seq":2,"workload":"stream","device":"cpu","params":{"op":"triad","bytes":1073741824},"status":"ok","counts":{"samples":0.0,"flops":0.0,"bytes":3e9,"ops_unit":"FLOP"},"time":{"median_s":2.5,"rel_spread":0.0,"converged":true},"rates":{"gbps":1.2e3,"primary":"gbps"}})",
+          R"({"schema_version":1,"run_id":"r","seq":3,"workload":"gemm","device":"cpu","params":{"precision":"fp8","m":64,"n":64,"k":64,"trans":"NN"},"status":"skipped","reason":"no fp8"})",
+          R"({"schema_version":1,"run_id":"r","seq":4,"workload":"loadgen","device":"cpu","params":{"scenario":"server","model":"a-very-long-model-name-that-is-long","batch":4},"status":"ok","scenario":{"name":"server","metric":{"name":"completed_samples_per_s","value":812.34},"latency_s":{"p50":0.004,"p99":0.0123},"completed_samples_per_s":812.34,"result":"VALID"},"rates":{"samples_per_s":812.34,"primary":"samples_per_s"}})",
+          R"({"schema_version":1,"run_id":"r","seq":5,"workload":"loadgen","device":"cpu","params":{"scenario":"single-stream","model":"a-very-long-model-name-that-is-long","batch":1},"status":"invalid","reason":"x","scenario":{"name":"single-stream","metric":{"name":"latency_p90_early_stopping_s","value":0.00042},"latency_s":{"p50":0.0003,"p99":0.001},"completed_samples_per_s":2000,"result":"INVALID"}})",
+          R"({"schema_version":1,"run_id":"r","seq":6,"workload":"copy","device":"cpu","params":{"bytes":67108864},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":67108864.0,"ops_unit":"FLOP"},"time":{"median_s":0.5,"rel_spread":0.012,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":2.0,"gbps":0.1342,"primary":"gbps"}})",
+          R"({"schema_version":1,"run_id":"r","seq":7,"workload":"copy","device":"cpu","params":{"bytes":1048576},"status":"ok","counts":{"samples":1.0,"flops":0.0,"bytes":1048576.0,"ops_unit":"FLOP"},"time":{"median_s":0.001,"rel_spread":0.02,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":1000.0,"gbps":1.049,"primary":"gbps"}})",
+          R"({"schema_version":1,"run_id":"r","seq":8,"workload":"infer","device":"cpu","params":{"model":"resnet50","batch":8},"status":"ok","time":{"median_s":0.02,"p99_s":0.025,"rel_spread":0.002,"converged":true,"stop_reason":"noise below target"},"rates":{"samples_per_s":400.0,"tflops":0.1648,"primary":"samples_per_s"}})",
+          R"({"schema_version":1,"run_id":"r","seq":9,"workload":"p2p","device":"cpu","params":{"bytes":1024},"status":"skipped","reason":"needs two GPUs"})",
+          R"({"schema_version":1,"run_id":"r","seq":10,"workload":"p2p","device":"cpu","params":{"bytes":2048},"status":"skipped","reason":"needs two GPUs"})",
+          R"({"schema_version":1,"run_id":"r","seq":11,"workload":"collectives","device":"cuda:0","params":{"op":"all_reduce","bytes":8388608,"gpus":2},"status":"ok","check":{"what":"wrong elements","rel_error":0,"passed":true},"metrics":{"algbw_gbps":120.5,"busbw_gbps":120.5},"time":{"median_s":0.0000696,"rel_spread":0.001,"converged":true,"stop_reason":"noise below target"}})",
+      };
   std::vector<json> records;
   for (const auto& l : lines) records.push_back(json::parse(l));
+  const AxisOrder order = {{"gemm", {"precision", "m", "n", "k", "trans"}},
+                           {"loadgen", {"scenario", "model", "batch"}},
+                           {"infer", {"model", "batch"}},
+                           {"stream", {"op", "bytes"}},
+                           {"collectives", {"op", "bytes", "gpus"}}};
   const std::string expected =
-      "workload    point                                       status         median            rate    % ceil   noise\n"
-      "gemm        precision=bf16 trans=NN k=8192 m=8192 n=... ok             1.5 ms   733.3 TFLOP/s     81.5%    0.4%\n"
-      "gemm        precision=int8 m=64                         ok            1.23 us     894.3 GOP/s             2.3%!\n"
-      "stream      op=triad bytes=1073741824                   ok              2.5 s       1200 GB/s              0.0%\n"
-      "gemm        precision=fp8                               skipped  \n"
-      "loadgen     model=a-very-long-model-name-that-is-lon... ok            12.3 ms        812.3 /s             VALID\n"
-      "loadgen     scenario=single-stream                      invalid        420 us         2000 /s           INVALID\n"
-      "copy        bytes=64                                    ok             500 ms   1.28e-07 GB/s              1.2%\n"
-      "infer       batch=8                                     ok              20 ms                              0.2%\n"
-;
+      "gemm: trans=NN\n"
+      "   precision     m     n     k  status    median           rate  % ceil  noise  stop\n"
+      "   bf16       8192  8192  8192  ok        1.5 ms  733.3 TFLOP/s   81.5%   0.4%  noise below target\n"
+      "   int8         64    64    64  ok       1.23 us    894.3 GOP/s          2.3%!  timeout before the noise "
+      "target\n"
+      "   fp8          64    64    64  skipped                                         no fp8\n"
+      "\n"
+      "stream: op=triad bytes=1073741824\n"
+      "   status  median       rate  % ceil  noise  stop\n"
+      "   ok       2.5 s  1200 GB/s           0.0%\n"
+      "\n"
+      "loadgen: scenario=server model=a-very-long-model-name-that-is-long batch=4\n"
+      "   status  completed samples/s   p50      p99  result  stop\n"
+      "   ok                    812.3  4 ms  12.3 ms  VALID\n"
+      "\n"
+      "loadgen: scenario=single-stream model=a-very-long-model-name-that-is-long batch=1\n"
+      "   status   latency p90 early stopping     p50   p99  samples/s  result   stop\n"
+      "   invalid                      420 us  300 us  1 ms       2000  INVALID  x\n"
+      "\n"
+      "copy\n"
+      "      bytes  status  median         rate  % ceil  noise  stop\n"
+      "    1048576  ok        1 ms   1.049 GB/s           2.0%  noise below target\n"
+      "   67108864  ok      500 ms  0.1342 GB/s           1.2%  noise below target\n"
+      "\n"
+      "infer: model=resnet50 batch=8\n"
+      "   status  images/s    p50    p99  TFLOP/s  noise  stop\n"
+      "   ok           400  20 ms  25 ms   0.1648   0.2%  noise below target\n"
+      "\n"
+      "p2p: 2 points skipped: needs two GPUs\n"
+      "\n"
+      "collectives: op=all_reduce bytes=8388608 gpus=2\n"
+      "   status     time  algbw GB/s  busbw GB/s  #wrong  noise  stop\n"
+      "   ok      69.6 us       120.5       120.5       0   0.1%  noise below target\n"
+      "\n"
+      "! = did not converge: the noise stayed above the target (--max-noise) until the reason in `stop` ended the "
+      "point\n";
   std::ostringstream from_json, from_records;
-  print_summary(from_json, records);
+  print_summary(from_json, records, order);
   EXPECT_EQ(from_json.str(), expected);
   std::vector<results::Record> typed;
   for (const auto& r : records) typed.push_back(results::from_json(r));
-  print_summary(from_records, typed);
+  print_summary(from_records, typed, order);
   EXPECT_EQ(from_records.str(), expected);
   EXPECT_THROW(print_summary(from_json, std::vector<json>{{{"workload", "gemm"}}}), Error);  // not a record
+}
+
+// Without a declared order (a workload this build does not know), the axes come by name; a run
+// whose every point converged has no legend.
+TEST(ReportTerminalSummary, UnknownWorkloadsTakeTheirAxesByNameAndConvergedRunsHaveNoLegend) {
+  std::vector<json> records;
+  for (const int size : {256, 16, 64})
+    records.push_back({{"schema_version", 1},
+                       {"run_id", "r"},
+                       {"workload", "w"},
+                       {"status", "ok"},
+                       {"params", {{"z", "same"}, {"size", size}, {"alpha", size == 16 ? "b" : "a"}}},
+                       {"time", {{"median_s", 0.001}, {"rel_spread", 0.001}, {"converged", true}}}});
+  std::ostringstream table;
+  print_summary(table, records);
+  const std::string t = table.str();
+  EXPECT_EQ(t.rfind("w: z=same\n   alpha  size  status", 0), 0u) << t;
+  // Rows by alpha (words in the order they came: a, then b), then size numerically.
+  const auto a64 = t.find("   a        64"), a256 = t.find("   a       256"), b16 = t.find("   b        16");
+  ASSERT_NE(a64, std::string::npos) << t;
+  ASSERT_NE(a256, std::string::npos) << t;
+  ASSERT_NE(b16, std::string::npos) << t;
+  EXPECT_LT(a64, a256) << t;
+  EXPECT_LT(a256, b16) << t;
+  EXPECT_EQ(t.find("did not converge"), std::string::npos) << t;
 }
 
 }  // namespace

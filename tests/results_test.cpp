@@ -22,6 +22,7 @@
 #include "results/fields.h"
 #include "results/output.h"
 #include "results/results.h"
+#include "test_support.h"
 
 namespace ab::results {
 namespace {
@@ -104,6 +105,23 @@ TEST(ResultsRunId, FormatsSortAndDiffer) {
   EXPECT_NE(a, b);
   // The date part of the id is the same UTC time as the timestamp (unless a midnight passed).
   EXPECT_EQ(a.substr(0, 4), t.substr(0, 4));
+}
+
+TEST(ResultsRunId, TypedAsLatestOrAUniquePrefix) {
+  std::vector<RunRow> runs(3);  // newest first, as list_runs gives them
+  runs[0].run_id = "20261130-090000-aaaaaa";
+  runs[1].run_id = "20261129-135501-3f9a1c";
+  runs[2].run_id = "20261129-135501-3f0000";
+  EXPECT_EQ(resolve_run_id(runs, "latest"), runs[0].run_id);
+  EXPECT_EQ(resolve_run_id(runs, "20261130"), runs[0].run_id);
+  EXPECT_EQ(resolve_run_id(runs, "20261129-135501-3f9"), runs[1].run_id);
+  EXPECT_EQ(resolve_run_id(runs, runs[2].run_id), runs[2].run_id);
+  EXPECT_EQ(resolve_run_id(runs, "2025"), std::nullopt);  // maybe a folder or a system name
+  EXPECT_EQ(resolve_run_id(runs, ""), std::nullopt);
+  const std::string ambiguous = ab::test::usage_error([&] { (void)resolve_run_id(runs, "20261129"); });
+  EXPECT_NE(ambiguous.find("matches 2 runs (20261129-135501-3f9a1c, 20261129-135501-3f0000)"), std::string::npos)
+      << ambiguous;
+  EXPECT_NE(ab::test::usage_error([] { (void)resolve_run_id({}, "latest"); }).find("no runs"), std::string::npos);
 }
 
 TEST_F(ResultsTest, RecordsRoundTripThroughJsonlAndSqlite) {

@@ -265,6 +265,54 @@ TEST(TelemetryHost, ProcStatDeltasRssAndPowercapWrap) {
   EXPECT_FALSE(b.error);
 }
 
+// A shared host: others' busy cores, scaled to the cores this run may use, and the run's threads
+// against the free ones; the note is the warning the run prints once.
+TEST(TelemetryHost, HostLoadSaysWhenTheHostIsSharedOrOversubscribed) {
+  const HostLoad idle{0.2, 16, 0.5};
+  const json quiet = host_load_json(idle, 0, 8);
+  EXPECT_FALSE(quiet["busy"].get<bool>());
+  EXPECT_FALSE(quiet["oversubscribed"].get<bool>());
+  EXPECT_FALSE(quiet.contains("note"));
+  EXPECT_EQ(quiet["cores"], 16);
+  EXPECT_DOUBLE_EQ(quiet["load_avg_1m"].get<double>(), 0.5);
+
+  const json all_threads = host_load_json(idle, 0, 16);  // 16 threads, 15.8 free: rounds to 16, fits
+  EXPECT_FALSE(all_threads["oversubscribed"].get<bool>());
+
+  const HostLoad loaded{6.0, 16, std::nullopt};
+  const json busy = host_load_json(loaded, 0, 8);
+  EXPECT_TRUE(busy["busy"].get<bool>());
+  EXPECT_FALSE(busy["oversubscribed"].get<bool>());  // 8 threads on 10 free cores
+  EXPECT_FALSE(busy.contains("load_avg_1m"));
+  EXPECT_NE(busy["note"].get<std::string>().find("6.0 of 16 core(s) busy"), std::string::npos) << busy;
+
+  const json over = host_load_json(loaded, 0, 16);
+  EXPECT_TRUE(over["oversubscribed"].get<bool>());
+  EXPECT_NE(over["note"].get<std::string>().find("16 thread(s) outnumber the 10.0 free core(s)"), std::string::npos)
+      << over;
+
+  // Restricted to 4 of the 16 cores: a quarter of the others' load falls on them (1.5 busy).
+  const json pinned = host_load_json(loaded, 4, 4);
+  EXPECT_EQ(pinned["cores"], 4);
+  EXPECT_DOUBLE_EQ(pinned["busy_cores"].get<double>(), 1.5);
+  EXPECT_TRUE(pinned["busy"].get<bool>());
+  EXPECT_TRUE(pinned["oversubscribed"].get<bool>());
+
+  const json one_busy_core_of_64 = host_load_json({1.0, 64, std::nullopt}, 0, 1);
+  EXPECT_FALSE(one_busy_core_of_64["busy"].get<bool>());  // under a tenth of the cores
+}
+
+TEST(TelemetryHost, HostLoadReadsProcStatAndTheLoadAverage) {
+  TempDir d;
+  d.write("proc/stat", "cpu  1 0 0 1 0 0 0 0 0 0\ncpu0 1 0 0 1 0 0 0 0 0 0\ncpu1 1 0 0 1 0 0 0 0 0 0\n");
+  d.write("proc/loadavg", "3.25 2.00 1.00 2/300 4242\n");
+  const HostLoad load = measure_host_load(0.01, d.path() / "proc");
+  EXPECT_EQ(load.cores, 2);
+  EXPECT_DOUBLE_EQ(load.busy_cores, 0.0);  // the ticks did not move
+  ASSERT_TRUE(load.load_avg_1m);
+  EXPECT_DOUBLE_EQ(*load.load_avg_1m, 3.25);
+}
+
 TEST(TelemetryHost, NoPowercapIsSaidNotZeroed) {
   TempDir d;
   d.write("proc/stat", "cpu  1 0 0 1 0 0 0 0 0 0\ncpu0 1 0 0 1 0 0 0 0 0 0\n");

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "harness/runner.h"
+#include "harness/suggest.h"
 #include "harness/suite.h"
 #include "report/report.h"
 #include "results/fields.h"
@@ -143,61 +144,130 @@ int sysinfo(bool json) {
   }
 }
 
-int list(bool json) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& w : workloads::registry().all()) {
-    nlohmann::json axes = nlohmann::json::array();
-    const auto cpu_axes = w->axes("cpu");
-    const auto gpu_axes = w->axes("cuda");
-    for (std::size_t i = 0; i < cpu_axes.size(); ++i) {
-      nlohmann::json a = {{"name", cpu_axes[i].name}, {"kind", harness::kind_name(cpu_axes[i].kind)},
-                          {"defaults_cpu", cpu_axes[i].defaults}, {"defaults_cuda", gpu_axes[i].defaults},
-                          {"help", cpu_axes[i].help}};
-      if (!cpu_axes[i].choices.empty()) a["choices"] = cpu_axes[i].choices;
-      axes.push_back(a);
-    }
-    nlohmann::json groups = nlohmann::json::array();
-    for (const auto& g : w->zip_groups()) {
-      nlohmann::json tables = nlohmann::json::array();
-      for (const auto& [name, rows] : g.tables) tables.push_back("@" + name + " (" + std::to_string(rows.size()) + " rows)");
-      groups.push_back({{"axes", g.names}, {"tables", tables}});
-    }
-    nlohmann::json options = nlohmann::json::array();
-    for (const auto& o : w->options()) {
-      nlohmann::json j = {{"name", o.name}, {"kind", harness::kind_name(o.kind)}, {"default", o.default_value}, {"help", o.help}};
-      if (!o.choices.empty()) j["choices"] = o.choices;
-      options.push_back(j);
-    }
-    out.push_back({{"name", w->name()}, {"description", w->description()}, {"axes", axes}, {"zipped", groups},
-                   {"options", options}});
+namespace {
+
+nlohmann::json workload_json(const harness::Workload& w) {
+  nlohmann::json axes = nlohmann::json::array();
+  const auto cpu_axes = w.axes("cpu");
+  const auto gpu_axes = w.axes("cuda");
+  for (std::size_t i = 0; i < cpu_axes.size(); ++i) {
+    nlohmann::json a = {{"name", cpu_axes[i].name},
+                        {"kind", harness::kind_name(cpu_axes[i].kind)},
+                        {"defaults_cpu", cpu_axes[i].defaults},
+                        {"defaults_cuda", gpu_axes[i].defaults},
+                        {"help", cpu_axes[i].help}};
+    if (!cpu_axes[i].choices.empty()) a["choices"] = cpu_axes[i].choices;
+    axes.push_back(a);
   }
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& g : w.zip_groups()) {
+    nlohmann::json tables = nlohmann::json::array();
+    for (const auto& [name, rows] : g.tables)
+      tables.push_back("@" + name + " (" + std::to_string(rows.size()) + " rows)");
+    groups.push_back({{"axes", g.names}, {"tables", tables}});
+  }
+  nlohmann::json options = nlohmann::json::array();
+  for (const auto& o : w.options()) {
+    nlohmann::json j = {
+        {"name", o.name}, {"kind", harness::kind_name(o.kind)}, {"default", o.default_value}, {"help", o.help}};
+    if (!o.choices.empty()) j["choices"] = o.choices;
+    options.push_back(j);
+  }
+  return {
+      {"name", w.name()}, {"description", w.description()}, {"axes", axes}, {"zipped", groups}, {"options", options}};
+}
+
+void print_workload(std::ostream& out, const nlohmann::json& w) {
+  out << w["name"].get<std::string>() << "\n  " << w["description"].get<std::string>() << '\n';
+  for (const auto& a : w["axes"]) {
+    out << "  --axis " << std::left << std::setw(12) << a["name"].get<std::string>() << " "
+        << a["kind"].get<std::string>() << ", " << a["help"].get<std::string>() << '\n';
+    const auto dc = a["defaults_cpu"].get<std::vector<std::string>>();
+    const auto dg = a["defaults_cuda"].get<std::vector<std::string>>();
+    out << "               default " << (dc == dg ? join(dc) : "cuda: " + join(dg) + "; cpu: " + join(dc)) << '\n';
+    if (a.contains("choices"))
+      out << "               choices " << join(a["choices"].get<std::vector<std::string>>()) << '\n';
+  }
+  for (const auto& o : w["options"]) {
+    out << "  --option " << std::left << std::setw(10) << o["name"].get<std::string>() << " "
+        << o["kind"].get<std::string>() << ", " << o["help"].get<std::string>() << '\n'
+        << "               default " << o["default"].get<std::string>() << '\n';
+    if (o.contains("choices"))
+      out << "               choices " << join(o["choices"].get<std::vector<std::string>>()) << '\n';
+  }
+  for (const auto& g : w["zipped"]) {
+    out << "  zipped  " << join(g["axes"].get<std::vector<std::string>>())
+        << " vary together; tables: " << join(g["tables"].get<std::vector<std::string>>(), ", ") << '\n';
+  }
+}
+
+// The bundled suites with where each was found; a suite named like a workload runs as NAME.yaml.
+int list_suites(bool json) {
+  const auto suites = harness::bundled_suites();
   if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& s : suites)
+      out.push_back({{"name", s.name}, {"description", s.description}, {"path", s.path.string()}});
     std::cout << out.dump(2) << '\n';
     return 0;
   }
+  if (suites.empty()) {
+    std::cout << "no bundled suites found; looked in: ";
+    std::cout << "$ACCELBENCH_SUITES, share/accelbench/suites beside the binary, the install prefix, the source tree\n";
+    return 0;
+  }
+  std::size_t width = 0;
+  for (const auto& s : suites) width = std::max(width, s.name.size());
+  for (const auto& s : suites) {
+    const bool shadowed = workloads::registry().all().end() !=
+                          std::find_if(workloads::registry().all().begin(), workloads::registry().all().end(),
+                                       [&](const auto& w) { return w->name() == s.name; });
+    std::cout << std::left << std::setw(static_cast<int>(width) + 2) << s.name << s.description
+              << (shadowed ? " (run it as `accelbench run " + s.name + ".yaml`: `" + s.name + "` is a workload)" : "")
+              << '\n';
+  }
+  std::cout << "\nfrom " << suites.front().path.parent_path().string()
+            << " (set ACCELBENCH_SUITES for another folder)\n";
+  return 0;
+}
+
+std::vector<std::string> workload_names() {
+  std::vector<std::string> names;
+  for (const auto& w : workloads::registry().all()) names.push_back(w->name());
+  return names;
+}
+
+}  // namespace
+
+int list(bool json, const std::string& what) {
+  if (what == "suites") return list_suites(json);
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& w : workloads::registry().all())
+    if (what.empty() || what == "workloads" || what == w->name()) out.push_back(workload_json(*w));
+  if (out.empty()) {
+    auto names = workload_names();
+    names.insert(names.begin(), {"suites", "workloads"});
+    std::cerr << "accelbench list: unknown workload '" << what << "'; valid: suites, workloads, "
+              << join(workload_names(), ", ") << harness::did_you_mean(what, names) << '\n';
+    return 2;
+  }
+  if (json) {
+    std::cout << (what.empty() || what == "workloads" ? out : out.front()).dump(2) << '\n';
+    return 0;
+  }
   for (const auto& w : out) {
-    std::cout << w["name"].get<std::string>() << "\n  " << w["description"].get<std::string>() << '\n';
-    for (const auto& a : w["axes"]) {
-      std::cout << "  --axis " << std::left << std::setw(12) << a["name"].get<std::string>() << " "
-                << a["kind"].get<std::string>() << ", " << a["help"].get<std::string>() << '\n';
-      const auto dc = a["defaults_cpu"].get<std::vector<std::string>>();
-      const auto dg = a["defaults_cuda"].get<std::vector<std::string>>();
-      std::cout << "               default " << (dc == dg ? join(dc) : "cuda: " + join(dg) + "; cpu: " + join(dc)) << '\n';
-      if (a.contains("choices")) std::cout << "               choices " << join(a["choices"].get<std::vector<std::string>>()) << '\n';
-    }
-    for (const auto& o : w["options"]) {
-      std::cout << "  --option " << std::left << std::setw(10) << o["name"].get<std::string>() << " "
-                << o["kind"].get<std::string>() << ", " << o["help"].get<std::string>() << '\n'
-                << "               default " << o["default"].get<std::string>() << '\n';
-      if (o.contains("choices")) std::cout << "               choices " << join(o["choices"].get<std::vector<std::string>>()) << '\n';
-    }
-    for (const auto& g : w["zipped"]) {
-      std::cout << "  zipped  " << join(g["axes"].get<std::vector<std::string>>()) << " vary together; tables: "
-                << join(g["tables"].get<std::vector<std::string>>(), ", ") << '\n';
-    }
+    print_workload(std::cout, w);
     std::cout << '\n';
   }
+  if (what.empty()) std::cout << "bundled suites: `accelbench list suites`; one workload: `accelbench list NAME`\n";
   return 0;
+}
+
+report::AxisOrder axis_order() {
+  report::AxisOrder order;
+  for (const auto& w : workloads::registry().all())
+    for (const auto& a : w->axes("cpu")) order[w->name()].push_back(a.name);
+  return order;
 }
 
 // A failed point is a failure (1), and so is one stopped by its timeout (what it measured is not
@@ -210,7 +280,32 @@ static int exit_code(const harness::RunTotals& totals) {
   return totals.by_status.count("ok") ? 0 : 1;
 }
 
-int run(const RunOptions& o) {
+// `run quick`: a workload of that name first, then a suite file as given, then a bundled suite
+// (harness::suite_dirs) by name or file name.
+static std::string resolve_target(const std::string& target) {
+  const auto names = workload_names();
+  if (std::find(names.begin(), names.end(), target) != names.end()) return target;
+  if (harness::looks_like_suite(target) && std::filesystem::exists(target)) return target;
+  if (const auto bundled = harness::find_bundled_suite(target)) return bundled->string();
+  if (harness::looks_like_suite(target)) return target;  // the suite loader names the missing file
+  std::vector<std::string> suites, candidates = names;
+  for (const auto& s : harness::bundled_suites()) {
+    suites.push_back(s.name);
+    candidates.push_back(s.name);
+  }
+  throw UsageError("unknown workload or suite '" + target + "'; valid: " + join(names, ", ") +
+                   (suites.empty() ? "" : ", or a suite: " + join(suites, ", ")) +
+                   " (`accelbench list`, `accelbench list suites`)" + harness::did_you_mean(target, candidates));
+}
+
+int run(const RunOptions& options) {
+  RunOptions o = options;
+  try {
+    o.target = resolve_target(o.target);
+  } catch (const UsageError& e) {
+    std::cerr << "accelbench run: " << e.what() << '\n';
+    return 2;
+  }
   harness::RunSession session(o, std::cerr);
   const auto planner = [&o](const std::string& device_kind, const std::optional<harness::Suite>& suite) {
     return build_plan(o, device_kind, suite);
@@ -226,7 +321,7 @@ int run(const RunOptions& o) {
 
   const std::string& run_id = session.run_id();
   std::cout << '\n';
-  report::print_summary(std::cout, totals.records);
+  report::print_summary(std::cout, totals.records, axis_order());
   std::cout << "\nrun " << run_id << ":";
   for (const auto& [status, n] : totals.by_status) std::cout << " " << n << " " << status;
   std::cout << "\nrecords: " << session.points_path().string() << "\n";
@@ -262,7 +357,8 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
       else write_run_list(out, runs);
     } else {
       if (runs.empty()) throw UsageError("the store has no runs");
-      const std::string id = run_id.empty() ? runs.front().run_id : run_id;
+      const std::string id =
+          run_id.empty() ? runs.front().run_id : results::resolve_run_id(runs, run_id).value_or(run_id);
       auto points = results::load_points(db, id);
       if (!field_paths.empty()) {
         results::write_fields(out, points, field_paths, csv);
@@ -276,7 +372,7 @@ int results(const std::string& out_dir, const std::string& run_id, bool csv, con
       } else {
         for (auto& p : points)
           if (p.contains("time")) p["time"].erase("samples_s");
-        report::print_summary(out, points);
+        report::print_summary(out, points, axis_order());
       }
     }
     if (output_file.empty()) results::write_stdout(out.str());

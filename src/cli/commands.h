@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "harness/session.h"
+#include "report/report.h"
 
 namespace ab::cli {
 
@@ -17,10 +18,15 @@ struct RunOptions : harness::RunRequest {
 };
 
 int sysinfo(bool json);
-int list(bool json);
+// Every workload's axes, options and defaults; `what`: "suites" (the bundled suites), one
+// workload's name, or "" / "workloads" for all.
+int list(bool json, const std::string& what);
 int run(const RunOptions& options);
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file,
             const std::string& fields, bool json = false);
 int monitor(double interval_ms, double duration_s);
+
+// Every workload's axis names in declaration order, for the summary's columns.
+report::AxisOrder axis_order();
 
 }  // namespace ab::cli

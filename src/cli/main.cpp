@@ -1,6 +1,8 @@
 // accelbench: benchmarks for AI/ML accelerators. Parses the command line and dispatches.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/data_commands.h"
 #include "cli/report_commands.h"
+#include "harness/suggest.h"
 #include "results/output.h"
 
 namespace {
@@ -16,6 +19,48 @@ namespace {
 // default timeout): refused instead, so what was typed is what runs.
 const CLI::Validator kNotEmpty(
     [](const std::string& value) { return value.empty() ? std::string("must not be empty") : std::string(); }, "", "");
+
+// The output folder when --out is not given: $ACCELBENCH_OUT, else the current folder.
+std::string default_out_dir() {
+  const char* env = std::getenv("ACCELBENCH_OUT");
+  return env != nullptr && *env != '\0' ? env : ".";
+}
+
+// CLI11 answers a mistyped subcommand with "A subcommand is required": the word typed and the
+// nearest subcommand are more use. Returns true (message printed) when argv[1] is such a word.
+bool refuse_unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  const std::string typed = argv[1];
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == typed) return false;
+    names.push_back(sub->get_name());
+  }
+  std::string valid;
+  for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
+  std::cerr << "accelbench: unknown command '" << typed << "'; commands: " << valid << " (accelbench --help)"
+            << ab::harness::did_you_mean(typed, names) << '\n';
+  return true;
+}
+
+// After CLI11's "The following arguments were not expected: --max-nosie": the option of the
+// subcommand given that each unknown --name most likely meant.
+void suggest_options(const CLI::App& app, int argc, char** argv) {
+  const auto given = app.get_subcommands();
+  if (given.empty()) return;
+  std::vector<std::string> names;
+  for (const CLI::Option* o : given.front()->get_options())
+    for (const auto& l : o->get_lnames()) names.push_back("--" + l);
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+    if (const auto meant = ab::harness::closest_name(name, names))
+      std::cerr << "accelbench " << given.front()->get_name() << ": unknown option '" << name << "'; did you mean '"
+                << *meant << "'?\n";
+  }
+}
 
 }  // namespace
 
@@ -29,12 +74,19 @@ int main(int argc, char** argv) {
   sysinfo->add_flag("--json", sysinfo_json, "print JSON");
 
   bool list_json = false;
-  auto* list = app.add_subcommand("list", "Workloads, their axes, options and defaults");
+  std::string list_what;
+  auto* list = app.add_subcommand("list", "Workloads, their axes, options and defaults; the bundled suites");
+  list->add_option("what", list_what, "`suites` (the bundled suites), or one workload's name (its axes and options)");
   list->add_flag("--json", list_json, "print JSON");
 
+  const std::string out_default = default_out_dir();
+  const std::string out_help = " (default: $ACCELBENCH_OUT, else the current folder)";
   ab::cli::RunOptions run_opts;
+  run_opts.out_dir = out_default;
   auto* run = app.add_subcommand("run", "Run a workload or a suite file, writing records to OUT/runs/<run_id>/");
-  run->add_option("target", run_opts.target, "workload name (see `accelbench list`) or SUITE.yaml")->required();
+  run->add_option("target", run_opts.target,
+                  "workload name (`accelbench list`), bundled suite name (`accelbench list suites`) or SUITE.yaml")
+      ->required();
   run->add_option("--device", run_opts.device, "cpu or cuda:N (default: the best device present)")->check(kNotEmpty);
   run->add_option("--axis", run_opts.axes,
                   "override an axis: name=values, e.g. batch=1:256:pow2, m,n,k=4096, "
@@ -57,7 +109,7 @@ int main(int argc, char** argv) {
   run->add_option("--mode", run_opts.mode, "GPU timing: batch (back-to-back) or cold (L2 flushed per sample)")
       ->check(CLI::IsMember({"batch", "cold"}));
   run->add_option("--out", run_opts.out_dir,
-                  "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db")
+                  "output folder: records go to OUT/runs/<run_id>/, the store to OUT/runs/accelbench.db" + out_help)
       ->check(kNotEmpty);
   run->add_flag("--telemetry-trace", run_opts.telemetry_trace, "also write the raw telemetry time series");
   run->add_option("--telemetry-period", run_opts.telemetry_period_ms, "telemetry sampling period, ms (default 20)")
@@ -66,11 +118,12 @@ int main(int argc, char** argv) {
                 "read no GPU counters through NVML (no power, energy or clocks in the records; host telemetry stays)");
   run->add_flag("--quiet,-q", run_opts.quiet, "no progress lines");
 
-  std::string results_out = ".", results_run, results_file, results_fields;
+  std::string results_out = out_default, results_run, results_file, results_fields;
   bool results_csv = false, results_json = false;
   auto* results = app.add_subcommand("results", "Runs in the store; a run's points; CSV export; chosen record fields");
-  results->add_option("run_id", results_run, "a run to show (default: list the runs)");
-  results->add_option("--out", results_out, "the folder given to `run --out`")->check(kNotEmpty);
+  results->add_option("run_id", results_run,
+                      "a run to show: its id, a unique prefix of it, or `latest` (default: list the runs)");
+  results->add_option("--out", results_out, "the folder given to `run --out`" + out_help)->check(kNotEmpty);
   results->add_flag("--csv", results_csv, "export the points as CSV (the newest run unless run_id is given)");
   results->add_option("-o,--output", results_file, "write to this file instead of standard output");
   results
@@ -89,20 +142,26 @@ int main(int argc, char** argv) {
   monitor->add_option("--duration", monitor_duration_s, "seconds to run (default: until Ctrl-C)")->check(kNotEmpty);
 
   ab::cli::ReportOptions report_opts;
+  report_opts.out_dir = out_default;
   auto* report = app.add_subcommand("report", "One offline HTML file (or Markdown) with charts and tables of runs");
   report->add_option("runs", report_opts.runs,
-                     "run ids, run folders, points.jsonl files or system names (default: the newest run)");
+                     "run ids (or a unique prefix, or `latest`), run folders, points.jsonl files or system names "
+                     "(default: the newest run)");
   report->add_option("-o,--output", report_opts.output,
                      "file to write (default: report.html; Markdown goes to standard output)");
   report->add_option("--format", report_opts.format, "html (default) or md")->check(CLI::IsMember({"html", "md"}));
-  report->add_option("--out", report_opts.out_dir, "the folder given to `run --out`, where run ids are looked up")
+  report
+      ->add_option("--out", report_opts.out_dir,
+                   "the folder given to `run --out`, where run ids are looked up" + out_help)
       ->check(kNotEmpty);
 
   ab::cli::CompareOptions compare_opts;
+  compare_opts.out_dir = out_default;
   auto* compare = app.add_subcommand("compare", "Runs or systems side by side: ratio and verdict per matched point");
   compare
       ->add_option("runs", compare_opts.runs,
-                   "two or more runs (ids, folders or system names); the first is the baseline")
+                   "two or more runs (ids or unique prefixes, `latest`, folders or system names); the first is the "
+                   "baseline")
       ->required()
       ->expected(2, -1);
   compare->add_option("--format", compare_opts.format, "text (default), md or html")
@@ -114,10 +173,12 @@ int main(int argc, char** argv) {
           "exit 3 when any matched point gets one of these verdicts (slower, unsure; comma-separated): a CI gate")
       ->delimiter(',')
       ->check(CLI::IsMember({"slower", "unsure", "faster", "same"}));
-  compare->add_option("--out", compare_opts.out_dir, "the folder given to `run --out`, where run ids are looked up")
+  compare
+      ->add_option("--out", compare_opts.out_dir,
+                   "the folder given to `run --out`, where run ids are looked up" + out_help)
       ->check(kNotEmpty);
 
-  std::string import_file, import_system, import_out = ".";
+  std::string import_file, import_system, import_out = out_default;
   auto* import =
       app.add_subcommand("import", "Bring published figures (CSV) into the store, marked external with their source");
   import->add_option("file", import_file, "CSV with header workload,params,metric,value,unit,source (docs/RESULTS.md)")
@@ -125,22 +186,24 @@ int main(int argc, char** argv) {
   import->add_option("--system", import_system, "name of the system the figures are for, e.g. IPU-M2000")
       ->required()
       ->check(kNotEmpty);
-  import->add_option("--out", import_out, "the store's folder, as given to `run --out`")->check(kNotEmpty);
+  import->add_option("--out", import_out, "the store's folder, as given to `run --out`" + out_help)->check(kNotEmpty);
 
   ab::cli::MakeImageFolderOptions data_opts;
   auto* data = ab::cli::add_data_command(app, data_opts);
 
+  if (refuse_unknown_subcommand(app, argc, argv)) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) suggest_options(app, argc, argv);
     return rc == 0 ? 0 : 2;
   }
   run_opts.command_line = ab::results::shell_quoted_command(std::vector<std::string>(argv, argv + argc));
 
   const int rc = [&] {
     if (*sysinfo) return ab::cli::sysinfo(sysinfo_json);
-    if (*list) return ab::cli::list(list_json);
+    if (*list) return ab::cli::list(list_json, list_what);
     if (*run) return ab::cli::run(run_opts);
     if (*results)
       return ab::cli::results(results_out, results_run, results_csv, results_file, results_fields, results_json);

@@ -25,8 +25,14 @@ std::vector<report::Run> load_runs(std::vector<std::string> names, const std::st
     if (rows.empty()) throw UsageError(db.string() + " holds no runs");
     names.push_back(rows.front().run_id);
   }
+  // A run id may be typed short (a unique prefix) or as `latest`; a folder or file of that name wins.
+  const fs::path db = fs::path(out_dir) / "runs" / "accelbench.db";
+  const auto rows = fs::exists(db) ? results::list_runs(db) : std::vector<results::RunRow>{};
   std::vector<report::Run> runs;
-  for (const auto& n : names) runs.push_back(report::load_run(n, out_dir));
+  for (auto n : names) {
+    if (!fs::exists(n) || n == "latest") n = results::resolve_run_id(rows, n).value_or(n);
+    runs.push_back(report::load_run(n, out_dir));
+  }
   return runs;
 }
 

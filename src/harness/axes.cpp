@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "core/error.h"
+#include "harness/suggest.h"
 
 namespace ab::harness {
 namespace {
@@ -28,12 +32,49 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t") - b + 1);
 }
 
+// Size suffixes on integer values (docs/METHODOLOGY.md, "Axis values"): k, M, G, T are powers of
+// 1000 as in SI (and as the GB/s of the records); Ki, Mi, Gi, Ti powers of 1024 as in IEC; either
+// may end in B, and B alone is 1. So 8G is 8000000000 and 64MiB 67108864; the record keeps the number.
+std::optional<std::int64_t> size_multiplier(std::string_view suffix) {
+  if (suffix.ends_with("B")) suffix.remove_suffix(1);
+  if (suffix.empty()) return 1;
+  static constexpr std::string_view kLetters = "kMGT";
+  const bool iec = suffix.size() == 2 && suffix[1] == 'i';
+  if (suffix.size() != (iec ? 2u : 1u)) return std::nullopt;
+  const char letter = suffix[0] == 'K' ? 'k' : suffix[0];
+  const auto power = kLetters.find(letter);
+  if (power == std::string_view::npos) return std::nullopt;
+  std::int64_t m = 1;
+  for (std::size_t i = 0; i <= power; ++i) m *= iec ? 1024 : 1000;
+  return m;
+}
+
 std::int64_t parse_int(const std::string& s, const std::string& context) {
   std::int64_t v = 0;
   const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || ptr != s.data() + s.size())
-    throw UsageError("'" + s + "' is not an integer (" + context + ")");
-  return v;
+  const std::string_view suffix(ptr, static_cast<std::size_t>(s.data() + s.size() - ptr));
+  // A negative number takes no suffix (no size is negative; "-1k" is more likely a typo).
+  const bool negative = !s.empty() && s.front() == '-';
+  const std::optional<std::int64_t> multiplier =
+      ec != std::errc() || (negative && !suffix.empty()) ? std::nullopt : size_multiplier(suffix);
+  if (!multiplier)
+    throw UsageError("'" + s + "' is not an integer (" + context +
+                     "; a size may end in k, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti (powers of 1024), with or "
+                     "without B)");
+  if (v > std::numeric_limits<std::int64_t>::max() / *multiplier)
+    throw UsageError("'" + s + "' is too large (" + context + ")");
+  return v * *multiplier;
+}
+
+// An integer axis's value as the plain number a workload parses ("64MiB" -> "67108864").
+std::string normalized(const AxisSpec& axis, const std::string& v) {
+  return axis.kind == AxisKind::integer ? std::to_string(parse_int(v, "axis " + axis.name)) : v;
+}
+
+std::vector<std::string> names_of(const std::vector<AxisSpec>& axes) {
+  std::vector<std::string> names;
+  for (const auto& a : axes) names.push_back(a.name);
+  return names;
 }
 
 void check_value(const AxisSpec& axis, const std::string& v) {
@@ -48,7 +89,7 @@ void check_value(const AxisSpec& axis, const std::string& v) {
              std::find(axis.choices.begin(), axis.choices.end(), v) == axis.choices.end()) {
     std::string valid;
     for (const auto& c : axis.choices) valid += (valid.empty() ? "" : ", ") + c;
-    throw UsageError("unknown " + axis.name + " '" + v + "'; valid: " + valid);
+    throw UsageError("unknown " + axis.name + " '" + v + "'; valid: " + valid + did_you_mean(v, axis.choices));
   }
 }
 
@@ -113,8 +154,12 @@ std::vector<std::vector<std::string>> group_rows(const ZipGroup& g, const std::v
       const auto t = g.tables.find(item.substr(1));
       if (t == g.tables.end()) {
         std::string valid;
-        for (const auto& [name, r] : g.tables) valid += (valid.empty() ? "@" : ", @") + name;
-        throw UsageError("unknown table '" + item + "'; valid: " + valid);
+        std::vector<std::string> names;
+        for (const auto& [name, r] : g.tables) {
+          valid += (valid.empty() ? "@" : ", @") + name;
+          names.push_back("@" + name);
+        }
+        throw UsageError("unknown table '" + item + "'; valid: " + valid + did_you_mean(item, names));
       }
       rows.insert(rows.end(), t->second.begin(), t->second.end());
       continue;
@@ -136,7 +181,8 @@ std::vector<std::vector<std::string>> group_rows(const ZipGroup& g, const std::v
     std::vector<std::string> row = fill;
     for (std::size_t i = 0; i < named.size(); ++i) {
       const auto pos = std::find(g.names.begin(), g.names.end(), named[i]) - g.names.begin();
-      row[static_cast<std::size_t>(pos)] = fields.size() == 1 ? fields[0] : fields[i];
+      row[static_cast<std::size_t>(pos)] =
+          normalized(*find_axis(axes, named[i]), fields.size() == 1 ? fields[0] : fields[i]);
     }
     rows.push_back(row);
   }
@@ -252,7 +298,7 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
   for (const auto& o : overrides) {
     for (const auto& n : o.names)
       if (find_axis(axes, n) == nullptr)
-        throw UsageError("unknown axis '" + n + "'; valid: " + valid_names);
+        throw UsageError("unknown axis '" + n + "'; valid: " + valid_names + did_you_mean(n, names_of(axes)));
     const ZipGroup* g = find_group(groups, o.names.front());
     auto dim = std::find_if(dims.begin(), dims.end(), [&](const Dimension& d) {
       return std::find(d.names.begin(), d.names.end(), o.names.front()) != d.names.end();
@@ -262,7 +308,7 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
         throw UsageError("axes '" + o.values + "' cannot be zipped: only declared groups vary together");
       const AxisSpec& axis = *find_axis(axes, o.names.front());
       dim->rows.clear();
-      for (const auto& v : expand_values(o.values, axis.kind)) dim->rows.push_back({v});
+      for (const auto& v : expand_values(o.values, axis.kind)) dim->rows.push_back({normalized(axis, v)});
     } else {
       for (const auto& n : o.names)
         if (find_group(groups, n) != g)
@@ -273,9 +319,10 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
         const auto col = static_cast<std::size_t>(std::find(g->names.begin(), g->names.end(), o.names[0]) -
                                                   g->names.begin());
         std::vector<std::vector<std::string>> rows;
-        for (const auto& v : expand_values(o.values, find_axis(axes, o.names[0])->kind))
+        const AxisSpec& axis = *find_axis(axes, o.names[0]);
+        for (const auto& v : expand_values(o.values, axis.kind))
           for (auto row : dim->rows) {
-            row[col] = v;
+            row[col] = normalized(axis, v);
             rows.push_back(row);
           }
         dim->rows = rows;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "harness/suggest.h"
 #include "harness/workload.h"
 
 namespace ab::harness {
@@ -29,7 +30,7 @@ void check_option_value(const OptionSpec& o, const std::string& v) {
   } else if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), v) == o.choices.end()) {
     std::string valid;
     for (const auto& c : o.choices) valid += (valid.empty() ? "" : ", ") + c;
-    throw UsageError("unknown " + o.name + " '" + v + "'; valid: " + valid);
+    throw UsageError("unknown " + o.name + " '" + v + "'; valid: " + valid + did_you_mean(v, o.choices));
   }
 }
 
@@ -39,7 +40,12 @@ OptionValues resolve_options(const std::string& workload, const std::vector<Opti
                              const OptionValues& given) {
   for (const auto& [name, value] : given) {
     const bool known = std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& o) { return o.name == name; });
-    if (!known) throw UsageError(workload + " has no option '" + name + "'; valid: " + names_of(specs));
+    if (!known) {
+      std::vector<std::string> names;
+      for (const auto& o : specs) names.push_back(o.name);
+      throw UsageError(workload + " has no option '" + name + "'; valid: " + names_of(specs) +
+                       did_you_mean(name, names));
+    }
   }
   OptionValues out;
   for (const OptionSpec& o : specs) {

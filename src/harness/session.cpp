@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
 #include "backend/collectives.h"
 #include "core/error.h"
@@ -23,6 +24,28 @@ int usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+// The threads a point keeps busy on the host: OpenMP's on a CPU device, the launching thread's on a GPU.
+int run_threads(const backend::DeviceInfo& device) {
+  if (device.kind != "cpu") return 1;
+  const auto it = device.versions.find("openmp_threads");
+  try {
+    return it == device.versions.end() ? 1 : std::stoi(it->second);
+  } catch (const std::exception&) {
+    return 1;
+  }
+}
+
+// Long enough for /proc/stat's 10 ms ticks to say which cores others keep busy.
+constexpr double kHostLoadWindowS = 0.1;
+
+// The suite as run: its path and text, so the record says what was asked even after the file changes.
+nlohmann::json suite_file_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return {{"path", std::filesystem::absolute(path).lexically_normal().string()}, {"text", text.str()}};
 }
 
 // The device this rank measures: the request's, else the best present; under a launcher of
@@ -147,6 +170,11 @@ void RunSession::prepare(const Registry& registry, const Planner& planner) {
                              {"timeout_s", settings_.timeout_s},   {"warmup_s", settings_.warmup_s},
                              {"mode", std::string(measure::to_string(settings_.mode))}};
   if (suite_) context_["suite"] = suite_->name;
+  if (suite_) context_["suite_file"] = suite_file_json(request_.target);
+  context_["host_load"] = telemetry::host_load_json(telemetry::measure_host_load(kHostLoadWindowS), usable_cpus(),
+                                                    run_threads(backend_->info()));
+  if (!quiet_ && context_["host_load"].contains("note"))
+    err_ << "accelbench warning: " << context_["host_load"]["note"].get<std::string>() << '\n';
 }
 
 // Every rank must have built the same sweep; then the context learns where each rank runs.

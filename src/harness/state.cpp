@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dist/comm.h"
+#include "harness/suggest.h"
 
 namespace ab::harness {
 
@@ -99,11 +100,13 @@ void State::exec(const std::function<void()>& iteration, const measure::Settings
 
 Workload& Registry::find(const std::string& name) const {
   std::string valid;
+  std::vector<std::string> names;
   for (const auto& w : workloads_) {
     if (w->name() == name) return *w;
     valid += (valid.empty() ? "" : ", ") + w->name();
+    names.push_back(w->name());
   }
-  throw UsageError("unknown workload '" + name + "'; valid: " + valid);
+  throw UsageError("unknown workload '" + name + "'; valid: " + valid + did_you_mean(name, names));
 }
 
 }  // namespace ab::harness

@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 
@@ -79,6 +81,55 @@ OptionValues step_options(const std::filesystem::path& file, const YAML::Node& o
 }
 
 }  // namespace
+
+std::vector<std::filesystem::path> suite_dirs() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("ACCELBENCH_SUITES"); env != nullptr && *env != '\0') dirs.emplace_back(env);
+  std::error_code ec;
+  if (const fs::path exe = fs::read_symlink("/proc/self/exe", ec); !ec)
+    dirs.push_back(exe.parent_path().parent_path() / "share" / "accelbench" / "suites");
+  dirs.emplace_back(ACCELBENCH_INSTALL_SUITES_DIR);
+  dirs.emplace_back(ACCELBENCH_SOURCE_SUITES_DIR);
+  std::vector<fs::path> present;
+  for (const auto& d : dirs) {
+    const fs::path canonical = fs::weakly_canonical(d, ec);
+    if (!ec && fs::is_directory(canonical, ec) && std::find(present.begin(), present.end(), canonical) == present.end())
+      present.push_back(canonical);
+  }
+  return present;
+}
+
+std::vector<BundledSuite> bundled_suites() {
+  std::map<std::string, BundledSuite> by_name;
+  for (const auto& dir : suite_dirs()) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      if (!e.is_regular_file(ec) || !looks_like_suite(e.path().string())) continue;
+      const std::string name = e.path().stem().string();
+      if (by_name.contains(name)) continue;
+      BundledSuite s{name, "", e.path()};
+      try {
+        const YAML::Node root = YAML::LoadFile(e.path().string());
+        if (root.IsMap() && root["description"] && root["description"].IsScalar())
+          s.description = root["description"].as<std::string>();
+      } catch (const YAML::Exception&) {  // a broken file is listed; running it names the error
+      }
+      by_name.emplace(name, std::move(s));
+    }
+  }
+  std::vector<BundledSuite> out;
+  for (auto& [name, s] : by_name) out.push_back(std::move(s));
+  return out;
+}
+
+std::optional<std::filesystem::path> find_bundled_suite(const std::string& name) {
+  const std::string stem = looks_like_suite(name) ? std::filesystem::path(name).stem().string() : name;
+  if (stem.empty() || name.find('/') != std::string::npos) return std::nullopt;
+  for (const auto& s : bundled_suites())
+    if (s.name == stem) return s.path;
+  return std::nullopt;
+}
 
 bool looks_like_suite(const std::string& name) {
   const auto ext = std::filesystem::path(name).extension();

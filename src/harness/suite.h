@@ -33,4 +33,17 @@ struct Suite {
 Suite load_suite(const std::filesystem::path& file, const Registry& registry);
 bool looks_like_suite(const std::string& name);  // ends in .yaml or .yml
 
+// The bundled suites (docs/METHODOLOGY.md, "Suites"), looked for in order in: $ACCELBENCH_SUITES;
+// share/accelbench/suites beside the folder of the running binary (an installed or unpacked
+// package, wherever it was put); the install prefix the build was configured for; the source tree
+// it was built from. A name found in an earlier folder hides a later folder's file.
+std::vector<std::filesystem::path> suite_dirs();
+struct BundledSuite {
+  std::string name, description;  // description: the file's, "" where it has none or cannot be read
+  std::filesystem::path path;
+};
+std::vector<BundledSuite> bundled_suites();  // by name
+// The bundled suite named "quick" or "quick.yaml"; nullopt where none is.
+std::optional<std::filesystem::path> find_bundled_suite(const std::string& name);
+
 }  // namespace ab::harness

@@ -112,10 +112,15 @@ bool html_available(std::string* reason = nullptr);
 
 // ---- The terminal summary --------------------------------------------------------------------
 
-// The end-of-run table: one line per point with status, median time, rate, % of ceiling and noise.
-void print_summary(std::ostream& out, const std::vector<results::Record>& records);
+// The end-of-run tables (docs/REPORTS.md): one per workload (per scenario metric for loadgen),
+// the axes constant over its points said once above it, the varying ones as columns in the
+// workload's declaration order (`axis_order`: workload -> axis names; other axes follow by name),
+// rows in numeric order, then the workload's own figures and each point's stop reason. A workload
+// whose every point was skipped for one reason is one line.
+using AxisOrder = std::map<std::string, std::vector<std::string>>;
+void print_summary(std::ostream& out, const std::vector<results::Record>& records, const AxisOrder& axis_order = {});
 // Stored records (from the database or points.jsonl); throws ab::Error for one that is not a record.
-void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records);
+void print_summary(std::ostream& out, const std::vector<nlohmann::json>& records, const AxisOrder& axis_order = {});
 
 // ---- Escaping (exposed for tests) -------------------------------------------------------------
 

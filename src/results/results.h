@@ -79,6 +79,11 @@ std::string displayed_run_status(const std::filesystem::path& run_dir, const std
 
 // Newest first. Throws ab::Error naming the file if it is missing or not our database.
 std::vector<RunRow> list_runs(const std::filesystem::path& db_path);
+// A run id as a user may type it: `latest` (the newest run), a whole id, or a prefix of exactly
+// one (20261129-1355). Returns the whole id; nullopt where no run id starts so (the text may
+// then be a folder or a system name); throws UsageError naming the matches for an ambiguous prefix.
+std::optional<std::string> resolve_run_id(const std::vector<RunRow>& runs, const std::string& typed);
+
 // The run's records in seq order; an unknown run is an ab::UsageError listing a few known ones.
 std::vector<nlohmann::json> load_points(const std::filesystem::path& db_path, const std::string& run_id);
 

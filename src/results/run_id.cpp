@@ -47,4 +47,24 @@ std::string new_run_id() {
   return buf;
 }
 
+std::optional<std::string> resolve_run_id(const std::vector<RunRow>& runs, const std::string& typed) {
+  if (typed == "latest") {
+    if (runs.empty()) throw UsageError("`latest`: the store holds no runs");
+    return runs.front().run_id;  // list_runs is newest first
+  }
+  if (typed.empty()) return std::nullopt;
+  std::vector<std::string> matches;
+  for (const auto& r : runs) {
+    if (r.run_id == typed) return typed;
+    if (r.run_id.compare(0, typed.size(), typed) == 0) matches.push_back(r.run_id);
+  }
+  if (matches.empty()) return std::nullopt;
+  if (matches.size() == 1) return matches.front();
+  std::string named;
+  constexpr std::size_t kNamed = 5;
+  for (std::size_t i = 0; i < matches.size() && i < kNamed; ++i) named += (i ? ", " : "") + matches[i];
+  throw UsageError("run id prefix '" + typed + "' matches " + std::to_string(matches.size()) + " runs (" + named +
+                   (matches.size() > kNamed ? ", ..." : "") + "): give more of it");
+}
+
 }  // namespace ab::results

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string_view>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -26,7 +27,26 @@ std::string os_release() {
   return "unknown";
 }
 
+constexpr std::string_view kResultPrefixes[] = {"CUDA_",     "NCCL_",   "OMP_",      "GOMP_",  "KMP_",
+                                                "OPENBLAS_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "NVIDIA_TF32_OVERRIDE"};
+
 }  // namespace
+
+nlohmann::json result_environment(char** environ_block) {
+  nlohmann::json env = nlohmann::json::object();
+  for (char** e = environ_block; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const auto eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    const std::string_view name = entry.substr(0, eq);
+    for (const std::string_view prefix : kResultPrefixes)
+      if (name.starts_with(prefix)) {
+        env[std::string(name)] = std::string(entry.substr(eq + 1));
+        break;
+      }
+  }
+  return env;
+}
 
 HostInfo host_info() {
   HostInfo h;
@@ -68,8 +88,9 @@ nlohmann::json make_context(const std::vector<backend::DeviceInfo>& devices, con
                             const std::string& started_at) {
   nlohmann::json devs = nlohmann::json::array();
   for (const auto& d : devices) devs.push_back(to_json(d));
-  nlohmann::json context = {{"host", to_json(host_info())}, {"devices", devs},          {"build", build_json()},
-                             {"command_line", command_line}, {"started_at", started_at}};
+  nlohmann::json context = {{"host", to_json(host_info())}, {"devices", devs},
+                            {"build", build_json()},        {"environment", result_environment(environ)},
+                            {"command_line", command_line}, {"started_at", started_at}};
   if (nlohmann::json topology = topology_json(devices); !topology.is_null()) context["topology"] = topology;
   return context;
 }

@@ -22,7 +22,12 @@ nlohmann::json to_json(const HostInfo& h);
 nlohmann::json to_json(const backend::DeviceInfo& d);
 nlohmann::json build_json();
 
-// The context block: host, devices, build, command line and start time.
+// The environment variables that change results (the CUDA runtime's, NCCL's, OpenMP's,
+// OpenBLAS's and cuBLAS/cuDNN's knobs, NVIDIA_TF32_OVERRIDE), by name, from `environ`.
+nlohmann::json result_environment(char** environ_block);
+
+// The context block: host, devices, build, the result-changing environment, command line and
+// start time.
 nlohmann::json make_context(const std::vector<backend::DeviceInfo>& devices, const std::string& command_line,
                             const std::string& started_at);
 

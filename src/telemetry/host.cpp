@@ -6,7 +6,13 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
 #include <string_view>
+#include <thread>
 
 #include "telemetry/telemetry.h"
 
@@ -170,6 +176,45 @@ HostSample HostSource::read(double t_s) {
     s.error = e.what();
   }
   return s;
+}
+
+HostLoad measure_host_load(double window_s, const std::filesystem::path& proc_root) {
+  HostSource source(proc_root, "/nonexistent");  // no powercap: only the core ticks are wanted
+  const HostSample before = source.read(0);
+  std::this_thread::sleep_for(std::chrono::duration<double>(window_s));
+  const HostSample s = source.read(window_s);
+  HostLoad load;
+  load.cores = static_cast<int>(s.core_busy_frac.size());
+  for (const double f : s.core_busy_frac) load.busy_cores += f;
+  // This process's own threads (OpenBLAS's spinning after start-up) are not someone else's load.
+  if (window_s > 0)
+    load.busy_cores = std::max(0.0, load.busy_cores - (s.process_cpu_s - before.process_cpu_s) / window_s);
+  std::ifstream in(proc_root / "loadavg");
+  if (double avg = 0; in >> avg) load.load_avg_1m = avg;
+  return load;
+}
+
+nlohmann::json host_load_json(const HostLoad& load, int usable_cores, int threads) {
+  const int cores = usable_cores > 0 && (load.cores == 0 || usable_cores < load.cores) ? usable_cores : load.cores;
+  // Others' busy time spreads over every core; the share of it on this run's cores is in proportion.
+  const double busy = load.cores > 0 ? load.busy_cores * cores / load.cores : 0.0;
+  const double free_cores = std::max(0.0, cores - busy);
+  const bool is_busy = cores > 0 && busy >= std::max(1.0, 0.1 * cores);
+  const bool oversubscribed = cores > 0 && threads > static_cast<int>(std::lround(free_cores));
+  nlohmann::json j = {{"cores", cores},     {"busy_cores", busy}, {"free_cores", free_cores},
+                      {"threads", threads}, {"busy", is_busy},    {"oversubscribed", oversubscribed}};
+  if (load.load_avg_1m) j["load_avg_1m"] = *load.load_avg_1m;
+  if (is_busy || oversubscribed) {
+    std::ostringstream note;
+    note << std::fixed << std::setprecision(1) << "the host is shared: other processes kept " << busy << " of " << cores
+         << " core(s) busy before the run";
+    if (load.load_avg_1m) note << " (load average " << *load.load_avg_1m << ")";
+    if (oversubscribed)
+      note << ", and the run's " << threads << " thread(s) outnumber the " << free_cores << " free core(s)";
+    note << "; CPU timings will be slower and may sit on a steady plateau with low noise";
+    j["note"] = note.str();
+  }
+  return j;
 }
 
 }  // namespace ab::telemetry

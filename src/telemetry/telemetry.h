@@ -167,6 +167,21 @@ class HostSource {
   std::int64_t page_bytes_;
 };
 
+// How busy the host is before a run starts: two readings of /proc/stat `window_s` apart (the run
+// itself idle between them, so what is busy is other processes) and the load average.
+struct HostLoad {
+  double busy_cores = 0;  // sum over cores of the busy fraction in the window
+  int cores = 0;          // cores /proc/stat lists
+  std::optional<double> load_avg_1m;
+};
+HostLoad measure_host_load(double window_s, const std::filesystem::path& proc_root = "/proc");
+
+// The verdict for a run of `threads` threads (OpenMP's for a CPU device) on `usable_cores`
+// (the affinity mask; 0 = all): busy when other processes keep at least one core and a tenth
+// of them busy; oversubscribed when the threads outnumber the free cores. The record's
+// `context.host_load` (docs/RESULTS.md); `note` is set where either holds, the warning to print.
+nlohmann::json host_load_json(const HostLoad& load, int usable_cores, int threads);
+
 // Names of the bits set in an NVML clock-event (throttle) mask, e.g. "sw_power_cap".
 std::vector<std::string> decode_throttle_reasons(std::uint64_t mask);
 
