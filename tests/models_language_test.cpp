@@ -428,6 +428,7 @@ TEST(LanguageHeads, InferenceGraphsHoldNoGradientsAndKeepNothingForBackward) {
   };
   for (const bool bert : {false, true}) {
     SCOPED_TRACE(bert ? "tiny_bert qa" : "tiny_gpt2 prefill");
+    auto kernels = nn::make_ref_kernels();  // outlives the graph, whose memory it holds
     nn::Graph g = arena(false, bert);
     int saved = 0, gelu_inputs = 0;
     for (const nn::BufferLifetime& life : g.buffers()) {
@@ -443,7 +444,6 @@ TEST(LanguageHeads, InferenceGraphsHoldNoGradientsAndKeepNothingForBackward) {
     EXPECT_GT(saved, 0);
     EXPECT_EQ(gelu_inputs, 2);  // one MLP per layer
     EXPECT_LT(g.memory_plan().peak_bytes, arena(true, bert).memory_plan().peak_bytes);
-    auto kernels = nn::make_ref_kernels();
     g.bind(*kernels);
     for (const nn::Parameter& p : g.parameters()) EXPECT_FALSE(p.grad.defined()) << p.name;
     EXPECT_THROW(g.backward(), Error);
