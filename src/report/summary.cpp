@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "report/report.h"
+#include "results/derived.h"
 #include "results/output.h"
 #include "results/text.h"
 
@@ -88,11 +89,9 @@ void print_summary(std::ostream& out, const std::vector<results::Record>& record
       continue;
     }
     out << std::setw(12) << results::format_seconds(r.time->median_s.value()) << std::setw(16) << rate_text(r);
-    std::ostringstream pct, noise;
-    pct << std::fixed << std::setprecision(1);
-    if (r.rates && r.rates->pct_of_ceiling) pct << *r.rates->pct_of_ceiling << "%";
+    std::ostringstream noise;
     noise << std::fixed << std::setprecision(1) << r.time->rel_spread.value() * 100 << "%" << (r.time->converged.value() ? "" : "!");
-    out << std::setw(10) << pct.str() << std::setw(8) << noise.str() << '\n';
+    out << std::setw(10) << results::pct_of_ceiling_text(r) << std::setw(8) << noise.str() << '\n';
   }
 }
 
