@@ -110,8 +110,9 @@ TEST(Ceilings, MeasuredBesideTheDatasheetAndHowToMeasureOne) {
 
 // A scratch install tree: <root>/bin/accelbench and <root>/share/accelbench/suites.
 struct ScratchTree {
-  fs::path root = fs::temp_directory_path() / ("ab-paths-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-                                               "-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)));
+  fs::path root =
+      fs::temp_directory_path() / ("ab-paths-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+                                   "-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)));
   ScratchTree() { fs::create_directories(root / "bin"); }
   ~ScratchTree() {
     std::error_code ec;

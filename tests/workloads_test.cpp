@@ -1306,9 +1306,11 @@ TEST(Ceilings, ACachedWorkingSetNeverRaisesTheBandwidthCeiling) {
   Captured cap;
   Runner runner(be, fast_settings(), json::object(), "run-cache", cap.hooks(), nullptr);
   const std::atomic<bool> cancel{false};
-  auto plan = plan_for(w, "cpu", {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate,publish=100x1")});
-  const auto cached = plan_for(w, "cpu", {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate=2000"),
-                                          parse_axis_argument("bytes=1e6")});
+  auto plan =
+      plan_for(w, "cpu", {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate,publish=100x1")});
+  const auto cached = plan_for(w, "cpu",
+                               {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate=2000"),
+                                parse_axis_argument("bytes=1e6")});
   const auto dram = plan_for(w, "cpu", {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate=50")});
   plan.insert(plan.end(), cached.begin(), cached.end());
   plan.insert(plan.end(), dram.begin(), dram.end());

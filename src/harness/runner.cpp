@@ -95,7 +95,8 @@ std::optional<Ceiling> Runner::ceiling_for(const std::string& key, results::Reco
     return std::nullopt;
   }
   stored = true;
-  const std::string why = results::implausible_ceiling(ceiling->value, results::physical_limit(backend_.info().name, key));
+  const std::string why =
+      results::implausible_ceiling(ceiling->value, results::physical_limit(backend_.info().name, key));
   if (why.empty()) return ceiling;
   record.metrics["ceiling_not_used"] = key + " from " + ceiling->source + ": " + why;
   return std::nullopt;
@@ -117,9 +118,9 @@ void Runner::add_rates(results::Record& record, const State& state) {
   const std::optional<Ceiling> ceiling = publishes.empty() ? ceiling_for(key, record, stored) : std::nullopt;
   const double achieved = results::achieved_rate(*rates, key);
   const std::string unit = results::ceiling_unit(key, c.ops_unit);
-  std::string impossible = results::impossible_rate(
-      achieved, unit, results::physical_limit(device.name, key, cache_resident),
-      ceiling && !cache_resident ? std::optional<double>(ceiling->value) : std::nullopt);
+  std::string impossible =
+      results::impossible_rate(achieved, unit, results::physical_limit(device.name, key, cache_resident),
+                               ceiling && !cache_resident ? std::optional<double>(ceiling->value) : std::nullopt);
   // Bandwidth of a point judged by arithmetic (or by nothing) is still held to what any device can move.
   if (impossible.empty() && rates->gbps && !results::is_memory_ceiling(key))
     impossible = results::impossible_rate(*rates->gbps, "GB/s", results::physical_limit("", "memory.", true), std::nullopt);
@@ -155,8 +156,8 @@ void Runner::add_datasheet(results::Record& record, const std::string& key, doub
   const results::DatasheetPeaks* row = results::datasheet_peaks(backend_.info().name);
   const double peak = row != nullptr ? results::datasheet_value(*row, key) : 0.0;
   if (peak <= 0) return;
-  record.metrics["datasheet"] = {{"part", std::string(row->part)}, {"value", peak}, {"unit", unit},
-                                 {"pct_of_datasheet", 100.0 * measured / peak}};
+  record.metrics["datasheet"] = {
+      {"part", std::string(row->part)}, {"value", peak}, {"unit", unit}, {"pct_of_datasheet", 100.0 * measured / peak}};
 }
 
 // A scenario run: its block as measured, rates from its throughput, telemetry over its window.

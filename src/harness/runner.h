@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <set>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -74,7 +74,7 @@ class Runner {
   RunnerHooks hooks_;
   std::ostream* progress_;
   std::map<std::string, Ceiling> ceilings_;  // measured in this run: the best point of each
-  std::set<std::string> missing_ceilings_;  // keys divided by nothing: none measured here or stored
+  std::set<std::string> missing_ceilings_;   // keys divided by nothing: none measured here or stored
   ScalingTracker scaling_;
   int seq_ = 0;
 };

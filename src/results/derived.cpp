@@ -50,10 +50,9 @@ constexpr std::array<DatasheetPeaks, 10> kDatasheet{{
     {"H100 NVL", "NVIDIA H100 NVL", 60.0, 60.0, 417.5, 835.5, 835.5, 1670.5, 1670.5, 3900.0},
     {"H100 PCIe", "NVIDIA H100 PCIe", 51.0, 51.0, 378.0, 756.5, 756.5, 1513.0, 1513.0, 2000.0},
     {"H100 80GB HBM3", "NVIDIA H100 SXM", 67.0, 67.0, 494.7, 989.4, 989.4, 1978.9, 1978.9, 3350.0},
-    {"H100", "NVIDIA H100 (any form: SXM arithmetic, NVL bandwidth)", 67.0, 67.0, 494.7, 989.4, 989.4, 1978.9,
-     1978.9, 3900.0},
-    {"A100", "NVIDIA A100 (SXM4 80GB, the highest of its forms)", 19.5, 19.5, 156.0, 312.0, 312.0, 0.0, 624.0,
-     2039.0},
+    {"H100", "NVIDIA H100 (any form: SXM arithmetic, NVL bandwidth)", 67.0, 67.0, 494.7, 989.4, 989.4, 1978.9, 1978.9,
+     3900.0},
+    {"A100", "NVIDIA A100 (SXM4 80GB, the highest of its forms)", 19.5, 19.5, 156.0, 312.0, 312.0, 0.0, 624.0, 2039.0},
     {"L40S", "NVIDIA L40S", 0.0, 91.6, 183.0, 362.0, 362.0, 733.0, 733.0, 864.0},
 }};
 
@@ -144,7 +143,8 @@ std::string above_ceiling_cause(std::string_view ceiling_key, double pct, double
   if (!measures_ceiling(ceiling_key, bytes, cache_bytes))
     return "cache-resident working set: " + format_mib(bytes) + " moved per iteration, under " +
            format_rate(kDramWorkingSetFactor) + "x the " +
-           (cache_bytes > 0 ? format_mib(cache_bytes) + " last-level cache" : "assumed cache (the device reports none)") +
+           (cache_bytes > 0 ? format_mib(cache_bytes) + " last-level cache"
+                            : "assumed cache (the device reports none)") +
            ", so the rate is the cache's, not DRAM's";
   if (stored)
     return "above the ceiling stored from an earlier run (measured under other load, clocks or build): "

@@ -115,7 +115,8 @@ bool sets_ceiling(const json& record, const std::string& key) {
 
 }  // namespace
 
-std::optional<json> best_stored_ceiling(const fs::path& db_path, const std::string& device_name, const std::string& key) {
+std::optional<json> best_stored_ceiling(const fs::path& db_path, const std::string& device_name,
+                                        const std::string& key) {
   detail::Db db(db_path, detail::Db::Mode::existing);
   // The newest run whose ceilings workload measured `key` on this device...
   detail::Stmt newest(db,
@@ -133,8 +134,8 @@ std::optional<json> best_stored_ceiling(const fs::path& db_path, const std::stri
   std::optional<json> best;
   while (q.step()) {
     json record = parse_stored(db, q.text(1), "record of run " + run_id + " seq " + std::to_string(q.int64(0)));
-    if (sets_ceiling(record, key) &&
-        (!best || record["rates"]["ceiling"]["value"].get<double>() > (*best)["rates"]["ceiling"]["value"].get<double>()))
+    if (sets_ceiling(record, key) && (!best || record["rates"]["ceiling"]["value"].get<double>() >
+                                                   (*best)["rates"]["ceiling"]["value"].get<double>()))
       best = std::move(record);
   }
   return best;
