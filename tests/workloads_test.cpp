@@ -1260,6 +1260,10 @@ TEST(Ceilings, TheBestPublishedPointIsTheCeiling) {
   ASSERT_EQ(r.size(), 4u);
   for (const json& p : r) ASSERT_EQ(p["status"], "ok") << p.dump();
   EXPECT_NEAR(r[3]["rates"]["pct_of_ceiling"].get<double>(), 50.0, 1e-6) << r[3].dump();  // 350 of 700, not of 600
+  // A ceilings point below the best so far is divided by it and sets nothing.
+  EXPECT_NEAR(r[2]["rates"]["pct_of_ceiling"].get<double>(), 100.0 * 600 / 700, 1e-6) << r[2].dump();
+  EXPECT_EQ(r[2]["rates"]["ceiling"]["source"], "run run-rate seq 1") << r[2].dump();
+  EXPECT_FALSE(r[2]["metrics"].is_object() && r[2]["metrics"].contains("datasheet")) << r[2].dump();
   // Beside each measured ceiling, the datasheet's (989.4 dense bf16 on an H200).
   EXPECT_NEAR(r[1]["metrics"]["datasheet"]["pct_of_datasheet"].get<double>(), 100.0 * 700 / 989.4, 1e-6) << r[1].dump();
   EXPECT_TRUE(contains(r[1]["metrics"]["datasheet"].value("part", ""), "H200")) << r[1].dump();

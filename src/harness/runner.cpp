@@ -134,10 +134,13 @@ void Runner::add_rates(results::Record& record, const State& state) {
   // shape, a STREAM kernel on DRAM). A stored ceiling is only divided by: its run is not this one.
   const std::string source = "run " + run_id_ + " seq " + std::to_string(seq_);
   if (!publishes.empty() && achieved > 0) {
-    if (auto it = ceilings_.find(publishes); it == ceilings_.end() || achieved > it->second.value)
+    if (const auto best = ceilings_.find(publishes); best != ceilings_.end() && best->second.value >= achieved) {
+      results::divide_by_ceiling(*rates, {publishes, best->second.unit, best->second.source, best->second.value});
+    } else {
       ceilings_[publishes] = {achieved, unit, source};
-    rates->ceiling = results::CeilingRef{publishes, unit, "this point", achieved};
-    add_datasheet(record, publishes, achieved, unit);
+      rates->ceiling = results::CeilingRef{publishes, unit, "this point", achieved};
+      add_datasheet(record, publishes, achieved, unit);
+    }
   } else if (ceiling && !stored && achieved > ceiling->value && results::measures_ceiling(key, c.bytes, cache_bytes)) {
     ceilings_[key] = {achieved, unit, source};
     rates->ceiling = results::CeilingRef{key, unit, "this point", achieved};

@@ -161,9 +161,9 @@ std::string missing_ceilings_line(const std::set<std::string>& keys) {
 }
 
 std::string pct_of_ceiling_text(const Record& record) {
-  if (!record.rates || !record.rates->ceiling) return "";
-  if (record.rates->ceiling->source == "this point" && !record.rates->pct_of_ceiling) return "=ceiling";
-  if (!record.rates->pct_of_ceiling) return "";
+  if (!record.rates) return "";
+  if (!record.rates->pct_of_ceiling)
+    return record.rates->ceiling && record.rates->ceiling->source == "this point" ? "=ceiling" : "";
   std::ostringstream out;
   out << std::fixed;
   out.precision(1);
