@@ -1263,7 +1263,7 @@ TEST(Ceilings, TheBestPublishedPointIsTheCeiling) {
   // A ceilings point below the best so far is divided by it and sets nothing.
   EXPECT_NEAR(r[2]["rates"]["pct_of_ceiling"].get<double>(), 100.0 * 600 / 700, 1e-6) << r[2].dump();
   EXPECT_EQ(r[2]["rates"]["ceiling"]["source"], "run run-rate seq 1") << r[2].dump();
-  EXPECT_FALSE(r[2]["metrics"].is_object() && r[2]["metrics"].contains("datasheet")) << r[2].dump();
+  EXPECT_FALSE(r[2].value("metrics", json::object()).contains("datasheet")) << r[2].dump();
   // Beside each measured ceiling, the datasheet's (989.4 dense bf16 on an H200).
   EXPECT_NEAR(r[1]["metrics"]["datasheet"]["pct_of_datasheet"].get<double>(), 100.0 * 700 / 989.4, 1e-6) << r[1].dump();
   EXPECT_TRUE(contains(r[1]["metrics"]["datasheet"].value("part", ""), "H200")) << r[1].dump();
@@ -1298,7 +1298,7 @@ TEST(Ceilings, AboveAStoredCeilingOrFromTheCacheIsFlaggedWithItsCause) {
   EXPECT_TRUE(contains(r[1]["metrics"].value("above_ceiling", ""), "earlier run")) << r[1].dump();
   // Below the ceiling nothing is flagged.
   r = run_rates(be, {"rate=2"}, Ceiling{4.0, "TFLOP/s", "run old seq 1"});
-  EXPECT_FALSE(r[0]["metrics"].is_object() && r[0]["metrics"].contains("above_ceiling")) << r[0].dump();
+  EXPECT_FALSE(r[0].value("metrics", json::object()).contains("above_ceiling")) << r[0].dump();
 }
 
 TEST(Ceilings, ACachedWorkingSetNeverRaisesTheBandwidthCeiling) {
