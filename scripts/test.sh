@@ -44,5 +44,12 @@ for p in "${presets[@]}"; do
   echo "=== preset $p: test ${selection[*]:-(every test)}"
   ctest --preset "$p" -j"$jobs" --no-tests=error "${selection[@]}" || status=1
   echo "=== preset $p: build $((built - start)) s, test $((SECONDS - built)) s"
+  if [[ $p == cpu ]]; then
+    # The Release build as a user installs it: the .deb, unpacked and run from a scratch folder.
+    start=$SECONDS
+    echo "=== preset cpu: package"
+    scripts/package-test.sh cpu || status=1
+    echo "=== preset cpu: package $((SECONDS - start)) s"
+  fi
 done
 exit $((status | format_status))

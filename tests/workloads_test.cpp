@@ -1250,5 +1250,98 @@ TEST(ImpossibleResults, LibraryErrorsBecomeOomOrInvalidWithAClearReason) {
   EXPECT_FALSE(contains(r[1].value("reason", ""), "max_size")) << r[1].dump();
 }
 
+// ---------------------------------------------------------------------------------------------
+// A ceiling is the best figure measured for it
+
+TEST(Ceilings, TheBestPublishedPointIsTheCeiling) {
+  ScriptedClockBackend be;
+  be.device = h200();
+  const auto r = run_rates(be, {"rate,publish=500x1,700x1,600x1,350x0"});
+  ASSERT_EQ(r.size(), 4u);
+  for (const json& p : r) ASSERT_EQ(p["status"], "ok") << p.dump();
+  EXPECT_NEAR(r[3]["rates"]["pct_of_ceiling"].get<double>(), 50.0, 1e-6) << r[3].dump();  // 350 of 700, not of 600
+  // A ceilings point below the best so far is divided by it and sets nothing.
+  EXPECT_NEAR(r[2]["rates"]["pct_of_ceiling"].get<double>(), 100.0 * 600 / 700, 1e-6) << r[2].dump();
+  EXPECT_EQ(r[2]["rates"]["ceiling"]["source"], "run run-rate seq 1") << r[2].dump();
+  EXPECT_FALSE(r[2].value("metrics", json::object()).contains("datasheet")) << r[2].dump();
+  // Beside each measured ceiling, the datasheet's (989.4 dense bf16 on an H200).
+  EXPECT_NEAR(r[1]["metrics"]["datasheet"]["pct_of_datasheet"].get<double>(), 100.0 * 700 / 989.4, 1e-6) << r[1].dump();
+  EXPECT_TRUE(contains(r[1]["metrics"]["datasheet"].value("part", ""), "H200")) << r[1].dump();
+}
+
+TEST(Ceilings, ALaterPointOfTheRunThatBeatsItRaisesIt) {
+  ScriptedClockBackend be;
+  be.device = h200();
+  const auto r = run_rates(be, {"rate,publish=500x1,600x0,450x0"});
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[1]["rates"]["ceiling"]["source"], "this point") << r[1].dump();
+  EXPECT_NEAR(r[1]["rates"]["pct_of_ceiling"].get<double>(), 100.0, 1e-9) << r[1].dump();
+  EXPECT_NEAR(r[2]["rates"]["pct_of_ceiling"].get<double>(), 75.0, 1e-6) << r[2].dump();  // 450 of 600
+  EXPECT_TRUE(contains(r[2]["rates"]["ceiling"].value("source", ""), "run-rate seq 1")) << r[2].dump();
+}
+
+TEST(Ceilings, AboveAStoredCeilingOrFromTheCacheIsFlaggedWithItsCause) {
+  ScriptedClockBackend be;
+  backend::DeviceInfo cpu = backend::make_backend("cpu")->info();
+  cpu.l2_bytes = 32 << 20;
+  be.device = cpu;
+  // A stored ceiling is divided by, not raised: a faster point says the ceiling is stale.
+  auto r = run_rates(be, {"rate=6"}, Ceiling{4.0, "TFLOP/s", "run old seq 1"});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_NEAR(r[0]["rates"]["pct_of_ceiling"].get<double>(), 150.0, 1e-6) << r[0].dump();
+  EXPECT_TRUE(contains(r[0]["metrics"].value("above_ceiling", ""), "earlier run")) << r[0].dump();
+  // 2000 GB/s against a 100 GB/s DRAM ceiling: from a 1 MB working set the cache's, from 1 TB stale.
+  r = run_rates(be, {"key=memory.bandwidth", "rate=2000", "bytes=1e6,1e12"}, Ceiling{100.0, "GB/s", "run old seq 2"});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_NEAR(r[0]["rates"]["pct_of_ceiling"].get<double>(), 2000.0, 1e-6) << r[0].dump();
+  EXPECT_EQ(r[0]["metrics"].value("above_ceiling", "").rfind("cache-resident working set", 0), 0u) << r[0].dump();
+  EXPECT_TRUE(contains(r[1]["metrics"].value("above_ceiling", ""), "earlier run")) << r[1].dump();
+  // Below the ceiling nothing is flagged.
+  r = run_rates(be, {"rate=2"}, Ceiling{4.0, "TFLOP/s", "run old seq 1"});
+  EXPECT_FALSE(r[0].value("metrics", json::object()).contains("above_ceiling")) << r[0].dump();
+}
+
+TEST(Ceilings, ACachedWorkingSetNeverRaisesTheBandwidthCeiling) {
+  ScriptedClockBackend be;
+  backend::DeviceInfo cpu = backend::make_backend("cpu")->info();
+  cpu.l2_bytes = 32 << 20;
+  be.device = cpu;
+  RateWorkload w(be);
+  Captured cap;
+  Runner runner(be, fast_settings(), json::object(), "run-cache", cap.hooks(), nullptr);
+  const std::atomic<bool> cancel{false};
+  auto plan =
+      plan_for(w, "cpu", {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate,publish=100x1")});
+  const auto cached = plan_for(w, "cpu",
+                               {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate=2000"),
+                                parse_axis_argument("bytes=1e6")});
+  const auto dram = plan_for(w, "cpu", {parse_axis_argument("key=memory.bandwidth"), parse_axis_argument("rate=50")});
+  plan.insert(plan.end(), cached.begin(), cached.end());
+  plan.insert(plan.end(), dram.begin(), dram.end());
+  runner.run(plan, cancel);
+  ASSERT_EQ(cap.records.size(), 3u);
+  EXPECT_NEAR(cap.records[1]["rates"]["pct_of_ceiling"].get<double>(), 2000.0, 1e-6) << cap.records[1].dump();
+  EXPECT_NEAR(cap.records[2]["rates"]["pct_of_ceiling"].get<double>(), 50.0, 1e-6) << cap.records[2].dump();
+}
+
+TEST(Ceilings, ARunWithoutOneSaysHowToMeasureIt) {
+  ScriptedClockBackend be;
+  RateWorkload w(be);
+  Captured cap;
+  std::ostringstream progress;
+  Runner runner(be, fast_settings(), json::object(), "run-none", cap.hooks(), &progress);
+  const std::atomic<bool> cancel{false};
+  runner.run(plan_for(w, "cpu", {parse_axis_argument("rate=1,2")}), cancel);
+  const std::string out = progress.str();
+  EXPECT_EQ(std::count(out.begin(), out.end(), '`'), 2) << out;  // once, not per point
+  EXPECT_TRUE(contains(out, "no gemm.bf16 ceiling measured on this device; `accelbench run ceilings`")) << out;
+  // A run that measures it prints the measured figure instead.
+  std::ostringstream measured;
+  Runner runner2(be, fast_settings(), json::object(), "run-some", cap.hooks(), &measured);
+  runner2.run(plan_for(w, "cpu", {parse_axis_argument("rate,publish=3x1")}), cancel);
+  EXPECT_TRUE(contains(measured.str(), "ceiling gemm.bf16: 3 TFLOP/s measured")) << measured.str();
+  EXPECT_FALSE(contains(measured.str(), "accelbench run ceilings")) << measured.str();
+}
+
 }  // namespace
 }  // namespace ab::workloads

@@ -83,6 +83,25 @@ Runner::Runner(backend::Backend& backend, measure::Settings settings, nlohmann::
     : backend_(backend), settings_(settings), context_(std::move(context)), run_id_(std::move(run_id)),
       hooks_(std::move(hooks)), progress_(progress) {}
 
+// The ceiling `key` divides by: this run's (measured earlier in it), else the newest stored one;
+// nullopt when neither is plausible (metrics.ceiling_not_used says why).
+std::optional<Ceiling> Runner::ceiling_for(const std::string& key, results::Record& record, bool& stored) {
+  stored = false;
+  if (key.empty()) return std::nullopt;
+  if (auto it = ceilings_.find(key); it != ceilings_.end()) return it->second;
+  std::optional<Ceiling> ceiling = hooks_.find_stored_ceiling ? hooks_.find_stored_ceiling(key) : std::nullopt;
+  if (!ceiling) {
+    missing_ceilings_.insert(key);
+    return std::nullopt;
+  }
+  stored = true;
+  const std::string why =
+      results::implausible_ceiling(ceiling->value, results::physical_limit(backend_.info().name, key));
+  if (why.empty()) return ceiling;
+  record.metrics["ceiling_not_used"] = key + " from " + ceiling->source + ": " + why;
+  return std::nullopt;
+}
+
 void Runner::add_rates(results::Record& record, const State& state) {
   const Counts& c = state.counts();
   const std::string& key = state.ceiling_key();
@@ -92,27 +111,16 @@ void Runner::add_rates(results::Record& record, const State& state) {
   // A point whose bytes fit in the device's cache is not bounded by DRAM bandwidth (nor by a
   // bandwidth ceiling measured from DRAM).
   const auto& device = backend_.info();
-  const bool cache_resident = results::is_memory_ceiling(key) && device.l2_bytes > 0 &&
-                              c.bytes <= 2.0 * static_cast<double>(device.l2_bytes);
-  std::optional<double> ceiling_value;
-  if (!key.empty() && state.publishes_ceiling().empty()) {
-    std::optional<Ceiling> ceiling;
-    if (auto it = ceilings_.find(key); it != ceilings_.end()) ceiling = it->second;
-    else if (hooks_.find_stored_ceiling) ceiling = hooks_.find_stored_ceiling(key);
-    if (ceiling) {
-      const std::string why = results::implausible_ceiling(ceiling->value, results::physical_limit(device.name, key));
-      if (why.empty()) {
-        results::divide_by_ceiling(*rates, {key, ceiling->unit, ceiling->source, ceiling->value});
-        if (!cache_resident) ceiling_value = ceiling->value;
-      } else {
-        record.metrics["ceiling_not_used"] = key + " from " + ceiling->source + ": " + why;
-      }
-    }
-  }
+  const auto cache_bytes = static_cast<double>(device.l2_bytes);
+  const bool cache_resident = results::is_memory_ceiling(key) && device.l2_bytes > 0 && c.bytes <= 2.0 * cache_bytes;
+  const std::string& publishes = state.publishes_ceiling();
+  bool stored = false;
+  const std::optional<Ceiling> ceiling = publishes.empty() ? ceiling_for(key, record, stored) : std::nullopt;
   const double achieved = results::achieved_rate(*rates, key);
   const std::string unit = results::ceiling_unit(key, c.ops_unit);
-  std::string impossible = results::impossible_rate(achieved, unit, results::physical_limit(device.name, key, cache_resident),
-                                                    ceiling_value);
+  std::string impossible =
+      results::impossible_rate(achieved, unit, results::physical_limit(device.name, key, cache_resident),
+                               ceiling && !cache_resident ? std::optional<double>(ceiling->value) : std::nullopt);
   // Bandwidth of a point judged by arithmetic (or by nothing) is still held to what any device can move.
   if (impossible.empty() && rates->gbps && !results::is_memory_ceiling(key))
     impossible = results::impossible_rate(*rates->gbps, "GB/s", results::physical_limit("", "memory.", true), std::nullopt);
@@ -121,11 +129,38 @@ void Runner::add_rates(results::Record& record, const State& state) {
     record.reason = impossible;
     return;  // no rates: nothing may be divided by, or ranked on, an impossible figure
   }
-  if (!state.publishes_ceiling().empty() && achieved > 0) {
-    ceilings_[state.publishes_ceiling()] = {achieved, unit, "run " + run_id_ + " seq " + std::to_string(seq_)};
-    rates->ceiling = results::CeilingRef{state.publishes_ceiling(), unit, "this point", achieved};
+  // A ceiling is the best figure measured for it: the highest of the ceilings workload's points,
+  // and in a run that measured it, of every later point measuring the same thing (a GEMM of any
+  // shape, a STREAM kernel on DRAM). A stored ceiling is only divided by: its run is not this one.
+  const std::string source = "run " + run_id_ + " seq " + std::to_string(seq_);
+  if (!publishes.empty() && achieved > 0) {
+    if (const auto best = ceilings_.find(publishes); best != ceilings_.end() && best->second.value >= achieved) {
+      results::divide_by_ceiling(*rates, {publishes, best->second.unit, best->second.source, best->second.value});
+    } else {
+      ceilings_[publishes] = {achieved, unit, source};
+      rates->ceiling = results::CeilingRef{publishes, unit, "this point", achieved};
+      add_datasheet(record, publishes, achieved, unit);
+    }
+  } else if (ceiling && !stored && achieved > ceiling->value && results::measures_ceiling(key, c.bytes, cache_bytes)) {
+    ceilings_[key] = {achieved, unit, source};
+    rates->ceiling = results::CeilingRef{key, unit, "this point", achieved};
+    rates->pct_of_ceiling = 100.0;
+    add_datasheet(record, key, achieved, unit);
+  } else if (ceiling) {
+    results::divide_by_ceiling(*rates, {key, ceiling->unit, ceiling->source, ceiling->value});
+    const std::string why = results::above_ceiling_cause(key, *rates->pct_of_ceiling, c.bytes, cache_bytes, stored);
+    if (!why.empty()) record.metrics["above_ceiling"] = why;
   }
   record.rates = std::move(rates);
+}
+
+// Beside a measured ceiling, the datasheet's peak for it (HPL's Rpeak beside Rmax), where the device has one.
+void Runner::add_datasheet(results::Record& record, const std::string& key, double measured, const std::string& unit) {
+  const results::DatasheetPeaks* row = results::datasheet_peaks(backend_.info().name);
+  const double peak = row != nullptr ? results::datasheet_value(*row, key) : 0.0;
+  if (peak <= 0) return;
+  record.metrics["datasheet"] = {
+      {"part", std::string(row->part)}, {"value", peak}, {"unit", unit}, {"pct_of_datasheet", 100.0 * measured / peak}};
 }
 
 // A scenario run: its block as measured, rates from its throughput, telemetry over its window.
@@ -271,6 +306,11 @@ RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool
     }
   }
   if (cancel.load()) totals.interrupted = true;
+  if (progress_ != nullptr) {
+    for (const auto& [key, ceiling] : ceilings_)
+      *progress_ << results::ceiling_line(backend_.info().name, key, ceiling.value, ceiling.unit) << '\n';
+    if (!missing_ceilings_.empty()) *progress_ << results::missing_ceilings_line(missing_ceilings_) << '\n';
+  }
   return totals;
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,8 @@ class Runner {
  private:
   results::Record measure_point(const PlanEntry& entry, const std::atomic<bool>& cancel);
   void add_rates(results::Record& record, const State& state);
+  std::optional<Ceiling> ceiling_for(const std::string& key, results::Record& record, bool& stored);
+  void add_datasheet(results::Record& record, const std::string& key, double measured, const std::string& unit);
   void add_scenario(results::Record& record, const State& state);
 
   backend::Backend& backend_;
@@ -70,7 +73,8 @@ class Runner {
   std::string run_id_;
   RunnerHooks hooks_;
   std::ostream* progress_;
-  std::map<std::string, Ceiling> ceilings_;  // measured in this run
+  std::map<std::string, Ceiling> ceilings_;  // measured in this run: the best point of each
+  std::set<std::string> missing_ceilings_;   // keys divided by nothing: none measured here or stored
   ScalingTracker scaling_;
   int seq_ = 0;
 };

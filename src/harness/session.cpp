@@ -59,12 +59,12 @@ std::string resolve_device(const std::string& requested, const dist::LaunchInfo&
   return device;
 }
 
-// A ceiling measured by an earlier run on this device, from the store (none if unreadable).
+// The best ceiling of the newest run that measured it on this device, from the store (none if unreadable).
 std::optional<Ceiling> stored_ceiling(const std::filesystem::path& db, const std::string& device_name,
                                       const std::string& key) {
   try {
-    const auto p = results::latest_point(db, "ceilings", device_name, {{"target", key}});
-    if (!p || !(*p)["rates"].contains("ceiling")) return std::nullopt;
+    const auto p = results::best_stored_ceiling(db, device_name, key);
+    if (!p) return std::nullopt;
     const auto& c = (*p)["rates"]["ceiling"];
     return Ceiling{c["value"].get<double>(), c["unit"].get<std::string>(),
                    "run " + (*p)["run_id"].get<std::string>() + " seq " + std::to_string((*p)["seq"].get<int>())};

@@ -337,6 +337,7 @@ std::vector<Ceiling> collect_ceilings(const std::vector<Run>& runs) {
   for (const auto& [run, r] : records) {
     if (r.workload != "ceilings") continue;
     const results::CeilingRef* ref = r.rates && r.rates->ceiling ? &*r.rates->ceiling : nullptr;
+    if (ref && ref->source != "this point") continue;  // below the best so far: it set no ceiling
     Ceiling c;
     c.device_name = r.device_name;
     c.key = ref && !ref->key.empty() ? ref->key : str(r.params, "target").value_or("?");

@@ -172,7 +172,7 @@ std::optional<Chart> roofline_chart(const ChartInput& in, const std::vector<Ceil
     Roof r{device, 0, {}, {}};
     for (const auto& c : ceilings) {
       if (c.device_name != device || c.status != "ok" || c.value <= 0) continue;
-      if (c.key == "memory.bandwidth" && r.bw == 0) r.bw = c.value, r.bw_source = c.source;
+      if (c.key == "memory.bandwidth" && c.value > r.bw) r.bw = c.value, r.bw_source = c.source;  // the best
       const std::string prec = c.key.rfind("gemm.", 0) == 0 ? c.key.substr(5) : "";
       if (!prec.empty() && (precisions.empty() || precisions.count(prec)) &&
           std::none_of(r.peaks.begin(), r.peaks.end(), [&c](const Ceiling* x) { return x->key == c.key; }))

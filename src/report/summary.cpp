@@ -234,9 +234,8 @@ Figures model_figures(const std::string& noun) {
 
 Figures kernel_figures() {
   return {{{"median"}, {"rate"}, {"% ceil"}, {"noise"}}, [](const Record& r) {
-            const auto pct = r.rate_of(&results::Rates::pct_of_ceiling);
             return Cells{seconds_text(r.time_of(&results::TimeStats::median_s)), rate_text(r),
-                         pct ? percent_text(*pct) : "", noise_text(r)};
+                         results::pct_of_ceiling_text(r), noise_text(r)};
           }};
 }
 

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <optional>
+#include <set>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -22,14 +24,29 @@ std::optional<Rates> rates_from_counts(const Counts& counts, double median_s, st
 double achieved_rate(const Rates& rates, std::string_view ceiling_key);
 // Sets pct_of_ceiling = achieved / ceiling × 100 and records the ceiling divided by.
 void divide_by_ceiling(Rates& rates, const CeilingRef& ceiling);
+// A vendor datasheet's peaks for one part: dense (no sparsity) tensor-core arithmetic at boost
+// clock in TFLOP/s (TOP/s for int8; fp32 is the non-tensor rate), DRAM bandwidth in GB/s; 0 = the
+// datasheet gives none. Figures HPL users know as Rpeak, shown beside the measured ceilings.
+struct DatasheetPeaks {
+  std::string_view tag;   // a device name containing it is this part (the first row that matches)
+  std::string_view part;  // what the figures are of
+  double fp64, fp32, tf32, fp16, bf16, fp8, int8, memory_gbps;
+};
+// Every part of the table, in match order.
+std::span<const DatasheetPeaks> datasheet_table();
+// The row for a device name, or nullptr for a device not in the table (a host CPU).
+const DatasheetPeaks* datasheet_peaks(std::string_view device_name);
+// The datasheet figure a ceiling key compares with ("gemm.bf16" -> bf16, "memory.*" -> DRAM); 0 if none.
+double datasheet_value(const DatasheetPeaks& row, std::string_view ceiling_key);
+
 // The most a device can do for a ceiling key (TFLOP/s, TOP/s or GB/s) and where that figure is from.
 struct PhysicalLimit {
   double value = 0;
   std::string source;  // "datasheet: NVIDIA H200 SXM, dense bf16", or the bound for any device
 };
-// The vendor datasheet's peak for a known device (dense tensor-core arithmetic at boost clock, DRAM
-// bandwidth); for any other device a bound no accelerator reaches, so a corrupt figure still fails.
-// `cache_resident`: the point's bytes fit in the device's cache, so DRAM bandwidth does not bound it.
+// The datasheet's peak for a known device; for any other device a bound no accelerator reaches,
+// so a corrupt figure still fails. `cache_resident`: the point's bytes fit in the device's cache,
+// so DRAM bandwidth does not bound it.
 PhysicalLimit physical_limit(std::string_view device_name, std::string_view ceiling_key, bool cache_resident = false);
 // Why a measured or stored ceiling cannot be divided by (not finite, <= 0, above the physical
 // limit); "" when it is plausible.
@@ -44,6 +61,30 @@ inline constexpr double kCeilingMargin = 1.5;
 // "" when it can.
 std::string impossible_rate(double achieved, std::string_view unit, const PhysicalLimit& limit,
                             std::optional<double> ceiling);
+
+// A memory point measures DRAM when its bytes are at least this many times the last-level cache:
+// below, part of the working set is served from the cache and the rate is the cache's.
+inline constexpr double kDramWorkingSetFactor = 4.0;
+// The cache assumed where the device reports none (a host whose sysfs hides it): larger than the
+// last-level cache of the CPUs and GPUs in use, so a small working set is never taken for DRAM.
+inline constexpr double kUnknownCacheBytes = 512.0 * 1024 * 1024;
+// Whether a point of `ceiling_key` moving `bytes` measures what its ceiling stands for: every
+// gemm.*, and memory.* on a working set of kDramWorkingSetFactor × `cache_bytes` or more.
+bool measures_ceiling(std::string_view ceiling_key, double bytes, double cache_bytes);
+// Why a point stands above 100% of its ceiling: its working set is cache-resident, or the ceiling
+// is one stored from an earlier run (measured under other load or with another build). `stored`:
+// the ceiling came from the store. "" when `pct` is not above 100.
+std::string above_ceiling_cause(std::string_view ceiling_key, double pct, double bytes, double cache_bytes,
+                                bool stored);
+// The one line printed when a run divides by no ceiling because none was measured on this device.
+std::string missing_ceilings_line(const std::set<std::string>& keys);
+// A record's % of ceiling as the terminal shows it: "87.0%", "1990.0% cache" or "131.0% stale" (flagged,
+// metrics.above_ceiling says why), "=ceiling" for the point that set it; "" without a ceiling.
+std::string pct_of_ceiling_text(const Record& record);
+// One line per measured ceiling, HPL's Rmax beside Rpeak: the measured figure, the datasheet's
+// for this device and the ratio ("no datasheet figure" for a device not in the table).
+std::string ceiling_line(std::string_view device_name, std::string_view ceiling_key, double measured,
+                         std::string_view unit);
 
 // A scenario run's rates from its throughput: samples/s (primary) and TFLOP/s where a sample has FLOPs.
 Rates scenario_rates(double samples_per_s, double flops_per_sample);

@@ -104,4 +104,41 @@ std::optional<json> latest_point(const fs::path& db_path, const std::string& wor
   return std::nullopt;
 }
 
+namespace {
+
+// Whether a stored record set ceiling `key`: an ok point whose rates.ceiling is itself.
+bool sets_ceiling(const json& record, const std::string& key) {
+  const json* c = find_path(record, "rates.ceiling");
+  return record.value("status", "") == "ok" && c != nullptr && c->is_object() && c->value("key", "") == key &&
+         c->value("source", "") == "this point" && c->contains("value") && (*c)["value"].is_number();
+}
+
+}  // namespace
+
+std::optional<json> best_stored_ceiling(const fs::path& db_path, const std::string& device_name,
+                                        const std::string& key) {
+  detail::Db db(db_path, detail::Db::Mode::existing);
+  // The newest run whose ceilings workload measured `key` on this device...
+  detail::Stmt newest(db,
+                      "SELECT p.run_id, p.seq, p.record_json FROM points p LEFT JOIN runs r ON r.run_id = p.run_id "
+                      "WHERE p.workload = 'ceilings' AND p.device_name = ?1 AND p.status = 'ok' "
+                      "ORDER BY COALESCE(p.started_at, r.started_at) DESC, p.run_id DESC, p.seq DESC");
+  newest.bind_text(1, device_name);
+  std::string run_id;
+  while (run_id.empty() && newest.step())
+    if (sets_ceiling(parse_stored(db, newest.text(2), "record of run " + newest.text(0)), key)) run_id = newest.text(0);
+  if (run_id.empty()) return std::nullopt;
+  // ... and its best point for it: the ceilings workload's and those that raised it later in the run.
+  detail::Stmt q(db, "SELECT seq, record_json FROM points WHERE run_id = ?1 AND device_name = ?2 AND status = 'ok'");
+  q.bind_text(1, run_id).bind_text(2, device_name);
+  std::optional<json> best;
+  while (q.step()) {
+    json record = parse_stored(db, q.text(1), "record of run " + run_id + " seq " + std::to_string(q.int64(0)));
+    if (sets_ceiling(record, key) && (!best || record["rates"]["ceiling"]["value"].get<double>() >
+                                                   (*best)["rates"]["ceiling"]["value"].get<double>()))
+      best = std::move(record);
+  }
+  return best;
+}
+
 }  // namespace ab::results

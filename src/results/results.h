@@ -99,6 +99,12 @@ JsonlRead read_jsonl(const std::filesystem::path& file);  // throws ab::Error if
 std::optional<nlohmann::json> latest_point(const std::filesystem::path& db_path, const std::string& workload,
                                            const std::string& device_name, const nlohmann::json& params_subset);
 
+// The best ceiling `key` on a device named `device_name` from the newest run that measured it with
+// the ceilings workload: the highest of that run's points that set it (rates.ceiling.source "this
+// point": the ceilings workload's and those that raised it later in the run); nullopt if none.
+std::optional<nlohmann::json> best_stored_ceiling(const std::filesystem::path& db_path, const std::string& device_name,
+                                                  const std::string& key);
+
 // One row per point, RFC 4180 quoting, missing values as empty cells. Columns: run_id, seq,
 // workload, device, device_name, status, reason, params.* (union over points, sorted), the time
 // and rates summaries, telemetry power/energy columns and the load generator's scenario.name,
