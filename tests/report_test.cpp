@@ -567,6 +567,16 @@ TEST(ReportStudies, StudySuitesExpand) {
   with_fp8.insert("fp8");
   EXPECT_EQ(values_of(infer, "precision"), with_fp8);
 
+  // The transformers: BERT-large inference across the batch sizes, GPT-2 and BERT training per precision.
+  const auto bert = suite_plan("batch-study.yaml", "infer", 1);
+  EXPECT_EQ(bert.size(), 9u);
+  EXPECT_EQ(values_of(bert, "model"), std::set<std::string>{"bert_large"});
+  EXPECT_EQ(values_of(bert, "seq"), std::set<std::string>{"384"});
+  const auto language = suite_plan("precision-study.yaml", "train", 1);
+  EXPECT_EQ(language.size(), 8u);  // 2 models x 4 precisions
+  EXPECT_EQ(values_of(language, "model"), (std::set<std::string>{"gpt2_124m", "bert_base"}));
+  EXPECT_EQ(values_of(language, "precision"), precisions);
+
   const auto c2 = suite_plan("c2-inference.yaml", "infer", 0);
   ASSERT_EQ(c2.size(), 11u);  // batch 2 to 12
   EXPECT_EQ(values_of(c2, "model"), std::set<std::string>{"resnext101_32x4d"});

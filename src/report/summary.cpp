@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "report/report.h"
+#include "results/derived.h"
 #include "results/output.h"
 #include "results/text.h"
 
