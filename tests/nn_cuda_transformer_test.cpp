@@ -269,17 +269,13 @@ void check_layernorm(CudaTransformer& t, DType act, DType param_t, int64_t rows,
   auto& dgamma = t.random(param_t, {channels});
   auto& dbeta = t.random(param_t, {channels});
   const auto backward = [&](bool acc) {
-    if (rms)
-      t.cuda().rmsnorm_backward(x.dev, dy.dev, gamma.dev, rstd.dev, dx.dev, acc, dgamma.dev);
-    else
-      t.cuda().layernorm_backward(x.dev, dy.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, acc, dgamma.dev, dbeta.dev);
+    if (rms) t.cuda().rmsnorm_backward(x.dev, dy.dev, gamma.dev, rstd.dev, dx.dev, acc, dgamma.dev);
+    else t.cuda().layernorm_backward(x.dev, dy.dev, gamma.dev, mean.dev, rstd.dev, dx.dev, acc, dgamma.dev, dbeta.dev);
   };
   backward(accumulate);
-  if (rms)
-    t.ref().rmsnorm_backward(x.ref, dy.ref, gamma.ref, rstd.ref, dx.ref, accumulate, dgamma.ref);
+  if (rms) t.ref().rmsnorm_backward(x.ref, dy.ref, gamma.ref, rstd.ref, dx.ref, accumulate, dgamma.ref);
   else
-    t.ref().layernorm_backward(x.ref, dy.ref, gamma.ref, mean.ref, rstd.ref, dx.ref, accumulate, dgamma.ref,
-                               dbeta.ref);
+    t.ref().layernorm_backward(x.ref, dy.ref, gamma.ref, mean.ref, rstd.ref, dx.ref, accumulate, dgamma.ref, dbeta.ref);
   const double dx_max = max_abs(CudaTransformer::want(dx));
   expect_close(t.got(dx), CudaTransformer::want(dx), rounding(act), {40 * sum_err * dx_max}, "dx");
   // dgamma, dbeta: f32 sums over every row (lanes, warps, blocks, the second stage) bounded by the
@@ -369,9 +365,9 @@ TEST_F(CudaTransformer, CastManyAccumulatesAndScalesIntoF32) {
     srcs.push_back(from[i]->dev);
     dsts.push_back(to[i]->dev);
   }
-  for (const CastManyMode mode : {CastManyMode{.accumulate = true, .scale = 1.0},
-                                  CastManyMode{.accumulate = true, .scale = 0.25},
-                                  CastManyMode{.accumulate = false, .scale = 1.0 / 3.0}}) {
+  for (const CastManyMode mode :
+       {CastManyMode{.accumulate = true, .scale = 1.0}, CastManyMode{.accumulate = true, .scale = 0.25},
+        CastManyMode{.accumulate = false, .scale = 1.0 / 3.0}}) {
     SCOPED_TRACE(std::string("accumulate ") + (mode.accumulate ? "on" : "off") + ", scale " +
                  std::to_string(mode.scale));
     cuda().cast_many(srcs, dsts, mode);

@@ -4,10 +4,10 @@
 // buffer; 16-bit storage rounded once; bad operands refused with the reason; AdamW by hand, and
 // with its device step count across a captured replay; the fused cross-entropy on padded rows.
 #include <cmath>
-#include <functional>
-#include <memory>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>

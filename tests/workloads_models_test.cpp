@@ -476,8 +476,8 @@ TEST(Train, AccumulatedMicroBatchesTrainLikeOneBatchAndCountEach) {
       run_points("train", {"model=tiny_gpt2", "batch=2", "seq=8", "accumulate=1,2", "trajectory_steps=6"});
   ASSERT_EQ(records.size(), 2u);
   for (const json& r : records) ASSERT_EQ(r["status"], "ok") << r.dump();
-  const json &one = records[0]["params"]["accumulate"] == 1 ? records[0] : records[1];
-  const json &two = records[0]["params"]["accumulate"] == 1 ? records[1] : records[0];
+  const json& one = records[0]["params"]["accumulate"] == 1 ? records[0] : records[1];
+  const json& two = records[0]["params"]["accumulate"] == 1 ? records[1] : records[0];
   EXPECT_EQ(trajectory(one), trajectory(two));
   EXPECT_EQ(one["counts"]["samples"], 2.0);
   EXPECT_EQ(two["counts"]["samples"], 4.0);

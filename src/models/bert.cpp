@@ -30,9 +30,9 @@ LanguageModel build_bert(nn::GraphBuilder& b, const BertConfig& c, std::int64_t 
     const std::string p = "encoder.layer." + std::to_string(l) + ".";
     const nn::Value qkv = nn::linear(b, p + "attention.self.qkv", x, 3 * c.channels, true, false, normal);
     const nn::Value a = nn::attention(b, p + "attention.self", qkv, c.heads, seq, /*causal=*/false);
-    const nn::Value o = nn::dropout(
-        b, p + "attention.output.dropout",
-        nn::linear(b, p + "attention.output.dense", a, c.channels, true, false, normal), c.dropout);
+    const nn::Value o =
+        nn::dropout(b, p + "attention.output.dropout",
+                    nn::linear(b, p + "attention.output.dense", a, c.channels, true, false, normal), c.dropout);
     x = nn::layernorm(b, p + "attention.output.LayerNorm", nn::add(b, p + "attention.add", x, o), eps);
     const nn::Value f =
         nn::dropout(b, p + "output.dropout", nn::mlp(b, p + "mlp", x, 4 * c.channels, 0.02, 0.02), c.dropout);

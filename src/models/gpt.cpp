@@ -48,8 +48,8 @@ LanguageModel build_gpt(nn::GraphBuilder& b, const GptConfig& c, std::int64_t ba
   LanguageModel m;
   m.tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
   if (head == GptHead::loss) m.labels = b.input("labels", Shape{batch * seq}, DType::i32);
-  nn::Value x = nn::dropout(b, "embed.drop", nn::embedding(b, "embed", m.tokens, c.vocab, c.positions, c.channels),
-                            c.dropout);
+  nn::Value x =
+      nn::dropout(b, "embed.drop", nn::embedding(b, "embed", m.tokens, c.vocab, c.positions, c.channels), c.dropout);
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     const nn::Value ln1 = nn::layernorm(b, h + "ln_1", x, c.layernorm_epsilon);

@@ -23,8 +23,8 @@ AB_HOST_DEVICE inline std::uint64_t dropout_mix(std::uint64_t z) {
 
 // The stream of one call: its op's seed and the step counter's value.
 AB_HOST_DEVICE inline std::uint64_t dropout_stream(std::uint64_t seed, std::int32_t counter) {
-  return dropout_mix(seed ^ dropout_mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(counter)) +
-                                        0x632BE59BD9B4E019ull));
+  return dropout_mix(
+      seed ^ dropout_mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(counter)) + 0x632BE59BD9B4E019ull));
 }
 
 // 2^24 * probability, rounded down: an element is dropped where the top 24 bits of its hash fall

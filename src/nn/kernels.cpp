@@ -23,7 +23,8 @@ void Kernels::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tenso
     throw Error("cast_many: " + std::to_string(srcs.size()) + " sources for " + std::to_string(dsts.size()) +
                 " destinations");
   if (!mode.plain())
-    throw Unsupported(std::string(name()) + " kernels: cast_many that accumulates or scales (gradient "
+    throw Unsupported(std::string(name()) +
+                      " kernels: cast_many that accumulates or scales (gradient "
                       "accumulation) is not implemented");
   for (std::size_t i = 0; i < srcs.size(); ++i) cast(srcs[i], dsts[i]);
 }

@@ -318,8 +318,7 @@ class Gelu final : public Op {
 // Backward rebuilds the mask (nothing saved). `seed` tells the graph's dropout ops apart.
 class Dropout final : public Op {
  public:
-  Dropout(std::string name, double probability, std::uint64_t seed)
-      : Op(std::move(name)), desc_{probability, seed} {}
+  Dropout(std::string name, double probability, std::uint64_t seed) : Op(std::move(name)), desc_{probability, seed} {}
   std::string_view kind() const override { return "dropout"; }
   bool draws_random() const override { return true; }
   void forward(Kernels& k, const OpTensors& t) override;

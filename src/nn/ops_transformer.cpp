@@ -77,10 +77,8 @@ std::vector<Tensor> LayerNorm::saved() const {
 }
 
 void LayerNorm::forward(Kernels& k, const OpTensors& t) {
-  if (rms_)
-    k.rmsnorm_forward(desc_, t.in[0], t.params[0], t.out[0], t.saved[0]);
-  else
-    k.layernorm_forward(desc_, t.in[0], t.params[0], t.params[1], t.out[0], t.saved[0], t.saved[1]);
+  if (rms_) k.rmsnorm_forward(desc_, t.in[0], t.params[0], t.out[0], t.saved[0]);
+  else k.layernorm_forward(desc_, t.in[0], t.params[0], t.params[1], t.out[0], t.saved[0], t.saved[1]);
 }
 
 void LayerNorm::backward(Kernels& k, const OpTensors& t) {
@@ -88,8 +86,7 @@ void LayerNorm::backward(Kernels& k, const OpTensors& t) {
   const Tensor dx = t.din[0];
   if (!dx.defined())
     throw Unsupported("layer '" + name() + "' (" + std::string(kind()) + "): backward without an input gradient");
-  if (rms_)
-    k.rmsnorm_backward(t.in[0], t.dout[0], t.params[0], t.saved[0], dx, t.din_accumulate[0], t.dparams[0]);
+  if (rms_) k.rmsnorm_backward(t.in[0], t.dout[0], t.params[0], t.saved[0], dx, t.din_accumulate[0], t.dparams[0]);
   else
     k.layernorm_backward(t.in[0], t.dout[0], t.params[0], t.saved[0], t.saved[1], dx, t.din_accumulate[0], t.dparams[0],
                          t.dparams[1]);
@@ -121,10 +118,8 @@ std::vector<Tensor> Dropout::do_infer(const std::vector<Tensor>& in) {
 }
 
 void Dropout::forward(Kernels& k, const OpTensors& t) {
-  if (t.training)
-    k.dropout_forward(desc_, t.in[0], t.out[0], t.step_counter);
-  else
-    k.cast(t.in[0], t.out[0]);  // the identity
+  if (t.training) k.dropout_forward(desc_, t.in[0], t.out[0], t.step_counter);
+  else k.cast(t.in[0], t.out[0]);  // the identity
 }
 
 void Dropout::backward(Kernels& k, const OpTensors& t) {

@@ -20,8 +20,23 @@ using cudnn_graph::TensorSpec;
 using Dims = std::vector<std::int64_t>;
 
 // Variant-pack ids of the tensors with memory; the virtual ones count from kFirstVirtual.
-enum : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDout, kDq, kDk, kDv, kScale, kNegInf, kOne, kRowDots, kDqAccum,
-                      kFirstVirtual = 100 };
+enum : std::int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDout,
+  kDq,
+  kDk,
+  kDv,
+  kScale,
+  kNegInf,
+  kOne,
+  kRowDots,
+  kDqAccum,
+  kFirstVirtual = 100
+};
 
 Dims dims_of(const HeadStrides& s) { return {s[0], s[1], s[2], s[3]}; }
 // A [B, H, T, D] operand as [B, H, D, T] (K^T, V^T): the same memory, the last two swapped.
@@ -88,8 +103,7 @@ class GraphBuilder {
     add(op);
   }
   void reshape(const char* name, const Desc& x, const Desc& y) {
-    Desc& op =
-        keep_.emplace_back(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, std::string(name) + " operation", label_);
+    Desc& op = keep_.emplace_back(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, std::string(name) + " operation", label_);
     AB_SET_DESC(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
     AB_SET_DESC(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
     add(op);
@@ -127,10 +141,17 @@ struct Geometry {
   std::int64_t b, h, tq, tk, d;
   Dims scores, score_strides, rows, row_strides, scores_t, scores_t_strides;
   explicit Geometry(const SdpaShape& s)
-      : b(s.batch), h(s.heads), tq(s.queries), tk(s.keys), d(s.dim),
-        scores{b, h, tq, tk}, score_strides{h * tq * tk, tq * tk, tk, 1},
-        rows{b, h, tq, 1}, row_strides{h * tq, tq, 1, 1},
-        scores_t{b, h, tk, tq}, scores_t_strides{h * tq * tk, tq * tk, 1, tk} {}
+      : b(s.batch),
+        h(s.heads),
+        tq(s.queries),
+        tk(s.keys),
+        d(s.dim),
+        scores{b, h, tq, tk},
+        score_strides{h * tq * tk, tq * tk, tk, 1},
+        rows{b, h, tq, 1},
+        row_strides{h * tq, tq, 1, 1},
+        scores_t{b, h, tk, tq},
+        scores_t_strides{h * tq * tk, tq * tk, 1, tk} {}
 };
 
 void build_forward(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t io) {
@@ -234,8 +255,7 @@ std::int64_t round_up(std::int64_t bytes) { return (bytes + 255) / 256 * 256; }
 std::string SdpaShape::to_string() const {
   const auto i = [](std::int64_t n) { return std::to_string(n); };
   return std::string("cudnn sdpa ") + (backward ? "backward" : "forward") + " " + std::string(ab::to_string(dtype)) +
-         " [B " +
-         i(batch) + ", H " + i(heads) + ", Tq " + i(queries) + ", Tk " + i(keys) + ", D " + i(dim) + "]" +
+         " [B " + i(batch) + ", H " + i(heads) + ", Tq " + i(queries) + ", Tk " + i(keys) + ", D " + i(dim) + "]" +
          (causal ? " causal" : "") + " q strides " + cudnn_graph::dims_text(dims_of(q));
 }
 
@@ -272,17 +292,14 @@ SdpaPlan::SdpaPlan(const SdpaShape& shape, cudnnHandle_t handle) : impl_(std::ma
   p.scale = shape.scale;
   const cudnnDataType_t io = shape.dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
   GraphBuilder g(p.label);
-  if (shape.backward)
-    build_backward(g, shape, io);
-  else
-    build_forward(g, shape, io);
+  if (shape.backward) build_backward(g, shape, io);
+  else build_forward(g, shape, io);
   p.graph = cudnn_graph::make_graph(handle, g.ops(), p.label);
   p.keep = g.release();
   std::string refusals;
   cudnn_graph::try_heuristics(handle, *p.graph, CUDNN_HEUR_MODE_A, p.label, refusals, p.candidates, p.configs);
   if (p.candidates.empty())
-    cudnn_graph::try_heuristics(handle, *p.graph, CUDNN_HEUR_MODE_FALLBACK, p.label, refusals, p.candidates,
-                                p.configs);
+    cudnn_graph::try_heuristics(handle, *p.graph, CUDNN_HEUR_MODE_FALLBACK, p.label, refusals, p.candidates, p.configs);
   if (p.candidates.empty())
     throw Unsupported(p.label + ": no cuDNN engine accepts the graph (cuDNN " + std::to_string(cudnnGetVersion()) +
                       ")" + refusals);
@@ -293,14 +310,15 @@ SdpaPlan::SdpaPlan(const SdpaShape& shape, cudnnHandle_t handle) : impl_(std::ma
     p.dq_accum_offset = round_up(rows * 4);
     p.workspace_offset = p.dq_accum_offset + round_up(rows * shape.dim * 4);
   }
-  p.scratch = backend::cuda::DeviceBuffer(p.workspace_offset + round_up(workspace) + 256,
-                                          p.label + " workspace");
+  p.scratch = backend::cuda::DeviceBuffer(p.workspace_offset + round_up(workspace) + 256, p.label + " workspace");
 }
 
 SdpaPlan::~SdpaPlan() = default;
 
 int SdpaPlan::candidates() const { return static_cast<int>(impl_->candidates.size()); }
-const std::string& SdpaPlan::candidate_name(int i) const { return impl_->candidates.at(static_cast<std::size_t>(i)).name; }
+const std::string& SdpaPlan::candidate_name(int i) const {
+  return impl_->candidates.at(static_cast<std::size_t>(i)).name;
+}
 void SdpaPlan::choose(int i) { impl_->chosen = std::clamp(i, 0, candidates() - 1); }
 const std::string& SdpaPlan::label() const { return impl_->label; }
 
@@ -317,8 +335,8 @@ bool SdpaPlan::run(const SdpaOperands& x, int i) const {
   }
   if (p.shape.backward) {
     ids.insert(ids.end(), {kDout, kDq, kDk, kDv, kOne, kRowDots, kDqAccum});
-    ptrs.insert(ptrs.end(), {in(x.dout), x.dq, x.dk, x.dv, in(&p.one), base + p.row_dots_offset,
-                             base + p.dq_accum_offset});
+    ptrs.insert(ptrs.end(),
+                {in(x.dout), x.dq, x.dk, x.dv, in(&p.one), base + p.row_dots_offset, base + p.dq_accum_offset});
   }
   return cudnn_graph::execute(p.handle, plan, ids, ptrs, base + p.workspace_offset, p.label) == CUDNN_STATUS_SUCCESS;
 }

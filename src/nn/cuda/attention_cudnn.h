@@ -37,7 +37,7 @@ std::string sdpa_refusal(const SdpaShape& s);
 
 struct SdpaOperands {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
-  void* o = nullptr;  // forward's output, backward's input
+  void* o = nullptr;       // forward's output, backward's input
   float* stats = nullptr;  // [B, H, Tq] log-sum-exp: forward's output, backward's input
   const void* dout = nullptr;
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;

@@ -194,9 +194,15 @@ void AttentionEngine::attention_backward(const AttentionDesc& d, const Tensor& q
     shape.dq = strides_of(dq);
     shape.dk = strides_of(dk);
     shape.dv = strides_of(dv);
-    const SdpaOperands x{.q = q.data, .k = k.data, .v = v.data, .o = o.data,
-                         .stats = const_cast<float*>(stats.as<const float>()), .dout = dout.data, .dq = dq.data,
-                         .dk = dk.data, .dv = dv.data};
+    const SdpaOperands x{.q = q.data,
+                         .k = k.data,
+                         .v = v.data,
+                         .o = o.data,
+                         .stats = const_cast<float*>(stats.as<const float>()),
+                         .dout = dout.data,
+                         .dq = dq.data,
+                         .dk = dk.data,
+                         .dv = dv.data};
     if (const SdpaPlan* plan = cudnn_plan(shape, x, own)) {
       if (!plan->run(x)) throw Error(plan->label() + ": cudnnBackendExecute refused the chosen plan");
       return;

@@ -23,8 +23,8 @@ std::string engine_of(const Desc& config, const std::string& label) {
   Desc engine_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine of " + config.name(), label);
   cudnnBackendDescriptor_t e = engine_desc.get();
   std::int64_t got = 0, index = -1;
-  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
-                               &e) != CUDNN_STATUS_SUCCESS ||
+  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &e) !=
+          CUDNN_STATUS_SUCCESS ||
       cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index) !=
           CUDNN_STATUS_SUCCESS)
     return "engine ?";
@@ -117,9 +117,9 @@ void try_heuristics(cudnnHandle_t handle, const Desc& graph, cudnnBackendHeurMod
   std::vector<std::unique_ptr<Desc>> cfgs;
   std::vector<cudnnBackendDescriptor_t> raw;
   for (std::int64_t i = 0; i < count; ++i) {
-    cfgs.push_back(std::make_unique<Desc>(
-        CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
-        mode_name + " config " + std::to_string(i + 1) + " of " + std::to_string(count), label));
+    cfgs.push_back(
+        std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+                               mode_name + " config " + std::to_string(i + 1) + " of " + std::to_string(count), label));
     raw.push_back(cfgs.back()->get());
   }
   std::int64_t returned = 0;
@@ -136,8 +136,8 @@ void try_heuristics(cudnnHandle_t handle, const Desc& graph, cudnnBackendHeurMod
     AB_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
     AB_SET_DESC(*candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
     if (const cudnnStatus_t st = candidate->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
-      refusals += "; " + cfg.name() + " " + engine_name + ": cudnnBackendFinalize(execution plan) " +
-                  cudnn_status_text(st);
+      refusals +=
+          "; " + cfg.name() + " " + engine_name + ": cudnnBackendFinalize(execution plan) " + cudnn_status_text(st);
       continue;
     }
     Candidate found;

@@ -10,8 +10,8 @@ namespace {
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    dropout_kernel(const T* x, T* y, int64_t n, uint64_t seed, const int32_t* counter, uint32_t threshold,
-                   float scale, bool accumulate) {
+    dropout_kernel(const T* x, T* y, int64_t n, uint64_t seed, const int32_t* counter, uint32_t threshold, float scale,
+                   bool accumulate) {
   const uint64_t stream = dropout_stream(seed, *counter);
   const int64_t stride = int64_t{gridDim.x} * blockDim.x * V;
   for (int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
@@ -35,8 +35,8 @@ void dropout(cudaStream_t stream, DType t, const void* x, void* y, int64_t n, ui
   dispatch(t, "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_width<T>(n % vec_of<T>() == 0 && aligned(x, 16) && aligned(y, 16), [&]<int V>() {
-      dropout_kernel<T, V><<<blocks_for(n / V), kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<T*>(y), n, seed, counter, threshold, scale, accumulate);
+      dropout_kernel<T, V><<<blocks_for(n / V), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), n,
+                                                                       seed, counter, threshold, scale, accumulate);
     });
   });
   check_launch("dropout");

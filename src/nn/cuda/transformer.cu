@@ -437,8 +437,8 @@ void layernorm_forward(cudaStream_t stream, DType t, DType param_t, const void* 
         with_width<T>(vector_ok, [&]<int V>() {
           const auto launch = [&](auto kernel) {
             kernel<<<static_cast<int>((rows + 7) / 8), kThreads, 0, stream>>>(
-                static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta),
-                static_cast<T*>(y), mean, rstd, rows, channels, static_cast<float>(epsilon));
+                static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta), static_cast<T*>(y),
+                mean, rstd, rows, channels, static_cast<float>(epsilon));
           };
           if (rms) launch(layernorm_forward_kernel<T, P, V, true>);
           else launch(layernorm_forward_kernel<T, P, V, false>);

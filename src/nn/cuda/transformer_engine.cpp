@@ -88,7 +88,8 @@ void TransformerEngine::layernorm_forward(const LayerNormDesc& d, const Tensor& 
   const bool rms = !mean.defined() && !beta.defined();
   if (!is_matrix(x) || !(y.shape == x.shape) || y.dtype != x.dtype || !y.is_contiguous() ||
       !is_param(gamma, x.shape[1], x.dtype) ||
-      (!rms && (!is_param(beta, x.shape[1], x.dtype) || beta.dtype != gamma.dtype || !is_f32_vector(mean, x.shape[0]))) ||
+      (!rms &&
+       (!is_param(beta, x.shape[1], x.dtype) || beta.dtype != gamma.dtype || !is_f32_vector(mean, x.shape[0]))) ||
       !is_f32_vector(rstd, x.shape[0]))
     refuse(rms ? "rmsnorm_forward" : "layernorm_forward",
            "needs contiguous x, y [rows, C] of one dtype, gamma and beta [C] of f32 or x's "
@@ -107,8 +108,8 @@ void TransformerEngine::layernorm_backward(const Tensor& x, const Tensor& dy, co
   const bool rms = !mean.defined() && !dbeta.defined();
   if (!is_matrix(x) || !like_x(dy) || !like_x(dx) || !is_param(gamma, x.shape[1], x.dtype) ||
       !is_param(dgamma, x.shape[1], x.dtype) || dgamma.dtype != gamma.dtype ||
-      (!rms && (!is_param(dbeta, x.shape[1], x.dtype) || dbeta.dtype != gamma.dtype ||
-                !is_f32_vector(mean, x.shape[0]))) ||
+      (!rms &&
+       (!is_param(dbeta, x.shape[1], x.dtype) || dbeta.dtype != gamma.dtype || !is_f32_vector(mean, x.shape[0]))) ||
       !is_f32_vector(rstd, x.shape[0]))
     refuse(rms ? "rmsnorm_backward" : "layernorm_backward",
            "needs contiguous x, dy, dx [rows, C] of one dtype, gamma, dgamma, dbeta [C] of "
@@ -128,7 +129,8 @@ void TransformerEngine::dropout(const char* kernel, const DropoutDesc& d, const 
                                 const Tensor& counter, bool accumulate) {
   require_flat(kernel, x, y);
   if (!(d.probability >= 0 && d.probability < 1))
-    throw Error(std::string("cuda ") + kernel + ": probability must be in [0, 1), got " + std::to_string(d.probability));
+    throw Error(std::string("cuda ") + kernel + ": probability must be in [0, 1), got " +
+                std::to_string(d.probability));
   if (counter.dtype != DType::i32 || counter.numel() != 1)
     refuse(kernel, "the counter must be i32 [1], got " + counter.to_string());
   tx::dropout(ctx_.stream, x.dtype, x.data, y.data, x.numel(), d.seed, counter.as<const std::int32_t>(),
@@ -173,8 +175,10 @@ void TransformerEngine::cast_many(const std::vector<Tensor>& srcs, const std::ve
                        s.is_contiguous() && d.is_contiguous() && s.numel() == d.numel() && s.layout == d.layout;
     if (!widen) {
       if (!mode.plain())
-        throw Unsupported("cuda cast_many: accumulating or scaling takes contiguous f32, f16 or bf16 sources into "
-                          "f32 of as many elements, got " + s.to_string() + " into " + d.to_string());
+        throw Unsupported(
+            "cuda cast_many: accumulating or scaling takes contiguous f32, f16 or bf16 sources into "
+            "f32 of as many elements, got " +
+            s.to_string() + " into " + d.to_string());
       cast_one(s, d);
       continue;
     }

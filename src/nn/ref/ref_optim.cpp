@@ -83,8 +83,7 @@ void RefKernels::cast(const Tensor& src, const Tensor& dst) {
   for (std::int64_t i = 0; i < src.numel(); ++i) store(dst, i, load(src, i));
 }
 
-void RefKernels::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts,
-                           const CastManyMode& mode) {
+void RefKernels::cast_many(const std::vector<Tensor>& srcs, const std::vector<Tensor>& dsts, const CastManyMode& mode) {
   if (mode.plain()) return Kernels::cast_many(srcs, dsts);
   if (deferred([=, this] { cast_many(srcs, dsts, mode); })) return;
   if (srcs.size() != dsts.size())

@@ -162,7 +162,7 @@ std::string skip_reason(const backend::DeviceInfo& device, const TrainPoint& p, 
 
 // What a rank trains with: the model and its data, the bound graph, the optimizer, the step.
 struct Trainer {
-  ModelSpec spec;  // spec.batch: this rank's share of one micro-batch
+  ModelSpec spec;                 // spec.batch: this rank's share of one micro-batch
   std::int64_t global_batch = 0;  // the samples one optimizer step trains on, over every rank and micro-batch
   std::unique_ptr<nn::Kernels> kernels;
   std::unique_ptr<nn::Graph> graph;
