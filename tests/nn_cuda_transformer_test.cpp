@@ -328,21 +328,32 @@ TEST_F(CudaTransformer, RmsNormMatchesTheReferenceBothWays) {
 
 // Widening 16-bit values to f32 is exact: cast_many's one launch must give every value, in tensors
 // of sizes off the vector width, beside a pair it hands to the plain cast (f32 -> bf16).
-TEST_F(CudaTransformer, CastManyWidensEveryTensorExactly) {
-  SCOPED_TRACE(trace());
+// cast_many's operands: for each source dtype, tensors of sizes off the vector width, each with an
+// f32 destination drawn from [-dst_bound, dst_bound).
+struct CastPairs {
   std::vector<Tensor> srcs, dsts;
   std::vector<Twin*> from, to;
-  for (const DType t : {DType::bf16, DType::f16, DType::bf16})
-    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8195}, int64_t{(1 << 20) + 3}}) {
-      from.push_back(&random(t, {n}, -3, 3));
-      to.push_back(&random(DType::f32, {n}));
-    }
-  from.push_back(&random(DType::f32, {1001}));
-  to.push_back(&random(DType::bf16, {1001}));
-  for (std::size_t i = 0; i < from.size(); ++i) {
-    srcs.push_back(from[i]->dev);
-    dsts.push_back(to[i]->dev);
+  void add(Twin& src, Twin& dst) {
+    from.push_back(&src);
+    to.push_back(&dst);
+    srcs.push_back(src.dev);
+    dsts.push_back(dst.dev);
   }
+};
+
+CastPairs cast_pairs(CudaTransformer& t, const std::vector<DType>& source_types, double dst_bound) {
+  CastPairs p;
+  for (const DType type : source_types)
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8195}, int64_t{(1 << 20) + 3}})
+      p.add(t.random(type, {n}, -3, 3), t.random(DType::f32, {n}, -dst_bound, dst_bound));
+  return p;
+}
+
+TEST_F(CudaTransformer, CastManyWidensEveryTensorExactly) {
+  SCOPED_TRACE(trace());
+  CastPairs p = cast_pairs(*this, {DType::bf16, DType::f16, DType::bf16}, 1);
+  p.add(random(DType::f32, {1001}), random(DType::bf16, {1001}));
+  const auto& [srcs, dsts, from, to] = p;
   cuda().cast_many(srcs, dsts);
   for (std::size_t i = 0; i < from.size(); ++i) {
     ref().cast(from[i]->ref, to[i]->ref);
@@ -354,17 +365,8 @@ TEST_F(CudaTransformer, CastManyWidensEveryTensorExactly) {
 // micro-batches' staged gradients) against the reference, within an f32 rounding of each value.
 TEST_F(CudaTransformer, CastManyAccumulatesAndScalesIntoF32) {
   SCOPED_TRACE(trace());
-  std::vector<Tensor> srcs, dsts;
-  std::vector<Twin*> from, to;
-  for (const DType t : {DType::bf16, DType::f16, DType::f32})
-    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8195}, int64_t{(1 << 20) + 3}}) {
-      from.push_back(&random(t, {n}, -3, 3));
-      to.push_back(&random(DType::f32, {n}, -3, 3));
-    }
-  for (std::size_t i = 0; i < from.size(); ++i) {
-    srcs.push_back(from[i]->dev);
-    dsts.push_back(to[i]->dev);
-  }
+  const CastPairs p = cast_pairs(*this, {DType::bf16, DType::f16, DType::f32}, 3);
+  const auto& [srcs, dsts, from, to] = p;
   for (const CastManyMode mode :
        {CastManyMode{.accumulate = true, .scale = 1.0}, CastManyMode{.accumulate = true, .scale = 0.25},
         CastManyMode{.accumulate = false, .scale = 1.0 / 3.0}}) {

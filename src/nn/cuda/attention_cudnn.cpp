@@ -154,6 +154,15 @@ struct Geometry {
         scores_t_strides{h * tq * tk, tq * tk, 1, tk} {}
 };
 
+// scale * q k^T, f32 [B, H, Tq, Tk]: how both passes begin.
+const Desc& scaled_scores(GraphBuilder& g, const Geometry& x, const Desc& q, const Desc& kt, const Desc& scale) {
+  const Desc& raw = g.virt("q k^T", CUDNN_DATA_FLOAT, x.scores, x.score_strides);
+  g.matmul("q k^T", q, kt, raw);
+  const Desc& scaled = g.virt("scaled scores", CUDNN_DATA_FLOAT, x.scores, x.score_strides);
+  g.pointwise("scale", CUDNN_POINTWISE_MUL, raw, &scale, nullptr, scaled);
+  return scaled;
+}
+
 void build_forward(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t io) {
   const Geometry x(s);
   const Desc& q = g.tensor("q", kQ, io, {x.b, x.h, x.tq, x.d}, dims_of(s.q));
@@ -163,10 +172,7 @@ void build_forward(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t io) {
   const Desc& stats = g.tensor("stats", kStats, CUDNN_DATA_FLOAT, x.rows, x.row_strides);
   const Desc& scale = g.scalar("scale", kScale);
 
-  const Desc& raw = g.virt("q k^T", CUDNN_DATA_FLOAT, x.scores, x.score_strides);
-  g.matmul("q k^T", q, kt, raw);
-  const Desc& scaled = g.virt("scaled scores", CUDNN_DATA_FLOAT, x.scores, x.score_strides);
-  g.pointwise("scale", CUDNN_POINTWISE_MUL, raw, &scale, nullptr, scaled);
+  const Desc& scaled = scaled_scores(g, x, q, kt, scale);
   const Desc* scores = &scaled;
   if (s.causal) scores = &causal_mask(g, scaled, g.scalar("-inf", kNegInf), x.scores, x.score_strides);
 
@@ -210,10 +216,7 @@ void build_backward(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t io) {
   g.pointwise("row dots", CUDNN_POINTWISE_MUL, dots, &one, nullptr, row_dots);
 
   // P = exp(scale q k^T - stats), masked.
-  const Desc& raw = g.virt("q k^T", CUDNN_DATA_FLOAT, x.scores, x.score_strides);
-  g.matmul("q k^T", q, kt, raw);
-  const Desc& scaled = g.virt("scaled scores", CUDNN_DATA_FLOAT, x.scores, x.score_strides);
-  g.pointwise("scale", CUDNN_POINTWISE_MUL, raw, &scale, nullptr, scaled);
+  const Desc& scaled = scaled_scores(g, x, q, kt, scale);
   const Desc& shifted = g.virt("scores - stats", CUDNN_DATA_FLOAT, x.scores, x.score_strides);
   g.pointwise("subtract stats", CUDNN_POINTWISE_SUB, scaled, &stats, nullptr, shifted);
   const Desc* logits = &shifted;

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -88,10 +87,7 @@ SdpaShape sdpa_shape(bool backward, const ca::Problem& p, const Tensor& q, const
   return s;
 }
 
-bool report_choices() {
-  const char* env = std::getenv("AB_ATTENTION_CHOICES");
-  return env != nullptr && *env != '\0' && *env != '0';
-}
+bool report_choices() { return env_flag("AB_ATTENTION_CHOICES"); }
 
 }  // namespace
 
@@ -105,9 +101,13 @@ AttentionEngine::AttentionEngine(EngineContext& ctx)
 const SdpaPlan* AttentionEngine::cudnn_plan(const SdpaShape& shape, const SdpaOperands& x,
                                             const std::function<void()>& own) {
   const ca::Implementation impl = ca::variants().implementation;
-  if (impl == ca::Implementation::own || !sdpa_refusal(shape).empty()) return nullptr;
+  if (impl == ca::Implementation::own) return nullptr;
   const auto key = std::make_pair(impl, shape);
   if (const auto it = cudnn_.find(key); it != cudnn_.end()) return it->second.get();
+  if (!sdpa_refusal(shape).empty()) {  // decided once per shape: the reason's text is not rebuilt each call
+    cudnn_[key] = nullptr;
+    return nullptr;
+  }
   if (ctx_.capturing()) return nullptr;  // plans are built and timed at an eager call
   std::unique_ptr<SdpaPlan> plan;
   try {

@@ -1,9 +1,15 @@
 // The engine's shared cuDNN helpers and operand checks (common.h).
 #include "nn/cuda/common.h"
 
+#include <cstdlib>
 #include <limits>
 
 namespace ab::nn::cuda {
+
+bool env_flag(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && *env != '\0' && *env != '0';
+}
 
 std::string cudnn_status_text(cudnnStatus_t status) {
   char last[1024] = {};

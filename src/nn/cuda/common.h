@@ -27,6 +27,9 @@ inline bool cudnn_not_supported(cudnnStatus_t status) {
 }
 // cuDNN's status name and code, then the last message cuDNN left for this thread, if any.
 std::string cudnn_status_text(cudnnStatus_t status);
+// Whether the environment variable `name` is set to something other than empty or "0": the
+// families' switches for printing their timed choices (AB_CONV_CHOICES, AB_ATTENTION_CHOICES).
+bool env_flag(const char* name);
 // "<call> failed (<what>): <status text>": Unsupported for cuDNN 9's not-supported family (its
 // sub-codes included), OutOfMemory for its allocation failures, Error otherwise.
 [[noreturn]] void throw_cudnn(cudnnStatus_t status, const char* call, const std::string& what);

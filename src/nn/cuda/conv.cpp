@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <utility>
@@ -318,7 +317,7 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
     ++stats_.conv_pass_searches;
   }
   AB_CUDA(cudaStreamSynchronize(ctx_.stream), label + ", algorithm search");
-  if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
+  if (env_flag("AB_CONV_CHOICES"))
     for (const auto& [pass, now] :
          {std::pair{&plan.fwd, want_fwd}, {&plan.bwd_data, want_data}, {&plan.bwd_filter, want_filter}})
       if (now && !pass->choice.empty()) std::fprintf(stderr, "%s: %s\n", label.c_str(), pass->choice.c_str());

@@ -3,7 +3,6 @@
 // conv.cpp) followed by the bias_act kernel, else those two (docs/ENGINE.md, fold=fused).
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 
 #include "nn/cuda/conv_engine.h"
@@ -123,7 +122,7 @@ void ConvEngine::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Con
       (e.fused ? "fused" : "unfused") + " (conv + bias_act " + format_us(e.unfused_s) + " us, fused " +
       (e.pass.algo >= 0 ? "algo " + std::to_string(e.pass.algo) + " " + format_us(best_s) + " us" : "refused") +
       "); timed" + log;
-  if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
+  if (env_flag("AB_CONV_CHOICES"))
     std::fprintf(stderr, "%s: %s\n", plan.label.c_str(), e.pass.choice.c_str());
 }
 

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <memory>
@@ -287,7 +286,7 @@ void Fp8ConvPlan::Impl::build(void* stream) {
   plan_json = std::move(c.json);
   engine = c.name + ", workspace " + std::to_string(workspace_bytes) + " B; timed: " + timed +
            (refusals.empty() ? std::string() : "; refused" + refusals);
-  if (const char* env = std::getenv("AB_CONV_CHOICES"); env != nullptr && *env != '\0' && *env != '0')
+  if (env_flag("AB_CONV_CHOICES"))
     std::fprintf(stderr, "%s: %s\n", label.c_str(), engine.c_str());
 }
 
