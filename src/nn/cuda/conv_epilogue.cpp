@@ -122,8 +122,7 @@ void ConvEngine::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Con
       (e.fused ? "fused" : "unfused") + " (conv + bias_act " + format_us(e.unfused_s) + " us, fused " +
       (e.pass.algo >= 0 ? "algo " + std::to_string(e.pass.algo) + " " + format_us(best_s) + " us" : "refused") +
       "); timed" + log;
-  if (env_flag("AB_CONV_CHOICES"))
-    std::fprintf(stderr, "%s: %s\n", plan.label.c_str(), e.pass.choice.c_str());
+  if (env_flag("AB_CONV_CHOICES")) std::fprintf(stderr, "%s: %s\n", plan.label.c_str(), e.pass.choice.c_str());
 }
 
 std::int64_t ConvEngine::conv2d_bias_activation_prepare(const Conv2dDesc& d, const Tensor& x, const Tensor& w,

@@ -286,8 +286,7 @@ void Fp8ConvPlan::Impl::build(void* stream) {
   plan_json = std::move(c.json);
   engine = c.name + ", workspace " + std::to_string(workspace_bytes) + " B; timed: " + timed +
            (refusals.empty() ? std::string() : "; refused" + refusals);
-  if (env_flag("AB_CONV_CHOICES"))
-    std::fprintf(stderr, "%s: %s\n", label.c_str(), engine.c_str());
+  if (env_flag("AB_CONV_CHOICES")) std::fprintf(stderr, "%s: %s\n", label.c_str(), engine.c_str());
 }
 
 Fp8ConvPlan::Fp8ConvPlan(const Fp8ConvShape& shape, void* stream) : impl_(std::make_unique<Impl>()) {
