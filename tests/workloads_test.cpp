@@ -737,6 +737,28 @@ TEST(Runner, OtherFailuresAreRecorded) {
   EXPECT_EQ(totals.by_status.at("error"), 2);
 }
 
+// A run of points skipped for the same reason prints one header and one folded line; every
+// point is still recorded.
+TEST(Runner, SkippedPointsFoldInTheProgressLines) {
+  auto be = backend::make_backend("cpu");
+  FakeWorkload fake;
+  Captured cap;
+  std::ostringstream progress;
+  Runner runner(*be, fast_settings(), json::object(), "run-fold", cap.hooks(), &progress);
+  const std::atomic<bool> cancel{false};
+  const auto plan = plan_for(fake, "cpu", {{{"case"}, "skip,ok"}, {{"size"}, "1,2,3,4"}});
+  ASSERT_EQ(plan.size(), 8u);
+  runner.run(plan, cancel);
+  ASSERT_EQ(cap.records.size(), 8u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(cap.records[i]["status"], "skipped") << i;
+  const std::string log = progress.str();
+  EXPECT_TRUE(contains(log, "[1/8]")) << log;
+  for (const char* hidden : {"[2/8]", "[3/8]", "[4/8]"}) EXPECT_FALSE(contains(log, hidden)) << log;
+  EXPECT_TRUE(contains(log, "points 2-4 (fake) skipped for the same reason")) << log;
+  EXPECT_LT(log.find("points 2-4"), log.find("[5/8]")) << "the folded line closes the run before the next point";
+  for (const char* shown : {"[5/8]", "[6/8]", "[7/8]", "[8/8]"}) EXPECT_TRUE(contains(log, shown)) << log;
+}
+
 // Scales over `gpus` (its declared scaling axis): an iteration processes 8 x gpus samples and takes
 // 2^-10 s x (1 + gpus / 8) on the scripted clock, so each rate is exact. Its option `knob` is
 // echoed into the record by the runner and read back through State::option_int.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iomanip>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -275,28 +276,74 @@ static void print_outcome(std::ostream& out, const results::Record& record) {
   out << std::endl;
 }
 
+namespace {
+// The progress lines: a header before each point, its outcome after. Points skipped one after
+// another by the same workload for the same reason (a step that does not apply to the device)
+// print once; the next such points' headers wait until their outcome is known (a skip takes no
+// time) and fold into one line, so a user sees one line per reason, not one per point.
+class ProgressPrinter {
+ public:
+  ProgressPrinter(std::ostream& out, std::size_t total) : out_(out), total_(total) {}
+  void before(std::size_t i, const PlanEntry& entry, double elapsed_s) {
+    std::ostringstream h;
+    h << "[" << i + 1 << "/" << total_ << "] " << entry.workload->name() << " " << entry.point.label();
+    if (i > 0)
+      h << "  (elapsed " << format_duration(elapsed_s) << ", ETA "
+        << format_duration(elapsed_s / static_cast<double>(i) * static_cast<double>(total_ - i)) << ")";
+    header_ = h.str();
+    deferred_ = entry.workload->name() == skip_workload_ && !skip_reason_.empty();
+    if (deferred_) return;
+    flush();
+    out_ << header_ << std::endl;
+  }
+  void after(std::size_t i, const results::Record& record) {
+    const bool skipped = record.status == results::Status::skipped;
+    if (deferred_ && skipped && record.reason == skip_reason_) {
+      if (folded_ == 0) first_folded_ = i;
+      ++folded_;
+      return;
+    }
+    flush();
+    if (deferred_) out_ << header_ << std::endl;
+    print_outcome(out_, record);
+    skip_workload_ = skipped ? record.workload : std::string();
+    skip_reason_ = skipped ? record.reason : std::string();
+  }
+  void flush() {
+    if (folded_ == 0) return;
+    out_ << "    ";
+    if (folded_ == 1) out_ << "point " << first_folded_ + 1;
+    else out_ << "points " << first_folded_ + 1 << "-" << first_folded_ + folded_;
+    out_ << " (" << skip_workload_ << ") skipped for the same reason" << std::endl;
+    folded_ = 0;
+  }
+
+ private:
+  std::ostream& out_;
+  std::size_t total_;
+  std::string header_, skip_workload_, skip_reason_;
+  bool deferred_ = false;
+  std::size_t folded_ = 0, first_folded_ = 0;
+};
+}  // namespace
+
 RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool>& cancel) {
   RunTotals totals;
   const double start = measure::monotonic_seconds();
+  std::optional<ProgressPrinter> printer;
+  if (progress_ != nullptr) printer.emplace(*progress_, plan.size());
   for (std::size_t i = 0; i < plan.size(); ++i) {
     if (cancel.load()) {
       totals.interrupted = true;
       break;
     }
-    const double elapsed = measure::monotonic_seconds() - start;
-    if (progress_ != nullptr) {
-      *progress_ << "[" << i + 1 << "/" << plan.size() << "] " << plan[i].workload->name() << " "
-                 << plan[i].point.label();
-      if (i > 0) *progress_ << "  (elapsed " << format_duration(elapsed) << ", ETA "
-                            << format_duration(elapsed / static_cast<double>(i) * static_cast<double>(plan.size() - i)) << ")";
-      *progress_ << std::endl;
-    }
+    if (printer) printer->before(i, plan[i], measure::monotonic_seconds() - start);
     results::Record record = measure_point(plan[i], cancel);
     if (hooks_.sink) hooks_.sink(results::to_json(record));
     ++seq_;
     const std::string status(results::to_string(record.status));
     ++totals.by_status[status];
-    if (progress_ != nullptr) print_outcome(*progress_, record);
+    if (printer) printer->after(i, record);
     if (record.time) record.time->samples_s.reset();
     record.context = nullptr;
     totals.records.push_back(std::move(record));
@@ -305,6 +352,7 @@ RunTotals Runner::run(const std::vector<PlanEntry>& plan, const std::atomic<bool
       break;
     }
   }
+  if (printer) printer->flush();
   if (cancel.load()) totals.interrupted = true;
   if (progress_ != nullptr) {
     for (const auto& [key, ceiling] : ceilings_)

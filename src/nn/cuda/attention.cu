@@ -3,6 +3,7 @@
 // warp in a fixed order and broadcast from lane 0 (every lane then takes the same branch with the
 // same value: bit-identical run to run). f32 and any head dim up to kMaxSimpleDim; the fused
 // kernels (attention_flash_*.cu) take f16/bf16 at D 64 and 128.
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -162,7 +163,22 @@ void prepare() {
   flash_backward_prepare();
 }
 
+namespace {
+// Whether the current device has sm_80's cp.async and mma.sync (per device, asked once).
+bool device_runs_fused() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  if (const int k = known[device].load(std::memory_order_relaxed); k != 0) return k == 2;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) major = 0;
+  known[device].store(major >= 8 ? 2 : 1, std::memory_order_relaxed);
+  return major >= 8;
+}
+}  // namespace
+
 bool fused(const Problem& p, const Heads* operands, int count) {
+  if (!device_runs_fused()) return false;
   if ((p.dtype != DType::f16 && p.dtype != DType::bf16) || (p.dim != 64 && p.dim != 128)) return false;
   for (int n = 0; n < count; ++n)
     if (!aligned16(operands[n])) return false;

@@ -47,8 +47,9 @@ struct Problem {
 // (and outside any capture).
 void prepare();
 
-// Whether the fused kernels take this problem: f16/bf16, D 64 or 128, and every operand's base
-// 16-byte aligned with strides that keep each row so (what their 16-byte loads need).
+// Whether the fused kernels take this problem: an sm_80 or later device, f16/bf16, D 64 or 128,
+// and every operand's base 16-byte aligned with strides that keep each row so (what their
+// 16-byte loads need).
 bool fused(const Problem& p, const Heads* operands, int count);
 
 // o [B, H, Tq, D]; lse f32 [B, H, Tq] contiguous: each query row's log-sum-exp of its scaled,

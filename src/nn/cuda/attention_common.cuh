@@ -13,6 +13,15 @@
 #include "nn/cuda/attention.h"
 #include "nn/cuda/device_common.cuh"
 
+// Inline PTX of the fused kernels that needs sm_80 (cp.async, mma.sync m16n8k16). A binary built
+// for older GPUs too (the release preset's sm_75) compiles those kernels to a trap there; fused()
+// never picks them on such a device (device_runs_fused), so the trap is unreachable.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define AB_SM80_ASM(...) __trap()
+#else
+#define AB_SM80_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
 namespace ab::nn::cuda_attention::detail {
 
 constexpr float kLog2e = 1.4426950408889634f;

@@ -31,13 +31,13 @@ __device__ __forceinline__ void load_tile_async(T* dst, int ld, const Heads& t, 
     const bool in = row0 + r < rows;
     const T* src = row_ptr<const T>(t, b, h, in ? row0 + r : row0) + c;  // a valid address even when unread
     const auto dst_addr = static_cast<unsigned>(__cvta_generic_to_shared(dst + r * ld + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src), "r"(in ? 16 : 0));
+    AB_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_addr), "l"(src), "r"(in ? 16 : 0));
   }
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { AB_SM80_ASM("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  AB_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // Whether query i sees key j: a real key (below the sequence's length), not after i when causal.
