@@ -15,6 +15,7 @@ Targets (the issue's): accelbench at least 1.5x PyTorch per core; nvJPEG at leas
 torchvision's crop of a PIL image antialiases when it shrinks; accelbench's is plain bilinear
 (docs/DATA.md), which is less work.
   usage: compare_pipeline.py --accelbench build/cuda/src/cli/accelbench --out DIR [--threads 1,2,4,8,16]
+         [--nvjpeg-batch 256] [--folder DIR]
 """
 import argparse
 import math
@@ -149,10 +150,13 @@ def main():
     ap.add_argument("--crop", type=int, default=224)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--nvjpeg-batch", type=int, default=256)
-    ap.add_argument("--threads", default="1,2,4,8")
+    ap.add_argument("--threads", default="", help="worker counts (default 1, 2, 4, ... and the core count)")
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=8)
     a = ap.parse_args()
+    if not a.threads:
+        cores = os.cpu_count() or 1
+        a.threads = ",".join(str(t) for t in sorted({2 ** k for k in range(cores.bit_length()) if 2 ** k < cores} | {cores}))
     folder = make_folder(a)
     records = accelbench(a.accelbench, ["pipeline", "--option", f"folder={folder}", "--option", f"batch={a.batch}",
                                         "--axis", "decoder=cpu", "--axis", f"threads={a.threads}",
