@@ -224,6 +224,13 @@ DeviceFeeder::DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels, std::un
   }
 }
 
+DeviceFeeder::~DeviceFeeder() {
+  try {
+    if (!in_flight_.empty()) copies_->wait(in_flight_.back());
+  } catch (...) {  // teardown never throws; a failed device reports itself at its next call
+  }
+}
+
 // Ring slots go back in order (release() gives back the oldest held): the oldest is released
 // while its copy is done, and waited for while more than `keep_at_most` are held.
 void DeviceFeeder::release_finished(std::size_t keep_at_most) {

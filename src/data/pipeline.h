@@ -202,6 +202,9 @@ class DeviceFeeder {
   DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels);
   // Copies on `copies` (make_copy_queue: a copy stream on a GPU), the batches ready on kernels' stream.
   DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels, std::unique_ptr<CopyQueue> copies);
+  ~DeviceFeeder();  // waits for the copies in flight: their device buffers go back to the allocator
+  DeviceFeeder(const DeviceFeeder&) = delete;
+  DeviceFeeder& operator=(const DeviceFeeder&) = delete;
   struct DeviceBatch {
     Tensor pixels;  // [batch, height, width, channels] NHWC
     Tensor labels;  // i32 [batch]

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "data/pipeline.h"
 
 namespace ab::data::cuda {
@@ -36,6 +37,9 @@ int launch_gpu_augment(const GpuCrop* crops, int batch, const GpuAugmentShape& s
 // output type other than f16, bf16, f32), and the sample's GpuCrop for its box (Error for a box
 // outside the image padded by `pad`, as augment_into refuses one).
 GpuAugmentShape augment_shape(const Augment& a);
+// Makes `backend`'s GPU the calling thread's current device (streams and nvJPEG handles are made
+// on it); Error where `backend` is no CUDA backend.
+void use_device_of(const backend::Backend& backend);
 std::vector<std::uint32_t> level_table(const Augment& a);
 GpuCrop gpu_crop(const std::uint8_t* pixels, std::int64_t pitch, std::int64_t height, std::int64_t width,
                  std::int64_t channels, const CropBox& box, std::int64_t pad);

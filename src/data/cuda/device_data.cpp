@@ -27,8 +27,11 @@ class CudaCopyQueue final : public CopyQueue {
  public:
   explicit CudaCopyQueue(backend::Backend& backend)
       : compute_(static_cast<cudaStream_t>(backend::cuda::native_stream(backend))),
-        copy_(backend::cuda::create_stream("the data feeder's copy stream")),
+        copy_(copy_stream_on(backend)),
         compute_mark_(make_event()) {}
+  ~CudaCopyQueue() override { cudaStreamSynchronize(copy_.get()); }  // nothing in flight outlives the queue
+  CudaCopyQueue(const CudaCopyQueue&) = delete;
+  CudaCopyQueue& operator=(const CudaCopyQueue&) = delete;
   void wait_for_compute() override {
     AB_CUDA_LAZY(cudaEventRecord(compute_mark_.get(), compute_), "data feeder: mark the compute stream");
     AB_CUDA_LAZY(cudaStreamWaitEvent(copy_.get(), compute_mark_.get(), 0), "data feeder: copy waits for compute");
@@ -72,6 +75,10 @@ class CudaCopyQueue final : public CopyQueue {
   }
 
  private:
+  static backend::cuda::StreamPtr copy_stream_on(const backend::Backend& backend) {
+    cuda::use_device_of(backend);
+    return backend::cuda::create_stream("the data feeder's copy stream");
+  }
   static backend::cuda::EventPtr make_event() {
     cudaEvent_t e = nullptr;
     AB_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "data feeder: an event");
@@ -101,6 +108,14 @@ class CudaCopyQueue final : public CopyQueue {
 }  // namespace
 
 namespace cuda {
+
+void use_device_of(const backend::Backend& backend) {
+  const std::string& id = backend.info().id;
+  const auto colon = id.find(':');
+  if (backend.info().kind != "cuda" || colon == std::string::npos)
+    throw Error("data on the GPU: backend '" + id + "' is not a CUDA backend");
+  AB_CUDA(cudaSetDevice(std::stoi(id.substr(colon + 1))), id + " for the data path");
+}
 
 GpuAugmentShape augment_shape(const Augment& a) {
   if (a.dtype != DType::f32 && a.dtype != DType::f16 && a.dtype != DType::bf16)
@@ -170,6 +185,7 @@ std::vector<std::uint8_t> augment_on_gpu(backend::Backend& backend, const std::v
     throw Error("GPU augmentation: " + std::to_string(images.size()) + " images, " + std::to_string(boxes.size()) +
                 " boxes");
   namespace bc = backend::cuda;
+  cuda::use_device_of(backend);
   const cuda::GpuAugmentShape shape = cuda::augment_shape(a);
   const auto stream = static_cast<cudaStream_t>(bc::native_stream(backend));
   std::vector<bc::DeviceBuffer> pixels;

@@ -105,12 +105,18 @@ class NvjpegDecoder final : public GpuDecoder {
     if (batches_per_epoch_ < 1)
       throw UsageError("nvJPEG decoding: " + std::to_string(source_->size()) + " samples make no batch of " +
                        std::to_string(config_.batch));
+    cuda::use_device_of(backend);
     std::vector<std::uint8_t> probe;
     if (!source_->encoded(0, probe))
       throw Unsupported("nvJPEG decoding needs encoded files; this source keeps raw pixels");
     open(engine);
     make_buffers(kernels);
   }
+
+  // The batches' device memory goes back to the kernels' pooling allocator: nothing may still write it.
+  ~NvjpegDecoder() override { cudaStreamSynchronize(stream_); }
+  NvjpegDecoder(const NvjpegDecoder&) = delete;
+  NvjpegDecoder& operator=(const NvjpegDecoder&) = delete;
 
   const DeviceFeeder::DeviceBatch& next() override {
     const double cpu_before = thread_cpu_seconds();
