@@ -192,7 +192,7 @@ case $mode in
     if [[ $# -gt 0 ]]; then
       run_bench "$@"
     else
-      for name in torch timing energy resnet50-train resnext101-infer; do run_bench $name; done
+      for name in torch timing energy resnet50-train resnext101-infer pipeline; do run_bench $name; done
       if [[ $(gpu_count) -gt 1 ]]; then for name in nccl ddp; do run_bench $name; done; fi
     fi
     ;;

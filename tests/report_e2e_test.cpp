@@ -179,6 +179,32 @@ TEST_F(ReportE2E, BarAndCompareChartsDrawWithoutWarnings) {
   }
 }
 
+// The input pipeline's chart beside training (lines, a single-count rule, a model's rule) draws with
+// no warning.
+TEST_F(ReportE2E, FeedChartDrawsWithoutWarnings) {
+  const fs::path dir = kOutput / "feed";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string store = (dir / "store").string();
+  std::ofstream(dir / "feed.csv") << "workload,params,metric,value,unit,source\n"
+                                  << "pipeline,threads=1;decoder=cpu,samples_per_s,800,samples/s,s\n"
+                                  << "pipeline,threads=2;decoder=cpu,samples_per_s,1500,samples/s,s\n"
+                                  << "pipeline,threads=4;decoder=cpu,samples_per_s,2900,samples/s,s\n"
+                                  << "pipeline,threads=1;decoder=nvjpeg,samples_per_s,9000,samples/s,s\n"
+                                  << "train,model=resnet50;batch=256,samples_per_s,2560,samples/s,s\n";
+  ASSERT_EQ(accelbench({"import", (dir / "feed.csv").string(), "--system", "F", "--out", store}).code, 0);
+  const fs::path page = dir / "feed.html";
+  ASSERT_EQ(accelbench({"report", "F", "-o", page.string(), "--out", store}).code, 0);
+  const auto dom = shell(chromium(browser_, dir / "profile", "--dump-dom", page));
+  const PageStatus st = page_status(dom.output);
+  EXPECT_EQ(st.done, 1) << st.text;
+  EXPECT_EQ(st.charts, 3) << "the two workloads' charts and the feed chart";
+  EXPECT_EQ(st.rendered, st.charts) << st.text;
+  EXPECT_EQ(st.errors, 0) << st.text;
+  EXPECT_EQ(st.warnings, 0) << st.text;
+  EXPECT_NE(dom.output.find("Input pipeline against training"), std::string::npos);
+}
+
 TEST(ReportCli, ExitCodesAndMessages) {
   const fs::path dir = kOutput / "cli";
   fs::remove_all(dir);

@@ -533,6 +533,68 @@ TEST(ReportStudies, NoStudySectionsWithoutTheirPoints) {
   EXPECT_EQ(find_section(doc, "Batch-size study"), nullptr);
 }
 
+// Pipeline points (two decoders, a skipped nvjpeg point among them) and two training models: one
+// chart of the pipeline's lines and a rule per model, with the threads that keep up with each.
+TEST(ReportFeed, PipelineLinesBesideEachTrainingModel) {
+  std::vector<json> pts;
+  int seq = 0;
+  const std::map<int, double> cpu_rate = {{1, 800.0}, {2, 1500.0}, {4, 2900.0}, {8, 5200.0}};
+  for (const auto& [threads, rate] : cpu_rate)
+    pts.push_back(rec(seq++, "pipeline", {{"decoder", "cpu"}, {"threads", threads}, {"image_px", 224}}, "ok", 64 / rate,
+                      {{"samples_per_s", rate}}));
+  pts.push_back(rec(seq++, "pipeline", {{"decoder", "nvjpeg"}, {"threads", 1}, {"image_px", 224}}, "ok", 64 / 9000.0,
+                    {{"samples_per_s", 9000.0}}));
+  pts.push_back(rec(seq++, "pipeline", {{"decoder", "nvjpeg"}, {"threads", 2}, {"image_px", 224}}, "skipped"));
+  pts.push_back(rec(seq++, "train", {{"model", "resnet50"}, {"batch", 256}, {"precision", "bf16"}}, "ok", 0.1,
+                    {{"samples_per_s", 2560.0}}));
+  pts.push_back(rec(seq++, "train", {{"model", "resnet50"}, {"batch", 64}, {"precision", "fp32"}}, "ok", 0.1,
+                    {{"samples_per_s", 640.0}}));
+  // Two GPUs at 12,000 images/s: 6,000 per GPU, more than any thread count measured.
+  pts.push_back(rec(seq++, "train", {{"model", "resnet18"}, {"batch", 256}, {"gpus", 2}}, "ok", 0.1,
+                    {{"samples_per_s", 12000.0}}));
+  const Document doc = build_report({make_run(pts)});
+  const Section* s = find_section(doc, "Input pipeline against training");
+  ASSERT_NE(s, nullptr);
+  const Chart* c = find_chart(doc, "Input pipeline images/s by threads");
+  ASSERT_NE(c, nullptr);
+  const json& layers = c->spec["layer"];
+  ASSERT_EQ(layers.size(), 4u);
+  EXPECT_EQ(layers[0]["data"]["values"].size(), 4u) << "the cpu line's four points";
+  const json& rules = layers[2]["data"]["values"];
+  ASSERT_EQ(rules.size(), 3u) << "nvjpeg, measured at one thread count, and the two models";
+  std::map<std::string, double> rule_y;
+  for (const auto& r : rules) rule_y[r["series"].get<std::string>()] = r["y"].get<double>();
+  EXPECT_EQ(rule_y["pipeline nvjpeg"], 9000.0);
+  EXPECT_EQ(rule_y["train resnet50 images/s"], 2560.0) << "the model's fastest point";
+  EXPECT_EQ(rule_y["train resnet18 images/s"], 6000.0) << "per GPU";
+  ASSERT_EQ(c->table.rows.size(), 2u);
+  ASSERT_EQ(c->table.columns.size(), 5u);
+  EXPECT_EQ(c->table.columns[3], "pipeline cpu: threads that keep up");
+  for (const auto& row : c->table.rows) {
+    if (row[0].text == "train resnet50 images/s") {
+      EXPECT_EQ(row[3].text, "4 threads");
+      EXPECT_EQ(row[4].text, "1 thread");
+    } else {
+      EXPECT_EQ(row[0].text, "train resnet18 images/s");
+      EXPECT_TRUE(row[3].text.find("none measured (at most 5200") != std::string::npos) << row[3].text;
+      EXPECT_EQ(row[4].text, "1 thread");
+    }
+  }
+}
+
+TEST(ReportFeed, NoSectionWithoutPipelineOrTrainingPoints) {
+  const json train = rec(0, "train", {{"model", "resnet50"}, {"batch", 8}}, "ok", 0.1, {{"samples_per_s", 80.0}});
+  const json pipe = rec(1, "pipeline", {{"threads", 1}}, "ok", 0.1, {{"samples_per_s", 640.0}});
+  const json skipped = rec(2, "pipeline", {{"threads", 2}, {"decoder", "nvjpeg"}}, "skipped");
+  EXPECT_EQ(find_section(build_report({make_run({train, skipped})}), "Input pipeline against training"), nullptr);
+  EXPECT_EQ(find_section(build_report({make_run({pipe})}), "Input pipeline against training"), nullptr);
+  const Document both = build_report({make_run({train, pipe, skipped})});
+  ASSERT_NE(find_section(both, "Input pipeline against training"), nullptr);
+  const Chart* c = find_chart(both, "Input pipeline images/s by threads");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->spec["layer"][2]["data"]["values"][0]["series"], "pipeline cpu") << "records before the decoder axis";
+}
+
 // The study suites load, validate for both device kinds and expand to the points the studies need.
 std::vector<harness::PlanEntry> suite_plan(const std::string& file, const std::string& workload, int step_index) {
   const auto s = harness::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / file, workloads::registry());

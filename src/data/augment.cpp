@@ -46,6 +46,11 @@ class EncodedSource final : public SampleSource {
     decode_image_into(files_[static_cast<std::size_t>(i)], "in-memory image " + std::to_string(i), out);
   }
   std::int64_t encoded_bytes() const override { return bytes_; }
+  bool encoded(std::int64_t i, std::vector<std::uint8_t>& out) const override {
+    const auto& f = files_[static_cast<std::size_t>(i)];
+    out.assign(f.begin(), f.end());
+    return true;
+  }
 
  private:
   std::vector<std::vector<std::uint8_t>> files_;
@@ -63,13 +68,18 @@ class FolderSource final : public SampleSource {
   std::int32_t label(std::int64_t i) const override { return folder_.files[static_cast<std::size_t>(i)].label; }
   int classes() const override { return static_cast<int>(folder_.class_names.size()); }
   void load(std::int64_t i, Image& out) const override {
-    const auto& path = folder_.files[static_cast<std::size_t>(i)].path;
-    std::ifstream in(path, std::ios::binary);
-    const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!in.eof() && !in) throw Error("cannot read " + path.string());
-    decode_image_into(bytes, path.string(), out);
+    std::vector<std::uint8_t> bytes;
+    encoded(i, bytes);
+    decode_image_into(bytes, folder_.files[static_cast<std::size_t>(i)].path.string(), out);
   }
   std::int64_t encoded_bytes() const override { return bytes_; }
+  bool encoded(std::int64_t i, std::vector<std::uint8_t>& out) const override {
+    const auto& path = folder_.files[static_cast<std::size_t>(i)].path;
+    std::ifstream in(path, std::ios::binary);
+    out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in.eof() && !in) throw Error("cannot read " + path.string());
+    return true;
+  }
 
  private:
   ImageFolder folder_;

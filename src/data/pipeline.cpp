@@ -174,7 +174,43 @@ HostPipeline::Stats HostPipeline::stats() const {
   return {samples_done_.load(), static_cast<double>(cpu_ns_.load()) * 1e-9};
 }
 
-DeviceFeeder::DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels) : pipeline_(pipeline), kernels_(kernels) {
+namespace {
+
+// Copies on the kernels' own stream: the stream orders them before the step, and a ticket is done
+// once the host has synchronized after it.
+class SameStreamCopies final : public CopyQueue {
+ public:
+  explicit SameStreamCopies(nn::Kernels& kernels) : kernels_(kernels) {}
+  void wait_for_compute() override {}  // one stream: already in order
+  void upload(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) override {
+    kernels_.upload_bytes(dst, offset, host, bytes);
+  }
+  std::int64_t record() override { return ++recorded_; }
+  void compute_waits(std::int64_t) override {}
+  bool finished(std::int64_t ticket) override { return ticket <= synchronized_; }
+  void wait(std::int64_t ticket) override {
+    if (ticket <= synchronized_) return;
+    kernels_.synchronize();
+    synchronized_ = recorded_;
+  }
+
+ private:
+  nn::Kernels& kernels_;
+  std::int64_t recorded_ = 0, synchronized_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CopyQueue> same_stream_copies(nn::Kernels& kernels) {
+  return std::make_unique<SameStreamCopies>(kernels);
+}
+
+DeviceFeeder::DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels)
+    : DeviceFeeder(pipeline, kernels, same_stream_copies(kernels)) {}
+
+DeviceFeeder::DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels, std::unique_ptr<CopyQueue> copies)
+    : pipeline_(pipeline), copies_(std::move(copies)) {
+  if (!copies_) throw Error("DeviceFeeder: no copy queue");
   const auto& c = pipeline.config();
   const DeviceKind device = kernels.allocator().device();
   const Tensor pixels = Tensor::describe(
@@ -188,22 +224,49 @@ DeviceFeeder::DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels) : pipel
   }
 }
 
+DeviceFeeder::~DeviceFeeder() {
+  try {
+    if (!in_flight_.empty()) copies_->wait(in_flight_.back());
+  } catch (...) {  // teardown never throws; a failed device reports itself at its next call
+  }
+}
+
+// Ring slots go back in order (release() gives back the oldest held): the oldest is released
+// while its copy is done, and waited for while more than `keep_at_most` are held.
+void DeviceFeeder::release_finished(std::size_t keep_at_most) {
+  while (!in_flight_.empty()) {
+    const std::int64_t oldest = in_flight_.front();
+    if (!copies_->finished(oldest)) {
+      if (in_flight_.size() <= keep_at_most) return;
+      copies_->wait(oldest);
+    }
+    pipeline_.release();
+    in_flight_.erase(in_flight_.begin());
+  }
+}
+
 void DeviceFeeder::queue_copy(int buffer) {
+  // At most one slot held besides the one acquired now, so a ring of two suffices.
+  release_finished(1);
   const HostBatch host = pipeline_.acquire();
   auto& d = batches_[static_cast<std::size_t>(buffer)];
-  kernels_.upload_bytes(d.pixels, 0, host.pixels, d.pixels.size_bytes());
-  kernels_.upload_bytes(d.labels, 0, host.labels, d.labels.size_bytes());
+  // The device buffer's last reader is a step already queued on the compute stream.
+  copies_->wait_for_compute();
+  copies_->upload(d.pixels, 0, host.pixels, d.pixels.size_bytes());
+  copies_->upload(d.labels, 0, host.labels, d.labels.size_bytes());
+  ticket_[static_cast<std::size_t>(buffer)] = copies_->record();
+  in_flight_.push_back(ticket_[static_cast<std::size_t>(buffer)]);
   d.index = host.index;
   d.epoch = host.epoch;
 }
 
 const DeviceFeeder::DeviceBatch& DeviceFeeder::next() {
-  if (step_ == 0) queue_copy(0);
-  // The previous step and this batch's copy are done; its pinned buffer goes back to the workers.
-  kernels_.synchronize();
-  pipeline_.release();
-  queue_copy(static_cast<int>((step_ + 1) % 2));
-  return batches_[static_cast<std::size_t>(step_++ % 2)];
+  const auto current = static_cast<int>(step_ % 2);
+  if (step_ == 0) queue_copy(current);
+  copies_->compute_waits(ticket_[static_cast<std::size_t>(current)]);
+  queue_copy(1 - current);
+  ++step_;
+  return batches_[static_cast<std::size_t>(current)];
 }
 
 }  // namespace ab::data

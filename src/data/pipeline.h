@@ -32,6 +32,13 @@ class SampleSource {
   virtual void load(std::int64_t i, Image& out) const = 0;
   // Encoded bytes of the whole set (0 where the pixels are kept raw): for the bytes a rate reads.
   virtual std::int64_t encoded_bytes() const = 0;
+  // Sample i's file bytes as stored (JPEG/PNG), for a decoder elsewhere (the GPU's); false where
+  // the source keeps raw pixels. Called from one thread at a time per `out`.
+  virtual bool encoded(std::int64_t i, std::vector<std::uint8_t>& out) const {
+    (void)i;
+    (void)out;
+    return false;
+  }
 };
 // Pixels kept as they are (no decoding).
 std::unique_ptr<SampleSource> raw_source(ImageSet set);
@@ -160,25 +167,63 @@ class HostPipeline {
   std::vector<std::thread> workers_;
 };
 
-// Batches on the device, two deep: next() waits for the copy of batch k (queued by the call
-// before), queues batch k+1's copy from its pinned buffer and returns batch k, so the host never
-// waits on a copy and a step's input is already on the device when it starts.
+// Host-to-device copies on a queue of their own, ordered against the stream the steps run on (the
+// compute stream) by tickets: on a GPU a copy stream and events (make_copy_queue in
+// data/device.h), so a batch's copy overlaps the step before it. All calls from one thread.
+class CopyQueue {
+ public:
+  virtual ~CopyQueue() = default;
+  // The copy queue waits (on the device, not the host) for the compute stream's work so far: a
+  // device buffer a queued step still reads is not overwritten.
+  virtual void wait_for_compute() = 0;
+  // Queues `bytes` from `host` (page-locked for overlap) to `dst` at byte `offset`.
+  virtual void upload(const Tensor& dst, std::int64_t offset, const void* host, std::int64_t bytes) = 0;
+  // Marks the copies queued so far; the ticket says when they are done.
+  virtual std::int64_t record() = 0;
+  // The compute stream waits (on the device) until ticket's copies are done.
+  virtual void compute_waits(std::int64_t ticket) = 0;
+  // Whether ticket's copies are done (their host memory may be reused), without waiting.
+  virtual bool finished(std::int64_t ticket) = 0;
+  virtual void wait(std::int64_t ticket) = 0;  // the host waits until ticket's copies are done
+};
+// Copies queued on `kernels`' own stream (upload_bytes): no overlap with a step, but correct on
+// any kernels; finished() holds after the next synchronize() the queue makes in wait().
+std::unique_ptr<CopyQueue> same_stream_copies(nn::Kernels& kernels);
+
+// Batches on the device, two deep: next() makes the compute stream wait for batch k's copy
+// (queued by the call before), queues batch k+1's copy from its pinned ring slot once the compute
+// stream's work so far (the step that read that device buffer) is done, and returns batch k, so
+// the host never waits on a copy and a step's input is on the device when it starts. A ring slot
+// goes back to the workers once its copy's ticket is finished (polled at each next(); waited for
+// only when every slot the feeder may hold is held).
 class DeviceFeeder {
  public:
+  // Copies on kernels' stream (same_stream_copies): no overlap.
   DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels);
+  // Copies on `copies` (make_copy_queue: a copy stream on a GPU), the batches ready on kernels' stream.
+  DeviceFeeder(HostPipeline& pipeline, nn::Kernels& kernels, std::unique_ptr<CopyQueue> copies);
+  ~DeviceFeeder();  // waits for the copies in flight: their device buffers go back to the allocator
+  DeviceFeeder(const DeviceFeeder&) = delete;
+  DeviceFeeder& operator=(const DeviceFeeder&) = delete;
   struct DeviceBatch {
     Tensor pixels;  // [batch, height, width, channels] NHWC
     Tensor labels;  // i32 [batch]
     std::int64_t index = 0, epoch = 0;
   };
+  // Batch k, ready for work queued on the compute stream after this call.
   const DeviceBatch& next();
+  // Ring slots held (acquired, their copies not yet seen finished): for tests.
+  std::int64_t held() const { return static_cast<std::int64_t>(in_flight_.size()); }
 
  private:
   void queue_copy(int buffer);
+  void release_finished(std::size_t keep_at_most);
   HostPipeline& pipeline_;
-  nn::Kernels& kernels_;
+  std::unique_ptr<CopyQueue> copies_;
   std::array<Buffer, 2> pixel_memory_, label_memory_;
   std::array<DeviceBatch, 2> batches_;
+  std::array<std::int64_t, 2> ticket_{};
+  std::vector<std::int64_t> in_flight_;  // tickets of the held ring slots, oldest first
   std::int64_t step_ = 0;
 };
 

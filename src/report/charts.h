@@ -31,6 +31,9 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric);
 // The study sections (studies.cpp): "Precision study" and "Batch-size study" with one sub-section per
 // model; empty when the points hold no such comparison.
 std::vector<Section> study_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings, bool multi_run);
+// "Input pipeline against training" (feed.cpp): the pipeline workload's images/s by threads beside
+// each training model's images/s per GPU; empty unless the points hold both.
+std::vector<Section> feed_sections(const std::vector<Point>& all, bool multi_run);
 // Power and host CPU over the run, from telemetry.json; empty without a trace.
 std::vector<Block> telemetry_blocks(const Run& run);
 
