@@ -11,9 +11,9 @@ const harness::Registry& registry() {
     std::vector<std::unique_ptr<Workload>> v;
     v.push_back(micro::make_ceilings());
     v.push_back(micro::make_gemm());
-    v.push_back(micro::make_conv());
     v.push_back(micro::make_stream());
     v.push_back(micro::make_copy());
+    v.push_back(micro::make_conv());
     v.push_back(make_loadgen());
     v.push_back(micro::make_collectives());
     v.push_back(micro::make_p2p());
