@@ -174,8 +174,9 @@ TEST(ConvCheck, EveryPassAgreesWithTheReferenceKernelsAndCatchesAWrongEntry) {
     const ConvCheckSample whole = conv_check_sample(pass, s, v, 1 << 20);
     EXPECT_TRUE(whole.whole);
     const ConvElements e = conv_elements(s);
-    EXPECT_EQ(static_cast<std::int64_t>(whole.got.size()),
-              pass == ConvPassKind::forward ? e.y : pass == ConvPassKind::backward_data ? e.x : e.w);
+    EXPECT_EQ(static_cast<std::int64_t>(whole.got.size()), pass == ConvPassKind::forward         ? e.y
+                                                           : pass == ConvPassKind::backward_data ? e.x
+                                                                                                 : e.w);
     EXPECT_LE(backend::ref::rel_error(whole.got, whole.want), 1e-12);
     const ConvCheckSample spread = conv_check_sample(pass, s, v, 0);
     EXPECT_FALSE(spread.whole);
@@ -284,8 +285,8 @@ TEST(ConvWorkload, BadShapesAreInvalidWithTheReason) {
 
 TEST(ConvWorkloadGpu, EveryPassAndPrecisionMatchesFloat64) {
   if (backend::best_device().rfind("cuda", 0) != 0) GTEST_SKIP() << "no CUDA device";
-  const auto records = run_conv("cuda:0", {"shape=custom", "n,c,h,w,k,r,s,pad,stride=4x32x14x14x32x3x3x1x1",
-                                           "layout=nchw,nhwc"});
+  const auto records =
+      run_conv("cuda:0", {"shape=custom", "n,c,h,w,k,r,s,pad,stride=4x32x14x14x32x3x3x1x1", "layout=nchw,nhwc"});
   ASSERT_EQ(records.size(), 3u * 5 * 2);
   for (const json& r : records) {
     SCOPED_TRACE(r.dump());

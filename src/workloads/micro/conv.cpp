@@ -57,13 +57,14 @@ ConvShape resolve_shape(const State& state) {
     any_given = any_given || given.back() != 0;
   }
   if (name == "custom") {
-    ConvShape s{given[0], given[1], given[2], given[3], given[4], given[5], given[6],
-                given[7], given[7], given[8], given[8]};
+    ConvShape s{given[0], given[1], given[2], given[3], given[4], given[5],
+                given[6], given[7], given[7], given[8], given[8]};
     check_conv_shape(s);
     return s;
   }
   if (any_given)
-    throw UsageError("conv shape '" + name + "' is a table row; explicit n, c, h, w, k, r, s, pad, stride need "
+    throw UsageError("conv shape '" + name +
+                     "' is a table row; explicit n, c, h, w, k, r, s, pad, stride need "
                      "shape=custom");
   const auto row = find_conv_shape(name);
   if (!row) throw UsageError("unknown conv shape '" + name + "'; valid: " + valid_shapes());
@@ -140,7 +141,11 @@ std::string chosen_algorithm(const nn::Kernels& k, ConvPassKind pass, bool fp8) 
 class ConvPoint {
  public:
   ConvPoint(State& state, const ConvShape& shape, ConvPassKind pass, const std::string& precision, Layout layout)
-      : state_(state), shape_(shape), pass_(pass), precision_(precision), fp8_(precision == "fp8"),
+      : state_(state),
+        shape_(shape),
+        pass_(pass),
+        precision_(precision),
+        fp8_(precision == "fp8"),
         kernels_(nn::make_device_kernels(state.backend())) {
     if (precision == "tf32") kernels_->set_tf32(true);
     if (fp8_) kernels_->set_fp8_only_where_faster(false);  // measure the fp8 kernel itself
@@ -153,9 +158,9 @@ class ConvPoint {
     const nn::Conv2dDesc d = desc();
     const std::int64_t bytes =
         fp8_ ? kernels_->conv2d_fp8_prepare(d, ops_.x, ops_.w, ops_.bias, Tensor{}, ops_.y, false)
-             : kernels_->conv2d_prepare(d, ops_.x, ops_.w, ops_.y,
-                                        nn::ConvPasses{pass_ == ConvPassKind::backward_data,
-                                                       pass_ == ConvPassKind::backward_filter});
+             : kernels_->conv2d_prepare(
+                   d, ops_.x, ops_.w, ops_.y,
+                   nn::ConvPasses{pass_ == ConvPassKind::backward_data, pass_ == ConvPassKind::backward_filter});
     ops_.workspace_buf = Buffer(kernels_->allocator(), bytes);
     ops_.workspace = {ops_.workspace_buf.data(), bytes};
     kernels_->synchronize();
@@ -166,14 +171,11 @@ class ConvPoint {
 
   void launch() {
     const nn::Conv2dDesc d = desc();
-    if (fp8_)
-      kernels_->conv2d_fp8_forward(d, ops_.x, ops_.w, ops_.bias, Tensor{}, ops_.y, false, ops_.workspace);
-    else if (pass_ == ConvPassKind::forward)
-      kernels_->conv2d_forward(d, ops_.x, ops_.w, ops_.y, ops_.workspace);
+    if (fp8_) kernels_->conv2d_fp8_forward(d, ops_.x, ops_.w, ops_.bias, Tensor{}, ops_.y, false, ops_.workspace);
+    else if (pass_ == ConvPassKind::forward) kernels_->conv2d_forward(d, ops_.x, ops_.w, ops_.y, ops_.workspace);
     else if (pass_ == ConvPassKind::backward_data)
       kernels_->conv2d_backward_data(d, ops_.y, ops_.w, ops_.x, false, ops_.workspace);
-    else
-      kernels_->conv2d_backward_filter(d, ops_.x, ops_.y, ops_.w, ops_.workspace);
+    else kernels_->conv2d_backward_filter(d, ops_.x, ops_.y, ops_.w, ops_.workspace);
   }
 
   // One run on the fresh operands, its output against float64 from the operands the device holds.
@@ -216,17 +218,27 @@ std::int64_t conv_bytes(const ConvShape& s, const std::string& precision, const 
   const ConvElements e = conv_elements(s);
   const auto element = static_cast<std::int64_t>(size_bytes(storage_dtype(precision)));
   const std::int64_t filter = precision == "fp8" ? 1 : element;
-  const std::int64_t xy = checked_mul(checked_add(e.x, e.y, "conv input and output elements"), element,
-                                      "conv input and output bytes");
+  const std::int64_t xy =
+      checked_mul(checked_add(e.x, e.y, "conv input and output elements"), element, "conv input and output bytes");
   const std::int64_t bytes = checked_add(xy, checked_mul(e.w, filter, "conv filter bytes"), "conv bytes");
   check_fits_memory(bytes, device.memory_bytes, "conv operands x, w and y", device.id);
   return bytes;
 }
 
 void record_shape(State& state, const ConvShape& s) {
-  state.add_metric("conv_shape", {{"n", s.n}, {"c", s.c}, {"h", s.h}, {"w", s.w}, {"k", s.k}, {"r", s.r},
-                                  {"s", s.s}, {"pad_h", s.pad_h}, {"pad_w", s.pad_w}, {"stride_h", s.stride_h},
-                                  {"stride_w", s.stride_w}, {"p", s.p()}, {"q", s.q()}});
+  state.add_metric("conv_shape", {{"n", s.n},
+                                  {"c", s.c},
+                                  {"h", s.h},
+                                  {"w", s.w},
+                                  {"k", s.k},
+                                  {"r", s.r},
+                                  {"s", s.s},
+                                  {"pad_h", s.pad_h},
+                                  {"pad_w", s.pad_w},
+                                  {"stride_h", s.stride_h},
+                                  {"stride_w", s.stride_w},
+                                  {"p", s.p()},
+                                  {"q", s.q()}});
 }
 
 class Conv final : public Workload {
@@ -241,11 +253,17 @@ class Conv final : public Workload {
     const bool gpu = device_kind == "cuda";
     std::vector<std::string> shapes;
     for (const NamedConvShape& row : conv_tables().at(gpu ? "resnet50" : "tiny")) shapes.push_back(row.name);
-    std::vector<AxisSpec> out{{"shape", AxisKind::text, shapes, {},
+    std::vector<AxisSpec> out{{"shape",
+                               AxisKind::text,
+                               shapes,
+                               {},
                                "a table row (tables: @deepbench-train, @deepbench-infer-server, "
                                "@deepbench-infer-device, @resnet50, @tiny), or custom with the axes below"}};
     for (const std::string& axis : kExplicitAxes)
-      out.push_back({axis, AxisKind::integer, {"0"}, {},
+      out.push_back({axis,
+                     AxisKind::integer,
+                     {"0"},
+                     {},
                      axis == kExplicitAxes.front() ? "with shape=custom (zipped: n,c,h,w,k,r,s,pad,stride=...): "
                                                      "batch, channels, height, width, filters, filter rows and "
                                                      "columns, padding, stride; 0 with a table row"
@@ -253,7 +271,10 @@ class Conv final : public Workload {
     out.push_back({"pass", AxisKind::text, kPasses, kPasses, "fwd, bwd_data (dx from dy) or bwd_filter (dw)"});
     out.push_back({"precision", AxisKind::text, gpu ? kPrecisions : std::vector<std::string>{"fp32"}, kPrecisions,
                    "operand precision; fp8 (e4m3 operands, bf16 output) runs forward only"});
-    out.push_back({"layout", AxisKind::text, {gpu ? "nhwc" : "nchw"}, {"nchw", "nhwc"},
+    out.push_back({"layout",
+                   AxisKind::text,
+                   {gpu ? "nhwc" : "nchw"},
+                   {"nchw", "nhwc"},
                    "memory order of x, y (and filters: KCRS or KRSC)"});
     return out;
   }
@@ -266,8 +287,9 @@ class Conv final : public Workload {
     const std::string& precision = state.get_text("precision");
     record_shape(state, shape);
     if (precision == "fp8" && pass != ConvPassKind::forward)
-      state.skip("fp8 convolutions run forward only: the engine's fp8 path (cuDNN's e4m3 graph) is an inference "
-                 "path with no backward passes");
+      state.skip(
+          "fp8 convolutions run forward only: the engine's fp8 path (cuDNN's e4m3 graph) is an inference "
+          "path with no backward passes");
     const std::int64_t bytes = conv_bytes(shape, precision, state.backend().info());
     state.set_counts({1.0, static_cast<double>(conv_flops(shape)), static_cast<double>(bytes), "FLOP"});
     state.set_ceiling_key("gemm." + precision);

@@ -17,7 +17,7 @@ enum class ConvPassKind { forward, backward_data, backward_filter };
 // device stored them in. One of the three is the pass's output (y, x or w); the others its inputs.
 struct ConvHostValues {
   std::vector<double> x, w, y;
-  std::vector<double> bias;     // [K] added to the forward output; empty for none
+  std::vector<double> bias;    // [K] added to the forward output; empty for none
   double forward_descale = 1;  // multiplies the forward sums (fp8: the operands' inverse scales)
 };
 
