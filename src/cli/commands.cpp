@@ -196,8 +196,9 @@ void print_workload(std::ostream& out, const nlohmann::json& w) {
       out << "               choices " << join(o["choices"].get<std::vector<std::string>>()) << '\n';
   }
   for (const auto& g : w["zipped"]) {
-    out << "  zipped  " << join(g["axes"].get<std::vector<std::string>>())
-        << " vary together; tables: " << join(g["tables"].get<std::vector<std::string>>(), ", ") << '\n';
+    const auto tables = g["tables"].get<std::vector<std::string>>();
+    out << "  zipped  " << join(g["axes"].get<std::vector<std::string>>()) << " vary together"
+        << (tables.empty() ? "" : "; tables: " + join(tables, ", ")) << '\n';
   }
 }
 

@@ -313,7 +313,9 @@ std::vector<Point> build_sweep(const std::vector<AxisSpec>& axes, const std::vec
       for (const auto& n : o.names)
         if (find_group(groups, n) != g)
           throw UsageError("axes in '--axis " + o.names.front() + ",...' belong to different groups");
-      const bool whole_group_from_text = o.names.size() == 1 && o.values.find('@') == std::string::npos;
+      // A group of one axis (a table of named rows) takes its values as the rows themselves.
+      const bool whole_group_from_text =
+          o.names.size() == 1 && g->names.size() > 1 && o.values.find('@') == std::string::npos;
       if (whole_group_from_text) {
         // One axis of a group: replace that column in every existing row, product over the values.
         const auto col = static_cast<std::size_t>(std::find(g->names.begin(), g->names.end(), o.names[0]) -

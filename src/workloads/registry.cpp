@@ -13,6 +13,7 @@ const harness::Registry& registry() {
     v.push_back(micro::make_gemm());
     v.push_back(micro::make_stream());
     v.push_back(micro::make_copy());
+    v.push_back(micro::make_conv());
     v.push_back(make_loadgen());
     v.push_back(micro::make_collectives());
     v.push_back(micro::make_p2p());

@@ -17,4 +17,16 @@ std::unique_ptr<Kernels> make_device_kernels(backend::Backend& backend) {
   throw Unsupported("no engine kernels for device '" + backend.info().id + "' in this build");
 }
 
+std::vector<std::string> device_conv_algorithm_notes(const Kernels& kernels) {
+#ifdef ACCELBENCH_WITH_CUDA
+  if (kernels.name() == "cuda") {
+    std::vector<std::string> lines = cuda_conv_choices(kernels);
+    for (std::string& line : cuda_fp8_notes(kernels)) lines.push_back(std::move(line));
+    return lines;
+  }
+#endif
+  (void)kernels;
+  return {};
+}
+
 }  // namespace ab::nn

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "nn/kernels.h"
@@ -12,5 +14,9 @@ namespace ab::nn {
 
 // Throws Unsupported when the backend's device has no engine kernels in this build.
 std::unique_ptr<Kernels> make_device_kernels(backend::Backend& backend);
+
+// The convolution choices the CUDA kernels made so far (cuda_conv_choices, then cuda_fp8_notes),
+// for a record; empty for the reference kernels, which choose nothing.
+std::vector<std::string> device_conv_algorithm_notes(const Kernels& kernels);
 
 }  // namespace ab::nn

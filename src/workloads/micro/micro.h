@@ -9,6 +9,7 @@
 namespace ab::workloads::micro {
 
 std::unique_ptr<Workload> make_gemm();
+std::unique_ptr<Workload> make_conv();  // convolution passes over shape tables (conv_shapes.h)
 std::unique_ptr<Workload> make_stream();
 std::unique_ptr<Workload> make_copy();
 std::unique_ptr<Workload> make_ceilings();
