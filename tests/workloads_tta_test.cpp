@@ -49,7 +49,8 @@ Bytes idx_file(const std::vector<std::uint32_t>& dims, const Bytes& values) {
 }
 void write_bytes(const fs::path& p, const Bytes& b) {
   fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 constexpr std::uint32_t kPx = 8, kClasses = 4;
@@ -103,8 +104,7 @@ std::vector<json> run_points(const std::string& workload, const std::vector<std:
     const auto specs = w.options();
     if (std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& o) { return o.name == name; }))
       options[name] = value;
-    else
-      overrides.push_back(parse_axis_argument(a));
+    else overrides.push_back(parse_axis_argument(a));
   }
   auto be = backend::make_backend("cpu");
   std::vector<json> records;
@@ -119,8 +119,16 @@ std::vector<json> run_points(const std::string& workload, const std::vector<std:
 
 // The tiny ResNet's recipe for the pattern set: few epochs, a rate that learns it quickly.
 std::vector<std::string> tiny_recipe(const std::string& dataset, const std::string& target) {
-  return {"model=tiny_resnet", "layout=nhwc",    "batch=16",          "dataset=" + dataset, "target_accuracy=" + target,
-          "lr=0.1",            "warmup_epochs=0.5", "schedule_epochs=6", "max_epochs=8",       "data_threads=2"};
+  return {"model=tiny_resnet",
+          "layout=nhwc",
+          "batch=16",
+          "dataset=" + dataset,
+          "target_accuracy=" + target,
+          "lr=0.1",
+          "warmup_epochs=0.5",
+          "schedule_epochs=6",
+          "max_epochs=8",
+          "data_threads=2"};
 }
 
 std::vector<double> curve_accuracies(const json& record) {
@@ -167,8 +175,8 @@ TEST(TimeToTrain, ReachesALowTargetAndItsLogMatchesTheRecord) {
 
   const std::vector<json> log = mllog_of(tmp.path() / "run", r);
   const std::vector<std::string> keys = keys_of(log);
-  for (const char* key : {"init_start", "init_stop", "run_start", "run_stop", "submission_benchmark", "global_batch_size",
-                          "opt_base_learning_rate", "train_samples", "eval_samples", "seed"})
+  for (const char* key : {"init_start", "init_stop", "run_start", "run_stop", "submission_benchmark",
+                          "global_batch_size", "opt_base_learning_rate", "train_samples", "eval_samples", "seed"})
     EXPECT_LT(position(keys, key), std::ssize(keys)) << key << " missing";
   EXPECT_EQ(keys.front(), "init_start");
   EXPECT_LT(position(keys, "init_stop"), position(keys, "run_start"));
@@ -202,6 +210,15 @@ TEST(TimeToTrain, ReachesALowTargetAndItsLogMatchesTheRecord) {
   ASSERT_EQ(inferred[0]["status"], "ok") << inferred[0].dump(2);
   EXPECT_EQ(inferred[0]["metrics"]["dataset_accuracy"]["top1"].get<double>(), acc.back());
   EXPECT_EQ(inferred[0]["metrics"]["dataset_accuracy"]["samples"], 96);
+  // Without weights the accuracy is the untrained network's, and says so; another model's file is refused.
+  const json untrained = run_points("infer", {"model=tiny_resnet", "layout=nhwc", "batch=16", "dataset=" + dataset,
+                                              "fold=off", "graph=off"})[0];
+  ASSERT_EQ(untrained["status"], "ok") << untrained.dump(2);
+  EXPECT_EQ(untrained["metrics"]["dataset_accuracy"]["weights"], "initial (untrained)");
+  const json other = run_points("infer", {"model=fashion_resnet", "batch=16", "dataset=" + dataset, "fold=off",
+                                          "graph=off", "weights=" + weights.string()})[0];
+  EXPECT_EQ(other["status"], "invalid");
+  EXPECT_TRUE(contains(other["reason"].get<std::string>(), "holds 'tiny_resnet'")) << other["reason"];
 }
 
 TEST(TimeToTrain, AnUnreachableTargetIsNotConvergedWithEveryEvaluationKept) {
@@ -221,7 +238,9 @@ TEST(TimeToTrain, AnUnreachableTargetIsNotConvergedWithEveryEvaluationKept) {
   ASSERT_EQ(records.size(), 1U);
   const json& r = records[0];
   ASSERT_EQ(r["status"], "not_converged") << r.dump(2);
-  EXPECT_TRUE(contains(r["reason"].get<std::string>(), "max_epochs (2)") && contains(r["reason"].get<std::string>(), "best accuracy")) << r["reason"];
+  EXPECT_TRUE(contains(r["reason"].get<std::string>(), "max_epochs (2)") &&
+              contains(r["reason"].get<std::string>(), "best accuracy"))
+      << r["reason"];
   const json& t = r["metrics"]["time_to_train"];
   EXPECT_EQ(t["status"], "not_converged");
   EXPECT_FALSE(t.contains("time_to_train_s"));
@@ -254,7 +273,9 @@ TEST(TimeToTrain, BadFilesGiveAClearStatus) {
   write_bytes(images, corrupt);
   json r = run_with();
   EXPECT_EQ(r["status"], "error");
-  EXPECT_TRUE(contains(r["reason"].get<std::string>(), images.string()) && contains(r["reason"].get<std::string>(), "element type")) << r["reason"];
+  EXPECT_TRUE(contains(r["reason"].get<std::string>(), images.string()) &&
+              contains(r["reason"].get<std::string>(), "element type"))
+      << r["reason"];
   write_bytes(images, Bytes(good.begin(), good.end() - 100));
   r = run_with();
   EXPECT_EQ(r["status"], "error");
@@ -337,7 +358,7 @@ TEST(TimeToTrain, TheScheduleWarmsUpPeaksAndEndsAtOnePercent) {
   o.schedule_epochs = 5;
   o.lr_updates_per_epoch = 4;
   const std::int64_t per_epoch = 100;
-  EXPECT_DOUBLE_EQ(zoo::scheduled_lr(1.0, 0, per_epoch, o), 0.125);  // the first quarter's midpoint
+  EXPECT_DOUBLE_EQ(zoo::scheduled_lr(1.0, 0, per_epoch, o), 0.125);   // the first quarter's midpoint
   EXPECT_DOUBLE_EQ(zoo::scheduled_lr(1.0, 24, per_epoch, o), 0.125);  // constant inside a segment
   EXPECT_DOUBLE_EQ(zoo::scheduled_lr(1.0, 25, per_epoch, o), 0.375);
   double previous = 2;

@@ -9,14 +9,14 @@ namespace ab::harness {
 
 void RepeatTracker::add(const Workload& workload, const Point& point, const OptionValues& options,
                         results::Record& record) {
-  const bool seeded = std::any_of(point.values.begin(), point.values.end(), [](const auto& v) { return v.first == "seed"; });
+  const bool seeded =
+      std::any_of(point.values.begin(), point.values.end(), [](const auto& v) { return v.first == "seed"; });
   if (!seeded || !record.metrics.is_object() || !record.metrics.contains("time_to_train")) return;
   const nlohmann::json& t = record.metrics["time_to_train"];
   double time_s = std::numeric_limits<double>::infinity();
   if (record.status == results::Status::ok && t.contains("time_to_train_s"))
     time_s = t["time_to_train_s"].get<double>();
-  else if (record.status != results::Status::not_converged && record.status != results::Status::diverged)
-    return;
+  else if (record.status != results::Status::not_converged && record.status != results::Status::diverged) return;
   std::string key = workload.name();
   for (const auto& [name, value] : point.values)
     if (name != "seed") key += " " + name + "=" + value;

@@ -18,7 +18,7 @@ namespace ab::workloads::zoo {
 // (data::fashion_mnist_dir(): Debian's package or ACCELBENCH_FASHION_MNIST) or "idx:DIR" (a folder
 // laid out as MNIST's: train-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz], ...).
 inline constexpr const char* kSyntheticDataset = "synthetic";
-bool is_real_dataset(const std::string& name);      // anything but "synthetic"
+bool is_real_dataset(const std::string& name);  // anything but "synthetic"
 // "train" or "test" of the named dataset; UsageError for a name that is none of the above, Error
 // (naming the file and the fault) for missing, truncated or inconsistent files.
 data::ImageSet load_dataset(const std::string& name, const std::string& split);
@@ -27,8 +27,7 @@ data::ImageSet load_dataset(const std::string& name, const std::string& split);
 inline constexpr float kFashionMnistMean = 0.2860F, kFashionMnistStd = 0.3530F;
 // What each training sample becomes: padded by `pad` pixels, cut back to its size at random,
 // mirrored with probability 1/2 (`flip`), normalised, in `dtype` with `channels` channels.
-data::Augment train_augment(const data::ImageSet& set, std::int64_t channels, DType dtype, std::int64_t pad,
-                            bool flip);
+data::Augment train_augment(const data::ImageSet& set, std::int64_t channels, DType dtype, std::int64_t pad, bool flip);
 
 // An evaluation split ready to upload: every image normalised (no augmentation) in the graph's
 // input dtype, padded with blank images to whole batches; `count` are real.

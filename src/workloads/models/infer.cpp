@@ -69,13 +69,19 @@ class Infer final : public Workload {
           "fold each batch norm into its convolution: on = weights scaled, then one bias + residual + ReLU "
           "kernel; fused = that epilogue inside the convolution (cuDNN's conv + bias + add + ReLU where "
           "faster); auto = fused for models with batch norm (the ResNets), else off"},
-         {"dataset", AxisKind::text, one(kSyntheticDataset), {},
+         {"dataset",
+          AxisKind::text,
+          one(kSyntheticDataset),
+          {},
           "synthetic = timing only; fashion-mnist or idx:DIR = also top-1 accuracy over its test split (image_size "
           "is the data's)"}});
     return axes;
   }
   std::vector<OptionSpec> options() const override {
-    return {{"weights", AxisKind::text, "", {},
+    return {{"weights",
+             AxisKind::text,
+             "",
+             {},
              "parameters to load (train --option save_weights=FILE writes them); \"\" = the untrained network"}};
   }
 
@@ -121,10 +127,8 @@ class Infer final : public Workload {
     add_fp8_metric(state, spec, g, fp8_layers);
     // The folded network computes what the unfolded one does from the same seed, so the logits
     // check against the (unfolded) float64 reference below holds for both.
-    if (!weights.empty())
-      g.set_parameter_values(loaded_parameter_values(weights, spec));
-    else if (spec.fold_batchnorm)
-      g.set_parameter_values(folded_parameter_values(spec));
+    if (!weights.empty()) g.set_parameter_values(loaded_parameter_values(weights, spec));
+    else if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
     if (test) {
       const EvalSplit split = make_eval_split(*test, m.in_channels, g.tensor(m.images).dtype, spec.batch);
       state.add_metric("dataset_accuracy", {{"dataset", dataset},

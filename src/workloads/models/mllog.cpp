@@ -58,8 +58,8 @@ MlLog::MlLog(const std::filesystem::path& path) : path_(path) {
   if (!out_) throw Error("cannot write the MLPerf log " + path.string());
 }
 
-void MlLog::write(const char* type, const std::string& key, const nlohmann::json& value,
-                  const nlohmann::json& metadata, const std::source_location& where) {
+void MlLog::write(const char* type, const std::string& key, const nlohmann::json& value, const nlohmann::json& metadata,
+                  const std::source_location& where) {
   if (!out_.is_open()) return;
   // ordered_json keeps file and lineno first, as mllog writes them, then the caller's fields.
   nlohmann::ordered_json meta{{"file", std::filesystem::path(where.file_name()).filename().string()},

@@ -469,13 +469,22 @@ std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
         "data parallelism on GPUs: nccl = NCCL all-reduces; copy = 2 GPUs of one host, each copying the other's "
         "buckets with a copy engine and averaging them in with one short kernel (no kernel waits for the peer); "
         "auto = copy where it applies (gpus=2, comm_dtype=grad, one host), else nccl"},
-       {"dataset", AxisKind::text, one(kSyntheticDataset), {},
+       {"dataset",
+        AxisKind::text,
+        one(kSyntheticDataset),
+        {},
         "synthetic = one fixed batch, timed steps (throughput); fashion-mnist or idx:DIR = time to train: epochs "
         "over the training split with an evaluation after each until target_accuracy (image_size is the data's)"},
-       {"target_accuracy", AxisKind::real, one("0.92"), {},
+       {"target_accuracy",
+        AxisKind::real,
+        one("0.92"),
+        {},
         "with a dataset: the top-1 accuracy on the held-out split that ends the run (MLPerf's quality target); "
         "not used by the synthetic mode"},
-       {"seed", AxisKind::integer, one("1"), {},
+       {"seed",
+        AxisKind::integer,
+        one("1"),
+        {},
         "with a dataset: parameter initialisation, sample order and augmentation; seed=1:5 repeats for MLPerf's "
         "olympic mean of the time to train"}});
   return axes;

@@ -118,7 +118,8 @@ void init(State& state, const TargetPoint& p, const TrainOptions& o, Run& r) {
   if (r.pipeline->batches_per_epoch() < 1)
     throw UsageError(p.dataset + ": " + std::to_string(r.train_samples) + " training images make no batch of " +
                      std::to_string(r.spec.batch));
-  const double fwd = static_cast<double>(r.graph->forward_flops()), bwd = static_cast<double>(r.graph->backward_flops());
+  const double fwd = static_cast<double>(r.graph->forward_flops()),
+               bwd = static_cast<double>(r.graph->backward_flops());
   const auto batch = static_cast<double>(r.spec.batch);
   state.set_counts({1.0, (fwd + bwd) / batch, 0.0, "FLOP"});  // per training sample: the rate is samples/s
   state.add_metric("model", {{"name", r.spec.model}, {"parameters", r.graph->parameter_count()}});
@@ -150,8 +151,8 @@ void log_hyperparameters(const TargetPoint& p, const TrainOptions& o, Run& r, co
 }
 
 // One epoch of steps; false when the run must stop inside it (outcome says why).
-bool train_epoch(State& state, const TargetPoint& p, const TrainOptions& o, Run& r, std::int64_t epoch,
-                 double peak, double& loss_out, Outcome& outcome) {
+bool train_epoch(State& state, const TargetPoint& p, const TrainOptions& o, Run& r, std::int64_t epoch, double peak,
+                 double& loss_out, Outcome& outcome) {
   const std::int64_t per_epoch = r.pipeline->batches_per_epoch();
   double loss_sum = 0;
   std::int64_t loss_reads = 0;
@@ -175,8 +176,8 @@ bool train_epoch(State& state, const TargetPoint& p, const TrainOptions& o, Run&
       return false;
     }
     if (measure::monotonic_seconds() - r.run_start_s > o.time_limit_s) {
-      outcome = {"not_converged", "time_limit_s (" + std::to_string(o.time_limit_s) + " s) passed in epoch " +
-                                      std::to_string(epoch)};
+      outcome = {"not_converged",
+                 "time_limit_s (" + std::to_string(o.time_limit_s) + " s) passed in epoch " + std::to_string(epoch)};
       return false;
     }
   }
@@ -201,8 +202,8 @@ Outcome train_epochs(State& state, const TargetPoint& p, const TrainOptions& o, 
     r.curve.push_back({epoch, accuracy, loss, measure::monotonic_seconds() - r.run_start_s, r.opt->learning_rate()});
     if (accuracy >= p.target_accuracy) return outcome;
     if (measure::monotonic_seconds() - r.run_start_s > o.time_limit_s)
-      return {"not_converged", "time_limit_s (" + std::to_string(o.time_limit_s) + " s) passed after epoch " +
-                                   std::to_string(epoch)};
+      return {"not_converged",
+              "time_limit_s (" + std::to_string(o.time_limit_s) + " s) passed after epoch " + std::to_string(epoch)};
   }
   return {"not_converged", "max_epochs (" + std::to_string(o.max_epochs) + ") reached"};
 }
@@ -210,7 +211,10 @@ Outcome train_epochs(State& state, const TargetPoint& p, const TrainOptions& o, 
 nlohmann::json curve_json(const std::vector<Evaluation>& curve) {
   nlohmann::json out = nlohmann::json::array();
   for (const Evaluation& e : curve)
-    out.push_back({{"epoch", e.epoch}, {"accuracy", e.accuracy}, {"train_loss", e.train_loss}, {"time_s", e.time_s},
+    out.push_back({{"epoch", e.epoch},
+                   {"accuracy", e.accuracy},
+                   {"train_loss", e.train_loss},
+                   {"time_s", e.time_s},
                    {"lr", e.lr}});
   return out;
 }
@@ -245,9 +249,7 @@ void record(State& state, const TargetPoint& p, const Run& r, const Outcome& out
 
 }  // namespace
 
-double recipe_peak_lr(std::int64_t global_batch) {
-  return kRecipeLrPer256 * static_cast<double>(global_batch) / 256.0;
-}
+double recipe_peak_lr(std::int64_t global_batch) { return kRecipeLrPer256 * static_cast<double>(global_batch) / 256.0; }
 
 double scheduled_lr(double peak, std::int64_t step, std::int64_t steps_per_epoch, const TrainOptions& o) {
   const auto updates = static_cast<double>(o.lr_updates_per_epoch);
@@ -281,8 +283,16 @@ void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) 
   r.log.end("init_stop");
   r.run_start_s = measure::monotonic_seconds();
   r.log.start("run_start");
-  const Outcome outcome = train_epochs(state, p, o, r);
-  r.kernels->synchronize();
+  Outcome outcome;
+  try {
+    outcome = train_epochs(state, p, o, r);
+    r.kernels->synchronize();
+  } catch (const std::exception& e) {
+    // A failure in flight (a device error, a pipeline worker's): what was evaluated is kept.
+    r.log.end("run_stop", nullptr, {{"status", "aborted"}});
+    record(state, p, r, {"error", e.what()}, measure::monotonic_seconds());
+    throw;
+  }
   const double run_stop_s = measure::monotonic_seconds();
   r.log.end("run_stop", nullptr, {{"status", outcome.status == "converged" ? "success" : "aborted"}});
   record(state, p, r, outcome, run_stop_s);

@@ -58,8 +58,8 @@ WeightsFile load_weights(const std::filesystem::path& path) {
     throw Error(what + ": its header is not JSON (" + e.what() + ")");
   }
   if (h.value("format", 0) != kFormat || h.value("dtype", "") != "f32" || !h.contains("tensors"))
-    throw Error(what + ": format " + h.value("format", nlohmann::json()).dump() + ", dtype " +
-                h.value("dtype", "?") + " (format 1, f32 expected)");
+    throw Error(what + ": format " + h.value("format", nlohmann::json()).dump() + ", dtype " + h.value("dtype", "?") +
+                " (format 1, f32 expected)");
   WeightsFile w;
   w.model = h.value("model", "");
   std::vector<float> buffer;
