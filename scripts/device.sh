@@ -3,9 +3,9 @@
 #   build                 only that (and `accelbench sysinfo` into the logs)
 #   test [REGEX]          every test (the GPU and MPI tests run there), or those ctest -R REGEX picks
 #   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy,
-#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline; ARGS go to its script
+#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta; ARGS go to its script
 #                         (e.g. `bench ddp --rounds 3 --warmup-s 25`, `bench bert --part infer`). No NAME:
-#                         every one the machine fits (ddp and nccl need two GPUs) but gpt2 and bert (several
+#                         every one the machine fits (ddp and nccl need two GPUs) but gpt2, bert and tta (several
 #                         minutes each; gpt2 needs .anchors, see bench/fetch-anchors.sh), which run by name.
 #   suite FILE            a suite file (suites/*.yaml, suites/experiments/*.yaml) with the built
 #                         binary, under mpirun with one rank per GPU when it asks for several GPUs
@@ -153,7 +153,8 @@ run_bench() {
     gpt2) bash bench/gpt2.sh --accelbench $ab --out "$logs/gpt2" "$@" ;;
     bert) bash bench/bert.sh --accelbench $ab --out "$logs/bert" "$@" ;;
     pipeline) python3 -u bench/compare_pipeline.py --accelbench $ab --out "$logs/pipeline" "$@" ;;
-    *) echo "unknown comparison '$name': torch, timing, energy, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline" >&2; return 2 ;;
+    tta) python3 -u bench/compare_tta.py --accelbench $ab --out "$logs/tta" "$@" ;;
+    *) echo "unknown comparison '$name': torch, timing, energy, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta" >&2; return 2 ;;
   esac 2>&1 | tee "$logs/bench-$name.txt"
 }
 

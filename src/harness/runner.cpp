@@ -213,6 +213,8 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
     status = "error", reason = e.what();
   } catch (const Diverged& e) {
     status = "diverged", reason = e.what();
+  } catch (const NotConverged& e) {
+    status = "not_converged", reason = e.what();
   } catch (const OutOfMemory& e) {
     status = "oom", reason = e.what();
   } catch (const Unsupported& e) {
@@ -255,6 +257,7 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
       if (!t.is_null()) record.telemetry = t;
     }
   }
+  repeats_.add(*entry.workload, entry.point, run_options, record);
   record.context = context_;
   return record;
 }

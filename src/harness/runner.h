@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/repeats.h"
 #include "harness/scaling.h"
 #include "harness/workload.h"
 #include "results/record.h"
@@ -76,6 +77,7 @@ class Runner {
   std::map<std::string, Ceiling> ceilings_;  // measured in this run: the best point of each
   std::set<std::string> missing_ceilings_;   // keys divided by nothing: none measured here or stored
   ScalingTracker scaling_;
+  RepeatTracker repeats_;
   int seq_ = 0;
 };
 

@@ -54,6 +54,12 @@ struct Counts {
 // loss that became non-finite) becomes "diverged". They are ab::Error's (core/error.h).
 using ab::CheckFailed;
 using ab::Diverged;
+// A training run to a target quality that ended (epochs, time limit) before reaching it: status
+// "not_converged" with the best quality reached. One process's outcome (not an ErrorKind).
+class NotConverged : public Error {
+ public:
+  using Error::Error;
+};
 using ab::SkipPoint;
 
 // What a workload that drives the load generator (src/scenarios) measures instead of exec()'s

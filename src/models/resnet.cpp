@@ -144,6 +144,15 @@ ResNetConfig tiny_resnet(std::int64_t in_channels, std::int64_t num_classes) {
   return c;
 }
 
+ResNetConfig fashion_resnet() {
+  ResNetConfig c = tiny_resnet(1, 10);
+  c.name = "fashion_resnet";
+  c.blocks = {2, 2, 2};
+  c.planes = {16, 32, 64};
+  c.stem_channels = 32;
+  return c;
+}
+
 Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
   if (c.blocks.size() != c.planes.size() || c.blocks.empty())
     throw UsageError(c.name + ": blocks and planes must list the same, non-zero number of stages");

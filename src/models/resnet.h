@@ -57,6 +57,10 @@ ResNetConfig resnext101_32x8d();
 // Two stages of one bottleneck each, a 3x3 stride-1 stem and no max pool: a few thousand
 // parameters, for small images on the reference backend (tests, CI).
 ResNetConfig tiny_resnet(std::int64_t in_channels, std::int64_t num_classes);
+// For 28x28 grey images (Fashion-MNIST, MNIST): a 3x3 stride-1 stem of 32 channels, no max pool,
+// three stages of two bottlenecks (planes 16, 32, 64; outputs 64, 128, 256) at 28, 14 and 7 px,
+// 10 classes: about 0.22 M parameters, the small-image ResNet shape of He et al.'s CIFAR networks.
+ResNetConfig fashion_resnet();
 
 // Adds the network to `b` and returns the logits [N, num_classes]. Layer and parameter names
 // follow torchvision's state_dict ("layer1.0.conv2.weight"). Throws nn::LayerError for a

@@ -1,5 +1,6 @@
 #include "results/derived.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <sstream>
@@ -200,6 +201,25 @@ Rates scenario_rates(double samples_per_s, double flops_per_sample) {
   r.primary = "samples_per_s";
   if (flops_per_sample > 0) r.tflops = flops_per_sample * samples_per_s / 1e12;
   return r;
+}
+
+OlympicMean olympic_mean(std::vector<double> times_s) {
+  OlympicMean m;
+  for (const double t : times_s) m.converged += std::isfinite(t) ? 1 : 0;
+  if (times_s.size() < 3) {
+    m.why_none = std::to_string(times_s.size()) + " runs (at least 3: the fastest and slowest are dropped)";
+    return m;
+  }
+  if (times_s.size() - m.converged > 1) {
+    m.why_none = std::to_string(times_s.size() - m.converged) + " of " + std::to_string(times_s.size()) +
+                 " runs did not converge (at most one may)";
+    return m;
+  }
+  std::sort(times_s.begin(), times_s.end());
+  double sum = 0;
+  for (std::size_t i = 1; i + 1 < times_s.size(); ++i) sum += times_s[i];
+  m.mean_s = sum / static_cast<double>(times_s.size() - 2);
+  return m;
 }
 
 std::optional<double> scaling_efficiency(double rate_n, double devices, double rate_1) {

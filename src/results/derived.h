@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "results/record.h"
 
@@ -24,6 +25,19 @@ std::optional<Rates> rates_from_counts(const Counts& counts, double median_s, st
 double achieved_rate(const Rates& rates, std::string_view ceiling_key);
 // Sets pct_of_ceiling = achieved / ceiling × 100 and records the ceiling divided by.
 void divide_by_ceiling(Rates& rates, const CeilingRef& ceiling);
+// MLPerf's olympic mean of times to train: with n >= 3 runs, the fastest and the slowest are
+// dropped and the rest averaged. A run that did not converge counts as infinitely slow, so one
+// may be dropped as the slowest; with two or more there is no mean (MLPerf rejects the result).
+inline constexpr const char* kOlympicMeanRule =
+    "mean of the runs' times to train without the fastest and the slowest; a run that did not converge is the "
+    "slowest, and more than one such run gives no mean";
+struct OlympicMean {
+  std::optional<double> mean_s;
+  std::size_t converged = 0;  // runs with a finite time
+  std::string why_none;       // where mean_s is empty
+};
+OlympicMean olympic_mean(std::vector<double> times_s);
+
 // A vendor datasheet's peaks for one part: dense (no sparsity) tensor-core arithmetic at boost
 // clock in TFLOP/s (TOP/s for int8; fp32 is the non-tensor rate), DRAM bandwidth in GB/s; 0 = the
 // datasheet gives none. Figures HPL users know as Rpeak, shown beside the measured ceilings.

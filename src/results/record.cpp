@@ -12,14 +12,15 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::array<std::pair<Status, std::string_view>, 8> kStatuses = {{{Status::ok, "ok"},
+constexpr std::array<std::pair<Status, std::string_view>, 9> kStatuses = {{{Status::ok, "ok"},
                                                                            {Status::skipped, "skipped"},
                                                                            {Status::oom, "oom"},
                                                                            {Status::diverged, "diverged"},
                                                                            {Status::invalid, "invalid"},
                                                                            {Status::error, "error"},
                                                                            {Status::interrupted, "interrupted"},
-                                                                           {Status::timeout, "timeout"}}};
+                                                                           {Status::timeout, "timeout"},
+                                                                           {Status::not_converged, "not_converged"}}};
 
 // Reads one field of an object; a field of the wrong type is an error naming it.
 class Reader {

@@ -18,7 +18,7 @@ constexpr int kSchemaVersion = 1;
 
 // interrupted: the point in progress at a Ctrl-C/SIGTERM/SIGHUP; timeout: the point ran out of its
 // --timeout with fewer samples than the stopping rule's minimum (what was measured is kept).
-enum class Status { ok, skipped, oom, diverged, invalid, error, interrupted, timeout };
+enum class Status { ok, skipped, oom, diverged, invalid, error, interrupted, timeout, not_converged };
 std::string_view to_string(Status s);
 // Throws ab::Error naming the valid statuses for any other word.
 Status parse_status(std::string_view s);

@@ -12,6 +12,7 @@ using harness::AxisSpec;
 using harness::CheckFailed;
 using harness::Counts;
 using harness::Diverged;
+using harness::NotConverged;
 using harness::on_all_ranks;
 using harness::OptionSpec;
 using harness::OptionValues;

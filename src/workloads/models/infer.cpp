@@ -8,13 +8,20 @@
 // the same function); the compression autoencoder reports the PSNR of its reconstruction.
 // The record carries what the precision costs (metrics.accuracy: the logits' error and top-1
 // agreement against float64), and precision=fp8 which convolutions ran e4m3 (metrics.fp8).
+// With a dataset axis the point also measures top-1 accuracy over the dataset's test split
+// (metrics.dataset_accuracy) with the parameters of --option weights=FILE (train's save_weights),
+// or of the untrained network without one (said in the metric), so a precision's accuracy cost
+// stands beside its speed; loaded weights skip the float64 check (its oracle is the untrained network).
 // docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
+#include <optional>
 
 #include "backend/ref/ref.h"
 #include "core/error.h"
 #include "nn/cuda/device_kernels.h"
+#include "workloads/models/datasets.h"
 #include "workloads/models/models.h"
+#include "workloads/models/weights.h"
 
 namespace ab::workloads::zoo {
 namespace {
@@ -27,7 +34,8 @@ class Infer final : public Workload {
            "PSNR of its reconstruction), BERT (question-answering head, sequences and tokens/s) or GPT-2 (prefill: "
            "the last position's logits): one forward of the batch per iteration (CUDA-graph "
            "replay by default), one iteration per timing sample so time.median_s / p90_s / p99_s are per-batch "
-           "latencies; logits checked against the float64 reference first.";
+           "latencies; logits checked against the float64 reference first. dataset=fashion-mnist: top-1 accuracy "
+           "over its test split too (--option weights=FILE: trained parameters from train's save_weights).";
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override {
     const auto one = [](const char* v) { return std::vector<std::string>{v}; };
@@ -60,8 +68,21 @@ class Infer final : public Workload {
           {"auto", "off", "on", "fused"},
           "fold each batch norm into its convolution: on = weights scaled, then one bias + residual + ReLU "
           "kernel; fused = that epilogue inside the convolution (cuDNN's conv + bias + add + ReLU where "
-          "faster); auto = fused for models with batch norm (the ResNets), else off"}});
+          "faster); auto = fused for models with batch norm (the ResNets), else off"},
+         {"dataset",
+          AxisKind::text,
+          one(kSyntheticDataset),
+          {},
+          "synthetic = timing only; fashion-mnist or idx:DIR = also top-1 accuracy over its test split (image_size "
+          "is the data's)"}});
     return axes;
+  }
+  std::vector<OptionSpec> options() const override {
+    return {{"weights",
+             AxisKind::text,
+             "",
+             {},
+             "parameters to load (train --option save_weights=FILE writes them); \"\" = the untrained network"}};
   }
 
   void run(State& state) override {
@@ -75,8 +96,15 @@ class Infer final : public Workload {
     if (spec.batch < 1 || spec.image_px < 1 || spec.seq < 0)
       throw UsageError("infer needs batch and image_size >= 1 and seq >= 0 (got " + state.point().label() + ")");
 
+    const std::string dataset = state.get_text("dataset"), weights = state.option_text("weights");
+    std::optional<data::ImageSet> test;
+    if (is_real_dataset(dataset)) {
+      test = load_dataset(dataset, "test");
+      spec.image_px = test->height;
+    }
     nn::GraphBuilder builder(graph_options(spec));
     const ZooModel m = build_zoo_model(builder, spec);
+    if (test) check_dataset_fits(*test, m.in_channels, spec.layout, spec.model);
     std::unique_ptr<nn::Kernels> kernels = nn::make_device_kernels(state.backend());
     kernels->set_fp8_only_where_faster(fp8_layers == "faster");
     nn::Graph g(std::move(builder));
@@ -99,7 +127,16 @@ class Infer final : public Workload {
     add_fp8_metric(state, spec, g, fp8_layers);
     // The folded network computes what the unfolded one does from the same seed, so the logits
     // check against the (unfolded) float64 reference below holds for both.
-    if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
+    if (!weights.empty()) g.set_parameter_values(loaded_parameter_values(weights, spec));
+    else if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
+    if (test) {
+      const EvalSplit split = make_eval_split(*test, m.in_channels, g.tensor(m.images).dtype, spec.batch);
+      state.add_metric("dataset_accuracy", {{"dataset", dataset},
+                                            {"split", "test"},
+                                            {"samples", split.count},
+                                            {"top1", top1_accuracy(g, m.images, m.output, split)},
+                                            {"weights", weights.empty() ? "initial (untrained)" : weights}});
+    }
     upload_batch(g, m, 0, spec);
     const auto forward = [&] { g.forward(false); };
     forward();  // lazy initialisation outside the capture
@@ -107,7 +144,7 @@ class Infer final : public Workload {
     if (use_graph) captured = g.capture_step(nullptr);
     const std::function<void()> step = use_graph ? std::function<void()>([&] { captured->replay(); })
                                                  : std::function<void()>(forward);
-    check_outputs(state, g, m, step, spec);
+    check_outputs(state, g, m, step, spec, /*against_reference=*/weights.empty());
     // The autoencoder's forward includes its loss, so that its distortion gives the PSNR.
     if (m.compression) {
       const nlohmann::json q = reconstruction_quality(g.read(m.mse)[0]);
@@ -132,6 +169,18 @@ class Infer final : public Workload {
   }
 
  private:
+  // A weights file's values for this graph: Error for another model's file; folded like the
+  // initial values where the graph folds its batch norms.
+  static nn::ParameterValues loaded_parameter_values(const std::string& path, const ModelSpec& spec) {
+    WeightsFile w = load_weights(path);
+    if (w.model != spec.model)
+      throw UsageError("weights file " + path + " holds '" + w.model + "', not '" + spec.model + "'");
+    if (!spec.fold_batchnorm) return std::move(w.values);
+    return ab::models::fold_batchnorm_parameters(std::move(w.values), spec.fuse_conv_epilogue
+                                                                          ? ab::models::FoldedBias::on_convolution
+                                                                          : ab::models::FoldedBias::on_batchnorm);
+  }
+
   // fold=auto is fused for the ResNets and off for models without batch norm, whose explicit on or
   // fused the zoo refuses; fp8 needs the fused epilogue, and runs no language model.
   static void resolve_fold(const State& state, ModelSpec& spec) {
@@ -157,7 +206,7 @@ class Infer final : public Workload {
   // The autoencoder has no such reference check: its quantiser rounds, so a last-bit difference
   // from f64 can move a latent into the next bin and the reconstructions differ by design.
   static void check_outputs(State& state, const nn::Graph& g, const ZooModel& m, const std::function<void()>& step,
-                            const ModelSpec& spec) {
+                            const ModelSpec& spec, bool against_reference) {
     const char* what = m.compression ? "reconstruction element" : "logit";
     step();
     const std::vector<double> first = g.read(m.output);
@@ -171,7 +220,7 @@ class Infer final : public Workload {
         throw CheckFailed{"two forwards of the same batch differ at " + std::string(what) + " " + std::to_string(i) +
                           ": " + std::to_string(first[i]) + " vs " + std::to_string(second[i])};
     }
-    if (m.compression) return;
+    if (m.compression || !against_reference) return;
     const std::vector<double> want = reference_logits(spec);
     if (first.size() != want.size() * static_cast<std::size_t>(spec.batch))
       throw Error("infer: " + std::to_string(first.size()) + " logits for a batch of " + std::to_string(spec.batch) +

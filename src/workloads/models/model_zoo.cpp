@@ -29,7 +29,8 @@ const std::vector<Entry>& entries() {
                                       {"resnext50_32x4d", ab::models::resnext50_32x4d},
                                       {"resnext101_32x4d", ab::models::resnext101_32x4d},
                                       {"resnext101_32x8d", ab::models::resnext101_32x8d},
-                                      {"tiny_resnet", tiny}};
+                                      {"tiny_resnet", tiny},
+                                      {"fashion_resnet", ab::models::fashion_resnet}};
   return all;
 }
 

@@ -28,8 +28,8 @@ std::unique_ptr<Workload> make_infer();
 
 // --- The model zoo ------------------------------------------------------------------------------
 
-// resnet50, resnet101, resnext..., tiny_resnet (classifiers); compression_ae, tiny_compression_ae
-// (the image-compression autoencoder, models/compression.h); gpt2_124m ... gpt2_1558m, tiny_gpt2
+// resnet50, resnet101, resnext..., tiny_resnet, fashion_resnet (classifiers; models/resnet.h); compression_ae,
+// tiny_compression_ae (the image-compression autoencoder, models/compression.h); gpt2_124m ... gpt2_1558m, tiny_gpt2
 // (language models, models/gpt.h); bert_base, bert_large, tiny_bert (models/bert.h).
 const std::vector<std::string>& model_names();
 // Whether the name is one of the language models (tokens in, no images; the seq axis applies).

@@ -21,6 +21,18 @@ struct TrainOptions {
   std::string comm_mean = "auto";       // copy engines' mean: auto, kernel, update
   double dropout = 0;                   // language models' hidden dropout probability
 
+  // Time to train (a dataset axis other than synthetic; train_to_target.cpp): the recipe.
+  std::int64_t max_epochs = 30;            // the run stops not_converged after this many
+  double time_limit_s = 1800;              // ... or once the run (init excluded) passes this
+  double warmup_epochs = 1;                // linear warm-up of the rate from 0 to its peak
+  double schedule_epochs = 10;             // cosine from the peak down to 1% of it at this epoch, then held
+  std::int64_t lr_updates_per_epoch = 10;  // the rate is piecewise constant: a captured step is recaptured
+  double weight_decay = 5e-4;              // SGD's, on every parameter
+  std::int64_t pad = 2;                    // random crop: pad each side, cut the image's size back at random
+  std::string flip = "on";                 // random horizontal mirror
+  std::int64_t data_threads = 0;           // pipeline workers; 0: min(8, cores)
+  std::string save_weights;                // write the trained parameters here (weights.h's format); "": none
+
   // On a GPU a timed sample holds at least this many back-to-back steps, as a training loop runs
   // them and as bench/compare_ddp.py times PyTorch: one step per sample would time each graph
   // launch's host latency, and under a launcher every sample's start skew between the ranks.

@@ -1,0 +1,36 @@
+// train's time-to-train mode (a dataset axis other than synthetic): epochs over the training split
+// through the data pipeline, each followed by an evaluation on the held-out split, until the
+// evaluation reaches target_accuracy. MLPerf's timing rules: the time to train runs from run_start
+// (after init: data read, graph built and bound, step captured) to the evaluation that reaches
+// the target. Writes an MLPerf training log (mllog.h) into the point's artifacts.
+// docs/METHODOLOGY.md, "Time to train".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "workloads/models/models.h"
+#include "workloads/models/train_options.h"
+
+namespace ab::workloads::zoo {
+
+struct TargetPoint {
+  ModelSpec spec;  // image_size is the data's (the axis is ignored)
+  std::string dataset;
+  double target_accuracy = 0;
+  std::uint64_t seed = 1;  // parameter initialisation, sample order and augmentation
+  bool use_graph = true;
+};
+// Status ok with metrics.time_to_train; NotConverged (not_converged) when max_epochs or
+// time_limit_s ends the run first, Diverged for a non-finite training loss, the scenario result
+// interrupted on Ctrl-C; every evaluation made is in the record and the log in each case.
+void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o);
+
+// The recipe's rate at optimizer step `step` for a peak rate: linear warm-up from 0 over
+// warmup_epochs, then a cosine down to 1% of the peak at schedule_epochs, held after it; piecewise
+// constant over lr_updates_per_epoch segments of each epoch (each segment takes its midpoint's rate).
+double scheduled_lr(double peak, std::int64_t step, std::int64_t steps_per_epoch, const TrainOptions& o);
+// The recipe's peak when the lr option is 0: 0.2 x global batch / 256.
+double recipe_peak_lr(std::int64_t global_batch);
+
+}  // namespace ab::workloads::zoo
