@@ -1,6 +1,7 @@
 #include "nn/broadcast.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
@@ -63,6 +64,35 @@ StridedIndex broadcast_index(const char* what, const Tensor& out, const std::vec
     for (int d = 0; d < ix.rank && d < Shape::kMaxRank; ++d) ix.strides[k][d] = v.strides[d];
   }
   return ix;
+}
+
+void order_by_output(StridedIndex& ix) {
+  for (int d = 1; d < ix.rank && d < Shape::kMaxRank; ++d)  // insertion sort: stable, rank <= 6
+    for (int e = d; e > 0 && ix.strides[0][e - 1] < ix.strides[0][e]; --e) {
+      std::swap(ix.dims[e - 1], ix.dims[e]);
+      for (int k = 0; k < ix.operands && k < kMaxIndexOperands; ++k) std::swap(ix.strides[k][e - 1], ix.strides[k][e]);
+    }
+}
+
+void coalesce(StridedIndex& ix) {
+  StridedIndex out = ix;
+  out.rank = 0;
+  for (int d = 0; d < ix.rank && d < Shape::kMaxRank; ++d) {
+    if (ix.dims[d] == 1) continue;
+    const int last = out.rank - 1;
+    bool merge = last >= 0;
+    for (int k = 0; merge && k < ix.operands && k < kMaxIndexOperands; ++k)
+      merge = out.strides[k][last] == ix.strides[k][d] * ix.dims[d];
+    if (merge) {
+      out.dims[last] *= ix.dims[d];
+      for (int k = 0; k < ix.operands && k < kMaxIndexOperands; ++k) out.strides[k][last] = ix.strides[k][d];
+      continue;
+    }
+    out.dims[out.rank] = ix.dims[d];
+    for (int k = 0; k < ix.operands && k < kMaxIndexOperands; ++k) out.strides[k][out.rank] = ix.strides[k][d];
+    ++out.rank;
+  }
+  ix = out;
 }
 
 }  // namespace ab::nn

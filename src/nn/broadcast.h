@@ -43,6 +43,14 @@ bool broadcast_shapes(const Shape& a, const Shape& b, Shape& out);
 // broadcast to out's shape (right-aligned). Throws Error (naming `what`) where one does not
 // broadcast or there are too many operands.
 StridedIndex broadcast_index(const char* what, const Tensor& out, const std::vector<Tensor>& ins);
+// Drops dims of size 1 and merges neighbours that every operand walks as one (stride[d] =
+// stride[d + 1] * dims[d + 1]): the same elements in the same logical order, fewer divisions.
+void coalesce(StridedIndex& ix);
+// Reorders the dims so that operand 0 (the output) is walked in memory order (strides
+// descending): the same (offsets) tuples in another order, so only for kernels whose elements are
+// independent (elementwise, a copy between views of one shape); an NHWC output is then written
+// contiguously. Coalesce after it.
+void order_by_output(StridedIndex& ix);
 // The view of t broadcast to `shape` (stride 0 along the broadcast dims, rank of `shape`).
 Tensor broadcast_view(const Tensor& t, const Shape& shape);
 // A view of t with shape `shape`, same strides except `dim` resized and the data offset by `start`

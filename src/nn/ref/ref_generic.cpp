@@ -188,10 +188,10 @@ void RefKernels::resize_forward(bool linear, const Tensor& x, const Tensor& y) {
   const std::int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
   const double sh = static_cast<double>(H) / static_cast<double>(OH), sw = static_cast<double>(W) / static_cast<double>(OW);
   // One axis's source position: nearest's floor index, or linear's lower index and weight.
-  const auto source = [linear](std::int64_t o, double scale, std::int64_t size, std::int64_t& i0, std::int64_t& i1,
-                               double& frac) {
-    if (!linear) {
-      i0 = i1 = std::min(static_cast<std::int64_t>(std::floor(static_cast<double>(o) * scale)), size - 1);
+  const auto source = [linear](std::int64_t o, double scale, std::int64_t size, std::int64_t out_size, std::int64_t& i0,
+                               std::int64_t& i1, double& frac) {
+    if (!linear) {  // floor(o * in / out) in integers: exact where the scale's rounding is not
+      i0 = i1 = std::min(o * size / out_size, size - 1);
       frac = 0;
       return;
     }
@@ -207,8 +207,8 @@ void RefKernels::resize_forward(bool linear, const Tensor& x, const Tensor& y) {
         for (std::int64_t ow = 0; ow < OW; ++ow) {
           std::int64_t h0, h1, w0, w1;
           double fh, fw;
-          source(oh, sh, H, h0, h1, fh);
-          source(ow, sw, W, w0, w1, fw);
+          source(oh, sh, H, OH, h0, h1, fh);
+          source(ow, sw, W, OW, w0, w1, fw);
           const double top = (1 - fw) * load(x, off4(x, n, c, h0, w0)) + fw * load(x, off4(x, n, c, h0, w1));
           const double bottom = (1 - fw) * load(x, off4(x, n, c, h1, w0)) + fw * load(x, off4(x, n, c, h1, w1));
           store(y, off4(y, n, c, oh, ow), (1 - fh) * top + fh * bottom);
