@@ -19,7 +19,9 @@ std::uint64_t fnv1a(const std::string& s) {
 
 // Values drawn from (seed, parameter name): a layer's initial weights do not depend on what else
 // the graph holds or in which order it was built.
-std::vector<double> initial_values(const ParamSpec& spec, std::uint64_t seed, const std::string& name) {
+std::vector<double> initial_values(const Op& op, std::size_t param, const ParamSpec& spec, std::uint64_t seed,
+                                   const std::string& name) {
+  if (std::vector<double> given = op.initial_values(param); !given.empty()) return given;
   const std::uint64_t key = mix64(seed, fnv1a(name));
   std::vector<double> v(static_cast<std::size_t>(spec.shape.numel()));
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -179,7 +181,7 @@ void Graph::bind(Kernels& kernels) {
         t.dparams[j] = s.view_of(s.grad16_buffer[i][j], read_descs[i][j]);
       else
         t.dparams[j] = p.grad.defined() ? p.grad : read_descs[i][j];
-      upload_values(kernels, p.value, initial_values(spec, s.options.seed, p.name));
+      upload_values(kernels, p.value, initial_values(*s.nodes[i].op, j, spec, s.options.seed, p.name));
       if (p.copy.defined()) kernels.cast(p.value, p.copy);
       s.param_index[i].push_back(s.params.size());
       s.params.push_back(std::move(p));
@@ -239,7 +241,7 @@ ParameterValues Graph::initial_parameter_values() const {
       const ParamSpec& spec = s.specs[i][j];
       if (s.tied(i, j)) continue;
       const std::string name = s.nodes[i].op->name() + "." + spec.name;
-      out[name] = initial_values(spec, s.options.seed, name);
+      out[name] = initial_values(*s.nodes[i].op, j, spec, s.options.seed, name);
     }
   return out;
 }

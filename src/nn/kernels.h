@@ -158,6 +158,22 @@ struct AdamWTensors {
   double weight_decay = 0.0;
 };
 
+// The elementwise functions of Kernels::unary_forward (ONNX's names and defaults): sigmoid;
+// hard_sigmoid max(0, min(1, alpha x + beta)); hard_swish x * max(0, min(1, x / 6 + 1/2)); silu
+// x * sigmoid(x); leaky_relu x < 0 ? alpha x : x; clip min(max(x, alpha), beta); erf; gelu_erf
+// x/2 (1 + erf(x / sqrt 2)); gelu_tanh as gelu_forward; sqrt; exp; tanh; neg; abs; reciprocal 1/x.
+enum class UnaryKind { sigmoid, hard_sigmoid, hard_swish, silu, leaky_relu, clip, erf, gelu_erf, gelu_tanh, sqrt, exp,
+                       tanh, neg, abs, reciprocal };
+struct UnaryAttrs {
+  UnaryAttrs() = default;
+  UnaryAttrs(UnaryKind k, double a = 0, double b = 0) : kind(k), alpha(a), beta(b) {}  // NOLINT: {kind} reads well
+  UnaryKind kind = UnaryKind::sigmoid;
+  double alpha = 0, beta = 0;  // leaky_relu alpha; hard_sigmoid alpha, beta (ONNX: 0.2, 0.5); clip alpha = min, beta = max
+};
+// Kernels::binary_forward: y = a OP b; pow is a^b, max and min as std::fmax/fmin would not be:
+// NaN propagates from either operand (ONNX's Max and Min).
+enum class BinaryKind { add, sub, mul, div, pow, max, min };
+
 // A recorded sequence of kernel launches replayed with no host work: a CUDA graph on the GPU; on
 // the reference backend, the recorded kernel calls with their arguments.
 class Replayable {
@@ -480,6 +496,40 @@ class Kernels {
   // sums [C] = the sum over rows of x [N, C], written; sums of x's dtype. The default refuses as
   // the transformer kernels' do.
   virtual void column_sums(const Tensor& x, const Tensor& sums);
+
+  // Generic inference kernels (the ONNX importer's ops): forward only; the defaults refuse
+  // (Unsupported). Every operand is a strided view (any layout, views with offsets), its shape the
+  // logical one (rank 4 is NCHW whatever the layout). Broadcasting is numpy's: shapes right-aligned,
+  // each dim of an operand equal to the output's or 1. Floating operands share one dtype (f64, f32,
+  // f16 or bf16) and compute in f32 or wider; y is rounded once.
+  // y = f(x), one shape.
+  virtual void unary_forward(const UnaryAttrs& a, const Tensor& x, const Tensor& y);
+  // y = a OP b, a and b broadcast to y.
+  virtual void binary_forward(BinaryKind kind, const Tensor& a, const Tensor& b, const Tensor& y);
+  // out = cond != 0 ? x : y, all three broadcast to out; cond i8, i32, i64 or of out's dtype.
+  virtual void where_forward(const Tensor& cond, const Tensor& x, const Tensor& y, const Tensor& out);
+  // The data movement of concat, split, slice, transpose, reshape, expand and pad: element i of x in
+  // logical row-major order is written to element i of y, so x and y need the same element count
+  // and dtype (any dtype) but not the same shape (a reshape); x may repeat elements (stride 0: expand).
+  virtual void copy_strided(const Tensor& x, const Tensor& y);
+  // y = softmax(x) along `axis` (numerically stable: the row's maximum subtracted first).
+  virtual void softmax_forward(int axis, const Tensor& x, const Tensor& y);
+  // y = the mean of x over the dims where y (x's rank) has size 1 and x does not.
+  virtual void reduce_mean_forward(const Tensor& x, const Tensor& y);
+  // Average pooling of x [N, C, H, W]: padded positions count in the divisor only when
+  // count_include_pad (the window's area), else the divisor is the window's real elements.
+  virtual void avgpool_forward(const Pool2dDesc& d, bool count_include_pad, const Tensor& x, const Tensor& y);
+  // x [N, C, H, W] -> y [N, C, OH, OW]: nearest = ONNX's asymmetric coordinates, floor
+  // (in = floor(out * H / OH)); linear = bilinear with half-pixel centres, clamped at the edges
+  // (PyTorch's align_corners=False).
+  virtual void resize_forward(bool linear, const Tensor& x, const Tensor& y);
+  // y [..., M, N] = a [..., M, K] b [..., K, N], batch dims broadcast; a, b and y contiguous
+  // row-major (the op stages other views), rank >= 2, of one dtype.
+  virtual void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& y);
+  // y = table indexed along `axis` by indices (i32, i64 or a float holding integers; negative ones
+  // count from the end): y's shape is table's dims before axis, indices' dims, table's dims after.
+  // An index outside [-dim, dim) is an Error on the reference; the CUDA kernels write 0 there.
+  virtual void gather_forward(int axis, const Tensor& table, const Tensor& indices, const Tensor& y);
 
   // How many distinct shapes of the fused calls above (conv2d_bias_activation_*,
   // batchnorm_activation_*) run a backend's own fused kernels and how many run the separate

@@ -100,6 +100,9 @@ class Op {
   // its own, is not counted again, and the ops' gradients are summed; shape, dtype and role must
   // match the owner's.
   virtual std::string tied_to(std::size_t /*param*/) const { return {}; }
+  // The values bind() sets parameters()[i] to (logical row-major order) in place of its ParamInit's
+  // draw: a constant's; empty (the default) draws from the ParamInit.
+  virtual std::vector<double> initial_values(std::size_t /*param*/) const { return {}; }
   // Tensors written by forward and read by backward besides inputs and outputs (batch statistics).
   virtual std::vector<Tensor> saved() const { return {}; }
   // Which activations backward reads: the memory planner keeps exactly these alive.

@@ -547,6 +547,43 @@ Value classifier_loss(GraphBuilder& b, const std::string& name, Value x, Value l
                       const std::string& tied_to = {}, bool bias = false);
 Value last_position_logits(GraphBuilder& b, const std::string& name, Value x, std::int64_t vocab, std::int64_t seq,
                            const std::string& tied_to = {});
+// Generic inference ops (ops_generic.h; the ONNX importer's): forward only, a training graph using
+// one is refused at bind. UnaryKind, UnaryAttrs and BinaryKind are in nn/kernels.h.
+Value unary(GraphBuilder& b, const std::string& name, Value x, const UnaryAttrs& a);
+// numpy broadcasting of both operands ([N, C, H, W] * [N, C, 1, 1], [N, C, H, W] + [C, 1, 1]).
+Value binary(GraphBuilder& b, const std::string& name, Value x, Value y, BinaryKind kind);
+// A non-trainable parameter-backed tensor (role running_stat, parameter "<name>.value") that bind
+// initialises to `values` (logical row-major order); in the activation dtype unless one is given.
+Value constant(GraphBuilder& b, const std::string& name, const Shape& shape, const std::vector<double>& values);
+Value constant(GraphBuilder& b, const std::string& name, const Shape& shape, const std::vector<double>& values,
+               DType dtype);
+Value concat(GraphBuilder& b, const std::string& name, const std::vector<Value>& xs, int axis);
+std::vector<Value> split(GraphBuilder& b, const std::string& name, Value x, int axis,
+                         const std::vector<std::int64_t>& sizes);
+// One entry per dim, normalised: 0 <= start, steps >= 1; an end past the dim is clamped.
+Value slice(GraphBuilder& b, const std::string& name, Value x, const std::vector<std::int64_t>& starts,
+            const std::vector<std::int64_t>& ends, const std::vector<std::int64_t>& steps);
+Value transpose(GraphBuilder& b, const std::string& name, Value x, const std::vector<int>& perm);
+// Same element count, in logical row-major order; a copy (the graph has no aliasing views).
+Value reshape(GraphBuilder& b, const std::string& name, Value x, const Shape& shape);
+Value softmax(GraphBuilder& b, const std::string& name, Value x, int axis);
+// No axes: every dim (ONNX's default).
+Value reduce_mean(GraphBuilder& b, const std::string& name, Value x, const std::vector<int>& axes, bool keepdims);
+Value avgpool2d(GraphBuilder& b, const std::string& name, Value x, const Pool2dDesc& d, bool count_include_pad);
+// Constant mode, one entry per dim; a negative entry crops.
+Value pad(GraphBuilder& b, const std::string& name, Value x, const std::vector<std::int64_t>& begins,
+          const std::vector<std::int64_t>& ends, double value);
+// x [N, C, H, W] -> [N, C, out_h, out_w]; nearest = ONNX asymmetric + floor, linear = bilinear half_pixel.
+Value resize(GraphBuilder& b, const std::string& name, Value x, std::int64_t out_h, std::int64_t out_w, bool linear);
+// Batched [..., M, K] x [..., K, N], batch dims broadcast (numpy); both of rank >= 2.
+Value matmul(GraphBuilder& b, const std::string& name, Value a, Value bm);
+// indices i32, i64 or a float holding integers; negative ones count from the end.
+Value gather(GraphBuilder& b, const std::string& name, Value table, Value indices, int axis);
+Value where(GraphBuilder& b, const std::string& name, Value cond, Value x, Value y);
+// The output shape is the broadcast of x's and `shape` (ONNX's Expand).
+Value expand(GraphBuilder& b, const std::string& name, Value x, const Shape& shape);
+// Normalises over dims axis..end; parameters "weight" (ones) and "bias" (zeros) of that trailing shape.
+Value layer_norm(GraphBuilder& b, const std::string& name, Value x, int axis, double epsilon);
 struct RateDistortion {
   Value loss, mse;
 };

@@ -115,8 +115,9 @@ void CudaKernels::fill(const Tensor& t, double value) {
 }
 
 void CudaKernels::check_tensor(const Tensor& t) {
-  if (t.dtype != DType::f32 && t.dtype != DType::f16 && t.dtype != DType::bf16 && t.dtype != DType::i32)
-    throw Unsupported("the CUDA kernels store f32, f16 or bf16 (and i32 labels), not " +
+  if (t.dtype != DType::f32 && t.dtype != DType::f16 && t.dtype != DType::bf16 && t.dtype != DType::i32 &&
+      t.dtype != DType::i64 && t.dtype != DType::i8)
+    throw Unsupported("the CUDA kernels store f32, f16 or bf16 (and i8, i32, i64 integers), not " +
                       std::string(to_string(t.dtype)) + "; f64 runs on the ref kernels");
   if (!t.is_contiguous())
     throw Unsupported("the CUDA kernels take contiguous tensors (NCHW or NHWC), not " + t.to_string());

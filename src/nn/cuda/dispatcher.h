@@ -21,6 +21,7 @@
 #include "nn/cuda/attention_engine.h"
 #include "nn/cuda/context.h"
 #include "nn/cuda/conv_engine.h"
+#include "nn/cuda/generic.h"
 #include "nn/cuda/kernels.h"
 #include "nn/cuda/linear_engine.h"
 #include "nn/cuda/norm_pool_engine.h"
@@ -270,6 +271,34 @@ class CudaKernels final : public Kernels {
   void cross_entropy_fused(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
                            const Tensor& seed) override {
     transformer_.cross_entropy_fused(logits, labels, loss, dlogits, seed);
+  }
+
+  // ---- generic inference ops (generic.h; matmul through the linear family's cuBLASLt plans)
+  void unary_forward(const UnaryAttrs& a, const Tensor& x, const Tensor& y) override {
+    cuda_generic::unary_forward(ctx_.stream, a, x, y);
+  }
+  void binary_forward(BinaryKind kind, const Tensor& a, const Tensor& b, const Tensor& y) override {
+    cuda_generic::binary_forward(ctx_.stream, kind, a, b, y);
+  }
+  void where_forward(const Tensor& cond, const Tensor& x, const Tensor& y, const Tensor& out) override {
+    cuda_generic::where_forward(ctx_.stream, cond, x, y, out);
+  }
+  void copy_strided(const Tensor& x, const Tensor& y) override { cuda_generic::copy_strided(ctx_.stream, x, y); }
+  void softmax_forward(int axis, const Tensor& x, const Tensor& y) override {
+    cuda_generic::softmax_forward(ctx_.stream, axis, x, y);
+  }
+  void reduce_mean_forward(const Tensor& x, const Tensor& y) override {
+    cuda_generic::reduce_mean_forward(ctx_.stream, x, y);
+  }
+  void avgpool_forward(const Pool2dDesc& d, bool count_include_pad, const Tensor& x, const Tensor& y) override {
+    cuda_generic::avgpool_forward(ctx_.stream, d, count_include_pad, x, y);
+  }
+  void resize_forward(bool linear, const Tensor& x, const Tensor& y) override {
+    cuda_generic::resize_forward(ctx_.stream, linear, x, y);
+  }
+  void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& y) override { linear_.matmul_forward(a, b, y); }
+  void gather_forward(int axis, const Tensor& table, const Tensor& indices, const Tensor& y) override {
+    cuda_generic::gather_forward(ctx_.stream, axis, table, indices, y);
   }
 
   // ---- reports (kernels.h's cuda_* functions)

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "nn/broadcast.h"
 #include "nn/cuda/linear_engine.h"
 #include "nn/cuda/pointwise.h"
 #include "nn/cuda/transformer.h"
@@ -176,6 +177,51 @@ void LinearEngine::linear_backward_weights(const Tensor& x, const Tensor& dy, co
   }
   matmul(g, ops);
   if (dbias.defined()) column_sums_by_gemm(dy, g.ldb, dbias);
+}
+
+void LinearEngine::matmul_forward(const Tensor& a, const Tensor& b, const Tensor& y) {
+  const char* k = "matmul_forward";
+  const int ra = a.shape.rank(), rb = b.shape.rank(), ry = y.shape.rank();
+  for (const Tensor* t : {&a, &b, &y})
+    if (t->shape.rank() < 2 || t->dtype != y.dtype || !(t->strides == contiguous_strides(t->shape, Layout::nchw)))
+      throw Unsupported(std::string("cuda ") + k + ": operands must be row-major contiguous of rank >= 2 and one dtype, got " +
+                        a.to_string() + " x " + b.to_string() + " -> " + y.to_string());
+  const std::int64_t M = a.shape[ra - 2], K = a.shape[ra - 1], N = b.shape[rb - 1];
+  if (b.shape[rb - 2] != K || y.shape[ry - 2] != M || y.shape[ry - 1] != N) shape_mismatch(k, "a", a, "b", b, "y", y);
+  // Row-major Y [M, N] is column-major Yc [N, M] = Bc [N, K] Ac [K, M].
+  GemmShape g;
+  g.dtype = y.dtype;
+  g.m = N, g.n = M, g.k = K;
+  g.lda = N, g.ldb = K, g.ldc = N;
+  const std::int64_t batch = y.numel() / std::max<std::int64_t>(M * N, 1);
+  const std::int64_t batch_a = a.numel() / std::max<std::int64_t>(M * K, 1), batch_b = b.numel() / std::max<std::int64_t>(K * N, 1);
+  if (batch_b == 1) {  // a's batch rows are one taller matrix
+    g.n = M * batch;
+    matmul(g, {b.data, a.data, y.data, nullptr, nullptr});
+    return;
+  }
+  if ((batch_a == batch || batch_a == 1) && batch_b == batch) {
+    g.batch = batch;
+    g.stride_a = K * N, g.stride_b = batch_a == 1 ? 0 : M * K, g.stride_c = M * N;
+    matmul(g, {b.data, a.data, y.data, nullptr, nullptr});
+    return;
+  }
+  // Batch dims broadcast both ways ([2, 1] x [1, 3]): one GEMM per output matrix.
+  Tensor yb = y, ab = a, bb = b;
+  for (Tensor* t : {&yb, &ab, &bb}) {
+    const int r = t->shape.rank() - 2;
+    Shape dims, strides;
+    for (int d = 0; d < r; ++d) dims.push_back(t->shape[d]), strides.push_back(t->strides[d]);
+    t->shape = dims, t->strides = strides;
+  }
+  const StridedIndex ix = broadcast_index(k, yb, {ab, bb});
+  const auto e = static_cast<std::int64_t>(size_bytes(y.dtype));
+  for (std::int64_t i = 0; i < batch; ++i) {
+    std::int64_t o[kMaxIndexOperands];
+    ix.offsets(i, o);
+    matmul(g, {static_cast<const char*>(b.data) + o[2] * e, static_cast<const char*>(a.data) + o[1] * e,
+               static_cast<char*>(y.data) + o[0] * e, nullptr, nullptr});
+  }
 }
 
 void LinearEngine::column_sums(const Tensor& x, const Tensor& sums) {

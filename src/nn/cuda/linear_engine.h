@@ -36,6 +36,9 @@ struct GemmShape {
   std::int64_t aux_ld = 0;  // the GELU input's leading dimension (gelu_aux*, dgelu)
   bool accumulate = false;  // beta = 1: D += op(A) op(B)
   bool allow_tf32 = true;   // f32 may use TF32 when set_tf32(true)
+  // Strided batched: `batch` GEMMs, operand i of GEMM b at b * stride (elements; 0 broadcasts).
+  std::int64_t batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 // The device pointers of one call. bias: the bias read, or the bias gradient bgradb writes.
@@ -70,6 +73,10 @@ class LinearEngine {
   void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre, const Tensor& y);
   void linear_backward_data_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, const Tensor& dx,
                                  const Tensor& dbias);
+  // The generic matmul (Kernels::matmul_forward): y [..., M, N] = a [..., M, K] b [..., K, N],
+  // row-major, batch dims broadcast: one GEMM where b has no batch (a's batch folds into M), a
+  // strided batched GEMM where each operand's batch is whole or absent, else one per batch.
+  void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& y);
   // sums[c] = the sum over rows of x[:, c]: the project's kernel (one read of x, f32 sums in a
   // fixed order).
   void column_sums(const Tensor& x, const Tensor& sums);

@@ -77,7 +77,10 @@ std::string plan_label(const GemmShape& g, bool tf32) {
          " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + (g.trans_a ? " T" : " N") +
          (g.trans_b ? "T" : "N") + " ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) + "/" +
          std::to_string(g.ldc) + epilogue_name(g.epilogue) +
-         (uses_aux(g.epilogue) ? " aux ld " + std::to_string(g.aux_ld) : "") + (g.accumulate ? " +=" : "");
+         (uses_aux(g.epilogue) ? " aux ld " + std::to_string(g.aux_ld) : "") + (g.accumulate ? " +=" : "") +
+         (g.batch > 1 ? " batch " + std::to_string(g.batch) + " strides " + std::to_string(g.stride_a) + "/" +
+                            std::to_string(g.stride_b) + "/" + std::to_string(g.stride_c)
+                      : "");
 }
 
 }  // namespace
@@ -108,7 +111,8 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
   for (std::int64_t v : {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n,
                          g.k, g.lda, g.ldb, g.ldc, static_cast<std::int64_t>(g.epilogue), g.aux_ld,
                          std::int64_t{g.accumulate}, std::int64_t{tf32}, std::int64_t{ctx_.modes.deterministic},
-                         alignment(ops.a), alignment(ops.b), alignment(ops.c), alignment(ops.bias), alignment(ops.aux)})
+                         alignment(ops.a), alignment(ops.b), alignment(ops.c), alignment(ops.bias), alignment(ops.aux),
+                         g.batch, g.stride_a, g.stride_b, g.stride_c})
     key.add(v);
   if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return *it->second;
 
@@ -135,6 +139,18 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
   plan->a = g.trans_a ? layout(g.k, g.m, g.lda) : layout(g.m, g.k, g.lda);
   plan->b = g.trans_b ? layout(g.n, g.k, g.ldb) : layout(g.k, g.n, g.ldb);
   plan->c = layout(g.m, g.n, g.ldc);
+  if (g.batch > 1) {
+    const auto batched = [&](const backend::cuda::LtLayoutPtr& l, std::int64_t stride) {
+      const auto count = static_cast<std::int32_t>(g.batch);
+      AB_CUBLAS(cublasLtMatrixLayoutSetAttribute(l.get(), CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), label);
+      AB_CUBLAS(cublasLtMatrixLayoutSetAttribute(l.get(), CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                 sizeof(stride)),
+                label);
+    };
+    batched(plan->a, g.stride_a);
+    batched(plan->b, g.stride_b);
+    batched(plan->c, g.stride_c);
+  }
 
   backend::cuda::LtQuery q;
   q.op = plan->op.get();
@@ -172,7 +188,8 @@ void LinearEngine::choose_algorithm(LtPlan& plan, const GemmShape& g, const Gemm
   GemmOperands run = ops;
   backend::cuda::DeviceBuffer scratch;
   if (g.accumulate || ops.c == ops.aux) {
-    const std::int64_t bytes = (g.ldc * (g.n - 1) + g.m) * static_cast<std::int64_t>(size_bytes(g.dtype));
+    const std::int64_t bytes =
+        ((g.batch - 1) * g.stride_c + g.ldc * (g.n - 1) + g.m) * static_cast<std::int64_t>(size_bytes(g.dtype));
     try {
       scratch = backend::cuda::DeviceBuffer(bytes, plan.label + ", timing scratch D");
     } catch (const OutOfMemory&) {

@@ -152,8 +152,8 @@ void RefKernels::fill(const Tensor& t, double value) {
 void RefKernels::check_tensor(const Tensor& t) {
   if (t.device != DeviceKind::host) throw Unsupported("the ref kernels run on host memory only");
   if (t.dtype != DType::f32 && t.dtype != DType::f64 && t.dtype != DType::f16 && t.dtype != DType::bf16 &&
-      t.dtype != DType::i32)
-    throw Unsupported("the ref kernels store f64, f32, f16 or bf16 (and i32 labels), not " +
+      t.dtype != DType::i32 && t.dtype != DType::i64 && t.dtype != DType::i8)
+    throw Unsupported("the ref kernels store f64, f32, f16 or bf16 (and i8, i32, i64 integers), not " +
                       std::string(to_string(t.dtype)));
 }
 

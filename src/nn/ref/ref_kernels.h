@@ -235,6 +235,18 @@ class RefKernels : public Kernels {
   void cross_entropy_fused(const Tensor& logits, const Tensor& labels, const Tensor& loss, const Tensor& dlogits,
                            const Tensor& seed) override;
 
+  // Generic inference kernels (ref_generic.cpp): any strides, every dtype load/store takes.
+  void unary_forward(const UnaryAttrs& a, const Tensor& x, const Tensor& y) override;
+  void binary_forward(BinaryKind kind, const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void where_forward(const Tensor& cond, const Tensor& x, const Tensor& y, const Tensor& out) override;
+  void copy_strided(const Tensor& x, const Tensor& y) override;
+  void softmax_forward(int axis, const Tensor& x, const Tensor& y) override;
+  void reduce_mean_forward(const Tensor& x, const Tensor& y) override;
+  void avgpool_forward(const Pool2dDesc& d, bool count_include_pad, const Tensor& x, const Tensor& y) override;
+  void resize_forward(bool linear, const Tensor& x, const Tensor& y) override;
+  void matmul_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void gather_forward(int axis, const Tensor& table, const Tensor& indices, const Tensor& y) override;
+
   void sgd_update(const SgdStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
   void lars_update(const LarsStep& s, const Tensor& w, const Tensor& g, const Tensor& v) override;
 

@@ -1,0 +1,187 @@
+// The generic elementwise kernels and every copy (generic.h): a vectorised flat path where all
+// operands are contiguous alike, else the strided-index kernel (generic_common.cuh).
+#include "nn/cuda/generic_common.cuh"
+
+namespace ab::nn::cuda_generic {
+namespace {
+
+template <typename T>
+struct UnaryFlat : OpBase {
+  static constexpr int kVec = vec_of<T>();
+  const T* x;
+  T* y;
+  UnaryKind kind;
+  Math<T> alpha, beta;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const auto a = load<W>(x, i);
+    Chunk<T, W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) o.v[j] = from_math<T>(unary_apply(kind, alpha, beta, to_math(a.v[j])));
+    store<W>(y, i, o);
+  }
+};
+
+template <typename T>
+struct BinaryFlat : OpBase {
+  static constexpr int kVec = vec_of<T>();
+  const T* a;
+  const T* b;
+  T* y;
+  BinaryKind kind;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const auto va = load<W>(a, i);
+    const auto vb = load<W>(b, i);
+    Chunk<T, W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) o.v[j] = from_math<T>(binary_apply(kind, to_math(va.v[j]), to_math(vb.v[j])));
+    store<W>(y, i, o);
+  }
+};
+
+// Strided forms: offsets are out, then the inputs.
+template <typename T>
+struct UnaryAt {
+  const T* x;
+  T* y;
+  UnaryKind kind;
+  Math<T> alpha, beta;
+  __device__ void operator()(const int64_t (&o)[2]) const {
+    y[o[0]] = from_math<T>(unary_apply(kind, alpha, beta, to_math(x[o[1]])));
+  }
+};
+
+template <typename T>
+struct BinaryAt {
+  const T* a;
+  const T* b;
+  T* y;
+  BinaryKind kind;
+  __device__ void operator()(const int64_t (&o)[3]) const {
+    y[o[0]] = from_math<T>(binary_apply(kind, to_math(a[o[1]]), to_math(b[o[2]])));
+  }
+};
+
+template <typename T>
+struct WhereAt {
+  const void* cond;
+  Elem cond_t;
+  const T* x;
+  const T* y;
+  T* out;
+  __device__ void operator()(const int64_t (&o)[4]) const { out[o[0]] = load_elem(cond, cond_t, o[1]) != 0 ? x[o[2]] : y[o[3]]; }
+};
+
+template <typename E>
+struct CopyAt {
+  const E* x;
+  E* y;
+  __device__ void operator()(const int64_t (&o)[2]) const { y[o[0]] = x[o[1]]; }
+};
+
+// A reshape's copy: element i of x and of y, each decoded in its own shape.
+template <typename I, typename E>
+__global__ void __launch_bounds__(kThreads) reshape_kernel(StridedIndex iy, StridedIndex ix, int64_t n, const E* x, E* y) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t oy[1], ox[1];
+    offsets_of<1, I>(iy, i, oy);
+    offsets_of<1, I>(ix, i, ox);
+    y[oy[0]] = x[ox[0]];
+  }
+}
+
+// Whether the index walks every operand as one unit-stride run (a memcpy).
+bool one_run(const StridedIndex& ix) {
+  if (ix.rank == 0) return true;
+  if (ix.rank > 1) return false;
+  for (int k = 0; k < ix.operands; ++k)
+    if (ix.strides[k][0] != 1) return false;
+  return true;
+}
+
+void require_float_shape(const char* kernel, const Tensor& x, const Tensor& y) {
+  require_same_dtype(kernel, {&x, &y});
+  if (!(x.shape == y.shape)) refuse(kernel, "shapes " + x.shape.to_string() + " and " + y.shape.to_string() + " differ");
+}
+
+}  // namespace
+
+void unary_forward(cudaStream_t stream, const UnaryAttrs& a, const Tensor& x, const Tensor& y) {
+  const char* k = "unary_forward";
+  require_float_shape(k, x, y);
+  dispatch_float(x.dtype, k, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto alpha = static_cast<Math<T>>(a.alpha), beta = static_cast<Math<T>>(a.beta);
+    if (flat_together({&x, &y})) {
+      UnaryFlat<T> op;
+      op.x = x.as<const T>(), op.y = y.as<T>(), op.kind = a.kind, op.alpha = alpha, op.beta = beta;
+      return launch_elementwise(stream, op, x.numel(), all_aligned({x.data, y.data}), k);
+    }
+    launch_indexed<2>(stream, broadcast_index(k, y, {x}), UnaryAt<T>{x.as<const T>(), y.as<T>(), a.kind, alpha, beta}, k);
+  });
+}
+
+void binary_forward(cudaStream_t stream, BinaryKind kind, const Tensor& a, const Tensor& b, const Tensor& y) {
+  const char* k = "binary_forward";
+  require_same_dtype(k, {&a, &b, &y});
+  dispatch_float(y.dtype, k, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (flat_together({&a, &b, &y})) {
+      BinaryFlat<T> op;
+      op.a = a.as<const T>(), op.b = b.as<const T>(), op.y = y.as<T>(), op.kind = kind;
+      return launch_elementwise(stream, op, y.numel(), all_aligned({a.data, b.data, y.data}), k);
+    }
+    launch_indexed<3>(stream, broadcast_index(k, y, {a, b}), BinaryAt<T>{a.as<const T>(), b.as<const T>(), y.as<T>(), kind}, k);
+  });
+}
+
+void where_forward(cudaStream_t stream, const Tensor& cond, const Tensor& x, const Tensor& y, const Tensor& out) {
+  const char* k = "where_forward";
+  require_same_dtype(k, {&x, &y, &out});
+  const Elem ct = elem_of(cond.dtype, k);
+  dispatch_float(out.dtype, k, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_indexed<4>(stream, broadcast_index(k, out, {cond, x, y}),
+                      WhereAt<T>{cond.data, ct, x.as<const T>(), y.as<const T>(), out.as<T>()}, k);
+  });
+}
+
+void copy_strided(cudaStream_t stream, const Tensor& x, const Tensor& y) {
+  const char* k = "copy_strided";
+  if (x.numel() != y.numel() || x.dtype != y.dtype)
+    refuse(k, "needs one element count and dtype, got " + x.to_string() + " and " + y.to_string());
+  if (y.numel() == 0) return;
+  const std::size_t e = size_bytes(y.dtype);
+  dispatch_bits(e, k, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    if (x.shape == y.shape) {
+      StridedIndex ix = broadcast_index(k, y, {x});
+      order_by_output(ix);
+      coalesce(ix);
+      if (one_run(ix)) {
+        AB_CUDA_LAZY(cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(y.numel()) * e, cudaMemcpyDeviceToDevice, stream),
+                     std::string("cuda ") + k);
+        return;
+      }
+      return launch_indexed<2>(stream, ix, CopyAt<E>{x.as<const E>(), y.as<E>()}, k);
+    }
+    StridedIndex iy = broadcast_index(k, y, {}), ix = broadcast_index(k, x, {});
+    coalesce(iy);
+    coalesce(ix);
+    if (one_run(iy) && one_run(ix)) {
+      AB_CUDA_LAZY(cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(y.numel()) * e, cudaMemcpyDeviceToDevice, stream),
+                   std::string("cuda ") + k);
+      return;
+    }
+    const int blocks = elementwise_blocks(y.numel());
+    if (y.numel() <= std::numeric_limits<std::uint32_t>::max())
+      reshape_kernel<std::uint32_t, E><<<blocks, kThreads, 0, stream>>>(iy, ix, y.numel(), x.as<const E>(), y.as<E>());
+    else
+      reshape_kernel<std::uint64_t, E><<<blocks, kThreads, 0, stream>>>(iy, ix, y.numel(), x.as<const E>(), y.as<E>());
+    check_launch(k);
+  });
+}
+
+}  // namespace ab::nn::cuda_generic
