@@ -31,6 +31,9 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric);
 // The study sections (studies.cpp): "Precision study" and "Batch-size study" with one sub-section per
 // model; empty when the points hold no such comparison.
 std::vector<Section> study_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings, bool multi_run);
+// "Measured roofline" and "Suite character" (counter_charts.cpp) of the points whose hardware
+// counters were read (metrics.counters.status ok); empty when none was.
+std::vector<Section> counter_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings, bool multi_run);
 // Power and host CPU over the run, from telemetry.json; empty without a trace.
 std::vector<Block> telemetry_blocks(const Run& run);
 
