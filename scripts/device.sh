@@ -2,7 +2,7 @@
 # On a GPU machine (Ubuntu 24.04 + CUDA 13 image): builds the cuda preset, then
 #   build                 only that (and `accelbench sysinfo` into the logs)
 #   test [REGEX]          every test (the GPU and MPI tests run there), or those ctest -R REGEX picks
-#   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy,
+#   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy, counters,
 #                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta; ARGS go to its script
 #                         (e.g. `bench ddp --rounds 3 --warmup-s 25`, `bench bert --part infer`). No NAME:
 #                         every one the machine fits (ddp and nccl need two GPUs) but gpt2, bert and tta (several
@@ -139,6 +139,7 @@ run_bench() {
     torch) python3 -u bench/compare_torch.py --accelbench $ab --out "$logs" "$@" ;;
     timing) ./build/cuda/bench/ab_timing_check "$@" ;;
     energy) python3 -u bench/energy_check.py --accelbench $ab --out "$logs" "$@" ;;
+    counters) python3 -u bench/check_counters.py --accelbench $ab --out "$logs/counters" "$@" ;;
     resnet50-train)
       python3 -u bench/compare_resnet.py --accelbench $ab --out "$logs/resnet50-train" --train-precisions bf16 \
         --infer-precisions "" --torch-compile --torch-once "$@" ;;
@@ -154,7 +155,7 @@ run_bench() {
     bert) bash bench/bert.sh --accelbench $ab --out "$logs/bert" "$@" ;;
     pipeline) python3 -u bench/compare_pipeline.py --accelbench $ab --out "$logs/pipeline" "$@" ;;
     tta) python3 -u bench/compare_tta.py --accelbench $ab --out "$logs/tta" "$@" ;;
-    *) echo "unknown comparison '$name': torch, timing, energy, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta" >&2; return 2 ;;
+    *) echo "unknown comparison '$name': torch, timing, energy, counters, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta" >&2; return 2 ;;
   esac 2>&1 | tee "$logs/bench-$name.txt"
 }
 
@@ -193,7 +194,7 @@ case $mode in
     if [[ $# -gt 0 ]]; then
       run_bench "$@"
     else
-      for name in torch timing energy resnet50-train resnext101-infer pipeline; do run_bench $name; done
+      for name in torch timing energy counters resnet50-train resnext101-infer pipeline; do run_bench $name; done
       if [[ $(gpu_count) -gt 1 ]]; then for name in nccl ddp; do run_bench $name; done; fi
     fi
     ;;

@@ -260,6 +260,50 @@ TEST(Graph, ProfilingRecordsEveryOpsTimeAndTheTableAddsUp) {
   EXPECT_EQ(rows[0].backward_flops, 2 * rows[0].forward_flops);  // x requires a gradient here
 }
 
+// An op observer is told around every op's forward and, in backward order, every backward an op
+// runs, each begin closed by its end before the next op; the step computes what it computes
+// unobserved; a step cannot be captured while one is set.
+TEST(Graph, AnOpObserverSeesEachOpsForwardAndBackwardOnce) {
+  struct Log final : OpObserver {
+    std::vector<std::pair<std::size_t, bool>> begun;
+    int open = 0, nested = 0;
+    void begin(std::size_t op, bool backward) override {
+      nested += open;
+      ++open;
+      begun.emplace_back(op, backward);
+    }
+    void end(std::size_t op, bool backward) override {
+      --open;
+      EXPECT_EQ(begun.back(), std::make_pair(op, backward));
+    }
+  } log;
+  Bound t(GraphOptions{}, 4, /*with_batchnorm=*/false);
+  t.g.bind(*t.k);
+  fill_inputs(t.g, t.m, 4, test::seed());
+  t.g.forward();
+  t.g.backward();
+  const auto logits = t.g.read(t.m.logits), dx = t.g.read(t.g.grad(t.m.x));
+  t.g.set_op_observer(&log);
+  t.g.forward();
+  t.g.backward();
+  EXPECT_THROW((void)t.g.capture_step(nullptr), Error);
+  t.g.set_op_observer(nullptr);
+  EXPECT_EQ(t.g.read(t.m.logits), logits);
+  EXPECT_EQ(t.g.read(t.g.grad(t.m.x)), dx);
+  EXPECT_EQ(log.nested, 0);
+  EXPECT_EQ(log.open, 0);
+  const std::size_t n = t.g.op_count();
+  ASSERT_GT(log.begun.size(), n);
+  for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(log.begun[i], std::make_pair(i, false));
+  std::size_t last = n;
+  for (std::size_t i = n; i < log.begun.size(); ++i) {
+    EXPECT_TRUE(log.begun[i].second);
+    EXPECT_LT(log.begun[i].first, last);  // backward runs the ops in reverse, each once
+    last = log.begun[i].first;
+  }
+  EXPECT_EQ(log.begun.back().first, 0u);  // conv1 takes x, which asks for its gradient here
+}
+
 // Reference kernels that refuse grouped convolutions, as a device backend might.
 class NoGroupedConv final : public ref::RefKernels {
  public:

@@ -116,6 +116,11 @@ int main(int argc, char** argv) {
       ->check(kNotEmpty);
   run->add_flag("--no-gpu-telemetry", run_opts.no_gpu_telemetry,
                 "read no GPU counters through NVML (no power, energy or clocks in the records; host telemetry stays)");
+  run->add_option("--counters", run_opts.counters,
+                  "hardware counters (CUPTI) in a pass of their own after each point's timed samples: memory "
+                  "(DRAM and L2 bytes, duration), compute (SM and tensor-pipe throughput, occupancy, instructions) "
+                  "or all; off by default")
+      ->check(CLI::IsMember({"off", "memory", "compute", "all"}));
   run->add_flag("--quiet,-q", run_opts.quiet, "no progress lines");
 
   std::string results_out = out_default, results_run, results_file, results_fields;

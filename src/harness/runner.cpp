@@ -190,6 +190,8 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
   const double start = measure::monotonic_seconds();
   measure::Settings settings = settings_;
   State state(entry.point, backend_, settings, &cancel, run_options);
+  const bool counter_pass = hooks_.counters != nullptr && entry.workload->has_counter_pass();
+  if (counter_pass) state.set_counter_session(hooks_.counters);
   if (!hooks_.artifact_dir.empty()) state.set_artifact_dir(hooks_.artifact_dir / "artifacts" / std::to_string(seq_));
   std::string status = "ok", reason;
   try {
@@ -242,6 +244,9 @@ results::Record Runner::measure_point(const PlanEntry& entry, const std::atomic<
     record.counts = results::Counts{c.samples, c.flops, c.bytes, c.ops_unit, c.tokens};
   if (!state.check_json().empty()) record.check = state.check_json();
   if (!state.metrics().empty()) record.metrics = state.metrics();
+  if (hooks_.counters != nullptr && !counter_pass && record.ok())
+    record.metrics["counters"] = counters::unavailable_json(
+        hooks_.counters->set(), entry.workload->name() + " has no counter pass (its work is not replayable in ranges)");
   if (state.scenario_result()) add_scenario(record, state);
   if (state.result() && state.result()->summary.count > 0) {
     record.time = time_stats(*state.result(), settings.mode);

@@ -45,6 +45,8 @@ struct RunnerHooks {
   std::function<nlohmann::json(double t0_s, double t1_s, double samples)> telemetry;
   // Every record, serialised, as soon as it exists.
   std::function<void(const nlohmann::json& record)> sink;
+  // The run's hardware-counter session (--counters); null when the run reads none.
+  counters::CounterSession* counters = nullptr;
   // The run folder: a point that writes files gets <artifact_dir>/artifacts/<seq>; empty = no files.
   std::filesystem::path artifact_dir;
 };

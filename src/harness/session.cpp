@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "backend/collectives.h"
+#include "counters/counters.h"
 #include "core/error.h"
 #include "dist/comm.h"
 #include "dist/launcher.h"
@@ -169,6 +170,13 @@ void RunSession::prepare(const Registry& registry, const Planner& planner) {
   context_["measurement"] = {{"min_time_s", settings_.min_time_s}, {"max_noise_pct", settings_.max_noise_pct},
                              {"timeout_s", settings_.timeout_s},   {"warmup_s", settings_.warmup_s},
                              {"mode", std::string(measure::to_string(settings_.mode))}};
+  const std::string counter_set = !request_.counters.empty() ? request_.counters
+                                  : suite_ && suite_->counters ? *suite_->counters
+                                                               : "off";
+  if (const counters::MetricSet set = counters::parse_metric_set(counter_set); set != counters::MetricSet::off) {
+    counters_ = counters::open_session(set, backend_->info().id);
+    context_["measurement"]["counters"] = counter_set;
+  }
   if (suite_) context_["suite"] = suite_->name;
   if (suite_) context_["suite_file"] = suite_file_json(request_.target);
   context_["host_load"] = telemetry::host_load_json(telemetry::measure_host_load(kHostLoadWindowS), usable_cpus(),
@@ -247,6 +255,7 @@ void RunSession::wire_hooks() {
     hooks_.sink = [this](const nlohmann::json& record) { store_->append(record); };
     hooks_.artifact_dir = store_->run_dir();
   }
+  hooks_.counters = counters_.get();
   hooks_.telemetry = [this](double t0, double t1, double samples) {
     nlohmann::json summary = sampler_->summarize(t0, t1, samples);
     if (!request_.telemetry_trace) sampler_->discard_before(t1);  // bounded memory on long runs unless the trace is wanted

@@ -18,6 +18,9 @@
 #include "harness/runner.h"
 #include "harness/suite.h"
 
+namespace ab::counters {
+class CounterSession;
+}
 namespace ab::dist {
 class Session;
 }
@@ -41,6 +44,7 @@ struct RunRequest {
   double telemetry_period_ms = 20;  // finite and above 0
   bool no_gpu_telemetry = false;
   bool quiet = false;
+  std::string counters;  // hardware counters: off, memory, compute or all; empty: the suite's, else off
   std::string command_line;
 };
 
@@ -100,6 +104,7 @@ class RunSession {
   std::unique_ptr<results::ResultStore> store_;
   bool sample_gpu_ = false, one_cpu_rank_ = false;
   std::unique_ptr<telemetry::Sampler> sampler_;
+  std::unique_ptr<counters::CounterSession> counters_;  // null: no counters asked for
   RunnerHooks hooks_;
 };
 

@@ -98,6 +98,25 @@ void State::exec(const std::function<void()>& iteration, const measure::Settings
               {"max", *hi}});
 }
 
+std::optional<counters::Measurement> State::measure_counters(const std::vector<counters::Range>& ranges) {
+  if (counter_session_ == nullptr) return std::nullopt;
+  counters::Measurement m = counter_session_->measure(ranges);
+  add_metric("counters", counters::counters_json(m, {counts_.flops, counts_.bytes}));
+  return m;
+}
+
+std::optional<counters::Measurement> State::measure_counters(const std::function<void(counters::RangeMarks&)>& pass,
+                                                             std::size_t max_ranges) {
+  if (counter_session_ == nullptr) return std::nullopt;
+  counters::Measurement m = counter_session_->measure_marked(pass, max_ranges);
+  add_metric("counters", counters::counters_json(m, {counts_.flops, counts_.bytes}));
+  return m;
+}
+
+void State::counters_unavailable(const std::string& why) {
+  if (counter_session_ != nullptr) add_metric("counters", counters::unavailable_json(counter_session_->set(), why));
+}
+
 Workload& Registry::find(const std::string& name) const {
   std::string valid;
   std::vector<std::string> names;

@@ -166,8 +166,10 @@ Suite parse_suite(const std::filesystem::path& file, const YAML::Node& root, con
     if (!settings.IsMap()) fail(file, settings.Mark(), "'settings' must be a mapping");
     for (const auto& kv : settings) {
       const auto key = kv.first.as<std::string>();
-      if (key != "min_time" && key != "max_noise" && key != "timeout" && key != "warmup" && key != "mode")
-        fail(file, kv.first.Mark(), "unknown setting '" + key + "'; valid: min_time, max_noise, timeout, warmup, mode");
+      if (key != "min_time" && key != "max_noise" && key != "timeout" && key != "warmup" && key != "mode" &&
+          key != "counters")
+        fail(file, kv.first.Mark(),
+             "unknown setting '" + key + "'; valid: min_time, max_noise, timeout, warmup, mode, counters");
     }
     s.min_time_s = number(file, settings, "min_time");
     s.max_noise_pct = number(file, settings, "max_noise");
@@ -179,6 +181,14 @@ Suite parse_suite(const std::filesystem::path& file, const YAML::Node& root, con
         measure::parse_timing_mode(*s.mode);
       } catch (const UsageError& e) {
         fail(file, settings["mode"].Mark(), e.what());
+      }
+    }
+    if (settings["counters"]) {
+      s.counters = settings["counters"].as<std::string>();
+      try {
+        counters::parse_metric_set(*s.counters);
+      } catch (const UsageError& e) {
+        fail(file, settings["counters"].Mark(), e.what());
       }
     }
     for (const auto& kv : settings) s.setting_at[kv.first.as<std::string>()] = where(file, kv.first);

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "counters/counters.h"
 #include "dist/lockstep.h"
 #include "measure/measure.h"
 #include "harness/axes.h"
@@ -115,6 +116,18 @@ class State {
   // keeps no files. The runner sets it to <run folder>/artifacts/<seq>.
   const std::filesystem::path& artifact_dir() const { return artifact_dir_; }
   void set_artifact_dir(std::filesystem::path dir) { artifact_dir_ = std::move(dir); }
+  // The run's hardware-counter pass (counters/counters.h), set by the runner where the run asks for
+  // counters and the workload has a pass (Workload::has_counter_pass). The workload calls
+  // measure_counters after exec, while its work's buffers live, with one iteration's work: each call
+  // records metrics.counters (derived from the point's counts, set_counts first) and returns what
+  // was read; nothing runs and nullopt comes back where the run asks for no counters.
+  void set_counter_session(counters::CounterSession* session) { counter_session_ = session; }
+  bool counters_requested() const { return counter_session_ != nullptr; }
+  std::optional<counters::Measurement> measure_counters(const std::vector<counters::Range>& ranges);
+  std::optional<counters::Measurement> measure_counters(const std::function<void(counters::RangeMarks&)>& pass,
+                                                        std::size_t max_ranges);
+  // Records metrics.counters unavailable for `why` where the run asks for counters.
+  void counters_unavailable(const std::string& why);
   // Set by Ctrl-C; workloads that run long loops of their own poll it (null: no cancellation).
   const std::atomic<bool>* cancel_flag() const { return cancel_; }
 
@@ -142,6 +155,7 @@ class State {
   std::vector<dist::RankTimes> rank_times_;
   std::optional<ScenarioReport> scenario_;
   std::filesystem::path artifact_dir_;
+  counters::CounterSession* counter_session_ = nullptr;
 };
 
 class Workload {
@@ -158,6 +172,9 @@ class Workload {
   // runner records each point's scaling efficiency against the point of the run that differs from
   // it only in that axis, at 1 (harness/scaling.h).
   virtual std::string scaling_axis() const { return ""; }
+  // Whether run() reads hardware counters when the run asks (State::measure_counters); a point of
+  // a workload without a pass records counters as unavailable, saying so.
+  virtual bool has_counter_pass() const { return false; }
   virtual void run(State& state) = 0;
 };
 

@@ -124,6 +124,15 @@ class GradientSync {
   virtual void finish() = 0;
 };
 
+// Told around each op's forward and backward of an eager step (a counter pass marks each op as a
+// range with it); the op's index into Graph::op / report().
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void begin(std::size_t op, bool backward) = 0;
+  virtual void end(std::size_t op, bool backward) = 0;
+};
+
 class Graph {
  public:
   // Plans the graph: which gradients exist, each buffer's lifetime, the arena layout. No memory.
@@ -198,6 +207,8 @@ class Graph {
   // Per-op timing: each op's forward and backward is timed with the backend's timer (which
   // synchronises), so a profiled step is slower than a plain one; report() shows the times.
   void set_profiling(bool on);
+  // Null for none. Eager steps only: capture_step throws while one is set.
+  void set_op_observer(OpObserver* observer);
 
  private:
   struct State;

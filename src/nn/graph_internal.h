@@ -82,6 +82,7 @@ struct Graph::State {
 
   GradientSync* gradient_sync = nullptr;
   bool profiling = false;
+  OpObserver* op_observer = nullptr;
   std::unique_ptr<measure::IterationTimer> timer;
   std::vector<double> forward_s, backward_s;
 

@@ -288,6 +288,7 @@ void Graph::set_profiling(bool on) {
 }
 
 void Graph::set_gradient_sync(GradientSync* sync) { s_->gradient_sync = sync; }
+void Graph::set_op_observer(OpObserver* observer) { s_->op_observer = observer; }
 
 double Graph::State::time_op(const std::function<void()>& body) {
   constexpr double kTargetS = 1e-3;        // replays per op: about a millisecond's worth,
@@ -308,10 +309,12 @@ void Graph::State::run_forward(bool training) {
   for (std::size_t i = 0; i < n(); ++i) {
     bound[i].training = training;
     Op& op = *nodes[i].op;
+    if (op_observer != nullptr) op_observer->begin(i, false);
     if (profiling)
       forward_s[i] = time_op([&] { op.forward(kk, bound[i]); });
     else
       op.forward(kk, bound[i]);
+    if (op_observer != nullptr) op_observer->end(i, false);
   }
 }
 
@@ -343,6 +346,7 @@ void Graph::State::run_backward(std::int64_t micro_batch) {
   for (std::size_t i = n(); i-- > 0;) {
     if (!runs_backward[i]) continue;
     Op& op = *nodes[i].op;
+    if (op_observer != nullptr) op_observer->begin(i, true);
     for (int o : zero_grads[i]) kk.fill(view_of(grad_buffer[static_cast<std::size_t>(o)], value(o).desc), 0.0);
     const auto body = [&] {
       op.backward(kk, bound[i]);
@@ -363,6 +367,7 @@ void Graph::State::run_backward(std::int64_t micro_batch) {
       backward_s[i] = time_op(body);
     else
       body();
+    if (op_observer != nullptr) op_observer->end(i, true);
     if (sync != nullptr)
       for (std::size_t j = 0; j < specs[i].size(); ++j)
         if (specs[i][j].trainable() && !tied(i, j)) sync->ready(param_index[i][j]);
@@ -393,6 +398,7 @@ std::unique_ptr<Replayable> Graph::capture_step(Optimizer* optimizer) {
   Kernels& k = s.k();
   if (s.profiling)
     throw Error("capture_step: per-op profiling synchronises; call set_profiling(false) before capturing");
+  if (s.op_observer != nullptr) throw Error("capture_step: an op observer is set; it sees eager steps only");
   const bool train = s.options.training && optimizer != nullptr;
   if (train) optimizer->bind(k, s.params);
   State* state = &s;

@@ -354,6 +354,7 @@ Document build_report(const std::vector<Run>& runs) {
   }
   for (auto& s : study_sections(all, ceilings, multi_run)) doc.sections.push_back(std::move(s));
   for (auto& s : feed_sections(all, multi_run)) doc.sections.push_back(std::move(s));
+  for (auto& s : counter_sections(all, ceilings, multi_run)) doc.sections.push_back(std::move(s));
   for (const auto& r : runs) {
     auto blocks = telemetry_blocks(r);
     if (blocks.empty()) continue;

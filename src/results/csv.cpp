@@ -30,6 +30,13 @@ constexpr std::array<const char*, 11> kScenario = {"name",          "result",   
                                                    "latency_s.p50", "latency_s.p90",   "latency_s.p95", "latency_s.p97",
                                                    "latency_s.p99", "latency_s.p99_9", "latency_s.max"};
 
+// The hardware counters' status and derived figures (docs/RESULTS.md, metrics.counters), when any
+// point has them: the characterisation study's columns.
+constexpr std::array<const char*, 8> kCounters = {
+    "counters.status",          "counters.set",          "counters.dram_bytes",
+    "counters.measured_intensity_flop_per_byte", "counters.dram_bytes_per_s", "counters.dram_sectors_per_s",
+    "counters.achieved_tflops", "counters.measured_over_modelled_bytes"};
+
 // The key may be dotted (scenario's "latency_s.p99"); params keys are taken whole.
 const json* find(const json& record, const Column& c) {
   const json* obj = &record;
@@ -97,6 +104,7 @@ void write_csv(std::ostream& out, const std::vector<json>& points) {
   };
   when_any("telemetry", kTelemetry);
   when_any("scenario", kScenario);
+  when_any("metrics", kCounters);
 
   std::vector<std::string> fields;
   fields.reserve(cols.size());

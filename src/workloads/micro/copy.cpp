@@ -17,6 +17,7 @@ class Copy final : public Workload {
             {"host_memory", AxisKind::text, {"pinned", "pageable"}, {"pinned", "pageable"}, "host buffer kind"},
             {"bytes", AxisKind::integer, {"65536", "4194304", "268435456"}, {}, "bytes per copy"}};
   }
+  bool has_counter_pass() const override { return true; }
   void run(State& state) override {
     const auto kind = backend::parse_copy_kind(state.get_text("direction"));
     const bool pinned = state.get_text("host_memory") == "pinned";
@@ -35,6 +36,7 @@ class Copy final : public Workload {
     state.set_counts({1.0, 0.0, static_cast<double>(moved), "FLOP"});
     if (d2d) state.set_ceiling_key("memory.bandwidth");
     state.exec([&plan] { plan->run(); });
+    state.measure_counters({{"copy", [&plan] { plan->run(); }}});
   }
 };
 

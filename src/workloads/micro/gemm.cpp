@@ -109,6 +109,7 @@ class Gemm final : public Workload {
              {"auto", "NN", "NT", "TN", "TT"}, "transposes of A and B; auto = TN for fp8/int8, else NN"}};
   }
   std::vector<ZipGroup> zip_groups() const override { return {{{"m", "n", "k", "trans"}, gemm_tables()}}; }
+  bool has_counter_pass() const override { return true; }
   void run(State& state) override {
     backend::GemmDesc d;
     d.precision = parse_precision(state.get_text("precision"));
@@ -147,6 +148,7 @@ void run_gemm_point(State& state, const backend::GemmDesc& desc) {
   state.add_metric("algorithm", plan->algorithm());
   state.exec([&plan] { plan->run(); });
   check_timed_sample(state, *plan, desc);
+  state.measure_counters({{"gemm", [&plan] { plan->run(); }}});
 }
 
 std::unique_ptr<Workload> make_gemm() { return std::make_unique<Gemm>(); }

@@ -17,6 +17,7 @@ class Stream final : public Workload {
     return {{"op", AxisKind::text, {"copy", "scale", "add", "triad"}, {"copy", "scale", "add", "triad"}, "kernel"},
             {"array_bytes", AxisKind::integer, {bytes}, {}, "bytes of each array"}};
   }
+  bool has_counter_pass() const override { return true; }
   void run(State& state) override {
     run_stream_point(state, backend::parse_stream_op(state.get_text("op")), state.get_int("array_bytes"));
   }
@@ -38,6 +39,7 @@ void run_stream_point(State& state, backend::StreamOp op, std::int64_t array_byt
   state.set_counts({static_cast<double>(elements), flops * static_cast<double>(elements), static_cast<double>(moved), "FLOP"});
   state.set_ceiling_key("memory.bandwidth");
   state.exec([&plan] { plan->run(); });
+  state.measure_counters({{backend::stream_op_name(op), [&plan] { plan->run(); }}});
 }
 
 std::unique_ptr<Workload> make_stream() { return std::make_unique<Stream>(); }

@@ -85,6 +85,7 @@ class Infer final : public Workload {
              "parameters to load (train --option save_weights=FILE writes them); \"\" = the untrained network"}};
   }
 
+  bool has_counter_pass() const override { return true; }
   void run(State& state) override {
     ModelSpec spec = model_spec(state, /*training=*/false);
     const bool language = is_language_model(spec.model);
@@ -160,11 +161,14 @@ class Infer final : public Workload {
     const auto& s = state.result()->summary;
     state.add_metric("latency_s", {{"p50", s.median}, {"p90", s.p90}, {"p99", s.p99}, {"mean", s.mean}, {"max", s.max}});
 
+    // Eager, so that each op is a range of its own: the captured graph runs the same kernels.
+    const OpCounterBytes measured = measure_op_counters(state, g, forward, {});
     if (profile) {
       g.set_profiling(true);
       forward();
       g.set_profiling(false);
-      state.add_metric("profile", write_op_profile(g.report(), state.artifact_dir()));
+      state.add_metric("profile",
+                       write_op_profile(g.report(), state.artifact_dir(), measured.empty() ? nullptr : &measured));
     }
   }
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -162,9 +164,23 @@ nlohmann::json logits_accuracy(const std::vector<double>& got, const std::vector
 // faster, the distinct other reasons, and the infer axis fp8_layers. Nothing for another precision.
 void add_fp8_metric(State& state, const ModelSpec& s, const nn::Graph& g, const std::string& fp8_layers);
 
+// DRAM bytes measured by a counter pass, by range name: "<op>:forward", "<op>:backward", "update".
+using OpCounterBytes = std::map<std::string, double>;
+std::string op_range_name(const std::string& op, bool backward);
+
 // Per-op table of a profiled step: <dir>/ops.json and <dir>/ops.csv (time, FLOPs, bytes, rates and
-// arithmetic intensity per op); returns the per-kind summary for the record's metrics.
-nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std::filesystem::path& dir);
+// arithmetic intensity per op; with `measured`, each pass's measured DRAM bytes and their ratio to
+// the modelled bytes); returns the per-kind summary for the record's metrics.
+nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std::filesystem::path& dir,
+                                const OpCounterBytes* measured = nullptr);
+
+// The counter pass of a model where the run asks for counters (State::measure_counters): `ops`
+// (an eager forward, or forward + backward of each micro-batch) with each op's forward and backward
+// a range, then `update` (the optimizer's step; may be empty) as the range "update". Records
+// metrics.counters, writes the per-op table with the measured bytes to the point's artifacts, and
+// returns those bytes (empty where counters are off or unavailable).
+OpCounterBytes measure_op_counters(State& state, nn::Graph& graph, const std::function<void()>& ops,
+                                   const std::function<void()>& update);
 
 // --- The loadgen system under test -------------------------------------------------------------
 

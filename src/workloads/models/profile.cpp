@@ -22,8 +22,13 @@ nn::OpReport total_of(const std::vector<nn::OpReport>& ops) {
   return t;
 }
 
-nlohmann::json pass_json(std::int64_t flops, std::int64_t bytes, double seconds) {
+// `measured`: the DRAM bytes a counter pass read for this pass of the op, or negative for none.
+nlohmann::json pass_json(std::int64_t flops, std::int64_t bytes, double seconds, double measured = -1) {
   nlohmann::json j = {{"time_s", seconds}, {"flops", flops}, {"bytes", bytes}};
+  if (measured >= 0) {
+    j["measured_dram_bytes"] = measured;
+    if (bytes > 0) j["measured_over_modelled"] = measured / static_cast<double>(bytes);
+  }
   if (bytes > 0) j["flops_per_byte"] = static_cast<double>(flops) / static_cast<double>(bytes);
   if (seconds > 0) {
     j["tflops"] = static_cast<double>(flops) / seconds / 1e12;
@@ -34,7 +39,13 @@ nlohmann::json pass_json(std::int64_t flops, std::int64_t bytes, double seconds)
 
 }  // namespace
 
-nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std::filesystem::path& dir) {
+nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std::filesystem::path& dir,
+                                const OpCounterBytes* measured) {
+  const auto measured_of = [measured](const std::string& op, bool backward) {
+    if (measured == nullptr) return -1.0;
+    const auto it = measured->find(op_range_name(op, backward));
+    return it == measured->end() ? -1.0 : it->second;
+  };
   const nn::OpReport total = total_of(ops);
   const double total_s = total.forward_s + total.backward_s;
   std::map<std::string, nn::OpReport> by_kind;
@@ -45,8 +56,8 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
     k.forward_bytes += o.forward_bytes, k.backward_bytes += o.backward_bytes;
     k.forward_s += o.forward_s, k.backward_s += o.backward_s;
     rows.push_back({{"name", o.name}, {"kind", o.kind}, {"out_shape", o.out_shape.to_string()}, {"params", o.params},
-                    {"forward", pass_json(o.forward_flops, o.forward_bytes, o.forward_s)},
-                    {"backward", pass_json(o.backward_flops, o.backward_bytes, o.backward_s)}});
+                    {"forward", pass_json(o.forward_flops, o.forward_bytes, o.forward_s, measured_of(o.name, false))},
+                    {"backward", pass_json(o.backward_flops, o.backward_bytes, o.backward_s, measured_of(o.name, true))}});
   }
   nlohmann::json kinds = nlohmann::json::object();
   for (const auto& [kind, k] : by_kind) {
@@ -67,7 +78,8 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
     if (!f) throw Error("cannot write " + (dir / "ops.json").string());
   }
   std::ofstream f(dir / "ops.csv");
-  f << "name,kind,out_shape,params,pass,time_s,flops,bytes,flops_per_byte,tflops,gbps\n";
+  f << "name,kind,out_shape,params,pass,time_s,flops,bytes,flops_per_byte,tflops,gbps"
+    << (measured != nullptr ? ",measured_dram_bytes,measured_over_modelled" : "") << '\n';
   for (const auto& r : rows)
     for (const char* pass : {"forward", "backward"}) {
       const auto& p = r[pass];
@@ -75,7 +87,13 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
       f << r["name"].get<std::string>() << ',' << r["kind"].get<std::string>() << ",\""
         << r["out_shape"].get<std::string>() << "\"," << r["params"] << ',' << pass << ',' << p["time_s"] << ','
         << p["flops"] << ',' << p["bytes"] << ',' << p.value("flops_per_byte", 0.0) << ','
-        << p.value("tflops", 0.0) << ',' << p.value("gbps", 0.0) << '\n';
+        << p.value("tflops", 0.0) << ',' << p.value("gbps", 0.0);
+      // A pass the counter pass did not see (no kernel of its own) leaves the two cells empty.
+      if (measured != nullptr && p.contains("measured_dram_bytes"))
+        f << ',' << p["measured_dram_bytes"] << ',' << p.value("measured_over_modelled", 0.0);
+      else if (measured != nullptr)
+        f << ",,";
+      f << '\n';
     }
   if (!f) throw Error("cannot write " + (dir / "ops.csv").string());
   summary["files"] = {"ops.json", "ops.csv"};

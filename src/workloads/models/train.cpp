@@ -216,6 +216,7 @@ class Train final : public Workload {
   std::vector<AxisSpec> axes(const std::string& device_kind) const override;
   std::vector<OptionSpec> options() const override { return TrainOptions::specs(); }
   std::string scaling_axis() const override { return "gpus"; }
+  bool has_counter_pass() const override { return true; }
 
   void run(State& state) override {
     const TrainPoint p = parse_point(state);
@@ -374,13 +375,32 @@ class Train final : public Workload {
       state.add_metric("loss_after_timing", final_loss);
       if (t.scaled()) state.add_metric("loss_scale_after_timing", t.graph->loss_scale());
       if (!std::isfinite(final_loss)) throw Diverged{"loss is " + text(final_loss) + " after the timed steps"};
+      const OpCounterBytes measured = count_step(state, ranks, t);
       if (p.profile) {
         t.graph->set_profiling(true);
         t.eager_step();
         t.graph->set_profiling(false);
-        state.add_metric("profile", write_op_profile(t.graph->report(), state.artifact_dir()));
+        state.add_metric("profile", write_op_profile(t.graph->report(), state.artifact_dir(),
+                                                     measured.empty() ? nullptr : &measured));
       }
     });
+  }
+
+  // One eager step with each op a range and the update one more. In one process only: the
+  // profiler's replays of a rank's step would have to meet the other ranks' collectives.
+  static OpCounterBytes count_step(State& state, const Ranks& ranks, Trainer& t) {
+    if (ranks.world() > 1) {
+      state.counters_unavailable("counters are read in a one-process run (this launch has " +
+                                 std::to_string(ranks.world()) + " ranks)");
+      return {};
+    }
+    const auto ops = [&t] {
+      for (std::int64_t m = 0; m < t.graph->options().micro_batches; ++m) {
+        t.graph->forward();
+        t.graph->backward(m);
+      }
+    };
+    return measure_op_counters(state, *t.graph, ops, [&t] { t.graph->update(*t.opt); });
   }
 
   static void set_counts_and_plan_metrics(State& state, const nn::Graph& g, const nn::Optimizer& opt,
