@@ -3,9 +3,9 @@
 #   build                 only that (and `accelbench sysinfo` into the logs)
 #   test [REGEX]          every test (the GPU and MPI tests run there), or those ctest -R REGEX picks
 #   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy, counters,
-#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta; ARGS go to its script
+#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta, onnx; ARGS go to its script
 #                         (e.g. `bench ddp --rounds 3 --warmup-s 25`, `bench bert --part infer`). No NAME:
-#                         every one the machine fits (ddp and nccl need two GPUs) but gpt2, bert and tta (several
+#                         every one the machine fits (ddp and nccl need two GPUs) but gpt2, bert, tta and onnx (several
 #                         minutes each; gpt2 needs .anchors, see bench/fetch-anchors.sh), which run by name.
 #   suite FILE            a suite file (suites/*.yaml, suites/experiments/*.yaml) with the built
 #                         binary, under mpirun with one rank per GPU when it asks for several GPUs
@@ -30,6 +30,9 @@
 # libjpeg62-turbo-dev, libpng-dev and zlib1g-dev .debs in .deps/ (apt-get download ...); their static
 # libraries are linked, so nothing of them is needed at run time. Fashion-MNIST: carry Debian's
 # dataset-fashion-mnist .deb in .deps/ too; it is unpacked and named by ACCELBENCH_FASHION_MNIST.
+# ONNX import (src/onnx) needs Debian's libonnx-dev, libonnx1, libprotobuf-dev and libprotobuf32
+# .debs in .deps/ where the image lacks libonnx-dev; unpacked the same way, named to CMake, and
+# their shared libraries found through LD_LIBRARY_PATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -73,6 +76,23 @@ unpack_data_deps() {
   fi
 }
 
+# ONNX's schema library with the protobuf it was built against (3.21, whose generated headers it
+# ships), both from the private prefix, so the image's own protobuf (if any) never mixes in.
+unpack_onnx() {
+  [[ -f /usr/lib/x86_64-linux-gnu/cmake/ONNX/ONNXConfig.cmake ]] && return
+  local prefix=/tmp/ab-onnx deb
+  local lib=$prefix/usr/lib/x86_64-linux-gnu
+  for deb in .deps/libonnx-dev_*.deb .deps/libonnx1_*.deb .deps/libprotobuf-dev_*.deb .deps/libprotobuf32_*.deb; do
+    [[ -f $deb ]] && dpkg -x "$deb" "$prefix"
+  done
+  if [[ ! -f $lib/cmake/ONNX/ONNXConfig.cmake ]]; then
+    echo "note: no libonnx-dev .deb in .deps/ (see this script's header): ONNX import is off"
+    return
+  fi
+  cmake_extra+=(-DONNX_DIR=$lib/cmake/ONNX -DProtobuf_INCLUDE_DIR=$prefix/usr/include -DProtobuf_LIBRARY=$lib/libprotobuf.so)
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
 # mpirun from the image or from .deps/openmpi; on one node MPI's own messages (bootstrap only) stay
 # in shared memory and mpirun starts the ranks itself (the isolated launcher), so no ssh is needed.
 setup_mpi() {
@@ -99,13 +119,14 @@ setup_mpi() {
 build() {
   unpack_sqlite
   unpack_data_deps
+  unpack_onnx
   setup_mpi  # every mode may launch ranks: the MPI tests, the multi-GPU suites, compare_ddp
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
     nvidia-smi topo -m || true
     cmake --preset cuda "${cmake_extra[@]}" && cmake --build --preset cuda -j "$(nproc)"
   } > "$logs/build.log" 2>&1 || { tail -n 40 "$logs/build.log"; echo "BUILD FAILED"; exit 1; }
-  grep -E "MPI" "$logs/build.log" | head -2
+  grep -E "MPI|ONNX import" "$logs/build.log" | head -3
   $ab sysinfo > "$logs/sysinfo.txt" 2>&1
   echo "build ok"
 }
@@ -155,7 +176,8 @@ run_bench() {
     bert) bash bench/bert.sh --accelbench $ab --out "$logs/bert" "$@" ;;
     pipeline) python3 -u bench/compare_pipeline.py --accelbench $ab --out "$logs/pipeline" "$@" ;;
     tta) python3 -u bench/compare_tta.py --accelbench $ab --out "$logs/tta" "$@" ;;
-    *) echo "unknown comparison '$name': torch, timing, energy, counters, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta" >&2; return 2 ;;
+    onnx) python3 -u bench/compare_onnx.py --accelbench $ab --out "$logs/onnx" "$@" ;;
+    *) echo "unknown comparison '$name': torch, timing, energy, counters, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta, onnx" >&2; return 2 ;;
   esac 2>&1 | tee "$logs/bench-$name.txt"
 }
 

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(cmake ninja-build g++ pkg-config git nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libsqlite3-dev
           libopenblas-dev libgtest-dev openmpi-bin libopenmpi-dev clang-format ccache
-          libjpeg-dev libpng-dev zlib1g-dev)
+          libjpeg-dev libpng-dev zlib1g-dev libonnx-dev libprotobuf-dev protobuf-compiler)
 # The HTML report's charting scripts come from npm (package-lock.json, below).
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()

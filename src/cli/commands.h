@@ -25,6 +25,8 @@ int run(const RunOptions& options);
 int results(const std::string& out_dir, const std::string& run_id, bool csv, const std::string& output_file,
             const std::string& fields, bool json = false);
 int monitor(double interval_ms, double duration_s);
+// An ONNX model's op histogram, parameters, FLOPs per sample, fused chains and unsupported ops.
+int inspect(const std::string& file);
 
 // Every workload's axis names in declaration order, for the summary's columns.
 report::AxisOrder axis_order();

@@ -193,6 +193,13 @@ int main(int argc, char** argv) {
       ->check(kNotEmpty);
   import->add_option("--out", import_out, "the store's folder, as given to `run --out`" + out_help)->check(kNotEmpty);
 
+  std::string inspect_file;
+  auto* inspect = app.add_subcommand(
+      "inspect",
+      "What an ONNX model holds and how it maps onto the engine: op histogram, parameters, FLOPs per "
+      "sample, fused chains, every unsupported op");
+  inspect->add_option("file", inspect_file, "MODEL.onnx")->required()->check(kNotEmpty);
+
   ab::cli::MakeImageFolderOptions data_opts;
   auto* data = ab::cli::add_data_command(app, data_opts);
 
@@ -217,6 +224,7 @@ int main(int argc, char** argv) {
     if (*compare) return ab::cli::compare(compare_opts);
     if (*import) return ab::cli::import_results(import_file, import_system, import_out, run_opts.command_line);
     if (*data) return ab::cli::make_imagefolder(data_opts);
+    if (*inspect) return ab::cli::inspect(inspect_file);
     return 2;
   }();
   // Output that never arrived (a full device, a closed pipe) is a failure, whatever the command did.

@@ -85,8 +85,10 @@ void check_value(const AxisSpec& axis, const std::string& v) {
     const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
     if (ec != std::errc() || ptr != v.data() + v.size() || !std::isfinite(d))
       throw UsageError("'" + v + "' is not a number (axis " + axis.name + ")");
-  } else if (!axis.choices.empty() &&
-             std::find(axis.choices.begin(), axis.choices.end(), v) == axis.choices.end()) {
+  } else if (!axis.choices.empty() && std::find(axis.choices.begin(), axis.choices.end(), v) == axis.choices.end() &&
+             std::none_of(axis.choices.begin(), axis.choices.end(), [&](const std::string& c) {
+               return c.size() > 1 && c[0] == '*' && v.size() > c.size() - 1 && v.ends_with(c.substr(1));
+             })) {
     std::string valid;
     for (const auto& c : axis.choices) valid += (valid.empty() ? "" : ", ") + c;
     throw UsageError("unknown " + axis.name + " '" + v + "'; valid: " + valid + did_you_mean(v, axis.choices));

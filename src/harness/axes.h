@@ -15,7 +15,7 @@ struct AxisSpec {
   std::string name;
   AxisKind kind = AxisKind::text;
   std::vector<std::string> defaults;  // the values swept when the user names none
-  std::vector<std::string> choices;   // allowed values for text axes; empty = any
+  std::vector<std::string> choices;   // allowed values for text axes; empty = any; "*.onnx": any value so ending
   std::string help;
 };
 

@@ -102,6 +102,7 @@ class Loadgen final : public Workload {
     // compression autoencoders are not offered.
     for (const auto& m : zoo::model_names())
       if (!zoo::is_compression_model(m)) suts.push_back(m);
+    suts.push_back("*.onnx");  // a user's ONNX model file
     std::vector<std::string> precisions{"auto"};
     precisions.insert(precisions.end(), zoo::model_precisions().begin(), zoo::model_precisions().end());
     return {{"scenario",
@@ -114,7 +115,7 @@ class Loadgen final : public Workload {
              {"gemm"},
              suts,
              "system under test: null, gemm (dense layer, dynamic batcher), faulty (drops every 1000th sample), or a "
-             "model (resnet50, bert_large...: inference graph per batch, dynamic batcher)"},
+             "model (resnet50, bert_large... or an ONNX file, PATH.onnx: inference graph per batch, dynamic batcher)"},
             {"precision",
              AxisKind::text,
              {"auto"},
@@ -187,7 +188,7 @@ class Loadgen final : public Workload {
       sut = std::make_unique<sc::NullSut>();
     } else if (sut_kind == "faulty") {
       sut = std::make_unique<sc::FaultySut>(kFaultyDropEvery);
-    } else if (std::find(models.begin(), models.end(), sut_kind) != models.end()) {
+    } else if (std::find(models.begin(), models.end(), sut_kind) != models.end() || zoo::is_onnx_model(sut_kind)) {
       const zoo::ModelSutSpec spec{
           sut_kind,
           precision != "auto" ? zoo::parse_model_precision(precision) : (gpu ? Precision::fp16 : Precision::fp32),

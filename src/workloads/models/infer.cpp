@@ -14,6 +14,7 @@
 // stands beside its speed; loaded weights skip the float64 check (its oracle is the untrained network).
 // docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
+#include <fstream>
 #include <optional>
 
 #include "backend/ref/ref.h"
@@ -30,8 +31,9 @@ class Infer final : public Workload {
  public:
   std::string name() const override { return "infer"; }
   std::string description() const override {
-    return "Inference latency and throughput of a ResNet / ResNeXt, the image-compression autoencoder (plus the "
-           "PSNR of its reconstruction), BERT (question-answering head, sequences and tokens/s) or GPT-2 (prefill: "
+    return "Inference latency and throughput of a ResNet / ResNeXt, a user's ONNX model (model=FILE.onnx), the "
+           "image-compression autoencoder (plus the PSNR of its reconstruction), BERT (question-answering head, "
+           "sequences and tokens/s) or GPT-2 (prefill: "
            "the last position's logits): one forward of the batch per iteration (CUDA-graph "
            "replay by default), one iteration per timing sample so time.median_s / p90_s / p99_s are per-batch "
            "latencies; logits checked against the float64 reference first. dataset=fashion-mnist: top-1 accuracy "
@@ -82,12 +84,28 @@ class Infer final : public Workload {
              AxisKind::text,
              "",
              {},
-             "parameters to load (train --option save_weights=FILE writes them); \"\" = the untrained network"}};
+             "parameters to load (train --option save_weights=FILE writes them); \"\" = the untrained network"},
+            {"inputs",
+             AxisKind::text,
+             "",
+             {},
+             "ONNX models: a raw little-endian float32 file of input samples (row-major, the model's input shape "
+             "without the batch, one sample after another; at least `batch` of them) used instead of the synthetic "
+             "images, for the checks and the timed batch"},
+            {"dump_outputs",
+             AxisKind::text,
+             "off",
+             {"off", "on"},
+             "on: write the outputs of the checked batch as raw float32 to <run>/artifacts/<point>/outputs.f32 "
+             "(metrics.outputs_file names it): how bench/compare_onnx.py compares logits with PyTorch's"}};
   }
 
   bool has_counter_pass() const override { return true; }
   void run(State& state) override {
     ModelSpec spec = model_spec(state, /*training=*/false);
+    spec.inputs_file = state.option_text("inputs");
+    if (!spec.inputs_file.empty() && !is_onnx_model(spec.model))
+      throw UsageError("the inputs option feeds ONNX models; '" + spec.model + "' runs its synthetic data");
     const bool language = is_language_model(spec.model);
     resolve_fold(state, spec);
     const bool use_graph = state.get_text("graph") == "on", profile = state.get_text("profile") == "on";
@@ -114,6 +132,12 @@ class Infer final : public Workload {
     nlohmann::json model = {{"name", spec.model}, {"parameters", g.parameter_count()}, {"ops", g.op_count()}};
     if (language) model["head"] = m.head;
     state.add_metric("model", model);
+    if (!m.onnx.is_null()) {
+      nlohmann::json onnx = m.onnx;
+      onnx["parameters"] = g.parameter_count();
+      onnx["gflops_per_sample"] = fwd / batch / 1e9;
+      state.add_metric("onnx", onnx);
+    }
     state.add_metric("gflops_per_sample", {{"forward", fwd / batch / 1e9}});
     state.add_metric("memory_plan", {{"arena_bytes", g.memory_plan().peak_bytes},
                                      {"live_bound_bytes", g.memory_plan().live_bound_bytes},
@@ -129,7 +153,7 @@ class Infer final : public Workload {
     // The folded network computes what the unfolded one does from the same seed, so the logits
     // check against the (unfolded) float64 reference below holds for both.
     if (!weights.empty()) g.set_parameter_values(loaded_parameter_values(weights, spec));
-    else if (spec.fold_batchnorm) g.set_parameter_values(folded_parameter_values(spec));
+    else set_model_parameters(g, m, spec);
     if (test) {
       const EvalSplit split = make_eval_split(*test, m.in_channels, g.tensor(m.images).dtype, spec.batch);
       state.add_metric("dataset_accuracy", {{"dataset", dataset},
@@ -146,6 +170,7 @@ class Infer final : public Workload {
     const std::function<void()> step = use_graph ? std::function<void()>([&] { captured->replay(); })
                                                  : std::function<void()>(forward);
     check_outputs(state, g, m, step, spec, /*against_reference=*/weights.empty());
+    if (state.option_text("dump_outputs") == "on") dump_outputs(state, g.read(m.output));
     // The autoencoder's forward includes its loss, so that its distortion gives the PSNR.
     if (m.compression) {
       const nlohmann::json q = reconstruction_quality(g.read(m.mse)[0]);
@@ -202,6 +227,17 @@ class Infer final : public Workload {
           (is_compression_model(spec.model) ? " ('" + spec.model + "' has no batch norm to fold)" : ""));
     spec.fold_batchnorm = fold != "off";
     spec.fuse_conv_epilogue = fold == "fused";
+  }
+
+  static void dump_outputs(State& state, const std::vector<double>& values) {
+    if (state.artifact_dir().empty()) throw UsageError("dump_outputs=on needs a run that keeps files (run --out)");
+    std::filesystem::create_directories(state.artifact_dir());
+    const std::filesystem::path file = state.artifact_dir() / "outputs.f32";
+    const std::vector<float> f(values.begin(), values.end());
+    std::ofstream out(file, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(f.data()), static_cast<std::streamsize>(f.size() * sizeof(float)));
+    if (!out) throw Error("cannot write " + file.string());
+    state.add_metric("outputs_file", file.string());
   }
 
   // The same batch twice must give the same finite outputs (a capture that misses work or reads a

@@ -31,6 +31,8 @@ ModelSpec spec_for(const ModelSutSpec& s, std::size_t batch) {
   m.seq = s.seq;
   if (m.seq == 0 && is_language_model(s.model)) m.seq = language_config(s.model).positions;
   m.training = false;
+  // An ONNX model runs as infer's default does: conv chains folded, the epilogue inside.
+  m.fold_batchnorm = m.fuse_conv_epilogue = is_onnx_model(s.model);
   return m;
 }
 
@@ -69,6 +71,7 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
       if (bucket->model.compression) throw UsageError("the model SUT runs classifiers and language models");
       bucket->graph = std::make_unique<nn::Graph>(std::move(builder));
       bucket->graph->bind(*kernels_);
+      set_model_parameters(*bucket->graph, bucket->model, spec_for(spec_, b));
       buckets_.push_back(std::move(bucket));
     }
     // The sample pool: max_batch distinct samples in the device's storage format, one after
@@ -167,6 +170,10 @@ std::unique_ptr<scenarios::BatchExecutor> make_model_executor(backend::Backend& 
 void check_model_sut(const ModelSutSpec& spec, std::size_t max_batch) {
   if (is_compression_model(spec.model))
     throw UsageError("the model SUT runs classifiers and language models, not the autoencoder '" + spec.model + "'");
+  if (is_onnx_model(spec.model)) {
+    onnx_input_dims(spec.model);  // loads and validates the file: UsageError with the reason
+    return;
+  }
   if (!is_language_model(spec.model)) {
     model_config(spec.model);  // UsageError for an unknown name
     if (spec.image_px < 1) throw UsageError("image_size must be at least 1");

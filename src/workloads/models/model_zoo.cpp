@@ -1,6 +1,7 @@
 // The model zoo, synthetic data, and the float64 reference logits the model workloads check against.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <numbers>
@@ -146,6 +147,7 @@ ZooModel build_language_model(nn::GraphBuilder& b, const ModelSpec& s) {
 }  // namespace
 
 ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s) {
+  if (is_onnx_model(s.model)) return build_onnx_model(b, s);
   if (is_language_model(s.model)) return build_language_model(b, s);
   if (s.dropout != 0.0) throw UsageError("dropout applies to the language models, not '" + s.model + "'");
   ZooModel m;
@@ -205,7 +207,41 @@ nn::ParameterValues folded_parameter_values(const ModelSpec& s) {
                                                                     : ab::models::FoldedBias::on_batchnorm);
 }
 
+namespace {
+
+// An ONNX model's batch: samples first.. of the inputs file, else the synthetic images where the
+// input is [N, C, S, S], else uniform noise in [-1, 1) by (seed, element).
+SyntheticBatch onnx_batch(const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
+  std::int64_t per_sample = 1;
+  for (std::size_t i = 1; i < m.input_dims.size(); ++i) per_sample *= m.input_dims[i];
+  const auto count = static_cast<std::size_t>(s.batch * per_sample);
+  SyntheticBatch b;
+  if (!s.inputs_file.empty()) {
+    std::ifstream in(s.inputs_file, std::ios::binary);
+    if (!in) throw UsageError("cannot open the inputs file " + s.inputs_file);
+    std::vector<float> raw(count);
+    in.seekg(static_cast<std::streamoff>(first * static_cast<std::uint64_t>(per_sample) * sizeof(float)));
+    in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(count * sizeof(float)));
+    if (!in)
+      throw UsageError("the inputs file " + s.inputs_file + " holds fewer than " +
+                       std::to_string(first + static_cast<std::uint64_t>(s.batch)) + " samples of " +
+                       std::to_string(per_sample) + " float32 values");
+    b.images.assign(raw.begin(), raw.end());
+    return b;
+  }
+  const auto& d = m.input_dims;
+  if (d.size() == 4 && d[2] == d[3])
+    return synthetic_batch(kDataSeed, first, s.batch, d[1], d[2], std::max<std::int64_t>(m.classes, 1));
+  b.images.resize(count);
+  const std::uint64_t offset = first * static_cast<std::uint64_t>(per_sample);
+  for (std::size_t i = 0; i < count; ++i) b.images[i] = uniform(kDataSeed, offset + i, -1.0, 1.0);
+  return b;
+}
+
+}  // namespace
+
 SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
+  if (!m.input_dims.empty()) return onnx_batch(m, first, s);
   const std::int64_t batch = s.batch, image_px = s.image_px;
   if (m.language) {
     ab::models::TokenBatch t =
@@ -256,11 +292,20 @@ Precision parse_model_precision(const std::string& name, bool training) {
                    valid);
 }
 
+namespace {
+std::vector<std::string> model_choices() {
+  std::vector<std::string> v = model_names();
+  v.push_back("*.onnx");  // AxisSpec::choices: any value with this suffix
+  return v;
+}
+}  // namespace
+
 std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxesText& text) {
   const bool gpu = device_kind == "cuda";
   const auto one = [](const std::string& v) { return std::vector<std::string>{v}; };
   return {
-      {"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_names(), "network"},
+      {"model", AxisKind::text, one(gpu ? "resnet50" : "tiny_resnet"), model_choices(),
+       "network: a built-in one, or an ONNX file (PATH.onnx; infer only)"},
       {"batch", AxisKind::integer, gpu ? text.cuda_batches : text.host_batches, {}, text.batch_help},
       {"precision", AxisKind::text, one(gpu ? text.cuda_precision : "fp32"),
        text.precisions.empty() ? model_precisions() : text.precisions, text.precision_help},
@@ -294,6 +339,12 @@ ModelSpec model_spec(const State& state, bool training) {
   // (`invalid`); one that fits in 64 bits but not in the device is left to the memory plan, whose
   // arena the bind refuses (`oom`, with the plan's size). Sizes below 1 are refused by train and infer.
   if (spec.batch < 1 || spec.image_px < 1 || spec.seq < 0) return spec;
+  if (is_onnx_model(spec.model)) {
+    // The file fixes the input; image_size does not apply (the records keep the model's size).
+    const std::vector<std::int64_t> dims = onnx_input_dims(spec.model);
+    spec.image_px = dims.size() == 4 ? dims[2] : 1;
+    return spec;
+  }
   if (is_language_model(spec.model)) {
     const LanguageConfig c = language_config(spec.model);
     ab::models::check_language_model(c.name, c.heads, c.channels, c.vocab, c.positions, spec.batch, spec.seq);
@@ -357,7 +408,7 @@ std::vector<double> reference_logits(const ModelSpec& s) {
   static std::map<std::string, std::vector<double>> cache;
   const bool language = is_language_model(s.model);
   const std::string key = s.model + "/" + (language ? "seq " + std::to_string(s.seq) : std::to_string(s.image_px)) +
-                          "/" + std::string(to_string(s.layout));
+                          "/" + std::string(to_string(s.layout)) + "/" + s.inputs_file;
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
@@ -376,6 +427,7 @@ std::vector<double> reference_logits(const ModelSpec& s) {
   if (m.compression) throw Error("reference_logits: '" + s.model + "' has no logits (an autoencoder)");
   nn::Graph g(std::move(b));
   g.bind(*kernels);
+  set_model_parameters(g, m, ref);
   upload_batch(g, m, 0, ref);
   g.forward(false);
   std::vector<double> out = g.read(m.output);

@@ -50,6 +50,9 @@ LanguageConfig language_config(const std::string& name);
 // The named classifier; throws UsageError listing the valid names (and for an autoencoder's name).
 // tiny_resnet takes 3 channels and 10 classes.
 ab::models::ResNetConfig model_config(const std::string& name);
+// Whether the model axis names an ONNX file (a value ending in .onnx): a user's model, imported
+// (src/onnx) for inference; the zoo's functions below take it where they take a classifier.
+bool is_onnx_model(const std::string& name);
 // Whether the name is one of the compression autoencoders (no labels; the workloads report PSNR).
 bool is_compression_model(const std::string& name);
 // The named autoencoder (compression_ae: N = 128, M = 192); UsageError for another name.
@@ -100,6 +103,9 @@ struct ModelSpec {
   bool fuse_batchnorm_relu = false;
   // Language models: hidden dropout probability (GptConfig::dropout, BertConfig::dropout).
   double dropout = 0.0;
+  // An ONNX model's inputs: a raw little-endian float32 file of samples in the input's row-major
+  // order, used instead of the synthetic images (infer's option `inputs`); empty: synthetic.
+  std::string inputs_file;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
 
@@ -118,6 +124,11 @@ struct ZooModel {
   std::string head;                             // a language model's inference head: "qa" or "prefill"
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
   nn::Value tokens;
+  // An ONNX model: its input's dims at this batch, its weights by the graph's names (for
+  // set_model_parameters), and the record's `onnx` block.
+  std::vector<std::int64_t> input_dims;
+  std::shared_ptr<const nn::ParameterValues> parameters;
+  nlohmann::json onnx;
 };
 // What a batch is written into: the tokens of a language model, else the images.
 nn::Value model_input(const ZooModel& m);
@@ -125,6 +136,17 @@ nn::Value model_input(const ZooModel& m);
 // fold_batchnorm on a training graph or the autoencoder (which has no batch norm), and for fp8
 // other than on a classifier with fold_batchnorm and fuse_conv_epilogue (the only fp8 layers).
 ZooModel build_zoo_model(nn::GraphBuilder& b, const ModelSpec& s);
+// After bind: the weights an ONNX model's graph holds (m.parameters), or a folded classifier's
+// (folded_parameter_values); nothing for a graph whose initial values are its weights.
+void set_model_parameters(nn::Graph& g, const ZooModel& m, const ModelSpec& s);
+// An ONNX model built into b (build_zoo_model's ONNX case): UsageError for a training graph, fp8,
+// a build without ONNX support, and every refusal of the importer (src/onnx/onnx.h).
+ZooModel build_onnx_model(nn::GraphBuilder& b, const ModelSpec& s);
+// The ONNX model's input dims at batch 1 (loads and validates the file; UsageError as above).
+std::vector<std::int64_t> onnx_input_dims(const std::string& path);
+// `accelbench inspect FILE.onnx`: the report of onnx::inspect (importable: whether nothing is
+// unsupported), or UsageError without ONNX support and for a file that does not parse.
+std::string inspect_onnx(const std::string& path, bool* importable);
 // The values a folded classifier's graph (s.fold_batchnorm) must hold to compute what the unfolded
 // one computes from its initial parameters (same seed): those, folded on the host
 // (models::fold_batchnorm_parameters). For Graph::set_parameter_values after bind.

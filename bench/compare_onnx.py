@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Users' models through ONNX: each family exported from PyTorch (random weights, opset 17, dynamic
+batch), run by accelbench from the .onnx file, its logits compared with PyTorch's and its speed
+with torch.compile of the same module, in one run on the same GPU.
+
+Families: ResNet-50, ConvNeXt-T, ViT-B/16, MobileNetV2, EfficientNet-B0 (transformers, from their
+configs, no download), VGG-11, a DenseNet-121 and ResNeXt-101 32x4d (plain PyTorch here; ResNeXt as
+src/models/resnet.cpp builds it), and BERT-base (token-id inputs: the importer refuses them for
+now, and the table says so). Batch norms get random statistics, so the folding is exercised.
+accelbench: `run infer --axis model=FILE --axis batch=1,64 --axis precision=fp32,fp16
+--option inputs=FILE.f32 --option dump_outputs=on`; the inputs file holds the 64 samples PyTorch
+sees, the records name each point's outputs file.
+Checks (as the issue asks): fp32 max |error| <= 1e-4 x max |logit|, fp16 <= 1e-2 x max |logit|,
+top-1 the same for every sample; speed: accelbench's median latency vs torch.compile's (fp16,
+channels_last, CUDA-event timing as compare_common.time_batches) at batch 1 and 64. Finally the
+imported ResNeXt-101 32x4d vs the built-in resnext101_32x4d (target: within 3%).
+  usage: compare_onnx.py --accelbench build/cuda/src/cli/accelbench --out DIR [--families resnet50,vit]
+"""
+import argparse
+import json
+import os
+import subprocess
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from compare_common import accelbench, time_batches
+
+BATCHES = (1, 64)
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain-PyTorch families (torchvision may be missing on the device).
+
+class Bottleneck(nn.Module):
+    def __init__(self, inplanes, planes, stride, groups, width_per_group):
+        super().__init__()
+        width = planes * width_per_group // 64 * groups
+        self.conv1, self.bn1 = nn.Conv2d(inplanes, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, groups=groups, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, planes * 4, 1, bias=False), nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or inplanes != planes * 4:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes * 4, 1, stride, bias=False), nn.BatchNorm2d(planes * 4))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNeXt(nn.Module):
+    """models::resnext101_32x4d: blocks 3, 4, 23, 3; groups 32, width 4; stride on the 3x3."""
+
+    def __init__(self, blocks=(3, 4, 23, 3), groups=32, width_per_group=4, classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                                  nn.MaxPool2d(3, 2, 1))
+        layers, inplanes = [], 64
+        for s, (n, planes) in enumerate(zip(blocks, (64, 128, 256, 512))):
+            for i in range(n):
+                layers.append(Bottleneck(inplanes, planes, 2 if s > 0 and i == 0 else 1, groups, width_per_group))
+                inplanes = planes * 4
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(2048, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
+
+
+def vgg11(classes=1000):
+    cfg, layers, c = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"], [], 3
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2, 2))
+        else:
+            layers += [nn.Conv2d(c, v, 3, padding=1), nn.ReLU(inplace=True)]
+            c = v
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True), nn.Dropout(),
+                         nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(), nn.Linear(4096, classes))
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, c, growth):
+        super().__init__()
+        self.f = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(inplace=True), nn.Conv2d(c, 4 * growth, 1, bias=False),
+                               nn.BatchNorm2d(4 * growth), nn.ReLU(inplace=True),
+                               nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False))
+
+    def forward(self, x):
+        return torch.cat([x, self.f(x)], 1)
+
+
+def densenet121(classes=1000, growth=32):
+    layers, c = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)], 64
+    for i, n in enumerate((6, 12, 24, 16)):
+        for _ in range(n):
+            layers.append(DenseLayer(c, growth))
+            c += growth
+        if i < 3:
+            layers += [nn.BatchNorm2d(c), nn.ReLU(inplace=True), nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2, 2)]
+            c //= 2
+    layers += [nn.BatchNorm2d(c), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes)]
+    return nn.Sequential(*layers)
+
+
+class Logits(nn.Module):
+    """A transformers classifier's logits alone (its forward returns a ModelOutput)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).logits
+
+
+def hf(kind):
+    import transformers as t
+    make = {"resnet50": (t.ResNetConfig, t.ResNetForImageClassification),
+            "convnext_tiny": (t.ConvNextConfig, t.ConvNextForImageClassification),
+            "vit_b16": (t.ViTConfig, t.ViTForImageClassification),
+            "mobilenet_v2": (t.MobileNetV2Config, t.MobileNetV2ForImageClassification),
+            "efficientnet_b0": (t.EfficientNetConfig, t.EfficientNetForImageClassification)}[kind]
+    config = make[0](num_labels=1000)
+    if kind == "vit_b16":
+        config._attn_implementation = "eager"  # plain MatMul/Softmax in the export
+    return Logits(make[1](config))
+
+
+FAMILIES = {
+    "resnet50": lambda: hf("resnet50"), "convnext_tiny": lambda: hf("convnext_tiny"), "vit_b16": lambda: hf("vit_b16"),
+    "mobilenet_v2": lambda: hf("mobilenet_v2"), "efficientnet_b0": lambda: hf("efficientnet_b0"),
+    "vgg11": vgg11, "densenet121": densenet121, "resnext101_32x4d": ResNeXt, "bert_base": None,
+}
+
+
+def randomise_batchnorms(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(m.bias.shape, generator=g) * 0.2 - 0.1)
+                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) * 0.2 - 0.1)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+
+
+def export(model, path):
+    x = torch.randn(2, 3, 224, 224)
+    kw = dict(opset_version=17, input_names=["pixel_values"], output_names=["logits"])
+    try:  # the TorchScript exporter: static shapes but the batch (dynamic_axes)
+        torch.onnx.export(model, (x,), path, dynamo=False, dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, **kw)
+    except TypeError:
+        torch.onnx.export(model, (x,), path, dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, **kw)
+
+
+def export_bert(path):
+    import transformers as t
+    model = t.BertForSequenceClassification(t.BertConfig()).eval()
+    ids = torch.randint(0, 30000, (2, 128))
+    torch.onnx.export(model, (ids,), path, opset_version=17, input_names=["input_ids"], output_names=["logits"],
+                      dynamic_axes={"input_ids": {0: "batch"}}, dynamo=False)
+
+
+# ----------------------------------------------------------------------------------------------
+
+def torch_logits(model, x):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    with torch.inference_mode():
+        return model.cuda().float()(x.cuda()).double().cpu().numpy()
+
+
+def torch_compile_latency_s(model, batch):
+    m = model.cuda().half().to(memory_format=torch.channels_last).eval()
+    c = torch.compile(m)
+    x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        return time_batches(lambda: c(x), iters_per_batch=20 if batch == 1 else 5, batches=15, warmup=10)
+
+
+def compare(got, want, precision):
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max() / scale
+    top1 = float((got.argmax(1) == want.argmax(1)).mean())
+    return err, top1, err <= TOLERANCE[precision] and top1 == 1.0
+
+
+def run_family(name, args, rows):
+    path = os.path.join(args.out, name + ".onnx")
+    if name == "bert_base":
+        export_bert(path)
+        ab = subprocess.run([args.accelbench, "inspect", path], capture_output=True, text=True)
+        rows.append((name, "-", "-", "refused" if ab.returncode else "imported?", (ab.stderr or ab.stdout).strip()[:100]))
+        return None
+    torch.manual_seed(0)
+    model = FAMILIES[name]().eval()
+    randomise_batchnorms(model, 1)
+    export(model, path)
+    x = torch.randn(max(BATCHES), 3, 224, 224)
+    inputs = path + ".inputs.f32"
+    x.numpy().astype("<f4").tofile(inputs)
+    want = torch_logits(model, x)
+    records = accelbench(args.accelbench, ["infer", "--axis", "model=" + path, "--axis", "batch=" + ",".join(map(str, BATCHES)),
+                                           "--axis", "precision=fp32,fp16", "--option", "inputs=" + inputs,
+                                           "--option", "dump_outputs=on"], os.path.join(args.out, name))
+    ours = {}
+    for r in records:
+        b, p = r["params"]["batch"], r["params"]["precision"]
+        if r["status"] != "ok":
+            rows.append((name, b, p, r["status"], r.get("reason", "")[:100]))
+            continue
+        got = np.fromfile(r["metrics"]["outputs_file"], dtype="<f4").astype(np.float64).reshape(b, -1)
+        err, top1, ok = compare(got, want[:b], p)
+        ours[(b, p)] = r["time"]["median_s"]
+        compiled = torch_compile_latency_s(model, b) if p == "fp16" else None
+        speed = f"{r['time']['median_s'] * 1e3:.3f} ms vs torch.compile {compiled * 1e3:.3f} ms ({compiled / r['time']['median_s']:.2f}x)" if compiled else ""
+        rows.append((name, b, p, "PASS" if ok else "FAIL", f"err {err:.2e} top1 {top1:.3f} {speed}"))
+        print(*rows[-1], flush=True)
+    return ours
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--accelbench", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rows, imported = [], {}
+    for name in args.families.split(","):
+        try:
+            result = run_family(name, args, rows)
+            if name == "resnext101_32x4d":
+                imported = result or {}
+        except Exception as e:  # one family's failure is a row, not the end of the run
+            rows.append((name, "-", "-", "ERROR", str(e)[:200]))
+            print(*rows[-1], flush=True)
+    if imported:
+        built = accelbench(args.accelbench, ["infer", "--axis", "model=resnext101_32x4d", "--axis",
+                                             "batch=" + ",".join(map(str, BATCHES)), "--axis", "precision=fp16"],
+                           os.path.join(args.out, "builtin"))
+        for r in built:
+            b = r["params"]["batch"]
+            if r["status"] == "ok" and (b, "fp16") in imported:
+                ratio = imported[(b, "fp16")] / r["time"]["median_s"]
+                rows.append(("resnext101 imported/built-in", b, "fp16", "PASS" if ratio <= 1.03 else "SLOWER",
+                             f"{ratio:.3f} (imported {imported[(b, 'fp16')] * 1e3:.3f} ms)"))
+    print("\n| family | batch | precision | verdict | detail |\n|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(map(str, row)) + " |")
+    with open(os.path.join(args.out, "compare_onnx.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+#include "onnx/groups.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "models/resnet.h"
+#include "nn/ops.h"
+
+namespace ab::onnx {
+namespace {
+
+// Consumers of each tensor among the nodes left to map; the graph output counts as one.
+std::map<std::string, std::vector<int>> consumers_of(const Model::State& s) {
+  std::map<std::string, std::vector<int>> uses;
+  for (std::size_t i = 0; i < s.nodes.size(); ++i)
+    for (const auto& in : s.nodes[i].inputs)
+      if (!in.empty()) uses[in].push_back(static_cast<int>(i));
+  uses[s.facts.output_name].push_back(-1);
+  return uses;
+}
+
+// The one node reading `tensor`, if only one does (and it is not the graph's output).
+int sole_consumer(const std::map<std::string, std::vector<int>>& uses, const std::string& tensor) {
+  const auto it = uses.find(tensor);
+  return it != uses.end() && it->second.size() == 1 ? it->second[0] : -1;
+}
+
+bool all_constant(const Model::State& s, const Node& n, std::size_t from) {
+  for (std::size_t i = from; i < n.inputs.size(); ++i)
+    if (!n.inputs[i].empty() && !s.constants.contains(n.inputs[i])) return false;
+  return true;
+}
+
+bool scalar_near(const Model::State& s, const std::string& tensor, double want) {
+  const auto it = s.constants.find(tensor);
+  return it != s.constants.end() && it->second.numel() == 1 &&
+         std::abs(it->second.value(0) - want) < 1e-4 * std::abs(want);
+}
+
+// The index of a node's input other than `tensor` (binary ops), or -1.
+int other_input(const Node& n, const std::string& tensor) {
+  if (n.inputs.size() != 2) return -1;
+  return n.inputs[0] == tensor ? 1 : n.inputs[1] == tensor ? 0 : -1;
+}
+
+std::vector<int> conv_chain(const Model::State& s, const std::map<std::string, std::vector<int>>& uses, int conv,
+                            std::vector<bool>& claimed) {
+  std::vector<int> chain{conv};
+  const auto next = [&](const std::string& op) {
+    const int k = sole_consumer(uses, s.nodes[static_cast<std::size_t>(chain.back())].outputs.at(0));
+    return k >= 0 && !claimed[static_cast<std::size_t>(k)] && s.nodes[static_cast<std::size_t>(k)].op == op ? k : -1;
+  };
+  if (int k = next("BatchNormalization"); k >= 0 && s.nodes[static_cast<std::size_t>(k)].inputs.size() == 5 &&
+                                          all_constant(s, s.nodes[static_cast<std::size_t>(k)], 1) &&
+                                          s.nodes[static_cast<std::size_t>(k)].outputs.size() == 1)
+    chain.push_back(k);
+  if (int k = next("Add"); k >= 0) {
+    const Node& add = s.nodes[static_cast<std::size_t>(k)];
+    const int other = other_input(add, s.nodes[static_cast<std::size_t>(chain.back())].outputs[0]);
+    if (other >= 0 && !s.constants.contains(add.inputs[static_cast<std::size_t>(other)])) chain.push_back(k);
+  }
+  if (int k = next("Relu"); k >= 0) chain.push_back(k);
+  return chain;
+}
+
+// Div(x, sqrt 2) -> Erf -> Add(1) -> Mul(x) -> Mul(0.5), from the Erf node.
+std::vector<int> gelu_chain(const Model::State& s, const std::map<std::string, std::vector<int>>& uses, int erf,
+                            const std::vector<bool>& claimed) {
+  const Node& e = s.nodes[static_cast<std::size_t>(erf)];
+  int div = -1;
+  for (int i = erf - 1; i >= 0 && div < 0; --i)
+    if (s.nodes[static_cast<std::size_t>(i)].outputs.size() == 1 &&
+        s.nodes[static_cast<std::size_t>(i)].outputs[0] == e.inputs.at(0))
+      div = i;
+  if (div < 0 || claimed[static_cast<std::size_t>(div)]) return {};
+  const Node& d = s.nodes[static_cast<std::size_t>(div)];
+  if (d.inputs.size() != 2 || sole_consumer(uses, d.outputs[0]) != erf) return {};
+  const bool scaled = (d.op == "Div" && scalar_near(s, d.inputs[1], std::numbers::sqrt2)) ||
+                      (d.op == "Mul" && scalar_near(s, d.inputs[1], 1 / std::numbers::sqrt2));
+  if (!scaled || s.constants.contains(d.inputs[0])) return {};
+  const std::string& x = d.inputs[0];
+  const int add = sole_consumer(uses, e.outputs.at(0));
+  if (add < 0 || s.nodes[static_cast<std::size_t>(add)].op != "Add") return {};
+  const Node& a = s.nodes[static_cast<std::size_t>(add)];
+  const int one = other_input(a, e.outputs[0]);
+  if (one < 0 || !scalar_near(s, a.inputs[static_cast<std::size_t>(one)], 1.0)) return {};
+  const int mul = sole_consumer(uses, a.outputs.at(0));
+  if (mul < 0 || s.nodes[static_cast<std::size_t>(mul)].op != "Mul" ||
+      other_input(s.nodes[static_cast<std::size_t>(mul)], a.outputs[0]) < 0 ||
+      s.nodes[static_cast<std::size_t>(mul)]
+              .inputs[static_cast<std::size_t>(other_input(s.nodes[static_cast<std::size_t>(mul)], a.outputs[0]))] != x)
+    return {};
+  const int half = sole_consumer(uses, s.nodes[static_cast<std::size_t>(mul)].outputs.at(0));
+  if (half < 0 || s.nodes[static_cast<std::size_t>(half)].op != "Mul") return {};
+  const Node& h = s.nodes[static_cast<std::size_t>(half)];
+  const int c = other_input(h, s.nodes[static_cast<std::size_t>(mul)].outputs[0]);
+  if (c < 0 || !scalar_near(s, h.inputs[static_cast<std::size_t>(c)], 0.5)) return {};
+  return {div, erf, add, mul, half};
+}
+
+// MatMul(x, constant [K, N]) -> Add(constant [N]).
+std::vector<int> linear_chain(const Model::State& s, const std::map<std::string, std::vector<int>>& uses, int matmul) {
+  const Node& m = s.nodes[static_cast<std::size_t>(matmul)];
+  const auto w = m.inputs.size() == 2 ? s.constants.find(m.inputs[1]) : s.constants.end();
+  if (w == s.constants.end() || w->second.dims.size() != 2 || s.constants.contains(m.inputs[0]) ||
+      m.outputs.size() != 1)
+    return {};
+  const int add = sole_consumer(uses, m.outputs[0]);
+  if (add < 0 || s.nodes[static_cast<std::size_t>(add)].op != "Add") return {};
+  const Node& a = s.nodes[static_cast<std::size_t>(add)];
+  const int other = other_input(a, m.outputs[0]);
+  if (other < 0) return {};
+  const auto bias = s.constants.find(a.inputs[static_cast<std::size_t>(other)]);
+  if (bias == s.constants.end() || bias->second.dims.size() != 1 || bias->second.dims[0] != w->second.dims[1])
+    return {};
+  return {matmul, add};
+}
+
+}  // namespace
+
+std::vector<Group> plan_groups(const Model::State& s, Fold /*fold*/) {
+  const auto uses = consumers_of(s);
+  std::vector<bool> claimed(s.nodes.size(), false);
+  std::vector<Group> groups;
+  const auto claim = [&](std::vector<int> nodes, const char* kind) {
+    for (int i : nodes) claimed[static_cast<std::size_t>(i)] = true;
+    groups.push_back(Group{std::move(nodes), kind});
+  };
+  for (std::size_t i = 0; i < s.nodes.size(); ++i) {
+    const Node& n = s.nodes[i];
+    if (claimed[i]) continue;
+    if (n.op == "Conv" && n.outputs.size() == 1 && n.inputs.size() >= 2 && all_constant(s, n, 1))
+      claim(conv_chain(s, uses, static_cast<int>(i), claimed), "conv");
+    else if (n.op == "MatMul" && !claimed[i])
+      if (auto chain = linear_chain(s, uses, static_cast<int>(i));
+          !chain.empty() && !claimed[static_cast<std::size_t>(chain[1])])
+        claim(std::move(chain), "linear");
+    if (n.op == "Erf")
+      if (auto chain = gelu_chain(s, uses, static_cast<int>(i), claimed); !chain.empty())
+        claim(std::move(chain), "gelu");
+  }
+  return groups;
+}
+
+}  // namespace ab::onnx

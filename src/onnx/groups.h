@@ -1,0 +1,32 @@
+// Chains of nodes built as one unit: a convolution with the batch norm, residual add and ReLU after
+// it (the ResNet builder's conv / bn / relu ops, so the batch-norm folding and the fused epilogue
+// apply), and PyTorch's erf GELU (x * 0.5 * (1 + erf(x / sqrt 2))) as one gelu_erf op.
+#pragma once
+
+#include <vector>
+
+#include "nn/ops.h"
+#include "onnx/internal.h"
+
+namespace ab::onnx {
+
+// The chains of `s`, each node in one at most; a node claimed by no chain maps on its own.
+std::vector<Group> plan_groups(const Model::State& s, Fold fold);
+// Builds the chain into c (at its last node); parts it cannot take as a chain (a residual of
+// another shape) map node by node.
+void build_group(Ctx& c, const Group& g);
+
+// MatMul by a constant [K, N] then Add of a constant [N] as one linear layer with its bias.
+void map_linear_group(Ctx& c, const Node& matmul, const Node& add);
+
+// Conv's attributes in the engine's terms, and the extra padding on each side of H and W that a
+// symmetric convolution padding cannot express (then an nn::pad goes first).
+struct ConvGeometry {
+  nn::Conv2dAttrs attrs;
+  std::int64_t extra_top = 0, extra_left = 0, extra_bottom = 0, extra_right = 0;
+};
+ConvGeometry conv_geometry(const Ctx& c, const Node& n, const HostTensor& weight);
+// x padded by the extra of `g` (an nn::pad) where there is any.
+nn::Value pad_for_conv(Ctx& c, const Node& n, nn::Value x, const ConvGeometry& g);
+
+}  // namespace ab::onnx
