@@ -144,7 +144,7 @@ void log_hyperparameters(const TargetPoint& p, const TrainOptions& o, Run& r, co
   log.event("opt_name", "sgd");
   log.event("opt_base_learning_rate", r.opt->learning_rate());
   log.event("opt_learning_rate_warmup_epochs", o.warmup_epochs);
-  log.event("opt_learning_rate_decay_schedule", "cosine to 1% at epoch " + std::to_string(o.schedule_epochs));
+  log.event("opt_learning_rate_decay_schedule", "cosine to 1% at epoch " + nlohmann::json(o.schedule_epochs).dump());
   log.event("opt_weight_decay", o.weight_decay);
   log.event("opt_momentum", kMomentum);
   log.event("target_accuracy", p.target_accuracy);
