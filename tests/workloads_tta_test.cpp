@@ -1,7 +1,7 @@
 // Tests for train's time-to-train mode and infer's dataset accuracy on the reference kernels: a
 // tiny ResNet on a tiny learnable IDX set written here (fresh random every run) reaches a low
 // target with its MLPerf log checked against the record; a target out of reach ends
-// not_converged with every evaluation kept; bad files give clear statuses; MLPerf's olympic
+// not_converged with every evaluation kept, an exploding loss diverged; bad files give clear statuses; MLPerf's olympic
 // mean over seeds; weights files round trip; infer with the saved weights measures the accuracy
 // training's last evaluation did.
 #include <algorithm>
@@ -252,6 +252,21 @@ TEST(TimeToTrain, AnUnreachableTargetIsNotConvergedWithEveryEvaluationKept) {
   for (const auto& l : log)
     if (l["key"] == "eval_accuracy") logged.push_back(l["value"].get<double>());
   EXPECT_EQ(logged, acc);
+  EXPECT_EQ(log.back()["key"], "run_stop");
+  EXPECT_EQ(log.back()["metadata"]["status"], "aborted");
+}
+
+TEST(TimeToTrain, AnExplodingLossIsDivergedWithTheLogClosed) {
+  test::TempDir tmp;
+  const std::string dataset = write_pattern_set(tmp.path() / "data");
+  std::vector<std::string> args = tiny_recipe(dataset, "0.99");
+  args.push_back("lr=1e30");
+  const auto records = run_points("train", args, tmp.path() / "run");
+  ASSERT_EQ(records.size(), 1U);
+  ASSERT_EQ(records[0]["status"], "diverged") << records[0].dump(2);
+  EXPECT_TRUE(contains(records[0]["reason"].get<std::string>(), "training loss is")) << records[0]["reason"];
+  EXPECT_EQ(records[0]["metrics"]["time_to_train"]["status"], "diverged");
+  const std::vector<json> log = mllog_of(tmp.path() / "run", records[0]);
   EXPECT_EQ(log.back()["key"], "run_stop");
   EXPECT_EQ(log.back()["metadata"]["status"], "aborted");
 }
