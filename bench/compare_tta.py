@@ -245,9 +245,9 @@ def main():
         mine = ab.get(seed, {})
         rows.append((seed, mine.get("time_s"), t["time_s"]))
         print(f"seed {seed}: accelbench {mine.get('status', '?')} {fmt(mine.get('time_s'), '.2f')} s "
-              f"({mine.get('epochs')} epochs, acc {fmt(mine.get('accuracy'), '.4f')}, init {fmt(mine.get('init_s'), '.1f')} s, "
-              f"{fmt(mine.get('energy_j'), '.0f')} J) | PyTorch {fmt(t['time_s'], '.2f')} s ({t['epochs']} epochs, "
-              f"acc {t['accuracy']:.4f})", flush=True)
+              f"({mine.get('epochs')} epochs, acc {fmt(mine.get('accuracy'), '.4f')}, "
+              f"init {fmt(mine.get('init_s'), '.1f')} s, {fmt(mine.get('energy_j'), '.0f')} J) | "
+              f"PyTorch {fmt(t['time_s'], '.2f')} s ({t['epochs']} epochs, acc {t['accuracy']:.4f})", flush=True)
         if mine.get("reason"):
             print(f"  accelbench: {mine['reason']}", flush=True)
         print("  PyTorch curve: " + ", ".join(f"e{e} {acc:.4f} ({s:.1f} s)" for e, acc, _, s in t["curve"]), flush=True)
@@ -258,7 +258,8 @@ def main():
               f"PyTorch / accelbench {pt_mean / ab_mean:.2f}x", flush=True)
     last = ab.get(seeds[-1], {}).get("olympic")
     if last:
-        print(f"accelbench olympic mean over {last['runs']} seeds: {fmt(last.get('olympic_mean_s'), '.2f')} s", flush=True)
+        mean = fmt(last.get("olympic_mean_s"), ".2f")
+        print(f"accelbench olympic mean over {last['runs']} seeds: {mean} s", flush=True)
 
 
 if __name__ == "__main__":

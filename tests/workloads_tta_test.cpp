@@ -1,9 +1,9 @@
 // Tests for train's time-to-train mode and infer's dataset accuracy on the reference kernels: a
 // tiny ResNet on a tiny learnable IDX set written here (fresh random every run) reaches a low
 // target with its MLPerf log checked against the record; a target out of reach ends
-// not_converged with every evaluation kept, an exploding loss diverged; bad files give clear statuses; MLPerf's olympic
-// mean over seeds; weights files round trip; infer with the saved weights measures the accuracy
-// training's last evaluation did.
+// not_converged with every evaluation kept, an exploding loss diverged; bad files give clear
+// statuses; MLPerf's olympic mean over seeds; weights files round trip; infer with the saved
+// weights measures the accuracy training's last evaluation did.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

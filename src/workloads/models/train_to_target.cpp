@@ -276,8 +276,10 @@ void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) 
   // algorithm by timing it (cuBLASLt's candidates) can only do so eagerly. No training data is
   // seen before run_start (MLPerf's rule); only the batch norms' running statistics move.
   if (p.use_graph) {
-    r.kernels->fill(r.graph->tensor(r.model.images), 0);
-    r.kernels->fill(r.graph->tensor(r.model.labels), 0);
+    for (const nn::Value v : {r.model.images, r.model.labels}) {  // zero bytes: 0.0 and label 0 in any dtype
+      const Tensor t = r.graph->tensor(v);
+      r.kernels->upload(t, std::vector<std::uint8_t>(static_cast<std::size_t>(t.size_bytes()), 0).data());
+    }
     r.graph->forward();
     r.graph->backward();
   }
