@@ -238,7 +238,11 @@ def main():
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",") if s]
     print(f"time to train fashion_resnet on Fashion-MNIST to {a.target:.2%} top-1, batch {a.batch}, bf16", flush=True)
-    ab = accelbench_time_to_train(a, seeds)
+    try:
+        ab = accelbench_time_to_train(a, seeds)
+    except SystemExit as e:  # accelbench exits 1 when no seed reached the target: PyTorch still runs
+        print(f"accelbench: {e}", flush=True)
+        ab = {}
     rows = []
     for seed in seeds:
         t = torch_time_to_train(a, seed)
