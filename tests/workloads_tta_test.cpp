@@ -212,8 +212,8 @@ TEST(TimeToTrain, ReachesALowTargetAndItsLogMatchesTheRecord) {
   EXPECT_EQ(inferred[0]["metrics"]["dataset_accuracy"]["top1"].get<double>(), acc.back());
   EXPECT_EQ(inferred[0]["metrics"]["dataset_accuracy"]["samples"], 96);
   // Without weights the accuracy is the untrained network's, and says so; another model's file is refused.
-  const json untrained = run_points("infer", {"model=tiny_resnet", "layout=nhwc", "batch=16", "dataset=" + dataset,
-                                              "fold=off", "graph=off"})[0];
+  const json untrained = run_points(
+      "infer", {"model=tiny_resnet", "layout=nhwc", "batch=16", "dataset=" + dataset, "fold=off", "graph=off"})[0];
   ASSERT_EQ(untrained["status"], "ok") << untrained.dump(2);
   EXPECT_EQ(untrained["metrics"]["dataset_accuracy"]["weights"], "initial (untrained)");
   const json other = run_points("infer", {"model=fashion_resnet", "batch=16", "dataset=" + dataset, "fold=off",
@@ -355,8 +355,9 @@ TEST(TimeToTrainGpu, ReachesTheTargetInEachPrecisionAndInferAgrees) {
     const std::vector<double> acc = curve_accuracies(r);
     ASSERT_FALSE(acc.empty());
     EXPECT_GE(acc.back(), 0.7);
-    const json inferred = run_points("infer", {"model=tiny_resnet", "batch=16", "dataset=" + dataset, "fold=off",
-                                               std::string("precision=") + precision, "weights=" + weights.string()},
+    const json inferred = run_points("infer",
+                                     {"model=tiny_resnet", "batch=16", "dataset=" + dataset, "fold=off",
+                                      std::string("precision=") + precision, "weights=" + weights.string()},
                                      {}, "cuda:0")[0];
     ASSERT_EQ(inferred["status"], "ok") << inferred.dump(2);
     EXPECT_NEAR(inferred["metrics"]["dataset_accuracy"]["top1"].get<double>(), acc.back(), 1.0 / 96 + 1e-12);

@@ -264,8 +264,7 @@ double scheduled_lr(double peak, std::int64_t step, std::int64_t steps_per_epoch
 
 void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) {
   if (!(p.target_accuracy > 0 && p.target_accuracy <= 1))
-    throw UsageError("target_accuracy must be in (0, 1] with a dataset (got " + number(p.target_accuracy) +
-                     ")");
+    throw UsageError("target_accuracy must be in (0, 1] with a dataset (got " + number(p.target_accuracy) + ")");
   Run r;
   if (!state.artifact_dir().empty()) r.log = MlLog(state.artifact_dir() / "mllog.txt");
   r.init_start_s = measure::monotonic_seconds();
