@@ -1,9 +1,9 @@
 // Tests for train's time-to-train mode and infer's dataset accuracy on the reference kernels: a
 // tiny ResNet on a tiny learnable IDX set written here (fresh random every run) reaches a low
 // target with its MLPerf log checked against the record; a target out of reach ends
-// not_converged with every evaluation kept; bad files give clear statuses; MLPerf's olympic
-// mean over seeds; weights files round trip; infer with the saved weights measures the accuracy
-// training's last evaluation did.
+// not_converged with every evaluation kept, an exploding loss diverged; bad files give clear
+// statuses; MLPerf's olympic mean over seeds; weights files round trip; infer with the saved
+// weights measures the accuracy training's last evaluation did.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "core/rng.h"
 #include "data/data.h"
 #include "harness/runner.h"
@@ -95,7 +96,7 @@ measure::Settings fast_settings() {
 
 // `args` are "name=values": a workload's option where it declares one, else an axis override.
 std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& args,
-                             const fs::path& artifacts = {}) {
+                             const fs::path& artifacts = {}, const std::string& device = "cpu") {
   Workload& w = find_workload(workload);
   std::vector<AxisOverride> overrides;
   OptionValues options;
@@ -106,14 +107,14 @@ std::vector<json> run_points(const std::string& workload, const std::vector<std:
       options[name] = value;
     else overrides.push_back(parse_axis_argument(a));
   }
-  auto be = backend::make_backend("cpu");
+  auto be = backend::make_backend(device);
   std::vector<json> records;
   RunnerHooks hooks;
   hooks.sink = [&records](const json& r) { records.push_back(r); };
   hooks.artifact_dir = artifacts;
   Runner runner(*be, fast_settings(), json::object(), "run-tta", hooks, nullptr);
   const std::atomic<bool> cancel{false};
-  runner.run(plan_for(w, "cpu", overrides, options), cancel);
+  runner.run(plan_for(w, be->info().kind, overrides, options), cancel);
   return records;
 }
 
@@ -211,8 +212,8 @@ TEST(TimeToTrain, ReachesALowTargetAndItsLogMatchesTheRecord) {
   EXPECT_EQ(inferred[0]["metrics"]["dataset_accuracy"]["top1"].get<double>(), acc.back());
   EXPECT_EQ(inferred[0]["metrics"]["dataset_accuracy"]["samples"], 96);
   // Without weights the accuracy is the untrained network's, and says so; another model's file is refused.
-  const json untrained = run_points("infer", {"model=tiny_resnet", "layout=nhwc", "batch=16", "dataset=" + dataset,
-                                              "fold=off", "graph=off"})[0];
+  const json untrained = run_points(
+      "infer", {"model=tiny_resnet", "layout=nhwc", "batch=16", "dataset=" + dataset, "fold=off", "graph=off"})[0];
   ASSERT_EQ(untrained["status"], "ok") << untrained.dump(2);
   EXPECT_EQ(untrained["metrics"]["dataset_accuracy"]["weights"], "initial (untrained)");
   const json other = run_points("infer", {"model=fashion_resnet", "batch=16", "dataset=" + dataset, "fold=off",
@@ -252,6 +253,21 @@ TEST(TimeToTrain, AnUnreachableTargetIsNotConvergedWithEveryEvaluationKept) {
   for (const auto& l : log)
     if (l["key"] == "eval_accuracy") logged.push_back(l["value"].get<double>());
   EXPECT_EQ(logged, acc);
+  EXPECT_EQ(log.back()["key"], "run_stop");
+  EXPECT_EQ(log.back()["metadata"]["status"], "aborted");
+}
+
+TEST(TimeToTrain, AnExplodingLossIsDivergedWithTheLogClosed) {
+  test::TempDir tmp;
+  const std::string dataset = write_pattern_set(tmp.path() / "data");
+  std::vector<std::string> args = tiny_recipe(dataset, "0.99");
+  args.push_back("lr=1e30");
+  const auto records = run_points("train", args, tmp.path() / "run");
+  ASSERT_EQ(records.size(), 1U);
+  ASSERT_EQ(records[0]["status"], "diverged") << records[0].dump(2);
+  EXPECT_TRUE(contains(records[0]["reason"].get<std::string>(), "training loss is")) << records[0]["reason"];
+  EXPECT_EQ(records[0]["metrics"]["time_to_train"]["status"], "diverged");
+  const std::vector<json> log = mllog_of(tmp.path() / "run", records[0]);
   EXPECT_EQ(log.back()["key"], "run_stop");
   EXPECT_EQ(log.back()["metadata"]["status"], "aborted");
 }
@@ -315,6 +331,37 @@ TEST(TimeToTrain, SeedsGiveTheOlympicMeanOnTheLastRecord) {
   std::sort(times.begin(), times.end());
   EXPECT_EQ(o["runs"], 3);
   EXPECT_EQ(o["olympic_mean_s"].get<double>(), times[1]);  // three runs: the middle one
+}
+
+// The same on the CUDA engine in each training precision, the step captured and replayed (the
+// rate's changes recapture it). infer's graph is another graph (cuDNN may pick other algorithms for
+// its shapes), so its accuracy may differ from training's last evaluation by one image's call.
+TEST(TimeToTrainGpu, ReachesTheTargetInEachPrecisionAndInferAgrees) {
+  try {
+    backend::make_backend("cuda:0");
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no CUDA device: " << e.what();
+  }
+  test::TempDir tmp;
+  const std::string dataset = write_pattern_set(tmp.path() / "data");
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const fs::path weights = tmp.path() / (std::string(precision) + ".abw");
+    std::vector<std::string> args = tiny_recipe(dataset, "0.7");
+    args.push_back(std::string("precision=") + precision);
+    args.push_back("save_weights=" + weights.string());
+    const json r = run_points("train", args, tmp.path() / "run", "cuda:0")[0];
+    ASSERT_EQ(r["status"], "ok") << r.dump(2);
+    const std::vector<double> acc = curve_accuracies(r);
+    ASSERT_FALSE(acc.empty());
+    EXPECT_GE(acc.back(), 0.7);
+    const json inferred = run_points("infer",
+                                     {"model=tiny_resnet", "batch=16", "dataset=" + dataset, "fold=off",
+                                      std::string("precision=") + precision, "weights=" + weights.string()},
+                                     {}, "cuda:0")[0];
+    ASSERT_EQ(inferred["status"], "ok") << inferred.dump(2);
+    EXPECT_NEAR(inferred["metrics"]["dataset_accuracy"]["top1"].get<double>(), acc.back(), 1.0 / 96 + 1e-12);
+  }
 }
 
 TEST(OlympicMean, DropsTheFastestAndSlowestAndAllowsOneUnconvergedRun) {

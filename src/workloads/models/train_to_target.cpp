@@ -23,6 +23,8 @@ constexpr double kFinalLrFraction = 0.01;
 // epoch's train loss is the mean of those reads.
 constexpr std::int64_t kLossEvery = 10;
 
+std::string number(double v) { return nlohmann::json(v).dump(); }
+
 struct Evaluation {
   std::int64_t epoch = 0;
   double accuracy = 0, train_loss = 0, time_s = 0, lr = 0;
@@ -144,7 +146,7 @@ void log_hyperparameters(const TargetPoint& p, const TrainOptions& o, Run& r, co
   log.event("opt_name", "sgd");
   log.event("opt_base_learning_rate", r.opt->learning_rate());
   log.event("opt_learning_rate_warmup_epochs", o.warmup_epochs);
-  log.event("opt_learning_rate_decay_schedule", "cosine to 1% at epoch " + std::to_string(o.schedule_epochs));
+  log.event("opt_learning_rate_decay_schedule", "cosine to 1% at epoch " + nlohmann::json(o.schedule_epochs).dump());
   log.event("opt_weight_decay", o.weight_decay);
   log.event("opt_momentum", kMomentum);
   log.event("target_accuracy", p.target_accuracy);
@@ -177,7 +179,7 @@ bool train_epoch(State& state, const TargetPoint& p, const TrainOptions& o, Run&
     }
     if (measure::monotonic_seconds() - r.run_start_s > o.time_limit_s) {
       outcome = {"not_converged",
-                 "time_limit_s (" + std::to_string(o.time_limit_s) + " s) passed in epoch " + std::to_string(epoch)};
+                 "time_limit_s (" + number(o.time_limit_s) + " s) passed in epoch " + std::to_string(epoch)};
       return false;
     }
   }
@@ -203,7 +205,7 @@ Outcome train_epochs(State& state, const TargetPoint& p, const TrainOptions& o, 
     if (accuracy >= p.target_accuracy) return outcome;
     if (measure::monotonic_seconds() - r.run_start_s > o.time_limit_s)
       return {"not_converged",
-              "time_limit_s (" + std::to_string(o.time_limit_s) + " s) passed after epoch " + std::to_string(epoch)};
+              "time_limit_s (" + number(o.time_limit_s) + " s) passed after epoch " + std::to_string(epoch)};
   }
   return {"not_converged", "max_epochs (" + std::to_string(o.max_epochs) + ") reached"};
 }
@@ -262,8 +264,7 @@ double scheduled_lr(double peak, std::int64_t step, std::int64_t steps_per_epoch
 
 void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) {
   if (!(p.target_accuracy > 0 && p.target_accuracy <= 1))
-    throw UsageError("target_accuracy must be in (0, 1] with a dataset (got " + std::to_string(p.target_accuracy) +
-                     ")");
+    throw UsageError("target_accuracy must be in (0, 1] with a dataset (got " + number(p.target_accuracy) + ")");
   Run r;
   if (!state.artifact_dir().empty()) r.log = MlLog(state.artifact_dir() / "mllog.txt");
   r.init_start_s = measure::monotonic_seconds();
@@ -274,8 +275,10 @@ void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) 
   // algorithm by timing it (cuBLASLt's candidates) can only do so eagerly. No training data is
   // seen before run_start (MLPerf's rule); only the batch norms' running statistics move.
   if (p.use_graph) {
-    r.kernels->fill(r.graph->tensor(r.model.images), 0);
-    r.kernels->fill(r.graph->tensor(r.model.labels), 0);
+    for (const nn::Value v : {r.model.images, r.model.labels}) {  // zero bytes: 0.0 and label 0 in any dtype
+      const Tensor t = r.graph->tensor(v);
+      r.kernels->upload(t, std::vector<std::uint8_t>(static_cast<std::size_t>(t.size_bytes()), 0).data());
+    }
     r.graph->forward();
     r.graph->backward();
   }
@@ -301,8 +304,8 @@ void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) 
   if (outcome.status == "not_converged") {
     double best = 0;
     for (const Evaluation& e : r.curve) best = std::max(best, e.accuracy);
-    throw NotConverged{outcome.reason + "; best accuracy " + std::to_string(best) + " of target " +
-                       std::to_string(p.target_accuracy)};
+    const std::string best_text = r.curve.empty() ? "no evaluation made" : "best accuracy " + number(best);
+    throw NotConverged{outcome.reason + "; " + best_text + " of target " + number(p.target_accuracy)};
   }
 }
 
