@@ -37,9 +37,10 @@ class Pipeline final : public Workload {
  public:
   std::string name() const override { return "pipeline"; }
   std::string description() const override {
-    return "The host input pipeline: worker threads decode JPEG/PNG and augment (random-resized crop, flip, "
-           "normalise, NHWC 16-bit) into a ring of pinned batches. images/s and CPU ms per image by thread count, on "
-           "--option folder=DIR or on JPEGs made in memory from Fashion-MNIST.";
+    return "The input pipeline: worker threads decode JPEG/PNG and augment (random-resized crop, flip, normalise, "
+           "NHWC 16-bit) into a ring of pinned batches, or (decoder=nvjpeg) nvJPEG decodes each batch on the GPU and a "
+           "kernel augments it there. images/s, CPU ms per image and images/s per core by thread count, on --option "
+           "folder=DIR or on JPEGs made in memory from Fashion-MNIST.";
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override {
     std::vector<std::string> decoders{"cpu"};
