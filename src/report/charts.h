@@ -33,7 +33,8 @@ std::optional<Chart> scaling_chart(const ChartInput& in, const Metric& metric);
 std::vector<Section> study_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings, bool multi_run);
 // "Measured roofline" and "Suite character" (counter_charts.cpp) of the points whose hardware
 // counters were read (metrics.counters.status ok); empty when none was.
-std::vector<Section> counter_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings, bool multi_run);
+std::vector<Section> counter_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings,
+                                      bool multi_run);
 // Power and host CPU over the run, from telemetry.json; empty without a trace.
 std::vector<Block> telemetry_blocks(const Run& run);
 
