@@ -70,10 +70,18 @@ Measurement two_ranges() {
   m.set = MetricSet::all;
   m.passes = 3;
   m.overhead_s = 0.25;
-  m.ranges = {{"a", {{"dram__bytes_read.sum", 3000}, {"dram__bytes_write.sum", 1000}, {"gpu__time_duration.sum", 1000},
-                     {"sm__throughput.avg.pct_of_peak_sustained_elapsed", 80}, {"lts__t_bytes.sum", 8000}}},
-              {"b", {{"dram__bytes_read.sum", 1000}, {"dram__bytes_write.sum", 3000}, {"gpu__time_duration.sum", 3000},
-                     {"sm__throughput.avg.pct_of_peak_sustained_elapsed", 40}, {"lts__t_bytes.sum", 0}}}};
+  m.ranges = {{"a",
+               {{"dram__bytes_read.sum", 3000},
+                {"dram__bytes_write.sum", 1000},
+                {"gpu__time_duration.sum", 1000},
+                {"sm__throughput.avg.pct_of_peak_sustained_elapsed", 80},
+                {"lts__t_bytes.sum", 8000}}},
+              {"b",
+               {{"dram__bytes_read.sum", 1000},
+                {"dram__bytes_write.sum", 3000},
+                {"gpu__time_duration.sum", 3000},
+                {"sm__throughput.avg.pct_of_peak_sustained_elapsed", 40},
+                {"lts__t_bytes.sum", 0}}}};
   return m;
 }
 
@@ -152,7 +160,8 @@ TEST(CounterRecord, TheBlockRoundTripsThroughTheRecordTheStoreAndCsv) {
   EXPECT_EQ(results::to_json(results::from_json(j)), j);
   EXPECT_EQ(*results::from_json(j).metric("counters.dram_bytes"), 8000);
   {
-    results::ResultStore store(dir.path(), {r.run_id, "2026-12-01T00:00:00.000Z", "accelbench run gemm", json::object()});
+    results::ResultStore store(dir.path(),
+                               {r.run_id, "2026-12-01T00:00:00.000Z", "accelbench run gemm", json::object()});
     store.append(j);
     store.finish("complete");
   }
@@ -191,7 +200,8 @@ class ScriptedSession final : public CounterSession {
     m.set = set();
     m.passes = 1;
     for (const auto& n : begun)
-      m.ranges.push_back({n, {{"dram__bytes_read.sum", 600}, {"dram__bytes_write.sum", 400}, {"gpu__time_duration.sum", 2000}}});
+      m.ranges.push_back(
+          {n, {{"dram__bytes_read.sum", 600}, {"dram__bytes_write.sum", 400}, {"gpu__time_duration.sum", 2000}}});
     return m;
   }
 };
@@ -225,7 +235,8 @@ TEST(CounterPass, AModelMarksEachOpsForwardAndBackwardAndTheTableCarriesMeasured
   EXPECT_EQ(c["status"], "ok");
   EXPECT_EQ(c["ranges"].get<std::size_t>(), session.begun.size());
   EXPECT_DOUBLE_EQ(c["dram_bytes"].get<double>(), 1000.0 * static_cast<double>(session.begun.size()));
-  EXPECT_DOUBLE_EQ(c["measured_over_modelled_bytes"].get<double>(), c["dram_bytes"].get<double>() / recs[0].counts->bytes);
+  EXPECT_DOUBLE_EQ(c["measured_over_modelled_bytes"].get<double>(),
+                   c["dram_bytes"].get<double>() / recs[0].counts->bytes);
   ASSERT_EQ(c["ops"].size(), session.begun.size());
   EXPECT_DOUBLE_EQ(c["ops"][0]["dram_bytes"].get<double>(), 1000);
   EXPECT_GT(c["ops"][0]["flops"].get<double>(), 0);
@@ -275,7 +286,8 @@ TEST(CounterPass, RunWithCountersOnTheCpuRecordsUnavailableAndTheRunGoesOn) {
   EXPECT_EQ(r["metrics"]["counters"]["set"], "memory");
   EXPECT_NE(r["metrics"]["counters"]["reason"].get<std::string>().find("cpu"), std::string::npos);
   EXPECT_EQ(r["context"]["measurement"]["counters"], "memory");
-  const test::Ran bad = test::accelbench({"run", "gemm", "--device", "cpu", "--counters", "dram", "--out", dir.path().string()});
+  const test::Ran bad =
+      test::accelbench({"run", "gemm", "--device", "cpu", "--counters", "dram", "--out", dir.path().string()});
   EXPECT_EQ(bad.code, 2) << bad.output;
 }
 
@@ -290,7 +302,8 @@ TEST(CounterSuite, TheSettingIsReadAndABadValueNamesItsLine) {
   EXPECT_NE(why.find("bad.yaml:4"), std::string::npos) << why;
   EXPECT_NE(why.find("valid: off, memory, compute, all"), std::string::npos) << why;
   // The study's suite reads every counter of every step.
-  const harness::Suite study = harness::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / "characterisation.yaml", registry);
+  const harness::Suite study =
+      harness::load_suite(fs::path(AB_SOURCE_DIR) / "suites" / "characterisation.yaml", registry);
   EXPECT_EQ(study.counters, "all");
   std::set<std::string> workloads;
   for (const auto& step : study.steps) workloads.insert(step.workload);
@@ -298,8 +311,14 @@ TEST(CounterSuite, TheSettingIsReadAndABadValueNamesItsLine) {
 }
 
 json point(int seq, const std::string& workload, json params, double flops, double bytes, json counters) {
-  return {{"schema_version", 1}, {"run_id", "R"}, {"seq", seq}, {"workload", workload}, {"device", "cuda:0"},
-          {"device_name", "Dev"}, {"params", std::move(params)}, {"status", "ok"},
+  return {{"schema_version", 1},
+          {"run_id", "R"},
+          {"seq", seq},
+          {"workload", workload},
+          {"device", "cuda:0"},
+          {"device_name", "Dev"},
+          {"params", std::move(params)},
+          {"status", "ok"},
           {"counts", {{"samples", 1}, {"flops", flops}, {"bytes", bytes}}},
           {"time", {{"median_s", 1e-3}, {"converged", true}, {"rel_spread", 0.001}, {"count", 10}}},
           {"rates", {{"tflops", flops / 1e-3 / 1e12}, {"gbps", bytes / 1e-3 / 1e9}, {"primary", "tflops"}}},
@@ -326,14 +345,17 @@ TEST(CounterReport, MeasuredRooflineAndSuiteCharacterAppearOnlyWithCounters) {
   Measurement train = two_ranges();
   train.ranges[0].name = "conv1:forward";
   json train_block = counters_json(train, {.flops = 2e9, .bytes = 1e6});
-  train_block["ops"] = {{{"name", "conv1:forward"}, {"flops", 1e9}, {"modelled_bytes", 5e5}, {"dram_bytes", 4000.0},
+  train_block["ops"] = {{{"name", "conv1:forward"},
+                         {"flops", 1e9},
+                         {"modelled_bytes", 5e5},
+                         {"dram_bytes", 4000.0},
                          {"duration_s", 1e-6}}};
   json gemm = point(0, "gemm", {{"m", 4096}}, 1.37e11, 1e8, counters_json(two_ranges(), {1.37e11, 1e8}));
   gemm["rates"]["ceiling"] = {{"key", "gemm.fp32"}, {"unit", "TFLOP/s"}, {"source", "run Q seq 1"}, {"value", 137.0}};
-  std::vector<json> with = {gemm, point(1, "stream", {{"op", "copy"}}, 0, 8000, counters_json(two_ranges(), {0, 8000})),
-                            point(2, "train", {{"model", "resnet50"}}, 2e9, 1e6, train_block),
-                            point(3, "infer", {{"model", "bert_base"}}, 1e9, 1e6,
-                                  unavailable_json(MetricSet::all, "no CUPTI"))};
+  std::vector<json> with = {
+      gemm, point(1, "stream", {{"op", "copy"}}, 0, 8000, counters_json(two_ranges(), {0, 8000})),
+      point(2, "train", {{"model", "resnet50"}}, 2e9, 1e6, train_block),
+      point(3, "infer", {{"model", "bert_base"}}, 1e9, 1e6, unavailable_json(MetricSet::all, "no CUPTI"))};
   const report::Document doc = report::build_report({run_of(with)});
   const report::Section* roofline = section(doc, "Measured roofline");
   const report::Section* character = section(doc, "Suite character");

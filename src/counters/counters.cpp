@@ -3,8 +3,8 @@
 #include "counters/counters.h"
 
 #include <algorithm>
-#include <optional>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 
@@ -149,12 +149,9 @@ nlohmann::json unavailable_json(MetricSet set, const std::string& reason) {
 nlohmann::json counters_json(const Measurement& m, const Modelled& modelled) {
   if (!m.available) return unavailable_json(m.set, m.reason);
   const std::map<std::string, double> values = combined(m);
-  nlohmann::json j = {{"status", "ok"},
-                      {"set", std::string(to_string(m.set))},
-                      {"metrics", values},
-                      {"ranges", m.ranges.size()},
-                      {"passes", m.passes},
-                      {"overhead_s", m.overhead_s}};
+  nlohmann::json j = {{"status", "ok"},     {"set", std::string(to_string(m.set))},
+                      {"metrics", values},  {"ranges", m.ranges.size()},
+                      {"passes", m.passes}, {"overhead_s", m.overhead_s}};
   if (!m.missing.empty()) j["missing"] = m.missing;
   if (m.dropped_ranges > 0) j["dropped_ranges"] = m.dropped_ranges;
   const double dram = dram_bytes(values);

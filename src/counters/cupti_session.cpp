@@ -14,8 +14,8 @@
 #include <cupti_target.h>
 
 #include <chrono>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -187,7 +187,8 @@ class CuptiMarks final : public RangeMarks {
  public:
   CuptiMarks(CUpti_RangeProfiler_Object* object, std::size_t max_ranges) : object_(object), max_(max_ranges) {}
   void begin(const std::string& name) override {
-    if (open_) throw CuptiFailure("range '" + name + "' begun inside range '" + names_.back() + "' (ranges do not nest)");
+    if (open_)
+      throw CuptiFailure("range '" + name + "' begun inside range '" + names_.back() + "' (ranges do not nest)");
     if (names_.size() >= max_) throw CuptiFailure("more than " + std::to_string(max_) + " ranges in one pass");
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a range)");
     names_.push_back(name);

@@ -9,8 +9,9 @@ namespace ab::counters {
 std::unique_ptr<CounterSession> open_session(MetricSet set, const std::string& device_id) {
   constexpr std::string_view kCuda = "cuda:";
   if (device_id.rfind(kCuda, 0) != 0)
-    return unavailable_session(set, "device " + device_id + " has no hardware counters accelbench reads (CUPTI is for "
-                                    "CUDA devices)");
+    return unavailable_session(set, "device " + device_id +
+                                        " has no hardware counters accelbench reads (CUPTI is for "
+                                        "CUDA devices)");
   int ordinal = -1;
   const char* digits = device_id.data() + kCuda.size();
   const auto [end, ec] = std::from_chars(digits, device_id.data() + device_id.size(), ordinal);

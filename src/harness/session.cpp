@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "backend/collectives.h"
-#include "counters/counters.h"
 #include "core/error.h"
+#include "counters/counters.h"
 #include "dist/comm.h"
 #include "dist/launcher.h"
 #include "results/results.h"
@@ -170,7 +170,7 @@ void RunSession::prepare(const Registry& registry, const Planner& planner) {
   context_["measurement"] = {{"min_time_s", settings_.min_time_s}, {"max_noise_pct", settings_.max_noise_pct},
                              {"timeout_s", settings_.timeout_s},   {"warmup_s", settings_.warmup_s},
                              {"mode", std::string(measure::to_string(settings_.mode))}};
-  const std::string counter_set = !request_.counters.empty() ? request_.counters
+  const std::string counter_set = !request_.counters.empty()   ? request_.counters
                                   : suite_ && suite_->counters ? *suite_->counters
                                                                : "off";
   if (const counters::MetricSet set = counters::parse_metric_set(counter_set); set != counters::MetricSet::off) {

@@ -36,7 +36,8 @@ std::vector<Section> study_sections(const std::vector<Point>& all, const std::ve
 std::vector<Section> feed_sections(const std::vector<Point>& all, bool multi_run);
 // "Measured roofline" and "Suite character" (counter_charts.cpp) of the points whose hardware
 // counters were read (metrics.counters.status ok); empty when none was.
-std::vector<Section> counter_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings, bool multi_run);
+std::vector<Section> counter_sections(const std::vector<Point>& all, const std::vector<Ceiling>& ceilings,
+                                      bool multi_run);
 // Power and host CPU over the run, from telemetry.json; empty without a trace.
 std::vector<Block> telemetry_blocks(const Run& run);
 

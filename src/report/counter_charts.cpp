@@ -20,9 +20,9 @@ namespace {
 // kernels, MLPerf's models, STREAM's memory traffic, communication. Unlisted: its own name.
 const std::map<std::string, std::string>& family_of_workload() {
   static const std::map<std::string, std::string> table = {
-      {"gemm", "DeepBench kernels"},  {"conv", "DeepBench kernels"}, {"train", "MLPerf models"},
-      {"infer", "MLPerf models"},     {"loadgen", "MLPerf models"},  {"stream", "STREAM memory"},
-      {"copy", "STREAM memory"},      {"collectives", "collectives"}, {"p2p", "collectives"}};
+      {"gemm", "DeepBench kernels"}, {"conv", "DeepBench kernels"},  {"train", "MLPerf models"},
+      {"infer", "MLPerf models"},    {"loadgen", "MLPerf models"},   {"stream", "STREAM memory"},
+      {"copy", "STREAM memory"},     {"collectives", "collectives"}, {"p2p", "collectives"}};
   return table;
 }
 
@@ -64,8 +64,10 @@ json roof_lines(const std::vector<Ceiling>& ceilings, const std::set<std::string
       if (bw > 0 && c->value * 1e3 / bw > lo && c->value * 1e3 / bw < hi) xs.push_back(c->value * 1e3 / bw);
       xs.push_back(hi);
       for (std::size_t i = 0; i < xs.size(); ++i)
-        lines.push_back({{"x", xs[i]}, {"y", bw > 0 ? std::min(c->value, xs[i] * bw / 1e3) : c->value},
-                         {"roof", prefix + c->key}, {"order", i}});
+        lines.push_back({{"x", xs[i]},
+                         {"y", bw > 0 ? std::min(c->value, xs[i] * bw / 1e3) : c->value},
+                         {"roof", prefix + c->key},
+                         {"order", i}});
     }
     if (peaks.empty() && bw > 0)
       for (std::size_t i = 0; i < 2; ++i) {
@@ -94,7 +96,8 @@ void add_point_dots(const Point& p, const json& c, bool multi_run, json& dots, T
   if (const json* ops = at_path(c, "ops"); ops != nullptr && ops->is_array())
     for (const json& op : *ops) {
       const double flops = op.value("flops", 0.0), dram = op.value("dram_bytes", 0.0), s = op.value("duration_s", 0.0);
-      if (flops > 0 && dram > 0 && s > 0) place(flops / dram, flops / s / 1e12, "op (measured)", label + " " + op.value("name", ""));
+      if (flops > 0 && dram > 0 && s > 0)
+        place(flops / dram, flops / s / 1e12, "op (measured)", label + " " + op.value("name", ""));
     }
   table.rows.push_back({text_cell(label), num_cell(num(c, "dram_bytes")), num_cell(num(c, "modelled_bytes")),
                         num_cell(num(c, "measured_over_modelled_bytes"), 3), num_cell(ai), num_cell(model_ai),
@@ -105,8 +108,14 @@ Chart measured_roofline(const std::vector<const Point*>& points, const std::vect
   Chart chart;
   chart.title = "Measured roofline";
   chart.table.caption = "measured against modelled, per point";
-  chart.table.columns = {"point", "DRAM bytes (measured)", "bytes (modelled)", "measured / modelled",
-                         "FLOP/byte (measured)", "FLOP/byte (modelled)", "TFLOP/s (counters)", "TFLOP/s (timed)"};
+  chart.table.columns = {"point",
+                         "DRAM bytes (measured)",
+                         "bytes (modelled)",
+                         "measured / modelled",
+                         "FLOP/byte (measured)",
+                         "FLOP/byte (modelled)",
+                         "TFLOP/s (counters)",
+                         "TFLOP/s (timed)"};
   json dots = json::array();
   std::set<std::string> devices;
   double lo = 0, hi = 0;
@@ -117,31 +126,43 @@ Chart measured_roofline(const std::vector<const Point*>& points, const std::vect
   std::string roof_note;
   const json roofs = dots.empty() ? json::array() : roof_lines(ceilings, devices, lo / 4, hi * 4, roof_note);
   json spec = base_spec("measured roofline");
-  const json x = {{"field", "x"}, {"type", "quantitative"}, {"title", "arithmetic intensity (FLOP/byte, log)"},
+  const json x = {{"field", "x"},
+                  {"type", "quantitative"},
+                  {"title", "arithmetic intensity (FLOP/byte, log)"},
                   {"scale", {{"type", "log"}, {"nice", false}}}};
   const json y = {{"field", "y"}, {"type", "quantitative"}, {"title", "TFLOP/s (log)"}, {"scale", {{"type", "log"}}}};
   json layers = json::array();
   if (!roofs.empty())
-    layers.push_back({{"data", {{"values", roofs}}}, {"mark", {{"type", "line"}, {"color", "#5f6368"}, {"strokeWidth", 1.5}}},
-                      {"encoding", {{"x", x}, {"y", y}, {"detail", {{"field", "roof"}}}, {"order", {{"field", "order"}}}}}});
+    layers.push_back(
+        {{"data", {{"values", roofs}}},
+         {"mark", {{"type", "line"}, {"color", "#5f6368"}, {"strokeWidth", 1.5}}},
+         {"encoding", {{"x", x}, {"y", y}, {"detail", {{"field", "roof"}}}, {"order", {{"field", "order"}}}}}});
   // The measured and the modelled point of one record joined by a thin line: how far the model is off.
   layers.push_back({{"data", {{"values", dots}}},
                     {"transform", json::array({{{"filter", "datum.kind !== 'op (measured)'"}}})},
                     {"mark", {{"type", "line"}, {"color", "#9aa0a6"}, {"strokeWidth", 1}}},
                     {"encoding", {{"x", x}, {"y", y}, {"detail", {{"field", "pair"}}}}}});
-  layers.push_back({{"data", {{"values", dots}}}, {"mark", {{"type", "point"}, {"filled", true}}},
-                    {"encoding", {{"x", x}, {"y", y}, {"color", {{"field", "kind"}, {"type", "nominal"}, {"title", nullptr}}},
-                                  {"size", {{"condition", {{"test", "datum.kind === 'op (measured)'"}, {"value", 25}}}, {"value", 80}}},
-                                  {"tooltip", json::array({{{"field", "point"}}, {{"field", "kind"}},
-                                                           {{"field", "x"}, {"title", "FLOP/byte"}, {"format", ".3~g"}},
-                                                           {{"field", "y"}, {"title", "TFLOP/s"}, {"format", ".4~g"}}})}}}});
+  layers.push_back(
+      {{"data", {{"values", dots}}},
+       {"mark", {{"type", "point"}, {"filled", true}}},
+       {"encoding",
+        {{"x", x},
+         {"y", y},
+         {"color", {{"field", "kind"}, {"type", "nominal"}, {"title", nullptr}}},
+         {"size", {{"condition", {{"test", "datum.kind === 'op (measured)'"}, {"value", 25}}}, {"value", 80}}},
+         {"tooltip", json::array({{{"field", "point"}},
+                                  {{"field", "kind"}},
+                                  {{"field", "x"}, {"title", "FLOP/byte"}, {"format", ".3~g"}},
+                                  {{"field", "y"}, {"title", "TFLOP/s"}, {"format", ".4~g"}}})}}}});
   spec["layer"] = layers;
   chart.spec = std::move(spec);
-  chart.note = "Each point at the intensity its counters measured (counts.flops / DRAM bytes read and written) and "
-               "the rate over the counted kernels' duration, beside its modelled point (counts.flops / counts.bytes, "
-               "timed TFLOP/s), the two joined; a model's ops as small dots. " +
-               (roof_note.empty() ? std::string("No ceilings measured on this device: run `accelbench run ceilings` for the roofs.")
-                                  : "Roofs (measured): " + roof_note + ".");
+  chart.note =
+      "Each point at the intensity its counters measured (counts.flops / DRAM bytes read and written) and "
+      "the rate over the counted kernels' duration, beside its modelled point (counts.flops / counts.bytes, "
+      "timed TFLOP/s), the two joined; a model's ops as small dots. " +
+      (roof_note.empty()
+           ? std::string("No ceilings measured on this device: run `accelbench run ceilings` for the roofs.")
+           : "Roofs (measured): " + roof_note + ".");
   return chart;
 }
 
@@ -163,19 +184,26 @@ Chart suite_character(const std::vector<const Point*>& points, bool multi_run) {
   json spec = base_spec("suite character");
   spec["data"] = {{"values", dots}};
   spec["mark"] = {{"type", "point"}, {"filled", true}, {"size", 80}};
-  spec["encoding"] = {
-      {"x", {{"field", "x"}, {"type", "quantitative"}, {"title", "memory transactions/s (32-byte DRAM sectors, log)"},
-             {"scale", {{"type", "log"}}}}},
-      {"y", {{"field", "y"}, {"type", "quantitative"}, {"title", "compute rate (TFLOP/s, symlog)"},
-             {"scale", {{"type", "symlog"}}}}},
-      {"color", {{"field", "family"}, {"type", "nominal"}, {"title", "suite family"}}},
-      {"tooltip", json::array({{{"field", "point"}}, {{"field", "family"}},
-                               {{"field", "x"}, {"title", "sectors/s"}, {"format", ".3~g"}},
-                               {{"field", "y"}, {"title", "TFLOP/s"}, {"format", ".4~g"}}})}};
+  spec["encoding"] = {{"x",
+                       {{"field", "x"},
+                        {"type", "quantitative"},
+                        {"title", "memory transactions/s (32-byte DRAM sectors, log)"},
+                        {"scale", {{"type", "log"}}}}},
+                      {"y",
+                       {{"field", "y"},
+                        {"type", "quantitative"},
+                        {"title", "compute rate (TFLOP/s, symlog)"},
+                        {"scale", {{"type", "symlog"}}}}},
+                      {"color", {{"field", "family"}, {"type", "nominal"}, {"title", "suite family"}}},
+                      {"tooltip", json::array({{{"field", "point"}},
+                                               {{"field", "family"}},
+                                               {{"field", "x"}, {"title", "sectors/s"}, {"format", ".3~g"}},
+                                               {{"field", "y"}, {"title", "TFLOP/s"}, {"format", ".4~g"}}})}};
   chart.spec = std::move(spec);
-  chart.note = "Each point's DRAM traffic (sectors of 32 bytes per second over the counted kernels' duration) "
-               "against its compute rate (counts.flops over that duration); colour: the suite family its "
-               "workload stands for (DeepBench kernels, MLPerf models, STREAM memory, collectives).";
+  chart.note =
+      "Each point's DRAM traffic (sectors of 32 bytes per second over the counted kernels' duration) "
+      "against its compute rate (counts.flops over that duration); colour: the suite family its "
+      "workload stands for (DeepBench kernels, MLPerf models, STREAM memory, collectives).";
   return chart;
 }
 

@@ -33,9 +33,10 @@ constexpr std::array<const char*, 11> kScenario = {"name",          "result",   
 // The hardware counters' status and derived figures (docs/RESULTS.md, metrics.counters), when any
 // point has them: the characterisation study's columns.
 constexpr std::array<const char*, 8> kCounters = {
-    "counters.status",          "counters.set",          "counters.dram_bytes",
-    "counters.measured_intensity_flop_per_byte", "counters.dram_bytes_per_s", "counters.dram_sectors_per_s",
-    "counters.achieved_tflops", "counters.measured_over_modelled_bytes"};
+    "counters.status",           "counters.set",
+    "counters.dram_bytes",       "counters.measured_intensity_flop_per_byte",
+    "counters.dram_bytes_per_s", "counters.dram_sectors_per_s",
+    "counters.achieved_tflops",  "counters.measured_over_modelled_bytes"};
 
 // The key may be dotted (scenario's "latency_s.p99"); params keys are taken whole.
 const json* find(const json& record, const Column& c) {

@@ -34,8 +34,10 @@ struct Observing {
 nlohmann::json ops_json(const nn::Graph& graph, const counters::Measurement& m) {
   std::map<std::string, std::pair<double, double>> modelled;  // range name -> FLOPs, bytes
   for (const nn::OpReport& o : graph.report()) {
-    modelled[op_range_name(o.name, false)] = {static_cast<double>(o.forward_flops), static_cast<double>(o.forward_bytes)};
-    modelled[op_range_name(o.name, true)] = {static_cast<double>(o.backward_flops), static_cast<double>(o.backward_bytes)};
+    modelled[op_range_name(o.name, false)] = {static_cast<double>(o.forward_flops),
+                                              static_cast<double>(o.forward_bytes)};
+    modelled[op_range_name(o.name, true)] = {static_cast<double>(o.backward_flops),
+                                             static_cast<double>(o.backward_bytes)};
   }
   nlohmann::json ops = nlohmann::json::array();
   for (const counters::RangeValues& r : m.ranges) {
@@ -43,7 +45,8 @@ nlohmann::json ops_json(const nn::Graph& graph, const counters::Measurement& m) 
     if (const auto it = modelled.find(r.name); it != modelled.end())
       op["flops"] = it->second.first, op["modelled_bytes"] = it->second.second;
     if (r.values.count("dram__bytes_read.sum") > 0) op["dram_bytes"] = counters::dram_bytes(r.values);
-    if (const auto d = r.values.find("gpu__time_duration.sum"); d != r.values.end()) op["duration_s"] = d->second * 1e-9;
+    if (const auto d = r.values.find("gpu__time_duration.sum"); d != r.values.end())
+      op["duration_s"] = d->second * 1e-9;
     ops.push_back(std::move(op));
   }
   return ops;

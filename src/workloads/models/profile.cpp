@@ -55,9 +55,13 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
     k.forward_flops += o.forward_flops, k.backward_flops += o.backward_flops;
     k.forward_bytes += o.forward_bytes, k.backward_bytes += o.backward_bytes;
     k.forward_s += o.forward_s, k.backward_s += o.backward_s;
-    rows.push_back({{"name", o.name}, {"kind", o.kind}, {"out_shape", o.out_shape.to_string()}, {"params", o.params},
-                    {"forward", pass_json(o.forward_flops, o.forward_bytes, o.forward_s, measured_of(o.name, false))},
-                    {"backward", pass_json(o.backward_flops, o.backward_bytes, o.backward_s, measured_of(o.name, true))}});
+    rows.push_back(
+        {{"name", o.name},
+         {"kind", o.kind},
+         {"out_shape", o.out_shape.to_string()},
+         {"params", o.params},
+         {"forward", pass_json(o.forward_flops, o.forward_bytes, o.forward_s, measured_of(o.name, false))},
+         {"backward", pass_json(o.backward_flops, o.backward_bytes, o.backward_s, measured_of(o.name, true))}});
   }
   nlohmann::json kinds = nlohmann::json::object();
   for (const auto& [kind, k] : by_kind) {
@@ -86,13 +90,12 @@ nlohmann::json write_op_profile(const std::vector<nn::OpReport>& ops, const std:
       if (p["flops"].get<std::int64_t>() == 0 && p["bytes"].get<std::int64_t>() == 0) continue;
       f << r["name"].get<std::string>() << ',' << r["kind"].get<std::string>() << ",\""
         << r["out_shape"].get<std::string>() << "\"," << r["params"] << ',' << pass << ',' << p["time_s"] << ','
-        << p["flops"] << ',' << p["bytes"] << ',' << p.value("flops_per_byte", 0.0) << ','
-        << p.value("tflops", 0.0) << ',' << p.value("gbps", 0.0);
+        << p["flops"] << ',' << p["bytes"] << ',' << p.value("flops_per_byte", 0.0) << ',' << p.value("tflops", 0.0)
+        << ',' << p.value("gbps", 0.0);
       // A pass the counter pass did not see (no kernel of its own) leaves the two cells empty.
       if (measured != nullptr && p.contains("measured_dram_bytes"))
         f << ',' << p["measured_dram_bytes"] << ',' << p.value("measured_over_modelled", 0.0);
-      else if (measured != nullptr)
-        f << ",,";
+      else if (measured != nullptr) f << ",,";
       f << '\n';
     }
   if (!f) throw Error("cannot write " + (dir / "ops.csv").string());
