@@ -97,6 +97,9 @@ const std::vector<BadValue>& bad_values() {
         {{"data", "make-imagefolder", "fashion-mnist", "$OUT/x", "--size", "garbage"}, "--size"},
         {{"data", "make-imagefolder", "fashion-mnist", "$OUT/x", "--quality", "101"}, "--quality"},
         {{"data", "make-imagefolder", "fashion-mnist", "$OUT/x", "--limit", "-3"}, "--limit"},
+        {{"inspect", ""}, "file"},
+        {{"inspect", "$OUT/missing.onnx"}, "missing.onnx"},
+        {{"inspect", "$OUT/figures.csv"}, "figures.csv"},
     };
     // The measurement settings and the monitor's: every number that is not finite, or out of range.
     const std::vector<std::pair<std::string, std::vector<std::string>>> settings{

@@ -27,14 +27,19 @@ struct Net {
 };
 
 // Conv (no bias) + BatchNormalization in ONNX; their values under native names "<name>.conv", "<name>.bn".
+// With `bias`, the convolution has one of its own before the batch norm (native: "<name>.cb", a bias_act).
 std::string conv_bn(Net& t, const std::string& name, const std::string& in, std::int64_t c, std::int64_t k,
-                    std::int64_t stride = 1) {
+                    bool bias = false) {
   const std::vector<double> w = random_values(t.next(), k * c * 9, -0.5, 0.5);
   const std::vector<double> gamma = random_values(t.next(), k, 0.5, 1.5), beta = random_values(t.next(), k),
                             mean = random_values(t.next(), k, -0.2, 0.2), var = random_values(t.next(), k, 0.5, 1.5);
-  auto* conv = t.onnx.node("Conv", {in, t.onnx.init(name + ".w", {k, c, 3, 3}, w)}, {name + ".c"}, name + "/Conv");
+  std::vector<std::string> inputs{in, t.onnx.init(name + ".w", {k, c, 3, 3}, w)};
+  if (bias) {
+    t.native[name + ".cb.bias"] = random_values(t.next(), k);
+    inputs.push_back(t.onnx.init(name + ".cbias", {k}, t.native[name + ".cb.bias"]));
+  }
+  auto* conv = t.onnx.node("Conv", inputs, {name + ".c"}, name + "/Conv");
   OB::attr(conv, "pads", std::vector<std::int64_t>{1, 1, 1, 1});
-  OB::attr(conv, "strides", std::vector<std::int64_t>{stride, stride});
   OB::attr(conv, "kernel_shape", std::vector<std::int64_t>{3, 3});
   t.onnx.node("BatchNormalization",
               {name + ".c", t.onnx.init(name + ".g", {k}, gamma), t.onnx.init(name + ".b", {k}, beta),
@@ -57,9 +62,10 @@ nn::Conv2dAttrs conv3x3(std::int64_t k, std::int64_t stride = 1) {
   return a;
 }
 
-nn::Value native_conv_bn(nn::GraphBuilder& b, const std::string& name, nn::Value x, std::int64_t k,
-                         std::int64_t stride = 1) {
-  return nn::batchnorm2d(b, name + ".bn", nn::conv2d(b, name + ".conv", x, conv3x3(k, stride)));
+nn::Value native_conv_bn(nn::GraphBuilder& b, const std::string& name, nn::Value x, std::int64_t k, bool bias = false) {
+  nn::Value y = nn::conv2d(b, name + ".conv", x, conv3x3(k));
+  if (bias) y = nn::bias_activation(b, name + ".cb", y, nn::Value{}, false);
+  return nn::batchnorm2d(b, name + ".bn", y);
 }
 
 // A tiny ResNet: stem conv+bn+relu, one residual block, a biased stride-2 conv + relu (PyTorch's
@@ -68,7 +74,7 @@ Net tiny_resnet_onnx(std::uint64_t seed, std::int64_t batch_dim) {
   Net t;
   t.seed = seed;
   t.onnx.input("x", {batch_dim, 3, 8, 8});
-  t.onnx.node("Relu", {conv_bn(t, "stem", "x", 3, 8)}, {"a"});
+  t.onnx.node("Relu", {conv_bn(t, "stem", "x", 3, 8, /*bias=*/true)}, {"a"});
   t.onnx.node("Relu", {conv_bn(t, "b1", "a", 8, 8)}, {"r1"});
   t.onnx.node("Add", {conv_bn(t, "b2", "r1", 8, 8), "a"}, {"sum"});
   t.onnx.node("Relu", {"sum"}, {"r2"});
@@ -96,7 +102,7 @@ Net tiny_resnet_onnx(std::uint64_t seed, std::int64_t batch_dim) {
 }
 
 nn::Value tiny_resnet_native(nn::GraphBuilder& b, nn::Value x) {
-  const nn::Value a = nn::relu(b, "r0", native_conv_bn(b, "stem", x, 8));
+  const nn::Value a = nn::relu(b, "r0", native_conv_bn(b, "stem", x, 8, /*bias=*/true));
   const nn::Value r1 = nn::relu(b, "r1", native_conv_bn(b, "b1", a, 8));
   const nn::Value r2 = nn::relu(b, "r2", nn::add(b, "add", native_conv_bn(b, "b2", r1, 8), a));
   const nn::Value d = nn::bias_activation(b, "down", nn::conv2d(b, "down.conv", r2, conv3x3(16, 2)), nn::Value{}, true);
@@ -438,6 +444,28 @@ TEST(OnnxCli, InferRunsAnOnnxFileAndRecordsWhatItIs) {
         max_rel_diff({got.begin(), got.end()}, {want.begin(), want.begin() + static_cast<std::ptrdiff_t>(batch * 10)}),
         1e-5);
   }
+}
+
+TEST(OnnxCli, LoadgenRunsAnOnnxFileAsItsSystemUnderTest) {
+  test::TempDir dir;
+  Net t = tiny_resnet_onnx(test::seed(), -1);
+  const std::string file = (dir.path() / "tiny.onnx").string();
+  dir.write("tiny.onnx", t.onnx.bytes());
+  const test::Ran o =
+      test::accelbench({"run", "loadgen", "--device", "cpu", "--axis", "sut=" + file, "--axis",
+                        "scenario=single-stream", "--axis", "samples=64", "--out", dir.path().string(), "-q"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  std::vector<std::filesystem::path> runs;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "runs"))
+    if (e.is_directory()) runs.push_back(e.path());
+  ASSERT_EQ(runs.size(), 1u);
+  const auto read = results::read_jsonl(runs[0] / "points.jsonl");
+  ASSERT_EQ(read.records.size(), 1u);
+  const auto& r = read.records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  EXPECT_NE(r["scenario"]["sut"].get<std::string>().find("tiny.onnx"), std::string::npos) << r["scenario"].dump();
+  EXPECT_GT(r["counts"]["flops"].get<double>(), 0.0);
+  EXPECT_GT(r["scenario"]["completed_samples_per_s"].get<double>(), 0.0);
 }
 
 TEST(OnnxCli, InspectPrintsTheHistogramTheFusionsAndEveryUnsupportedOp) {

@@ -1,5 +1,6 @@
 // Host evaluation of nodes on constants: what makes PyTorch's shape subgraphs (Shape -> Gather ->
 // Unsqueeze -> Concat -> Reshape, arithmetic on sizes) and folded weights static before mapping.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -313,6 +314,14 @@ Outs eval_expand(const Node& n, const Ins& ins) {
 
 }  // namespace
 
+HostTensor shape_of(const std::vector<std::int64_t>& dims, const Node& n) {
+  const auto rank = static_cast<std::int64_t>(dims.size());
+  std::int64_t start = attr_int(n, "start", 0), end = attr_int(n, "end", rank);
+  start = std::clamp(start < 0 ? std::max(start, -rank) + rank : start, std::int64_t{0}, rank);
+  end = std::clamp(end < 0 ? std::max(end, -rank) + rank : end, start, rank);
+  return make_ints({end - start}, {dims.begin() + start, dims.begin() + end});
+}
+
 std::vector<std::int64_t> broadcast_dims(const std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b,
                                          const std::string& what) {
   std::vector<std::int64_t> out(std::max(a.size(), b.size()));
@@ -460,10 +469,7 @@ const std::map<std::string, HostEval>& host_evaluators() {
     t["Range"] = eval_range;
     t["Where"] = eval_where;
     t["Expand"] = eval_expand;
-    t["Shape"] = [](const Node& n, const Ins& ins) -> Outs {  // of a constant; a value's shape: Ctx
-      const HostTensor& x = in(n, ins, 0);
-      return {make_ints({static_cast<std::int64_t>(x.dims.size())}, x.dims)};
-    };
+    t["Shape"] = [](const Node& n, const Ins& ins) -> Outs { return {shape_of(in(n, ins, 0).dims, n)}; };
     t["Reshape"] = [](const Node& n, const Ins& ins) -> Outs {
       const HostTensor& x = in(n, ins, 0);
       return {with_dims(x, reshape_dims(x.dims, in(n, ins, 1), attr_int(n, "allowzero", 0) != 0, n), n)};

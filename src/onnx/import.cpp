@@ -116,13 +116,8 @@ namespace {
 
 // Evaluates the node on the host where its inputs are constants (or, for Shape, known shapes).
 bool try_fold(Ctx& c, const Node& n) {
-  if (n.op == "Shape" && c.has_input(n, 0)) {
-    const std::vector<std::int64_t> dims = c.shape(n, 0);
-    const auto rank = static_cast<std::int64_t>(dims.size());
-    std::int64_t start = attr_int(n, "start", 0), end = attr_int(n, "end", rank);
-    start = std::clamp(start < 0 ? start + rank : start, std::int64_t{0}, rank);
-    end = std::clamp(end < 0 ? end + rank : end, start, rank);
-    c.set_constant(n.outputs.at(0), make_ints({end - start}, {dims.begin() + start, dims.begin() + end}));
+  if (n.op == "Shape" && c.has_input(n, 0)) {  // of a computed tensor too: its shape is static here
+    c.set_constant(n.outputs.at(0), shape_of(c.shape(n, 0), n));
     return true;
   }
   const auto& evals = host_evaluators();

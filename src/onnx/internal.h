@@ -73,6 +73,8 @@ std::unique_ptr<Model::State> load_state(const std::string& bytes, const std::st
 // UsageError for inputs the op cannot take (naming the node).
 using HostEval = std::function<std::vector<HostTensor>(const Node&, const std::vector<const HostTensor*>&)>;
 const std::map<std::string, HostEval>& host_evaluators();
+// Shape's output for a tensor of `dims` (its start and end attributes, opset 15).
+HostTensor shape_of(const std::vector<std::int64_t>& dims, const Node& n);
 // numpy broadcasting of two shapes; UsageError naming `what` where they do not broadcast.
 std::vector<std::int64_t> broadcast_dims(const std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b,
                                          const std::string& what);

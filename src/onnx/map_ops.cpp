@@ -55,6 +55,7 @@ void map_clip(Ctx& c, const Node& n) {
 // Binary ops: both operands as engine values (a constant one as an nn::constant), numpy broadcast.
 template <nn::BinaryKind K>
 void map_binary(Ctx& c, const Node& n) {
+  if (n.inputs.size() != 2) c.refuse(n, "takes two inputs here (variadic Max/Min/Sum are not mapped)");
   const nn::Value a = c.value(n, 0), b = c.value(n, 1);
   c.set(n.outputs.at(0), nn::binary(c.b, c.unique_name(n.name), a, b, K));
 }
