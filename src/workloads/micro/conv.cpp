@@ -244,6 +244,7 @@ void record_shape(State& state, const ConvShape& s) {
 class Conv final : public Workload {
  public:
   std::string name() const override { return "conv"; }
+  bool has_counter_pass() const override { return true; }
   std::string description() const override {
     return "One 2-D convolution pass (forward, backward data, backward filter) of DeepBench's and ResNet-50's "
            "shapes or a custom one: the engine's cuDNN path with its algorithm search on CUDA, the float64 "
@@ -297,6 +298,7 @@ class Conv final : public Workload {
     point.prepare();
     point.check();
     state.exec([&point] { point.launch(); });
+    state.measure_counters({{"conv", [&point] { point.launch(); }}});
   }
 };
 
