@@ -105,9 +105,9 @@ class CudaGeneric : public ::testing::Test {
         ++bad;
       }
     }
-    EXPECT_EQ(bad, 0u) << what << " " << to_string(t) << " " << to_string(layout) << ": " << bad << " of " << ref_y.size()
-                       << " elements differ; first at " << worst << ": cuda " << cuda_y[worst] << ", ref " << ref_y[worst]
-                       << " (seed " << seed_ << ")";
+    EXPECT_EQ(bad, 0u) << what << " " << to_string(t) << " " << to_string(layout) << ": " << bad << " of "
+                       << ref_y.size() << " elements differ; first at " << worst << ": cuda " << cuda_y[worst]
+                       << ", ref " << ref_y[worst] << " (seed " << seed_ << ")";
   }
 
   std::uint64_t seed_ = test::seed();
@@ -117,17 +117,28 @@ class CudaGeneric : public ::testing::Test {
 };
 
 TEST_F(CudaGeneric, UnaryFunctionsInEveryDtype) {
-  const UnaryAttrs kinds[] = {{UnaryKind::sigmoid},    {UnaryKind::hard_sigmoid, 0.2, 0.5}, {UnaryKind::hard_swish},
-                              {UnaryKind::silu},       {UnaryKind::leaky_relu, 0.01},     {UnaryKind::clip, -0.5, 1.25},
-                              {UnaryKind::erf},        {UnaryKind::gelu_erf},             {UnaryKind::gelu_tanh},
-                              {UnaryKind::sqrt},       {UnaryKind::exp},                  {UnaryKind::tanh},
-                              {UnaryKind::neg},        {UnaryKind::abs},                  {UnaryKind::reciprocal}};
+  const UnaryAttrs kinds[] = {{UnaryKind::sigmoid},
+                              {UnaryKind::hard_sigmoid, 0.2, 0.5},
+                              {UnaryKind::hard_swish},
+                              {UnaryKind::silu},
+                              {UnaryKind::leaky_relu, 0.01},
+                              {UnaryKind::clip, -0.5, 1.25},
+                              {UnaryKind::erf},
+                              {UnaryKind::gelu_erf},
+                              {UnaryKind::gelu_tanh},
+                              {UnaryKind::sqrt},
+                              {UnaryKind::exp},
+                              {UnaryKind::tanh},
+                              {UnaryKind::neg},
+                              {UnaryKind::abs},
+                              {UnaryKind::reciprocal}};
   for (const DType t : kTypes)
     for (const UnaryAttrs& a : kinds) {
       const bool positive = a.kind == UnaryKind::sqrt || a.kind == UnaryKind::reciprocal;
-      compare("unary " + std::to_string(static_cast<int>(a.kind)), t, Layout::nchw,
-              {In(Shape{3, 5, 37, 41}, positive ? 0.2 : -4, 4)},
-              [&](GraphBuilder& b, const std::vector<Value>& v) { return unary(b, "f", v[0], a); }, rounding(t));
+      compare(
+          "unary " + std::to_string(static_cast<int>(a.kind)), t, Layout::nchw,
+          {In(Shape{3, 5, 37, 41}, positive ? 0.2 : -4, 4)},
+          [&](GraphBuilder& b, const std::vector<Value>& v) { return unary(b, "f", v[0], a); }, rounding(t));
     }
 }
 
@@ -142,24 +153,32 @@ TEST_F(CudaGeneric, BinaryOpsFlatAndBroadcastInBothLayouts) {
         for (const BinaryKind k : kinds) {
           const bool pow = k == BinaryKind::pow;
           // pow's error grows with |b log a|: f32's powf is within a few ulps of the result.
-          compare("binary " + std::to_string(static_cast<int>(k)) + " with " + s.to_string(), t, l,
-                  {In(x, pow ? 0.5 : -2, 2), In(s, pow ? -2 : 0.25, 2)},
-                  [&](GraphBuilder& b, const std::vector<Value>& v) { return binary(b, "op", v[0], v[1], k); },
-                  rounding(t) * (pow ? 2 : 1));
+          compare(
+              "binary " + std::to_string(static_cast<int>(k)) + " with " + s.to_string(), t, l,
+              {In(x, pow ? 0.5 : -2, 2), In(s, pow ? -2 : 0.25, 2)},
+              [&](GraphBuilder& b, const std::vector<Value>& v) { return binary(b, "op", v[0], v[1], k); },
+              rounding(t) * (pow ? 2 : 1));
         }
 }
 
 TEST_F(CudaGeneric, WhereExpandAndGather) {
   for (const DType t : kTypes)
     for (const Layout l : kLayouts) {
-      compare("where", t, l, {In(Shape{1, 6, 1, 7}, -1, 2, DType::i32), In(Shape{3, 6, 5, 7}), In(Shape{6, 1, 1})},
-              [](GraphBuilder& b, const std::vector<Value>& v) { return where(b, "w", v[0], v[1], v[2]); }, 0, 0);
-      compare("expand", t, l, {In(Shape{6, 1, 7})},
-              [](GraphBuilder& b, const std::vector<Value>& v) { return expand(b, "e", v[0], Shape{2, 1, 5, 1}); }, 0, 0);
-      compare("gather rows", t, l, {In(Shape{50, 24}), In(Shape{3, 7}, -50, 50, DType::i32)},
-              [](GraphBuilder& b, const std::vector<Value>& v) { return gather(b, "g", v[0], v[1], 0); }, 0, 0);
-      compare("gather channels", t, l, {In(Shape{2, 9, 4, 5}), In(Shape{4}, 0, 9, DType::i32)},
-              [](GraphBuilder& b, const std::vector<Value>& v) { return gather(b, "g", v[0], v[1], 1); }, 0, 0);
+      compare(
+          "where", t, l, {In(Shape{1, 6, 1, 7}, -1, 2, DType::i32), In(Shape{3, 6, 5, 7}), In(Shape{6, 1, 1})},
+          [](GraphBuilder& b, const std::vector<Value>& v) { return where(b, "w", v[0], v[1], v[2]); }, 0, 0);
+      compare(
+          "expand", t, l, {In(Shape{6, 1, 7})},
+          [](GraphBuilder& b, const std::vector<Value>& v) {
+            return expand(b, "e", v[0], Shape{2, 1, 5, 1});
+          },
+          0, 0);
+      compare(
+          "gather rows", t, l, {In(Shape{50, 24}), In(Shape{3, 7}, -50, 50, DType::i32)},
+          [](GraphBuilder& b, const std::vector<Value>& v) { return gather(b, "g", v[0], v[1], 0); }, 0, 0);
+      compare(
+          "gather channels", t, l, {In(Shape{2, 9, 4, 5}), In(Shape{4}, 0, 9, DType::i32)},
+          [](GraphBuilder& b, const std::vector<Value>& v) { return gather(b, "g", v[0], v[1], 1); }, 0, 0);
     }
 }
 
@@ -167,25 +186,28 @@ TEST_F(CudaGeneric, DataMovementIsExactInBothLayouts) {
   for (const DType t : kTypes)
     for (const Layout l : kLayouts) {
       const std::vector<In> x{In(Shape{2, 6, 7, 9}), In(Shape{2, 3, 7, 9})};
-      compare("concat and split", t, l, x,
-              [](GraphBuilder& b, const std::vector<Value>& v) {
-                const Value cat = concat(b, "cat", {v[0], v[1]}, 1);
-                const auto parts = split(b, "split", cat, 1, {4, 5});
-                return concat(b, "again", {parts[1], parts[0]}, 3);
-              },
-              0, 0);
-      compare("slice and transpose", t, l, {x[0]},
-              [](GraphBuilder& b, const std::vector<Value>& v) {
-                const Value s = slice(b, "s", v[0], {1, 1, 0, 2}, {2, 6, 7, 9}, {1, 2, 3, 2});
-                return transpose(b, "t", s, {0, 2, 3, 1});
-              },
-              0, 0);
-      compare("reshape and pad", t, l, {x[0]},
-              [](GraphBuilder& b, const std::vector<Value>& v) {
-                const Value p = pad(b, "p", v[0], {0, 1, 2, -1}, {1, 0, 1, 3}, -0.75);
-                return reshape(b, "r", p, Shape{3, 7 * 10, 11});
-              },
-              0, 0);
+      compare(
+          "concat and split", t, l, x,
+          [](GraphBuilder& b, const std::vector<Value>& v) {
+            const Value cat = concat(b, "cat", {v[0], v[1]}, 1);
+            const auto parts = split(b, "split", cat, 1, {4, 5});
+            return concat(b, "again", {parts[1], parts[0]}, 3);
+          },
+          0, 0);
+      compare(
+          "slice and transpose", t, l, {x[0]},
+          [](GraphBuilder& b, const std::vector<Value>& v) {
+            const Value s = slice(b, "s", v[0], {1, 1, 0, 2}, {2, 6, 7, 9}, {1, 2, 3, 2});
+            return transpose(b, "t", s, {0, 2, 3, 1});
+          },
+          0, 0);
+      compare(
+          "reshape and pad", t, l, {x[0]},
+          [](GraphBuilder& b, const std::vector<Value>& v) {
+            const Value p = pad(b, "p", v[0], {0, 1, 2, -1}, {1, 0, 1, 3}, -0.75);
+            return reshape(b, "r", p, Shape{3, 7 * 10, 11});
+          },
+          0, 0);
     }
 }
 
@@ -193,14 +215,16 @@ TEST_F(CudaGeneric, SoftmaxAndMeansAlongContiguousAndStridedAxes) {
   for (const DType t : kTypes)
     for (const Layout l : kLayouts) {
       for (const int axis : {-1, 1, 2})
-        compare("softmax axis " + std::to_string(axis), t, l, {In(Shape{2, 12, 5, 300}, -8, 8)},
-                [&](GraphBuilder& b, const std::vector<Value>& v) { return softmax(b, "sm", v[0], axis); }, rounding(t),
-                1e-6);
+        compare(
+            "softmax axis " + std::to_string(axis), t, l, {In(Shape{2, 12, 5, 300}, -8, 8)},
+            [&](GraphBuilder& b, const std::vector<Value>& v) { return softmax(b, "sm", v[0], axis); }, rounding(t),
+            1e-6);
       const std::vector<std::vector<int>> axes{{2, 3}, {1}, {}, {0, 2}};
       for (const auto& a : axes)
-        compare("reduce_mean", t, l, {In(Shape{3, 16, 9, 13})},
-                [&](GraphBuilder& b, const std::vector<Value>& v) { return reduce_mean(b, "m", v[0], a, a.size() != 1); },
-                rounding(t), 1e-5);
+        compare(
+            "reduce_mean", t, l, {In(Shape{3, 16, 9, 13})},
+            [&](GraphBuilder& b, const std::vector<Value>& v) { return reduce_mean(b, "m", v[0], a, a.size() != 1); },
+            rounding(t), 1e-5);
     }
 }
 
@@ -208,18 +232,21 @@ TEST_F(CudaGeneric, AveragePoolingAndResize) {
   for (const DType t : kTypes)
     for (const Layout l : kLayouts) {
       for (const bool include : {true, false})
-        compare("avgpool", t, l, {In(Shape{2, 5, 17, 14})},
-                [&](GraphBuilder& b, const std::vector<Value>& v) {
-                  return avgpool2d(b, "ap", v[0], Pool2dDesc{3, 3, 2, 2, 1, 1}, include);
-                },
-                rounding(t), 1e-6);
+        compare(
+            "avgpool", t, l, {In(Shape{2, 5, 17, 14})},
+            [&](GraphBuilder& b, const std::vector<Value>& v) {
+              return avgpool2d(b, "ap", v[0], Pool2dDesc{3, 3, 2, 2, 1, 1}, include);
+            },
+            rounding(t), 1e-6);
       for (const bool linear : {false, true}) {
-        compare("resize up", t, l, {In(Shape{2, 3, 7, 5})},
-                [&](GraphBuilder& b, const std::vector<Value>& v) { return resize(b, "up", v[0], 14, 15, linear); },
-                linear ? rounding(t) : 0, linear ? 1e-6 : 0);
-        compare("resize down", t, l, {In(Shape{2, 3, 13, 9})},
-                [&](GraphBuilder& b, const std::vector<Value>& v) { return resize(b, "down", v[0], 5, 4, linear); },
-                linear ? rounding(t) : 0, linear ? 1e-6 : 0);
+        compare(
+            "resize up", t, l, {In(Shape{2, 3, 7, 5})},
+            [&](GraphBuilder& b, const std::vector<Value>& v) { return resize(b, "up", v[0], 14, 15, linear); },
+            linear ? rounding(t) : 0, linear ? 1e-6 : 0);
+        compare(
+            "resize down", t, l, {In(Shape{2, 3, 13, 9})},
+            [&](GraphBuilder& b, const std::vector<Value>& v) { return resize(b, "down", v[0], 5, 4, linear); },
+            linear ? rounding(t) : 0, linear ? 1e-6 : 0);
       }
     }
 }
@@ -228,26 +255,31 @@ TEST_F(CudaGeneric, MatmulInEveryBatchForm) {
   struct Case {
     Shape a, b;
   };
-  const Case cases[] = {{Shape{17, 33}, Shape{33, 19}},          {Shape{4, 17, 33}, Shape{33, 19}},
-                        {Shape{2, 3, 17, 33}, Shape{2, 3, 33, 19}}, {Shape{1, 17, 33}, Shape{3, 33, 19}},
-                        {Shape{2, 1, 17, 33}, Shape{1, 3, 33, 19}}, {Shape{3, 17, 64}, Shape{1, 64, 8}}};
+  const Case cases[] = {{Shape{17, 33}, Shape{33, 19}},
+                        {Shape{4, 17, 33}, Shape{33, 19}},
+                        {Shape{2, 3, 17, 33}, Shape{2, 3, 33, 19}},
+                        {Shape{1, 17, 33}, Shape{3, 33, 19}},
+                        {Shape{2, 1, 17, 33}, Shape{1, 3, 33, 19}},
+                        {Shape{3, 17, 64}, Shape{1, 64, 8}}};
   for (const DType t : kTypes)
     for (const Layout l : kLayouts)
       for (const Case& c : cases)
         // The products are summed in f32 (no TF32 under fp32) and rounded once; cancellation makes
         // an element small next to its terms, so the bound also takes a share of the largest.
-        compare("matmul " + c.a.to_string() + " x " + c.b.to_string(), t, l, {In(c.a), In(c.b)},
-                [](GraphBuilder& b, const std::vector<Value>& v) { return matmul(b, "mm", v[0], v[1]); }, rounding(t),
-                t == DType::f32 ? 4e-6 : rounding(t) / 4);
+        compare(
+            "matmul " + c.a.to_string() + " x " + c.b.to_string(), t, l, {In(c.a), In(c.b)},
+            [](GraphBuilder& b, const std::vector<Value>& v) { return matmul(b, "mm", v[0], v[1]); }, rounding(t),
+            t == DType::f32 ? 4e-6 : rounding(t) / 4);
 }
 
 TEST_F(CudaGeneric, LayerNormOverTheLastDimAndOverSeveral) {
   for (const DType t : kTypes)
     for (const Layout l : kLayouts)
       for (const int axis : {-1, 1})
-        compare("layer_norm axis " + std::to_string(axis), t, l, {In(Shape{4, 6, 7, 96}, -3, 5)},
-                [&](GraphBuilder& b, const std::vector<Value>& v) { return layer_norm(b, "ln", v[0], axis, 1e-5); },
-                rounding(t), 1e-5);
+        compare(
+            "layer_norm axis " + std::to_string(axis), t, l, {In(Shape{4, 6, 7, 96}, -3, 5)},
+            [&](GraphBuilder& b, const std::vector<Value>& v) { return layer_norm(b, "ln", v[0], axis, 1e-5); },
+            rounding(t), 1e-5);
 }
 
 // The strided path of unary and the copy kernel's reshape path on views no graph makes.
@@ -257,7 +289,8 @@ TEST_F(CudaGeneric, StridedViewsAndReshapesOfViews) {
   for (double& v : values) v = std::uniform_real_distribution<double>(-2, 2)(rng_);
   const auto run = [&](Kernels& k) {
     const Tensor desc = Tensor::describe(DType::f32, full, Layout::nchw, k.allocator().device());
-    Buffer xb(k.allocator(), desc.size_bytes()), yb(k.allocator(), desc.size_bytes()), zb(k.allocator(), desc.size_bytes());
+    Buffer xb(k.allocator(), desc.size_bytes()), yb(k.allocator(), desc.size_bytes()),
+        zb(k.allocator(), desc.size_bytes());
     const Tensor x = xb.view(desc);
     std::vector<float> host(values.begin(), values.end());
     k.upload(x, host.data());
@@ -266,7 +299,8 @@ TEST_F(CudaGeneric, StridedViewsAndReshapesOfViews) {
     Tensor xv = narrow_view(x, 1, 1, 4);
     std::swap(xv.shape[1], xv.shape[2]);
     std::swap(xv.strides[1], xv.strides[2]);
-    const Tensor yv = narrow_view(yb.view(Tensor::describe(DType::f32, Shape{4, 10, 6}, Layout::nchw, desc.device)), 2, 1, 4);
+    const Tensor yv =
+        narrow_view(yb.view(Tensor::describe(DType::f32, Shape{4, 10, 6}, Layout::nchw, desc.device)), 2, 1, 4);
     k.unary_forward({UnaryKind::tanh}, xv, yv);
     const Tensor z = zb.view(Tensor::describe(DType::f32, Shape{160}, Layout::nchw, desc.device));
     k.copy_strided(yv, z);
@@ -276,7 +310,8 @@ TEST_F(CudaGeneric, StridedViewsAndReshapesOfViews) {
     return out;
   };
   const auto want = run(*ref_), got = run(*cuda_);
-  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(want[i], got[i], 4e-7 * std::max(1.0f, std::abs(want[i]))) << i;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(want[i], got[i], 4e-7 * std::max(1.0f, std::abs(want[i]))) << i;
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "nn/broadcast.h"
 #include "nn/graph.h"
 #include "nn/ops.h"
 #include "test_support.h"
@@ -99,7 +98,8 @@ std::vector<std::int64_t> coords(const Shape& s, std::int64_t i) {
   return c;
 }
 
-void expect_all_near(const std::vector<double>& want, const std::vector<double>& got, double tol, const std::string& what) {
+void expect_all_near(const std::vector<double>& want, const std::vector<double>& got, double tol,
+                     const std::string& what) {
   ASSERT_EQ(want.size(), got.size()) << what;
   for (std::size_t i = 0; i < want.size(); ++i)
     ASSERT_NEAR(want[i], got[i], tol * std::max(1.0, std::abs(want[i]))) << what << " element " << i;
@@ -116,7 +116,8 @@ TEST(GenericOps, UnaryFunctionsMatchTheirFormulas) {
   };
   const Case cases[] = {
       {{UnaryKind::sigmoid}, [](double x, double, double) { return sigmoid(x); }},
-      {{UnaryKind::hard_sigmoid, 0.2, 0.5}, [](double x, double a, double b) { return std::max(0.0, std::min(1.0, a * x + b)); }},
+      {{UnaryKind::hard_sigmoid, 0.2, 0.5},
+       [](double x, double a, double b) { return std::max(0.0, std::min(1.0, a * x + b)); }},
       {{UnaryKind::hard_swish}, [](double x, double, double) { return x * std::max(0.0, std::min(1.0, (x + 3) / 6)); }},
       {{UnaryKind::silu}, [](double x, double, double) { return x * sigmoid(x); }},
       {{UnaryKind::leaky_relu, 0.01}, [](double x, double a, double) { return x > 0 ? x : a * x; }},
@@ -139,9 +140,8 @@ TEST(GenericOps, UnaryFunctionsMatchTheirFormulas) {
     const bool positive = c.a.kind == UnaryKind::sqrt;
     std::vector<double> x;
     for (int i = 0; i < 24; ++i) x.push_back(positive ? 0.1 + 0.3 * i : -3.1 + 0.27 * i);
-    const Out o = g.run({{Shape{2, 3, 4}, x}}, [&](GraphBuilder& b, const std::vector<Value>& v) {
-      return unary(b, "f", v[0], c.a);
-    });
+    const Out o = g.run({{Shape{2, 3, 4}, x}},
+                        [&](GraphBuilder& b, const std::vector<Value>& v) { return unary(b, "f", v[0], c.a); });
     std::vector<double> want;
     for (double e : x) want.push_back(c.f(positive ? std::abs(e) : e, c.a.alpha, c.a.beta));
     expect_all_near(want, o.y, 1e-12, std::string(o.graph->op(0).kind()));
@@ -159,8 +159,10 @@ TEST(GenericOps, BinaryOpsBroadcastLikeNumpyInBothLayouts) {
         GraphRun g(layout);
         const bool pow = kind == BinaryKind::pow;
         std::vector<double> a, bv;
-        for (std::int64_t i = 0; i < x.numel(); ++i) a.push_back(pow ? 0.5 + 0.01 * static_cast<double>(i) : -1.5 + 0.03 * static_cast<double>(i));
-        for (std::int64_t i = 0; i < s.numel(); ++i) bv.push_back(0.25 + 0.5 * static_cast<double>(i % 7) - (pow ? 0 : 1.6));
+        for (std::int64_t i = 0; i < x.numel(); ++i)
+          a.push_back(pow ? 0.5 + 0.01 * static_cast<double>(i) : -1.5 + 0.03 * static_cast<double>(i));
+        for (std::int64_t i = 0; i < s.numel(); ++i)
+          bv.push_back(0.25 + 0.5 * static_cast<double>(i % 7) - (pow ? 0 : 1.6));
         const Out o = g.run({{x, a}, {s, bv}}, [&](GraphBuilder& b, const std::vector<Value>& v) {
           return binary(b, "op", v[0], v[1], kind);
         });
@@ -247,7 +249,8 @@ TEST(GenericOps, ConcatAndSplitAlongEveryAxisInBothLayouts) {
         const bool from_b = c[sz(axis)] < 2;
         if (!from_b) c[sz(axis)] -= 2;
         const std::vector<double>& src = from_b ? o.in[1] : o.in[0];
-        ASSERT_EQ(src[sz(at(from_b ? bshape : a, c))], o.y[sz(i)]) << to_string(layout) << " axis " << axis << " element " << i;
+        ASSERT_EQ(src[sz(at(from_b ? bshape : a, c))], o.y[sz(i)])
+            << to_string(layout) << " axis " << axis << " element " << i;
       }
     }
 }
@@ -264,14 +267,18 @@ TEST(GenericOps, SliceTransposeReshapeAndExpandMoveElementsInLogicalOrder) {
       const auto c = coords(s.shape, i);
       ASSERT_EQ(s.in[0][sz(at(x, {c[0], 1 + c[1], 1 + 2 * c[2], 3 * c[3]}))], s.y[sz(i)]);
     }
-    const Out t = g.run({{x}}, [](GraphBuilder& b, const std::vector<Value>& v) { return transpose(b, "t", v[0], {0, 2, 3, 1}); });
+    const Out t = g.run({{x}}, [](GraphBuilder& b, const std::vector<Value>& v) {
+      return transpose(b, "t", v[0], {0, 2, 3, 1});
+    });
     ASSERT_EQ(t.shape, (Shape{2, 5, 4, 3}));
     for (std::int64_t i = 0; i < t.shape.numel(); ++i) {
       const auto c = coords(t.shape, i);
       ASSERT_EQ(t.in[0][sz(at(x, {c[0], c[3], c[1], c[2]}))], t.y[sz(i)]);
     }
     // A reshape keeps logical row-major order whatever the input's layout (a flatten of NHWC data).
-    const Out r = g.run({{x}}, [](GraphBuilder& b, const std::vector<Value>& v) { return reshape(b, "r", v[0], Shape{6, 20}); });
+    const Out r = g.run({{x}}, [](GraphBuilder& b, const std::vector<Value>& v) {
+      return reshape(b, "r", v[0], Shape{6, 20});
+    });
     EXPECT_EQ(r.in[0], r.y);
     const Out e = g.run({{Shape{3, 1, 1}}}, [](GraphBuilder& b, const std::vector<Value>& v) {
       return expand(b, "e", v[0], Shape{2, 1, 4, 5});
@@ -308,9 +315,11 @@ TEST(GenericOps, SoftmaxIsStableAndSumsToOneAlongItsAxis) {
     for (int axis : {1, 3, -1}) {
       const Shape x{2, 3, 2, 5};
       std::vector<double> v;
-      for (std::int64_t i = 0; i < x.numel(); ++i) v.push_back(800.0 + static_cast<double>((i * 37) % 11));  // exp overflows unshifted
+      for (std::int64_t i = 0; i < x.numel(); ++i)
+        v.push_back(800.0 + static_cast<double>((i * 37) % 11));  // exp overflows unshifted
       GraphRun g(layout);
-      const Out o = g.run({{x, v}}, [&](GraphBuilder& b, const std::vector<Value>& in) { return softmax(b, "sm", in[0], axis); });
+      const Out o =
+          g.run({{x, v}}, [&](GraphBuilder& b, const std::vector<Value>& in) { return softmax(b, "sm", in[0], axis); });
       const int ax = axis < 0 ? axis + 4 : axis;
       for (std::int64_t i = 0; i < x.numel(); ++i) {
         auto c = coords(x, i);
@@ -330,7 +339,9 @@ TEST(GenericOps, ReduceMeanOverAnyAxesWithAndWithoutKeptDims) {
     for (bool keep : {true, false}) {
       const Shape x{2, 3, 4, 5};
       GraphRun g(layout);
-      const Out o = g.run({{x}}, [&](GraphBuilder& b, const std::vector<Value>& v) { return reduce_mean(b, "m", v[0], {-1, 2}, keep); });
+      const Out o = g.run({{x}}, [&](GraphBuilder& b, const std::vector<Value>& v) {
+        return reduce_mean(b, "m", v[0], {-1, 2}, keep);
+      });
       ASSERT_EQ(o.shape, keep ? (Shape{2, 3, 1, 1}) : (Shape{2, 3}));
       for (int n = 0; n < 2; ++n)
         for (int c = 0; c < 3; ++c) {
@@ -341,7 +352,9 @@ TEST(GenericOps, ReduceMeanOverAnyAxesWithAndWithoutKeptDims) {
         }
     }
   GraphRun g;
-  const Out all = g.run({{Shape{3, 4}}}, [](GraphBuilder& b, const std::vector<Value>& v) { return reduce_mean(b, "m", v[0], {}, false); });
+  const Out all = g.run({{Shape{3, 4}}}, [](GraphBuilder& b, const std::vector<Value>& v) {
+    return reduce_mean(b, "m", v[0], {}, false);
+  });
   double sum = 0;
   for (double e : all.in[0]) sum += e;
   ASSERT_EQ(all.y.size(), 1u);
@@ -354,7 +367,8 @@ TEST(GenericOps, AveragePoolingCountsPaddingOnlyWhenAsked) {
     for (bool include : {true, false}) {
       const Shape x{2, 2, 5, 6};
       GraphRun g(layout);
-      const Out o = g.run({{x}}, [&](GraphBuilder& b, const std::vector<Value>& v) { return avgpool2d(b, "ap", v[0], d, include); });
+      const Out o = g.run(
+          {{x}}, [&](GraphBuilder& b, const std::vector<Value>& v) { return avgpool2d(b, "ap", v[0], d, include); });
       ASSERT_EQ(o.shape, (Shape{2, 2, 3, 3}));
       for (std::int64_t i = 0; i < o.shape.numel(); ++i) {
         const auto c = coords(o.shape, i);
@@ -379,7 +393,8 @@ TEST(GenericOps, ResizeNearestIsAsymmetricFloorAndLinearIsHalfPixel) {
       return resize(b, "up", v[0], 4, 4, true);
     });
     // PyTorch's interpolate(scale_factor=2, mode="bilinear", align_corners=False) of [[1, 2], [3, 4]].
-    expect_all_near({1, 1.25, 1.75, 2, 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3, 3.25, 3.75, 4}, lin.y, 1e-15, "bilinear");
+    expect_all_near({1, 1.25, 1.75, 2, 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3, 3.25, 3.75, 4}, lin.y, 1e-15,
+                    "bilinear");
     const Out near = g.run({{Shape{1, 2, 5, 2}}}, [](GraphBuilder& b, const std::vector<Value>& v) {
       return resize(b, "down", v[0], 3, 4, false);
     });
@@ -395,12 +410,14 @@ TEST(GenericOps, MatmulBroadcastsBatchDimsAndStagesNhwcOperands) {
   for (const Layout layout : kLayouts) {
     const Shape a{2, 1, 3, 4}, bs{3, 4, 5};
     GraphRun g(layout);
-    const Out o = g.run({{a}, {bs}}, [](GraphBuilder& b, const std::vector<Value>& v) { return matmul(b, "mm", v[0], v[1]); });
+    const Out o =
+        g.run({{a}, {bs}}, [](GraphBuilder& b, const std::vector<Value>& v) { return matmul(b, "mm", v[0], v[1]); });
     ASSERT_EQ(o.shape, (Shape{2, 3, 3, 5}));
     for (std::int64_t i = 0; i < o.shape.numel(); ++i) {
       const auto c = coords(o.shape, i);
       double sum = 0;
-      for (std::int64_t k = 0; k < 4; ++k) sum += o.in[0][sz(at(a, {c[0], 0, c[2], k}))] * o.in[1][sz(at(bs, {c[1], k, c[3]}))];
+      for (std::int64_t k = 0; k < 4; ++k)
+        sum += o.in[0][sz(at(a, {c[0], 0, c[2], k}))] * o.in[1][sz(at(bs, {c[1], k, c[3]}))];
       ASSERT_NEAR(sum, o.y[sz(i)], 1e-13) << to_string(layout) << " element " << i;
     }
     EXPECT_EQ(o.graph->op(0).flops(Pass::forward), 2 * 2 * 3 * 3 * 5 * 4);
@@ -434,7 +451,8 @@ TEST(GenericOps, LayerNormOverTrailingDimsWithItsParameters) {
     for (int axis : {-1, 1}) {
       const Shape x{2, 3, 2, 4};
       GraphRun g(layout);
-      const Out o = g.run({{x}}, [&](GraphBuilder& b, const std::vector<Value>& v) { return layer_norm(b, "ln", v[0], axis, 1e-5); });
+      const Out o = g.run(
+          {{x}}, [&](GraphBuilder& b, const std::vector<Value>& v) { return layer_norm(b, "ln", v[0], axis, 1e-5); });
       const std::int64_t cols = axis == -1 ? 4 : 24, rows = x.numel() / cols;
       ASSERT_EQ(o.graph->parameters().size(), 2u);
       EXPECT_EQ(o.graph->parameters()[0].name, "ln.weight");
@@ -451,92 +469,15 @@ TEST(GenericOps, LayerNormOverTrailingDimsWithItsParameters) {
       for (std::int64_t r = 0; r < rows; ++r) {
         double mean = 0, var = 0;
         for (std::int64_t j = 0; j < cols; ++j) mean += o.in[0][sz(r * cols + j)] / static_cast<double>(cols);
-        for (std::int64_t j = 0; j < cols; ++j) var += std::pow(o.in[0][sz(r * cols + j)] - mean, 2) / static_cast<double>(cols);
+        for (std::int64_t j = 0; j < cols; ++j)
+          var += std::pow(o.in[0][sz(r * cols + j)] - mean, 2) / static_cast<double>(cols);
         for (std::int64_t j = 0; j < cols; ++j) {
-          const double want = (o.in[0][sz(r * cols + j)] - mean) / std::sqrt(var + 1e-5) * p["ln.weight"][sz(j)] + p["ln.bias"][sz(j)];
+          const double want =
+              (o.in[0][sz(r * cols + j)] - mean) / std::sqrt(var + 1e-5) * p["ln.weight"][sz(j)] + p["ln.bias"][sz(j)];
           ASSERT_NEAR(want, y[sz(r * cols + j)], 1e-12) << to_string(layout) << " axis " << axis;
         }
       }
     }
-}
-
-TEST(GenericOps, TrainingGraphsAreRefusedAtBindNamingTheOp) {
-  GraphBuilder b(GraphOptions{});
-  const Value x = b.input("x", Shape{2, 4});
-  const Value h = linear(b, "fc", x, 3);
-  const Value s = unary(b, "act", h, {UnaryKind::sigmoid});
-  const Value labels = b.input("labels", Shape{2}, DType::i32);
-  b.set_loss(softmax_cross_entropy(b, "loss", s, labels));
-  Graph g(std::move(b));
-  auto k = make_ref_kernels();
-  try {
-    g.bind(*k);
-    FAIL() << "expected a refusal";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'act'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("inference only"), std::string::npos) << e.what();
-  }
-}
-
-TEST(GenericOps, CostsCountArithmeticAndTheBytesMoved) {
-  GraphBuilder b(inference());
-  const Value x = b.input("x", Shape{2, 3, 4, 5}), s = b.input("s", Shape{2, 3, 1, 1});
-  binary(b, "mul", x, s, BinaryKind::mul);
-  pad(b, "pad", x, {0, 0, 1, 1}, {0, 0, 1, -1}, 0.0);
-  gather(b, "g", x, b.input("i", Shape{7}, DType::i32), 0);
-  unary(b, "swish", x, {UnaryKind::hard_swish});
-  Graph g(std::move(b));
-  EXPECT_EQ(g.op(0).flops(Pass::forward), 120);
-  EXPECT_EQ(g.op(0).bytes(Pass::forward), (120 + 6 + 120) * 4);
-  EXPECT_EQ(g.op(1).flops(Pass::forward), 0);
-  EXPECT_EQ(g.op(1).bytes(Pass::forward), (2 * 3 * 6 * 5 + 2 * 2 * 3 * 4 * 4) * 4);  // fill y, read and write x's kept part
-  EXPECT_EQ(g.op(2).bytes(Pass::forward), 7 * 4 + 2 * 7 * 3 * 4 * 5 * 4);
-  EXPECT_EQ(g.op(3).flops(Pass::forward), 5 * 120);
-}
-
-// The CUDA kernels walk coalesced indices: the same offsets for every element, fewer dims.
-TEST(GenericOps, CoalescedIndicesWalkTheSameOffsets) {
-  const Tensor y = Tensor::describe(DType::f32, Shape{2, 3, 4, 5}, Layout::nhwc);
-  const Tensor cases[][2] = {
-      {Tensor::describe(DType::f32, Shape{2, 3, 4, 5}), Tensor::describe(DType::f32, Shape{3, 1, 1})},
-      {Tensor::describe(DType::f32, Shape{2, 3, 4, 5}, Layout::nhwc), Tensor::describe(DType::f32, Shape{2, 3, 1, 1})},
-      {Tensor::describe(DType::f32, Shape{1, 3, 4, 5}), Tensor::describe(DType::f32, Shape{5})}};
-  for (const auto& c : cases) {
-    const StridedIndex ix = broadcast_index("test", y, {c[0], c[1]});
-    StridedIndex merged = ix;
-    coalesce(merged);
-    EXPECT_LE(merged.rank, ix.rank);
-    for (std::int64_t i = 0; i < y.numel(); ++i) {
-      std::int64_t a[kMaxIndexOperands], b[kMaxIndexOperands];
-      ix.offsets(i, a);
-      merged.offsets(i, b);
-      for (int k = 0; k < 3; ++k) ASSERT_EQ(a[k], b[k]) << "element " << i << " operand " << k;
-    }
-  }
-  // In the output's memory order the same tuples come out; one layout throughout is one run.
-  for (const auto& c : cases) {
-    const StridedIndex ix = broadcast_index("test", y, {c[0], c[1]});
-    StridedIndex ordered = ix;
-    order_by_output(ordered);
-    coalesce(ordered);
-    std::vector<std::vector<std::int64_t>> want, got;
-    for (std::int64_t i = 0; i < y.numel(); ++i) {
-      std::int64_t a[kMaxIndexOperands], b[kMaxIndexOperands];
-      ix.offsets(i, a);
-      ordered.offsets(i, b);
-      want.push_back({a[0], a[1], a[2]});
-      got.push_back({b[0], b[1], b[2]});
-      ASSERT_EQ(b[0], i) << "the output is walked in memory order";
-    }
-    std::sort(want.begin(), want.end());
-    std::sort(got.begin(), got.end());
-    EXPECT_EQ(want, got);
-  }
-  StridedIndex flat = broadcast_index("test", y, {y});
-  order_by_output(flat);
-  coalesce(flat);
-  EXPECT_EQ(flat.rank, 1);
-  EXPECT_EQ(flat.dims[0], y.numel());
 }
 
 }  // namespace

@@ -162,13 +162,29 @@ struct AdamWTensors {
 // hard_sigmoid max(0, min(1, alpha x + beta)); hard_swish x * max(0, min(1, x / 6 + 1/2)); silu
 // x * sigmoid(x); leaky_relu x < 0 ? alpha x : x; clip min(max(x, alpha), beta); erf; gelu_erf
 // x/2 (1 + erf(x / sqrt 2)); gelu_tanh as gelu_forward; sqrt; exp; tanh; neg; abs; reciprocal 1/x.
-enum class UnaryKind { sigmoid, hard_sigmoid, hard_swish, silu, leaky_relu, clip, erf, gelu_erf, gelu_tanh, sqrt, exp,
-                       tanh, neg, abs, reciprocal };
+enum class UnaryKind {
+  sigmoid,
+  hard_sigmoid,
+  hard_swish,
+  silu,
+  leaky_relu,
+  clip,
+  erf,
+  gelu_erf,
+  gelu_tanh,
+  sqrt,
+  exp,
+  tanh,
+  neg,
+  abs,
+  reciprocal
+};
 struct UnaryAttrs {
   UnaryAttrs() = default;
   UnaryAttrs(UnaryKind k, double a = 0, double b = 0) : kind(k), alpha(a), beta(b) {}  // NOLINT: {kind} reads well
   UnaryKind kind = UnaryKind::sigmoid;
-  double alpha = 0, beta = 0;  // leaky_relu alpha; hard_sigmoid alpha, beta (ONNX: 0.2, 0.5); clip alpha = min, beta = max
+  // leaky_relu alpha; hard_sigmoid alpha, beta (ONNX: 0.2, 0.5); clip alpha = min, beta = max
+  double alpha = 0, beta = 0;
 };
 // Kernels::binary_forward: y = a OP b; pow is a^b, max and min as std::fmax/fmin would not be:
 // NaN propagates from either operand (ONNX's Max and Min).

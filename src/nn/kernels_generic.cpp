@@ -10,7 +10,9 @@ namespace {
 }
 }  // namespace
 
-void Kernels::unary_forward(const UnaryAttrs&, const Tensor&, const Tensor&) { no_generic_kernel(name(), "unary_forward"); }
+void Kernels::unary_forward(const UnaryAttrs&, const Tensor&, const Tensor&) {
+  no_generic_kernel(name(), "unary_forward");
+}
 void Kernels::binary_forward(BinaryKind, const Tensor&, const Tensor&, const Tensor&) {
   no_generic_kernel(name(), "binary_forward");
 }
@@ -24,7 +26,9 @@ void Kernels::avgpool_forward(const Pool2dDesc&, bool, const Tensor&, const Tens
   no_generic_kernel(name(), "avgpool_forward");
 }
 void Kernels::resize_forward(bool, const Tensor&, const Tensor&) { no_generic_kernel(name(), "resize_forward"); }
-void Kernels::matmul_forward(const Tensor&, const Tensor&, const Tensor&) { no_generic_kernel(name(), "matmul_forward"); }
+void Kernels::matmul_forward(const Tensor&, const Tensor&, const Tensor&) {
+  no_generic_kernel(name(), "matmul_forward");
+}
 void Kernels::gather_forward(int, const Tensor&, const Tensor&, const Tensor&) {
   no_generic_kernel(name(), "gather_forward");
 }

@@ -12,8 +12,7 @@ namespace ab::nn {
 // ---- InferenceOp
 
 std::int64_t InferenceOp::prepare(Kernels& k, const OpTensors& descs) {
-  if (training_)
-    fail("is inference only (no backward is built); build the graph with training = false");
+  if (training_) fail("is inference only (no backward is built); build the graph with training = false");
   return Op::prepare(k, descs);
 }
 
@@ -31,16 +30,17 @@ void InferenceOp::require_inputs(const std::vector<Tensor>& in, std::size_t n) c
 }
 
 int InferenceOp::axis_in(int axis, int rank) const {
-  require(axis >= -rank && axis < rank, "axis " + std::to_string(axis) + " outside a rank-" + std::to_string(rank) + " tensor");
+  require(axis >= -rank && axis < rank,
+          "axis " + std::to_string(axis) + " outside a rank-" + std::to_string(rank) + " tensor");
   return axis < 0 ? axis + rank : axis;
 }
 
 // ---- unary, binary, where
 
 std::string_view Unary::kind() const {
-  static constexpr std::string_view names[] = {"sigmoid", "hard_sigmoid", "hard_swish", "silu", "leaky_relu",
+  static constexpr std::string_view names[] = {"sigmoid", "hard_sigmoid", "hard_swish", "silu",      "leaky_relu",
                                                "clip",    "erf",          "gelu_erf",   "gelu_tanh", "sqrt",
-                                               "exp",     "tanh",         "neg",        "abs",  "reciprocal"};
+                                               "exp",     "tanh",         "neg",        "abs",       "reciprocal"};
   return names[static_cast<int>(a_.kind)];
 }
 
@@ -86,8 +86,7 @@ std::vector<Tensor> Where::do_infer(const std::vector<Tensor>& in) {
 // ---- constant
 
 Constant::Constant(std::string name, const Shape& shape, std::vector<double> values, DType dtype)
-    : InferenceOp(std::move(name)), shape_(shape),
-      values_(std::move(values)), dtype_(dtype) {}
+    : InferenceOp(std::move(name)), shape_(shape), values_(std::move(values)), dtype_(dtype) {}
 
 std::vector<Tensor> Constant::do_infer(const std::vector<Tensor>& in) {
   require_inputs(in, 0);
@@ -200,9 +199,9 @@ std::vector<Tensor> ViewCopy::do_infer(const std::vector<Tensor>& in) {
       break;
     case Mode::reshape:
       out = to_shape(a_);
-      require(out.numel() == x.numel(),
-              "shape " + out.to_string() + " holds " + std::to_string(out.numel()) + " elements, x " + x.shape.to_string() +
-                  " holds " + std::to_string(x.numel()));
+      require(out.numel() == x.numel(), "shape " + out.to_string() + " holds " + std::to_string(out.numel()) +
+                                            " elements, x " + x.shape.to_string() + " holds " +
+                                            std::to_string(x.numel()));
       break;
   }
   return {Tensor::describe(x.dtype, out)};
@@ -253,7 +252,8 @@ std::int64_t Pad::kept_elements() const {
   std::int64_t n = 1;
   for (int d = 0; d < in_[0].shape.rank(); ++d) {
     const auto i = static_cast<std::size_t>(d);
-    n *= std::max<std::int64_t>(0, in_[0].shape[d] - std::max<std::int64_t>(0, -begins_[i]) - std::max<std::int64_t>(0, -ends_[i]));
+    n *= std::max<std::int64_t>(
+        0, in_[0].shape[d] - std::max<std::int64_t>(0, -begins_[i]) - std::max<std::int64_t>(0, -ends_[i]));
   }
   return n;
 }
@@ -272,8 +272,6 @@ void Pad::forward(Kernels& k, const OpTensors& t) {
   k.copy_strided(src, dst);
 }
 
-std::int64_t Pad::forward_bytes() const {
-  return (out_[0].numel() + 2 * kept_elements()) * element_bytes();
-}
+std::int64_t Pad::forward_bytes() const { return (out_[0].numel() + 2 * kept_elements()) * element_bytes(); }
 
 }  // namespace ab::nn

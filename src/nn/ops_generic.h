@@ -161,7 +161,9 @@ class ReduceMean final : public InferenceOp {
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& in) override;
-  std::int64_t forward_flops() const override { return in_[0].numel() + out_[0].numel(); }  // adds, one divide per output
+  std::int64_t forward_flops() const override {
+    return in_[0].numel() + out_[0].numel();
+  }  // adds, one divide per output
   std::vector<int> axes_;
   bool keepdims_;
 };
@@ -171,7 +173,9 @@ class AvgPool2d final : public InferenceOp {
   AvgPool2d(std::string name, const Pool2dDesc& d, bool count_include_pad)
       : InferenceOp(std::move(name)), d_(d), count_include_pad_(count_include_pad) {}
   std::string_view kind() const override { return "avgpool2d"; }
-  void forward(Kernels& k, const OpTensors& t) override { k.avgpool_forward(d_, count_include_pad_, t.in[0], t.out[0]); }
+  void forward(Kernels& k, const OpTensors& t) override {
+    k.avgpool_forward(d_, count_include_pad_, t.in[0], t.out[0]);
+  }
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& in) override;
@@ -227,7 +231,8 @@ class Gather final : public InferenceOp {
 // x and y) live in the workspace.
 class LayerNormAxis final : public InferenceOp {
  public:
-  LayerNormAxis(std::string name, int axis, double epsilon) : InferenceOp(std::move(name)), axis_(axis), desc_{epsilon} {}
+  LayerNormAxis(std::string name, int axis, double epsilon)
+      : InferenceOp(std::move(name)), axis_(axis), desc_{epsilon} {}
   std::string_view kind() const override { return "layer_norm"; }
   std::vector<ParamSpec> parameters() const override;  // weight, bias of the normalised shape
   std::int64_t prepare(Kernels& k, const OpTensors& descs) override;

@@ -18,7 +18,9 @@ Tensor staged(const Tensor& t, const Workspace& ws, std::int64_t offset) {
   return s;
 }
 
-std::int64_t staging_bytes(const Tensor& t) { return row_major(t) ? 0 : align_up(t.numel() * static_cast<std::int64_t>(size_bytes(t.dtype))); }
+std::int64_t staging_bytes(const Tensor& t) {
+  return row_major(t) ? 0 : align_up(t.numel() * static_cast<std::int64_t>(size_bytes(t.dtype)));
+}
 
 }  // namespace
 
@@ -72,7 +74,8 @@ std::vector<Tensor> AvgPool2d::do_infer(const std::vector<Tensor>& in) {
   const Tensor& x = in[0];
   require(x.shape.rank() == 4, "input must be [N, C, H, W], got " + x.shape.to_string());
   require_float(x);
-  require(d_.window_h >= 1 && d_.window_w >= 1 && d_.stride_h >= 1 && d_.stride_w >= 1, "window and stride must be >= 1");
+  require(d_.window_h >= 1 && d_.window_w >= 1 && d_.stride_h >= 1 && d_.stride_w >= 1,
+          "window and stride must be >= 1");
   // Every window then holds a real element, so excluding padding never divides by zero.
   require(d_.pad_h >= 0 && d_.pad_w >= 0 && d_.pad_h < d_.window_h && d_.pad_w < d_.window_w,
           "padding must be >= 0 and below the window");
@@ -96,14 +99,16 @@ std::vector<Tensor> Resize::do_infer(const std::vector<Tensor>& in) {
 std::vector<Tensor> MatMul::do_infer(const std::vector<Tensor>& in) {
   require_inputs(in, 2);
   const Shape &a = in[0].shape, &b = in[1].shape;
-  require(a.rank() >= 2 && b.rank() >= 2, "operands need rank >= 2 (reshape a vector), got " + a.to_string() + " x " + b.to_string());
+  require(a.rank() >= 2 && b.rank() >= 2,
+          "operands need rank >= 2 (reshape a vector), got " + a.to_string() + " x " + b.to_string());
   require_float(in[0]);
   require(in[0].dtype == in[1].dtype, "operand dtypes differ");
   require(a[a.rank() - 1] == b[b.rank() - 2], "inner dims of " + a.to_string() + " x " + b.to_string() + " differ");
   Shape ba, bb, out;
   for (int d = 0; d < a.rank() - 2; ++d) ba.push_back(a[d]);
   for (int d = 0; d < b.rank() - 2; ++d) bb.push_back(b[d]);
-  require(broadcast_shapes(ba, bb, out), "batch dims of " + a.to_string() + " x " + b.to_string() + " do not broadcast");
+  require(broadcast_shapes(ba, bb, out),
+          "batch dims of " + a.to_string() + " x " + b.to_string() + " do not broadcast");
   out.push_back(a[a.rank() - 2]);
   out.push_back(b[b.rank() - 1]);
   return {Tensor::describe(in[0].dtype, out)};
@@ -147,7 +152,8 @@ std::vector<Tensor> Gather::do_infer(const std::vector<Tensor>& in) {
   require_inputs(in, 2);
   require_float(in[0]);
   const DType i = in[1].dtype;
-  require(i == DType::i32 || i == DType::i64 || is_float(i), "indices must be i32, i64 or a float, got " + std::string(to_string(i)));
+  require(i == DType::i32 || i == DType::i64 || is_float(i),
+          "indices must be i32, i64 or a float, got " + std::string(to_string(i)));
   axis_ = axis_in(axis_, in[0].shape.rank());
   Shape out;
   for (int d = 0; d < axis_; ++d) out.push_back(in[0].shape[d]);
@@ -207,8 +213,12 @@ void LayerNormAxis::forward(Kernels& k, const OpTensors& t) {
     x = s;
   }
   if (!row_major(y)) y = staged(y, t.workspace, offset);
-  const auto matrix = [&](const Tensor& v) { return Tensor::describe(v.dtype, Shape{r, cols}, Layout::nchw, v.device).with_data(v.data); };
-  const auto vector = [&](const Tensor& v) { return Tensor::describe(v.dtype, Shape{cols}, Layout::nchw, v.device).with_data(v.data); };
+  const auto matrix = [&](const Tensor& v) {
+    return Tensor::describe(v.dtype, Shape{r, cols}, Layout::nchw, v.device).with_data(v.data);
+  };
+  const auto vector = [&](const Tensor& v) {
+    return Tensor::describe(v.dtype, Shape{cols}, Layout::nchw, v.device).with_data(v.data);
+  };
   k.layernorm_forward(desc_, matrix(x), vector(t.params[0]), vector(t.params[1]), matrix(y), mean, rstd);
   if (y.data != t.out[0].data) k.copy_strided(y, t.out[0]);
 }
@@ -249,7 +259,9 @@ Value slice(GraphBuilder& b, const std::string& name, Value x, const std::vector
   return b.add1(std::make_unique<ViewCopy>(name, ViewCopy::Mode::slice, starts, ends, steps), {x});
 }
 Value transpose(GraphBuilder& b, const std::string& name, Value x, const std::vector<int>& perm) {
-  return b.add1(std::make_unique<ViewCopy>(name, ViewCopy::Mode::transpose, std::vector<std::int64_t>(perm.begin(), perm.end())), {x});
+  return b.add1(
+      std::make_unique<ViewCopy>(name, ViewCopy::Mode::transpose, std::vector<std::int64_t>(perm.begin(), perm.end())),
+      {x});
 }
 namespace {
 std::vector<std::int64_t> dims_of(const Shape& s) {

@@ -70,7 +70,9 @@ struct WhereAt {
   const T* x;
   const T* y;
   T* out;
-  __device__ void operator()(const int64_t (&o)[4]) const { out[o[0]] = load_elem(cond, cond_t, o[1]) != 0 ? x[o[2]] : y[o[3]]; }
+  __device__ void operator()(const int64_t (&o)[4]) const {
+    out[o[0]] = load_elem(cond, cond_t, o[1]) != 0 ? x[o[2]] : y[o[3]];
+  }
 };
 
 template <typename E>
@@ -82,7 +84,8 @@ struct CopyAt {
 
 // A reshape's copy: element i of x and of y, each decoded in its own shape.
 template <typename I, typename E>
-__global__ void __launch_bounds__(kThreads) reshape_kernel(StridedIndex iy, StridedIndex ix, int64_t n, const E* x, E* y) {
+__global__ void __launch_bounds__(kThreads)
+    reshape_kernel(StridedIndex iy, StridedIndex ix, int64_t n, const E* x, E* y) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t oy[1], ox[1];
@@ -103,7 +106,8 @@ bool one_run(const StridedIndex& ix) {
 
 void require_float_shape(const char* kernel, const Tensor& x, const Tensor& y) {
   require_same_dtype(kernel, {&x, &y});
-  if (!(x.shape == y.shape)) refuse(kernel, "shapes " + x.shape.to_string() + " and " + y.shape.to_string() + " differ");
+  if (!(x.shape == y.shape))
+    refuse(kernel, "shapes " + x.shape.to_string() + " and " + y.shape.to_string() + " differ");
 }
 
 }  // namespace
@@ -119,7 +123,8 @@ void unary_forward(cudaStream_t stream, const UnaryAttrs& a, const Tensor& x, co
       op.x = x.as<const T>(), op.y = y.as<T>(), op.kind = a.kind, op.alpha = alpha, op.beta = beta;
       return launch_elementwise(stream, op, x.numel(), all_aligned({x.data, y.data}), k);
     }
-    launch_indexed<2>(stream, broadcast_index(k, y, {x}), UnaryAt<T>{x.as<const T>(), y.as<T>(), a.kind, alpha, beta}, k);
+    launch_indexed<2>(stream, broadcast_index(k, y, {x}), UnaryAt<T>{x.as<const T>(), y.as<T>(), a.kind, alpha, beta},
+                      k);
   });
 }
 
@@ -133,7 +138,8 @@ void binary_forward(cudaStream_t stream, BinaryKind kind, const Tensor& a, const
       op.a = a.as<const T>(), op.b = b.as<const T>(), op.y = y.as<T>(), op.kind = kind;
       return launch_elementwise(stream, op, y.numel(), all_aligned({a.data, b.data, y.data}), k);
     }
-    launch_indexed<3>(stream, broadcast_index(k, y, {a, b}), BinaryAt<T>{a.as<const T>(), b.as<const T>(), y.as<T>(), kind}, k);
+    launch_indexed<3>(stream, broadcast_index(k, y, {a, b}),
+                      BinaryAt<T>{a.as<const T>(), b.as<const T>(), y.as<T>(), kind}, k);
   });
 }
 
@@ -161,8 +167,9 @@ void copy_strided(cudaStream_t stream, const Tensor& x, const Tensor& y) {
       order_by_output(ix);
       coalesce(ix);
       if (one_run(ix)) {
-        AB_CUDA_LAZY(cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(y.numel()) * e, cudaMemcpyDeviceToDevice, stream),
-                     std::string("cuda ") + k);
+        AB_CUDA_LAZY(
+            cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(y.numel()) * e, cudaMemcpyDeviceToDevice, stream),
+            std::string("cuda ") + k);
         return;
       }
       return launch_indexed<2>(stream, ix, CopyAt<E>{x.as<const E>(), y.as<E>()}, k);
@@ -171,8 +178,9 @@ void copy_strided(cudaStream_t stream, const Tensor& x, const Tensor& y) {
     coalesce(iy);
     coalesce(ix);
     if (one_run(iy) && one_run(ix)) {
-      AB_CUDA_LAZY(cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(y.numel()) * e, cudaMemcpyDeviceToDevice, stream),
-                   std::string("cuda ") + k);
+      AB_CUDA_LAZY(
+          cudaMemcpyAsync(y.data, x.data, static_cast<std::size_t>(y.numel()) * e, cudaMemcpyDeviceToDevice, stream),
+          std::string("cuda ") + k);
       return;
     }
     const int blocks = elementwise_blocks(y.numel());

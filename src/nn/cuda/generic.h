@@ -20,7 +20,8 @@ void copy_strided(cudaStream_t stream, const Tensor& x, const Tensor& y);
 // generic_reduce.cu
 void softmax_forward(cudaStream_t stream, int axis, const Tensor& x, const Tensor& y);
 void reduce_mean_forward(cudaStream_t stream, const Tensor& x, const Tensor& y);
-void avgpool_forward(cudaStream_t stream, const Pool2dDesc& d, bool count_include_pad, const Tensor& x, const Tensor& y);
+void avgpool_forward(cudaStream_t stream, const Pool2dDesc& d, bool count_include_pad, const Tensor& x,
+                     const Tensor& y);
 void resize_forward(cudaStream_t stream, bool linear, const Tensor& x, const Tensor& y);
 // An index outside [-dim, dim) writes 0 (a kernel cannot throw).
 void gather_forward(cudaStream_t stream, int axis, const Tensor& table, const Tensor& indices, const Tensor& y);

@@ -30,7 +30,8 @@ inline void require_same_dtype(const char* kernel, std::initializer_list<const T
 // Every operand of one shape and strides, contiguous: the flat (vectorised) path applies.
 inline bool flat_together(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
-    if (!(t->shape == (*ts.begin())->shape) || !(t->strides == (*ts.begin())->strides) || !t->is_contiguous()) return false;
+    if (!(t->shape == (*ts.begin())->shape) || !(t->strides == (*ts.begin())->strides) || !t->is_contiguous())
+      return false;
   return true;
 }
 
@@ -77,8 +78,7 @@ void launch_indexed(cudaStream_t stream, StridedIndex ix, const F& f, const char
   const int blocks = elementwise_blocks(n);
   if (n <= std::numeric_limits<std::uint32_t>::max())
     indexed_kernel<N, std::uint32_t><<<blocks, kThreads, 0, stream>>>(ix, n, f);
-  else
-    indexed_kernel<N, std::uint64_t><<<blocks, kThreads, 0, stream>>>(ix, n, f);
+  else indexed_kernel<N, std::uint64_t><<<blocks, kThreads, 0, stream>>>(ix, n, f);
   check_launch(what);
 }
 

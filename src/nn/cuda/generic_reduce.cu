@@ -19,8 +19,8 @@ __device__ __forceinline__ A group_sum(A v, int lanes) {
 // `lanes` threads (32: a warp, for contiguous rows; 1) per row of n elements, rows from the index
 // (operands y, x); the row's element j lies j * sy (sx) past its start.
 template <typename T, typename I>
-__global__ void __launch_bounds__(kThreads) softmax_kernel(StridedIndex rows, int64_t nrows, int64_t n, int64_t sx,
-                                                           int64_t sy, int lanes, const T* x, T* y) {
+__global__ void __launch_bounds__(kThreads)
+    softmax_kernel(StridedIndex rows, int64_t nrows, int64_t n, int64_t sx, int64_t sy, int lanes, const T* x, T* y) {
   using A = Math<T>;
   const int64_t thread = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int lane = static_cast<int>(thread % lanes);
@@ -41,8 +41,8 @@ __global__ void __launch_bounds__(kThreads) softmax_kernel(StridedIndex rows, in
 
 // A warp per output of the mean: lanes walk the reduced block (index `block`, operand x).
 template <typename T, typename I>
-__global__ void __launch_bounds__(kThreads) mean_kernel(StridedIndex outs, int64_t nout, StridedIndex block, int64_t count,
-                                                        const T* x, T* y) {
+__global__ void __launch_bounds__(kThreads)
+    mean_kernel(StridedIndex outs, int64_t nout, StridedIndex block, int64_t count, const T* x, T* y) {
   using A = Math<T>;
   const int64_t thread = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int lane = static_cast<int>(thread % 32);
@@ -66,7 +66,8 @@ struct Geo4 {
 };
 Geo4 geo4(const Tensor& x, const Tensor& y) {
   Geo4 g{};
-  for (int d = 0; d < 4; ++d) g.xd[d] = x.shape[d], g.xs[d] = x.strides[d], g.yd[d] = y.shape[d], g.ys[d] = y.strides[d];
+  for (int d = 0; d < 4; ++d)
+    g.xd[d] = x.shape[d], g.xs[d] = x.strides[d], g.yd[d] = y.shape[d], g.ys[d] = y.strides[d];
   return g;
 }
 __device__ __forceinline__ void coords4(const Geo4& g, int64_t i, int64_t (&c)[4]) {
@@ -77,7 +78,8 @@ __device__ __forceinline__ void coords4(const Geo4& g, int64_t i, int64_t (&c)[4
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) avgpool_kernel(Geo4 g, Pool2dDesc d, bool include_pad, int64_t n, const T* x, T* y) {
+__global__ void __launch_bounds__(kThreads)
+    avgpool_kernel(Geo4 g, Pool2dDesc d, bool include_pad, int64_t n, const T* x, T* y) {
   using A = Math<T>;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t c[4];
@@ -138,8 +140,8 @@ struct GatherGeo {
 };
 
 template <typename E>
-__global__ void __launch_bounds__(kThreads) gather_kernel(GatherGeo g, int64_t n, const E* table, const void* indices,
-                                                          Elem it, E* y) {
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(GatherGeo g, int64_t n, const E* table, const void* indices, Elem it, E* y) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t rest = i, oy = 0, ot = 0, oi = 0;
     for (int d = g.rank - 1; d >= 0; --d) {
@@ -186,7 +188,8 @@ void reduce_mean_forward(cudaStream_t stream, const Tensor& x, const Tensor& y) 
   Tensor reduced = x, kept = x;
   kept.shape = y.shape;
   for (int d = 0; d < x.shape.rank(); ++d) {
-    if (y.shape[d] != x.shape[d] && y.shape[d] != 1) refuse(k, "y " + y.shape.to_string() + " is not a reduction of x " + x.shape.to_string());
+    if (y.shape[d] != x.shape[d] && y.shape[d] != 1)
+      refuse(k, "y " + y.shape.to_string() + " is not a reduction of x " + x.shape.to_string());
     if (y.shape[d] == x.shape[d] && y.shape[d] != 1) reduced.shape[d] = 1;
   }
   StridedIndex outs = broadcast_index(k, y, {kept}), block = broadcast_index(k, reduced, {});
@@ -198,12 +201,13 @@ void reduce_mean_forward(cudaStream_t stream, const Tensor& x, const Tensor& y) 
   dispatch_float(x.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
     mean_kernel<T, std::uint64_t><<<blocks_for(y.numel() * 32), kThreads, 0, stream>>>(outs, y.numel(), block, count,
-                                                                                        x.as<const T>(), y.as<T>());
+                                                                                       x.as<const T>(), y.as<T>());
   });
   check_launch(k);
 }
 
-void avgpool_forward(cudaStream_t stream, const Pool2dDesc& d, bool count_include_pad, const Tensor& x, const Tensor& y) {
+void avgpool_forward(cudaStream_t stream, const Pool2dDesc& d, bool count_include_pad, const Tensor& x,
+                     const Tensor& y) {
   const char* k = "avgpool_forward";
   require_same_dtype(k, {&x, &y});
   if (x.shape.rank() != 4 || y.shape.rank() != 4) refuse(k, "needs [N, C, H, W] operands");
@@ -222,7 +226,8 @@ void resize_forward(cudaStream_t stream, bool linear, const Tensor& x, const Ten
     refuse(k, "needs x [N, C, H, W] and y [N, C, OH, OW], got " + x.to_string() + ", " + y.to_string());
   dispatch_float(x.dtype, k, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    resize_kernel<T><<<blocks_for(y.numel()), kThreads, 0, stream>>>(geo4(x, y), linear, y.numel(), x.as<const T>(), y.as<T>());
+    resize_kernel<T>
+        <<<blocks_for(y.numel()), kThreads, 0, stream>>>(geo4(x, y), linear, y.numel(), x.as<const T>(), y.as<T>());
   });
   check_launch(k);
 }
@@ -245,8 +250,8 @@ void gather_forward(cudaStream_t stream, int axis, const Tensor& table, const Te
   if (y.numel() == 0) return;
   dispatch_bits(size_bytes(y.dtype), k, [&](auto tag) {
     using E = typename decltype(tag)::type;
-    gather_kernel<E><<<blocks_for(y.numel()), kThreads, 0, stream>>>(g, y.numel(), table.as<const E>(), indices.data, it,
-                                                                     y.as<E>());
+    gather_kernel<E><<<blocks_for(y.numel()), kThreads, 0, stream>>>(g, y.numel(), table.as<const E>(), indices.data,
+                                                                     it, y.as<E>());
   });
   check_launch(k);
 }

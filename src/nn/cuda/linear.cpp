@@ -184,8 +184,9 @@ void LinearEngine::matmul_forward(const Tensor& a, const Tensor& b, const Tensor
   const int ra = a.shape.rank(), rb = b.shape.rank(), ry = y.shape.rank();
   for (const Tensor* t : {&a, &b, &y})
     if (t->shape.rank() < 2 || t->dtype != y.dtype || !(t->strides == contiguous_strides(t->shape, Layout::nchw)))
-      throw Unsupported(std::string("cuda ") + k + ": operands must be row-major contiguous of rank >= 2 and one dtype, got " +
-                        a.to_string() + " x " + b.to_string() + " -> " + y.to_string());
+      throw Unsupported(std::string("cuda ") + k +
+                        ": operands must be row-major contiguous of rank >= 2 and one dtype, got " + a.to_string() +
+                        " x " + b.to_string() + " -> " + y.to_string());
   const std::int64_t M = a.shape[ra - 2], K = a.shape[ra - 1], N = b.shape[rb - 1];
   if (b.shape[rb - 2] != K || y.shape[ry - 2] != M || y.shape[ry - 1] != N) shape_mismatch(k, "a", a, "b", b, "y", y);
   // Row-major Y [M, N] is column-major Yc [N, M] = Bc [N, K] Ac [K, M].
@@ -194,7 +195,8 @@ void LinearEngine::matmul_forward(const Tensor& a, const Tensor& b, const Tensor
   g.m = N, g.n = M, g.k = K;
   g.lda = N, g.ldb = K, g.ldc = N;
   const std::int64_t batch = y.numel() / std::max<std::int64_t>(M * N, 1);
-  const std::int64_t batch_a = a.numel() / std::max<std::int64_t>(M * K, 1), batch_b = b.numel() / std::max<std::int64_t>(K * N, 1);
+  const std::int64_t batch_a = a.numel() / std::max<std::int64_t>(M * K, 1),
+                     batch_b = b.numel() / std::max<std::int64_t>(K * N, 1);
   if (batch_b == 1) {  // a's batch rows are one taller matrix
     g.n = M * batch;
     matmul(g, {b.data, a.data, y.data, nullptr, nullptr});

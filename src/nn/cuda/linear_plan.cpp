@@ -111,9 +111,9 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
   for (std::int64_t v : {static_cast<std::int64_t>(g.dtype), std::int64_t{g.trans_a}, std::int64_t{g.trans_b}, g.m, g.n,
                          g.k, g.lda, g.ldb, g.ldc, static_cast<std::int64_t>(g.epilogue), g.aux_ld,
                          std::int64_t{g.accumulate}, std::int64_t{tf32}, std::int64_t{ctx_.modes.deterministic},
-                         alignment(ops.a), alignment(ops.b), alignment(ops.c), alignment(ops.bias), alignment(ops.aux),
-                         g.batch, g.stride_a, g.stride_b, g.stride_c})
+                         alignment(ops.a), alignment(ops.b), alignment(ops.c), alignment(ops.bias), alignment(ops.aux)})
     key.add(v);
+  for (std::int64_t v : {g.batch, g.stride_a, g.stride_b, g.stride_c}) key.add(v);
   if (auto it = lt_plans_.find(key); it != lt_plans_.end()) return *it->second;
 
   auto plan = std::make_unique<LtPlan>();
@@ -142,7 +142,8 @@ LtPlan& LinearEngine::lt_plan(const GemmShape& g, const GemmOperands& ops) {
   if (g.batch > 1) {
     const auto batched = [&](const backend::cuda::LtLayoutPtr& l, std::int64_t stride) {
       const auto count = static_cast<std::int32_t>(g.batch);
-      AB_CUBLAS(cublasLtMatrixLayoutSetAttribute(l.get(), CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), label);
+      AB_CUBLAS(cublasLtMatrixLayoutSetAttribute(l.get(), CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                label);
       AB_CUBLAS(cublasLtMatrixLayoutSetAttribute(l.get(), CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                  sizeof(stride)),
                 label);

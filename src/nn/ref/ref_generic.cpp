@@ -14,11 +14,14 @@
 namespace ab::nn::ref {
 namespace {
 
-[[noreturn]] void bad(const char* kernel, const std::string& why) { throw Error(std::string("ref ") + kernel + ": " + why); }
+[[noreturn]] void bad(const char* kernel, const std::string& why) {
+  throw Error(std::string("ref ") + kernel + ": " + why);
+}
 
 void require_float_same(const char* kernel, const std::vector<const Tensor*>& ts) {
   for (const Tensor* t : ts)
-    if (t->dtype != ts[0]->dtype) bad(kernel, "operands " + ts[0]->to_string() + " and " + t->to_string() + " differ in dtype");
+    if (t->dtype != ts[0]->dtype)
+      bad(kernel, "operands " + ts[0]->to_string() + " and " + t->to_string() + " differ in dtype");
   const DType d = ts[0]->dtype;
   if (d != DType::f32 && d != DType::f64 && d != DType::f16 && d != DType::bf16)
     bad(kernel, "needs f64, f32, f16 or bf16 operands, got " + ts[0]->to_string());
@@ -58,7 +61,8 @@ std::int64_t off4(const Tensor& t, std::int64_t n, std::int64_t c, std::int64_t 
 void RefKernels::unary_forward(const UnaryAttrs& a, const Tensor& x, const Tensor& y) {
   if (deferred([=, this] { unary_forward(a, x, y); })) return;
   require_float_same("unary_forward", {&x, &y});
-  if (!(x.shape == y.shape)) bad("unary_forward", "shapes " + x.shape.to_string() + " and " + y.shape.to_string() + " differ");
+  if (!(x.shape == y.shape))
+    bad("unary_forward", "shapes " + x.shape.to_string() + " and " + y.shape.to_string() + " differ");
   const StridedIndex ix = broadcast_index("ref unary_forward", y, {x});
 #pragma omp parallel for schedule(static) if (worth_threads(y.numel()))
   for (std::int64_t i = 0; i < y.numel(); ++i) {
@@ -113,7 +117,8 @@ void RefKernels::softmax_forward(int axis, const Tensor& x, const Tensor& y) {
   if (deferred([=, this] { softmax_forward(axis, x, y); })) return;
   require_float_same("softmax_forward", {&x, &y});
   if (!(x.shape == y.shape) || axis < 0 || axis >= x.shape.rank())
-    bad("softmax_forward", "needs one shape and an axis in range, got " + x.to_string() + ", axis " + std::to_string(axis));
+    bad("softmax_forward",
+        "needs one shape and an axis in range, got " + x.to_string() + ", axis " + std::to_string(axis));
   Tensor rows = y, x_rows = x;  // each row's first element
   rows.shape[axis] = x_rows.shape[axis] = 1;
   const StridedIndex ix = broadcast_index("ref softmax_forward", rows, {x_rows});
@@ -186,7 +191,8 @@ void RefKernels::resize_forward(bool linear, const Tensor& x, const Tensor& y) {
   if (x.shape.rank() != 4 || y.shape.rank() != 4 || x.shape[0] != y.shape[0] || x.shape[1] != y.shape[1])
     bad("resize_forward", "needs x [N, C, H, W] and y [N, C, OH, OW], got " + x.to_string() + ", " + y.to_string());
   const std::int64_t H = x.shape[2], W = x.shape[3], OH = y.shape[2], OW = y.shape[3];
-  const double sh = static_cast<double>(H) / static_cast<double>(OH), sw = static_cast<double>(W) / static_cast<double>(OW);
+  const double sh = static_cast<double>(H) / static_cast<double>(OH),
+               sw = static_cast<double>(W) / static_cast<double>(OW);
   // One axis's source position: nearest's floor index, or linear's lower index and weight.
   const auto source = [linear](std::int64_t o, double scale, std::int64_t size, std::int64_t out_size, std::int64_t& i0,
                                std::int64_t& i1, double& frac) {
@@ -259,10 +265,12 @@ void RefKernels::gather_forward(int axis, const Tensor& table, const Tensor& ind
       else ot += c * table.strides[d - ri + 1];
     }
     auto idx = static_cast<std::int64_t>(load_any(indices, oi));
-    if (idx < -dim || idx >= dim) bad("gather_forward", "index " + std::to_string(idx) + " outside a dim of " + std::to_string(dim));
+    if (idx < -dim || idx >= dim)
+      bad("gather_forward", "index " + std::to_string(idx) + " outside a dim of " + std::to_string(dim));
     if (idx < 0) idx += dim;
     ot += idx * table.strides[axis];
-    std::memcpy(static_cast<char*>(y.data) + oy * e, static_cast<const char*>(table.data) + ot * e, static_cast<std::size_t>(e));
+    std::memcpy(static_cast<char*>(y.data) + oy * e, static_cast<const char*>(table.data) + ot * e,
+                static_cast<std::size_t>(e));
   }
 }
 
