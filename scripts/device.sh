@@ -82,7 +82,7 @@ unpack_onnx() {
   [[ -f /usr/lib/x86_64-linux-gnu/cmake/ONNX/ONNXConfig.cmake ]] && return
   local prefix=/tmp/ab-onnx deb
   local lib=$prefix/usr/lib/x86_64-linux-gnu
-  for deb in .deps/libonnx-dev_*.deb .deps/libonnx1_*.deb .deps/libprotobuf-dev_*.deb .deps/libprotobuf32_*.deb; do
+  for deb in .deps/libonnx-dev_*.deb .deps/libonnx1_*.deb .deps/libonnxifi_*.deb .deps/libprotobuf-dev_*.deb .deps/libprotobuf32_*.deb; do
     [[ -f $deb ]] && dpkg -x "$deb" "$prefix"
   done
   if [[ ! -f $lib/cmake/ONNX/ONNXConfig.cmake ]]; then

@@ -138,12 +138,13 @@ TEST_F(CudaKernelsTest, CheckTensorRefusesWhatTheGpuCannotStore) {
   const std::string f64 =
       test::error_message<Unsupported>([&] { cuda_->check_tensor(Tensor::describe(DType::f64, Shape{2, 3})); });
   EXPECT_NE(f64.find("not f64"), std::string::npos) << f64;
-  EXPECT_THROW(cuda_->check_tensor(Tensor::describe(DType::i8, Shape{4})), Unsupported);
+  // fp8 is stored by the fp8 layers themselves, never as a graph tensor; integers (indices, masks) are.
+  EXPECT_THROW(cuda_->check_tensor(Tensor::describe(DType::f8e4m3, Shape{4})), Unsupported);
   Tensor strided = Tensor::describe(DType::f32, Shape{2, 3, 4, 5});
   strided.strides = Strides{60, 1, 15, 3};  // neither NCHW nor NHWC
   EXPECT_THROW(cuda_->check_tensor(strided), Unsupported);
   cuda_->check_tensor(Tensor::describe(DType::bf16, Shape{2, 8, 4, 4}, Layout::nhwc));
-  cuda_->check_tensor(Tensor::describe(DType::i32, Shape{2}));
+  for (DType integer : {DType::i8, DType::i32, DType::i64}) cuda_->check_tensor(Tensor::describe(integer, Shape{2}));
 }
 
 // ---------------------------------------------------------------------------------------------
