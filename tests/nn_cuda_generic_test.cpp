@@ -191,7 +191,7 @@ TEST_F(CudaGeneric, DataMovementIsExactInBothLayouts) {
           [](GraphBuilder& b, const std::vector<Value>& v) {
             const Value cat = concat(b, "cat", {v[0], v[1]}, 1);
             const auto parts = split(b, "split", cat, 1, {4, 5});
-            return concat(b, "again", {parts[1], parts[0]}, 3);
+            return concat(b, "again", {parts[1], parts[0]}, 1);
           },
           0, 0);
       compare(
