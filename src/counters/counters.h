@@ -28,9 +28,9 @@ enum class Combine { sum, time_weighted };
 
 // One metric, by the name CUPTI and Nsight Compute call it.
 struct MetricInfo {
-  std::string_view name;     // "dram__bytes_read.sum"
-  std::string_view unit;     // "byte", "ns", "%", "inst"
-  MetricSet set;             // memory or compute (all = both)
+  std::string_view name;  // "dram__bytes_read.sum"
+  std::string_view unit;  // "byte", "ns", "%", "inst"
+  MetricSet set;          // memory or compute (all = both)
   Combine combine;
   bool optional;             // a chip may lack it (a tensor pipe of another architecture); absent then
   std::string_view used_by;  // the derived figures that read it, or what it says alone

@@ -24,7 +24,7 @@ struct Suite {
   std::string name, description;
   std::optional<double> min_time_s, max_noise_pct, timeout_s, warmup_s;
   std::optional<std::string> mode;
-  std::optional<std::string> counters;  // hardware counters for every step: memory, compute, all (or off)
+  std::optional<std::string> counters;            // hardware counters for every step: memory, compute, all (or off)
   std::map<std::string, std::string> setting_at;  // setting name -> "FILE:LINE", for errors found later
   std::vector<SuiteStep> steps;
 };

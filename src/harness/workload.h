@@ -17,8 +17,8 @@
 #include "core/error.h"
 #include "counters/counters.h"
 #include "dist/lockstep.h"
-#include "measure/measure.h"
 #include "harness/axes.h"
+#include "measure/measure.h"
 
 namespace ab::harness {
 
