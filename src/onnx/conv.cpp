@@ -11,12 +11,6 @@
 namespace ab::onnx {
 namespace {
 
-std::vector<double> reals(const HostTensor& t) {
-  std::vector<double> v(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = t.value(i);
-  return v;
-}
-
 // Begin and end padding of one spatial dim under auto_pad (ONNX's rule for SAME_*).
 std::pair<std::int64_t, std::int64_t> auto_pads(const std::string& mode, std::int64_t in, std::int64_t kernel,
                                                 std::int64_t stride, std::int64_t dilation) {
@@ -51,16 +45,16 @@ Chain read_chain(const Ctx& c, const Group& g) {
 // moved into its mean, BN(conv + b) = BN'(conv) with mean' = mean - b), or the convolution alone.
 void pair_values(const Ctx& c, const Chain& ch, const std::string& base, nn::ParameterValues& v,
                  std::vector<double>& conv_bias) {
-  v[base + ".conv.weight"] = reals(c.constant(*ch.conv, 1));
+  v[base + ".conv.weight"] = c.constant(*ch.conv, 1).values();
   const std::size_t k = static_cast<std::size_t>(c.constant(*ch.conv, 1).dims.at(0));
-  conv_bias = c.has_input(*ch.conv, 2) ? reals(c.constant(*ch.conv, 2)) : std::vector<double>(k, 0.0);
+  conv_bias = c.has_input(*ch.conv, 2) ? c.constant(*ch.conv, 2).values() : std::vector<double>(k, 0.0);
   if (conv_bias.size() != k)
     c.refuse(*ch.conv,
              "bias has " + std::to_string(conv_bias.size()) + " values for " + std::to_string(k) + " filters");
   if (ch.bn == nullptr) return;
   const char* names[] = {"weight", "bias", "running_mean", "running_var"};
   for (std::size_t i = 0; i < 4; ++i) {
-    std::vector<double> p = reals(c.constant(*ch.bn, i + 1));
+    std::vector<double> p = c.constant(*ch.bn, i + 1).values();
     if (p.size() != k)
       c.refuse(*ch.bn, std::string(names[i]) + " has " + std::to_string(p.size()) + " values for " + std::to_string(k) +
                            " channels");

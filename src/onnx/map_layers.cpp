@@ -8,12 +8,6 @@
 namespace ab::onnx {
 namespace {
 
-std::vector<double> reals(const HostTensor& t) {
-  std::vector<double> v(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = t.value(i);
-  return v;
-}
-
 void pass_through(Ctx& c, const Node& n) {
   const Slot s = c.slot(n.inputs.at(0), n);
   c.slots[n.outputs.at(0)] = s;
@@ -75,10 +69,10 @@ void map_conv_transpose(Ctx& c, const Node& n) {
   a.output_padding_h = op[0], a.output_padding_w = op[1];
   const std::string name = c.unique_name(n.name);
   nn::Value y = nn::conv_transpose2d(c.b, name, c.value(n, 0), a);
-  c.params[name + ".weight"] = reals(w);
+  c.params[name + ".weight"] = w.values();
   if (c.has_input(n, 2)) {
     y = nn::bias_activation(c.b, name + ".bias_act", y, nn::Value{}, false);
-    c.params[name + ".bias_act.bias"] = reals(c.constant(n, 2));
+    c.params[name + ".bias_act.bias"] = c.constant(n, 2).values();
   }
   c.set(n.outputs.at(0), y);
 }
@@ -89,7 +83,7 @@ void map_batchnorm(Ctx& c, const Node& n) {
   const double epsilon = attr_float(n, "epsilon", 1e-5);
   const nn::Value y = nn::batchnorm2d(c.b, name, c.value(n, 0), nn::BatchNormDesc{epsilon, 0.1});
   const char* names[] = {"weight", "bias", "running_mean", "running_var"};
-  for (std::size_t i = 0; i < 4; ++i) c.params[name + "." + names[i]] = reals(c.constant(n, i + 1));
+  for (std::size_t i = 0; i < 4; ++i) c.params[name + "." + names[i]] = c.constant(n, i + 1).values();
   c.set(n.outputs.at(0), y);
 }
 
@@ -162,7 +156,7 @@ void map_gemm(Ctx& c, const Node& n) {
   const double alpha = attr_float(n, "alpha", 1.0), beta = attr_float(n, "beta", 1.0);
   const std::int64_t k = trans_b ? bm.dims[1] : bm.dims[0], out = trans_b ? bm.dims[0] : bm.dims[1];
   if (k != c.shape(n, 0)[1]) c.refuse(n, "B " + dims_text(bm.dims) + " does not fit A " + dims_text(c.shape(n, 0)));
-  std::vector<double> w = trans_b ? reals(bm) : transposed(bm, k, out, 1.0);
+  std::vector<double> w = trans_b ? bm.values() : transposed(bm, k, out, 1.0);
   for (auto& v : w) v *= alpha;
   std::vector<double> bias;
   if (c.has_input(n, 2)) {
@@ -194,7 +188,7 @@ void map_matmul(Ctx& c, const Node& n) {
 void map_linear_group(Ctx& c, const Node& matmul, const Node& add) {
   const HostTensor& bm = c.constant(matmul, 1);
   const std::size_t bias_input = add.inputs[0] == matmul.outputs[0] ? 1 : 0;
-  const std::vector<double> bias = reals(c.constant(add, bias_input));
+  const std::vector<double> bias = c.constant(add, bias_input).values();
   add_linear(c, matmul, transposed(bm, bm.dims[0], bm.dims[1], 1.0), bm.dims[1], &bias, add.outputs.at(0));
   c.fused.push_back("MatMul+Add (linear with bias): " + matmul.name);
 }

@@ -10,12 +10,6 @@
 namespace ab::onnx {
 namespace {
 
-std::vector<double> reals(const HostTensor& t) {
-  std::vector<double> v(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = t.value(i);
-  return v;
-}
-
 std::vector<std::int64_t> ints(const HostTensor& t) {
   std::vector<std::int64_t> v;
   for (std::size_t i = 0; i < static_cast<std::size_t>(t.numel()); ++i) v.push_back(t.int_value(i));
@@ -186,7 +180,7 @@ void map_resize(Ctx& c, const Node& n) {
     if (sizes.size() != 4 || sizes[0] != x[0] || sizes[1] != x[1]) c.refuse(n, "sizes must keep N and C");
     h = sizes[2], w = sizes[3];
   } else {
-    const std::vector<double> scales = reals(c.constant(n, 2));
+    const std::vector<double> scales = c.constant(n, 2).values();
     if (scales.size() != 4 || scales[0] != 1 || scales[1] != 1) c.refuse(n, "scales must keep N and C");
     h = static_cast<std::int64_t>(std::floor(static_cast<double>(x[2]) * std::clamp(scales[2], 0.0, 4096.0)));
     w = static_cast<std::int64_t>(std::floor(static_cast<double>(x[3]) * std::clamp(scales[3], 0.0, 4096.0)));

@@ -159,6 +159,12 @@ HostTensor make_ints(std::vector<std::int64_t> dims, std::vector<std::int64_t> v
   return t;
 }
 
+std::vector<double> HostTensor::values() const {
+  std::vector<double> v(static_cast<std::size_t>(numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(i);
+  return v;
+}
+
 HostTensor make_reals(std::vector<std::int64_t> dims, std::vector<double> values) {
   HostTensor t;
   t.dims = std::move(dims);
