@@ -30,7 +30,7 @@ struct HostTensor {
 
   std::int64_t numel() const { return static_cast<std::int64_t>(integer ? ints.size() : real.size()); }
   double value(std::size_t i) const { return integer ? static_cast<double>(ints[i]) : real[i]; }
-  std::vector<double> values() const;  // every element as a real (parameter values)
+  std::vector<double> values() const;           // every element as a real (parameter values)
   std::int64_t int_value(std::size_t i) const;  // UsageError for a non-integral or huge real
 };
 HostTensor make_ints(std::vector<std::int64_t> dims, std::vector<std::int64_t> values);
