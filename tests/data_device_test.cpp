@@ -310,16 +310,6 @@ TEST(NvjpegGpu, DecodesAndAugmentsLikeTheHostPipeline) {
   }
 }
 
-std::vector<nlohmann::json> read_records(const fs::path& out) {
-  std::vector<nlohmann::json> records;
-  for (const auto& e : fs::recursive_directory_iterator(out))
-    if (e.path().filename() == "points.jsonl") {
-      std::ifstream in(e.path());
-      for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
-    }
-  return records;
-}
-
 // The decoder axis on the CPU: the cpu decoder's records carry CPU use per image and images/s per
 // core; an nvjpeg point skips and says why.
 TEST(PipelineWorkload, RecordsPerCoreRatesAndSkipsNvjpegOffAGpu) {
@@ -356,7 +346,7 @@ TEST(PipelineWorkload, RecordsPerCoreRatesAndSkipsNvjpegOffAGpu) {
                                          "--out",
                                          (tmp.path() / "out").string()});
   ASSERT_EQ(ran.code, 0) << ran.output;
-  const auto records = read_records(tmp.path() / "out");
+  const auto records = ab::test::read_records(tmp.path() / "out");
   ASSERT_EQ(records.size(), 2u);
   for (const auto& r : records) {
     SCOPED_TRACE(r.dump());

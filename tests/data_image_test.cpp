@@ -14,6 +14,7 @@ namespace fs = std::filesystem;
 using ab::data::Image;
 using ab::test::TempDir;
 using Bytes = std::vector<std::uint8_t>;
+using ab::test::write_bytes;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -44,12 +45,6 @@ double mean_abs_difference(const Bytes& a, const Bytes& b) {
   double s = 0;
   for (std::size_t i = 0; i < a.size(); ++i) s += std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
   return s / static_cast<double>(a.size());
-}
-
-void write_bytes(const fs::path& p, const Bytes& b) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary)
-      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 TEST(Codec, JpegKeepsSizeChannelsAndCloseValues) {

@@ -282,16 +282,6 @@ TEST(DeviceFeederGpu, BatchesReachTheGpuUnchanged) {
   expect_feeder_delivers_the_host_batches(*kernels);
 }
 
-std::vector<nlohmann::json> read_records(const fs::path& out) {
-  std::vector<nlohmann::json> records;
-  for (const auto& e : fs::recursive_directory_iterator(out))
-    if (e.path().filename() == "points.jsonl") {
-      std::ifstream in(e.path());
-      for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
-    }
-  return records;
-}
-
 // The workload on a folder written here (one file in it broken), two thread counts.
 TEST(PipelineWorkload, RecordsRatesCpuTimeAndTheUnreadableFiles) {
   TempDir tmp;
@@ -313,7 +303,7 @@ TEST(PipelineWorkload, RecordsRatesCpuTimeAndTheUnreadableFiles) {
   args.insert(args.end(), {"--axis", "threads=1,2", "--out", (tmp.path() / "out").string()});
   const auto ran = ab::test::accelbench(args);
   ASSERT_EQ(ran.code, 0) << ran.output;
-  const auto records = read_records(tmp.path() / "out");
+  const auto records = ab::test::read_records(tmp.path() / "out");
   ASSERT_EQ(records.size(), 2u);
   for (const auto& r : records) {
     SCOPED_TRACE(r.dump());
@@ -329,7 +319,7 @@ TEST(PipelineWorkload, RecordsRatesCpuTimeAndTheUnreadableFiles) {
   args.insert(args.end(), {"--axis", "threads=2", "--option", "feed=device", "--out", (tmp.path() / "fed").string()});
   const auto fed = ab::test::accelbench(args);
   ASSERT_EQ(fed.code, 0) << fed.output;
-  const auto fed_records = read_records(tmp.path() / "fed");
+  const auto fed_records = ab::test::read_records(tmp.path() / "fed");
   ASSERT_EQ(fed_records.size(), 1u);
   EXPECT_EQ(fed_records[0]["status"], "ok");
   EXPECT_EQ(fed_records[0]["metrics"]["feed"], "device");
@@ -339,7 +329,7 @@ TEST(PipelineWorkload, RecordsRatesCpuTimeAndTheUnreadableFiles) {
               {"--axis", "threads=1", "--option", "unreadable=refuse", "--out", (tmp.path() / "refused").string()});
   const auto refused = ab::test::accelbench(args);
   EXPECT_EQ(refused.code, 1) << refused.output;
-  const auto refused_records = read_records(tmp.path() / "refused");
+  const auto refused_records = ab::test::read_records(tmp.path() / "refused");
   ASSERT_EQ(refused_records.size(), 1u) << refused.output;
   EXPECT_EQ(refused_records[0]["status"], "error");
   const std::string reason = refused_records[0].value("reason", "");

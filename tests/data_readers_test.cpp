@@ -16,6 +16,8 @@ namespace fs = std::filesystem;
 using ab::data::ImageSet;
 using ab::test::TempDir;
 using Bytes = std::vector<std::uint8_t>;
+using ab::test::idx_file;
+using ab::test::write_bytes;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -24,23 +26,6 @@ Bytes random_bytes(std::size_t n, std::uint64_t seed, int modulo = 256) {
   for (std::size_t i = 0; i < n; ++i)
     b[i] = static_cast<std::uint8_t>(ab::mix64(seed, i) % static_cast<unsigned>(modulo));
   return b;
-}
-
-void put_u32(Bytes& b, std::uint32_t v) {
-  for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<std::uint8_t>(v >> s));
-}
-
-Bytes idx_file(const std::vector<std::uint32_t>& dims, const Bytes& values) {
-  Bytes b{0, 0, 0x08, static_cast<std::uint8_t>(dims.size())};
-  for (auto d : dims) put_u32(b, d);
-  b.insert(b.end(), values.begin(), values.end());
-  return b;
-}
-
-void write_bytes(const fs::path& p, const Bytes& b) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary)
-      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 void gzip(const fs::path& p) { ASSERT_EQ(ab::test::shell("gzip -f " + ab::test::quote(p.string())).code, 0); }

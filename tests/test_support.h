@@ -22,13 +22,62 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/rng.h"
+#include "measure/measure.h"
 #include "models/resnet.h"
 #include "nn/kernels.h"
 #include "nn/optim.h"
 
 namespace ab::test {
+
+// ---------------------------------------------------------------------------------------------
+// Stopping settings for tests of what a point records, not of how steady the machine is: a point
+// stops after its minimum time and samples whatever its spread (under a 20% rule a loaded two-core
+// CI machine held training points for their whole 5 s timeout).
+
+inline measure::Settings record_settings() {
+  measure::Settings s;
+  s.min_time_s = 0.02;
+  s.warmup_s = 0;
+  s.timeout_s = 5;
+  s.max_noise_pct = 100;
+  s.min_samples = 5;
+  s.target_sample_s = 1e-3;
+  return s;
+}
+
+// Every record of the runs under `out` (each points.jsonl below it), in file order.
+inline std::vector<nlohmann::json> read_records(const std::filesystem::path& out) {
+  std::vector<nlohmann::json> records;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(out))
+    if (e.path().filename() == "points.jsonl") {
+      std::ifstream in(e.path());
+      for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+    }
+  return records;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files the data tests write: bytes as given (parent folders made), and an IDX file of unsigned
+// bytes (MNIST's format: magic 0x0000 08 <rank>, big-endian 32-bit dims, then the values).
+
+inline void write_bytes(const std::filesystem::path& p, const std::vector<std::uint8_t>& b) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+inline std::vector<std::uint8_t> idx_file(const std::vector<std::uint32_t>& dims,
+                                          const std::vector<std::uint8_t>& values) {
+  std::vector<std::uint8_t> b{0, 0, 0x08, static_cast<std::uint8_t>(dims.size())};
+  for (const std::uint32_t d : dims)
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<std::uint8_t>(d >> s));
+  b.insert(b.end(), values.begin(), values.end());
+  return b;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Random seeds a failure can be replayed from. Each test has one base seed: AB_TEST_SEED where set,

@@ -36,20 +36,6 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-// These tests check what a point records, not how steady the machine is: a point stops after its
-// minimum time and samples whatever its spread (under a 20% rule a loaded two-core CI machine held
-// training points for their whole 5 s timeout).
-measure::Settings fast_settings() {
-  measure::Settings s;
-  s.min_time_s = 0.02;
-  s.warmup_s = 0;
-  s.timeout_s = 5;
-  s.max_noise_pct = 100;
-  s.min_samples = 5;
-  s.target_sample_s = 1e-3;
-  return s;
-}
-
 std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& artifact_dir = {},
                            const std::string& device = "cpu") {
   auto be = backend::make_backend(device);
@@ -57,7 +43,7 @@ std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& a
   RunnerHooks hooks;
   hooks.sink = [&records](const json& r) { records.push_back(r); };
   hooks.artifact_dir = artifact_dir;
-  Runner runner(*be, fast_settings(), json::object(), "run-models", hooks, nullptr);
+  Runner runner(*be, test::record_settings(), json::object(), "run-models", hooks, nullptr);
   const std::atomic<bool> cancel{false};
   runner.run(plan, cancel);
   return records;
@@ -302,7 +288,7 @@ TEST(Train, OutOfMemoryIsOomAndTheSweepGoesOn) {
   std::vector<json> records;
   RunnerHooks hooks;
   hooks.sink = [&records](const json& r) { records.push_back(r); };
-  Runner runner(*be, fast_settings(), json::object(), "run-oom", hooks, nullptr);
+  Runner runner(*be, test::record_settings(), json::object(), "run-oom", hooks, nullptr);
   const std::atomic<bool> cancel{false};
   runner.run(plan, cancel);
   ASSERT_EQ(records.size(), 2u);

@@ -36,23 +36,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Bytes = std::vector<std::uint8_t>;
+using ab::test::idx_file;
+using ab::test::write_bytes;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-void put_u32(Bytes& b, std::uint32_t v) {
-  for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<std::uint8_t>(v >> s));
-}
-Bytes idx_file(const std::vector<std::uint32_t>& dims, const Bytes& values) {
-  Bytes b{0, 0, 0x08, static_cast<std::uint8_t>(dims.size())};
-  for (auto d : dims) put_u32(b, d);
-  b.insert(b.end(), values.begin(), values.end());
-  return b;
-}
-void write_bytes(const fs::path& p, const Bytes& b) {
-  fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary)
-      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
 
 constexpr std::uint32_t kPx = 8, kClasses = 4;
 
@@ -83,17 +70,6 @@ std::string write_pattern_set(const fs::path& dir) {
   return "idx:" + dir.string();
 }
 
-measure::Settings fast_settings() {
-  measure::Settings s;
-  s.min_time_s = 0.02;
-  s.warmup_s = 0;
-  s.timeout_s = 5;
-  s.max_noise_pct = 100;
-  s.min_samples = 5;
-  s.target_sample_s = 1e-3;
-  return s;
-}
-
 // `args` are "name=values": a workload's option where it declares one, else an axis override.
 std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& args,
                              const fs::path& artifacts = {}, const std::string& device = "cpu") {
@@ -112,7 +88,7 @@ std::vector<json> run_points(const std::string& workload, const std::vector<std:
   RunnerHooks hooks;
   hooks.sink = [&records](const json& r) { records.push_back(r); };
   hooks.artifact_dir = artifacts;
-  Runner runner(*be, fast_settings(), json::object(), "run-tta", hooks, nullptr);
+  Runner runner(*be, test::record_settings(), json::object(), "run-tta", hooks, nullptr);
   const std::atomic<bool> cancel{false};
   runner.run(plan_for(w, be->info().kind, overrides, options), cancel);
   return records;
@@ -230,10 +206,9 @@ TEST(TimeToTrain, AnUnreachableTargetIsNotConvergedWithEveryEvaluationKept) {
   // Labels beyond reach: the test split's labels shuffled away from its images.
   write_pattern_split(tmp.path() / "data", "t10k", 96, test::seed() + 7);
   {
-    Bytes labels{0, 0, 8, 1};
-    put_u32(labels, 96);
+    Bytes labels;
     for (std::uint32_t i = 0; i < 96; ++i) labels.push_back(static_cast<std::uint8_t>(i % kClasses));
-    write_bytes(tmp.path() / "data" / "t10k-labels-idx1-ubyte", labels);
+    write_bytes(tmp.path() / "data" / "t10k-labels-idx1-ubyte", idx_file({96}, labels));
   }
   const auto records = run_points("train", args, tmp.path() / "run");
   ASSERT_EQ(records.size(), 1U);
@@ -298,10 +273,7 @@ TEST(TimeToTrain, BadFilesGiveAClearStatus) {
   EXPECT_TRUE(contains(r["reason"].get<std::string>(), "truncated")) << r["reason"];
   write_bytes(images, good);
   write_pattern_split(dir, "t10k", 96, 3);
-  Bytes labels{0, 0, 8, 1};
-  put_u32(labels, 95);
-  labels.resize(labels.size() + 95, 1);
-  write_bytes(dir / "t10k-labels-idx1-ubyte", labels);
+  write_bytes(dir / "t10k-labels-idx1-ubyte", idx_file({95}, Bytes(95, 1)));
   r = run_with();
   EXPECT_EQ(r["status"], "error");
   EXPECT_TRUE(contains(r["reason"].get<std::string>(), "labels do not match images")) << r["reason"];
