@@ -3,9 +3,10 @@
 batch), run by accelbench from the .onnx file, its logits compared with PyTorch's and its speed
 with torch.compile of the same module, in one run on the same GPU.
 
-Families: ResNet-50, ConvNeXt-T, ViT-B/16, MobileNetV2, EfficientNet-B0 (transformers, from their
-configs, no download), VGG-11, a DenseNet-121 and ResNeXt-101 32x4d (plain PyTorch here; ResNeXt as
-src/models/resnet.cpp builds it), and BERT-base (token-id inputs: the importer refuses them for
+Families: torchvision's ResNet-50, ConvNeXt-T, ViT-B/16, MobileNetV2, MobileNetV3-Large,
+EfficientNet-B0, VGG-11 and DenseNet-121 (without torchvision: transformers' modules from their configs,
+no download, or plain PyTorch stand-ins here; MobileNetV3 needs torchvision), ResNeXt-101 32x4d (plain
+PyTorch here, as src/models/resnet.cpp builds it), and BERT-base (token-id inputs: the importer refuses them for
 now, and the table says so). Batch norms get random statistics, so the folding is exercised.
 accelbench: `run infer --axis model=FILE --axis batch=1,64 --axis precision=fp32,fp16
 --option inputs=FILE.f32 --option dump_outputs=on`; the inputs file holds the 64 samples PyTorch
@@ -120,6 +121,12 @@ class Logits(nn.Module):
         return self.model(x).logits
 
 
+def torchvision_model(kind):
+    """torchvision's own module where torchvision is installed (the families users export first)."""
+    import torchvision.models as tv
+    return getattr(tv, kind)(weights=None)
+
+
 def hf(kind):
     import transformers as t
     make = {"resnet50": (t.ResNetConfig, t.ResNetForImageClassification),
@@ -133,10 +140,27 @@ def hf(kind):
     return Logits(make[1](config))
 
 
+def family(torchvision_name, fallback):
+    """torchvision's module where it is installed, else the stand-in (transformers' or plain PyTorch's)."""
+    def make():
+        try:
+            return torchvision_model(torchvision_name)
+        except ImportError:
+            if fallback is None:
+                raise RuntimeError(f"{torchvision_name} needs torchvision, which is not installed")
+            return fallback()
+    return make
+
+
 FAMILIES = {
-    "resnet50": lambda: hf("resnet50"), "convnext_tiny": lambda: hf("convnext_tiny"), "vit_b16": lambda: hf("vit_b16"),
-    "mobilenet_v2": lambda: hf("mobilenet_v2"), "efficientnet_b0": lambda: hf("efficientnet_b0"),
-    "vgg11": vgg11, "densenet121": densenet121, "resnext101_32x4d": ResNeXt, "bert_base": None,
+    "resnet50": family("resnet50", lambda: hf("resnet50")),
+    "convnext_tiny": family("convnext_tiny", lambda: hf("convnext_tiny")),
+    "vit_b16": family("vit_b_16", lambda: hf("vit_b16")),
+    "mobilenet_v2": family("mobilenet_v2", lambda: hf("mobilenet_v2")),
+    "mobilenet_v3": family("mobilenet_v3_large", None),
+    "efficientnet_b0": family("efficientnet_b0", lambda: hf("efficientnet_b0")),
+    "vgg11": family("vgg11", vgg11), "densenet121": family("densenet121", densenet121),
+    "resnext101_32x4d": ResNeXt, "bert_base": None,
 }
 
 
@@ -221,7 +245,7 @@ def run_family(name, args, rows):
         got = np.fromfile(r["metrics"]["outputs_file"], dtype="<f4").astype(np.float64).reshape(b, -1)
         err, top1, ok = compare(got, want[:b], p)
         ours[(b, p)] = r["time"]["median_s"]
-        compiled = torch_compile_latency_s(model, b) if p == "fp16" else None
+        compiled = torch_compile_latency_s(model, b) if p == "fp16" and args.compile else None
         speed = f"{r['time']['median_s'] * 1e3:.3f} ms vs torch.compile {compiled * 1e3:.3f} ms ({compiled / r['time']['median_s']:.2f}x)" if compiled else ""
         rows.append((name, b, p, "PASS" if ok else "FAIL", f"err {err:.2e} top1 {top1:.3f} {speed}"))
         print(*rows[-1], flush=True)
@@ -233,6 +257,8 @@ def main():
     ap.add_argument("--accelbench", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="check the logits only (no torch.compile timing): a quick pass over many families")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows, imported = [], {}
