@@ -12,7 +12,7 @@
   (c) the timed figures of a run with --counters equal those of a run without, within noise.
 Prints one table; exits 1 when a check fails, 2 when one could not run.
   usage: check_counters.py --accelbench build/cuda/src/cli/accelbench --out DIR [--ncu ncu]
-                           [--conv-axis shape=NAME ...]
+                           [--conv-axis shape=NAME ...] [--checks stream,gemm,conv,timing]
 """
 import argparse
 import csv
@@ -165,22 +165,24 @@ def main():
     ap.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     ap.add_argument("--conv-axis", action="append", default=None,
                     help="an --axis of the conv point to compare (default: CONV, a 3x3 convolution whose operands outgrow L2)")
+    ap.add_argument("--checks", default="stream,gemm,conv,timing", help="which of the checks to run")
     args = ap.parse_args()
     args.conv_axis = args.conv_axis or CONV
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="ab-counters-", dir=args.out)
     rows = []
-    check_stream(args.accelbench, work, rows)
-    check_against_ncu(args.accelbench, args.ncu, work, "gemm bf16 8192^3", GEMM, rows)
-    listing = json.loads(subprocess.run([args.accelbench, "list", "--json"], capture_output=True, text=True).stdout)
-    names = [w["name"] for w in (listing.get("workloads", listing) if isinstance(listing, dict) else listing)]
-    if "conv" in names and args.conv_axis:
+    checks = set(args.checks.split(","))
+    if "stream" in checks:
+        check_stream(args.accelbench, work, rows)
+    if "gemm" in checks:
+        check_against_ncu(args.accelbench, args.ncu, work, "gemm bf16 8192^3", GEMM, rows)
+    if "conv" in checks:
         conv = ["conv"] + [a for axis in args.conv_axis for a in ("--axis", axis)]
         check_against_ncu(args.accelbench, args.ncu, work, "conv " + " ".join(args.conv_axis), conv, rows)
-    else:
-        rows.append(("(b) conv: not compared", "-", "-",
-                     "no conv workload" if "conv" not in names else "no --conv-axis given", True))
-    check_timing(args.accelbench, work, rows)
+    if "timing" in checks:
+        check_timing(args.accelbench, work, rows)
+    if not rows:
+        ap.error("--checks names none of stream, gemm, conv, timing")
     width = max(len(r[0]) for r in rows)
     lines = [f"{'check':<{width}}  {'accelbench':>14}  {'reference':>14}  {'difference':<28} verdict"]
     lines += [f"{r[0]:<{width}}  {r[1]:>14}  {r[2]:>14}  {r[3]:<28} {'ok' if r[4] else 'FAIL'}" for r in rows]
