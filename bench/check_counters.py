@@ -71,15 +71,20 @@ def ncu_metrics(ncu, ab, args, work, names):
     # before each kernel and locks the clocks at base, which moves bytes and duration.
     # Only the kernels of the timed samples (the NVTX range the CUDA timer opens): profiling the
     # algorithm search's candidates too would slow them and sway its choice.
-    cmd = [ncu, "--target-processes", "all", "--nvtx", "--nvtx-include", "accelbench.timed/", "--metrics",
-           ",".join(names), "--csv", "--print-units", "base", "--cache-control", "none", "--clock-control", "none",
-           "--launch-count", "50", ab, "run", *args, "--out", out, "-q", "--min-time", "0", "--warmup", "0"]
-    # Not check=True: under ncu's serialised replays the point may stop at its timeout; the
-    # kernels profiled before it are what is compared.
-    text = subprocess.run(cmd, capture_output=True, text=True).stdout
-    with open(os.path.join(work, os.path.basename(out) + ".csv"), "w") as f:
-        f.write(text)
-    start = text.find('"ID"')
+    for nvtx in (["--nvtx", "--nvtx-include", "accelbench.timed/"], []):  # a build without the range: every kernel
+        cmd = [ncu, "--target-processes", "all", *nvtx, "--metrics", ",".join(names), "--csv", "--print-units", "base",
+               "--cache-control", "none", "--clock-control", "none", "--launch-count", "50" if nvtx else "300", ab, "run",
+               *args, "--out", out, "-q", "--min-time", "0", "--warmup", "0"]
+        # Not check=True: under ncu's serialised replays the point may stop at its timeout; the
+        # kernels profiled before it are what is compared.
+        text = subprocess.run(cmd, capture_output=True, text=True).stdout
+        with open(os.path.join(work, os.path.basename(out) + (".timed" if nvtx else ".all") + ".csv"), "w") as f:
+            f.write(text)
+        start = text.find('"ID"')
+        if start >= 0:
+            break
+        print(f"note: ncu {' '.join(nvtx) or 'without NVTX'} profiled no kernel", flush=True)
+        shutil.rmtree(os.path.join(out, "runs"), ignore_errors=True)
     if start < 0:
         raise RuntimeError("ncu printed no CSV table:\n" + text[-2000:])
     launches = {}
