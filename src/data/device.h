@@ -18,6 +18,12 @@ namespace ab::data {
 // on a CUDA backend; same_stream_copies(kernels) on any other.
 std::unique_ptr<CopyQueue> make_copy_queue(backend::Backend& backend, nn::Kernels& kernels);
 
+// Queues a device-to-device copy of `src` into `dst` (the same byte size) on `backend`'s stream,
+// where `kernels` run: a captured step reads fixed input tensors, so each fed batch is copied into
+// them, ordered after the feeder's wait and before the step. Elsewhere through the host (download,
+// upload). Error where the sizes differ.
+void copy_into(backend::Backend& backend, nn::Kernels& kernels, const Tensor& dst, const Tensor& src);
+
 // Whether this build decodes JPEG with nvJPEG (CMake found the toolkit's nvJPEG: ACCELBENCH_NVJPEG).
 bool nvjpeg_in_build();
 inline constexpr const char* kNoNvjpeg =

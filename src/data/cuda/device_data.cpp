@@ -169,6 +169,24 @@ std::unique_ptr<CopyQueue> make_copy_queue(backend::Backend& backend, nn::Kernel
   return same_stream_copies(kernels);
 }
 
+void copy_into(backend::Backend& backend, nn::Kernels& kernels, const Tensor& dst, const Tensor& src) {
+  if (dst.size_bytes() != src.size_bytes() || !dst.is_contiguous() || !src.is_contiguous())
+    throw Error("data: copy " + src.to_string() + " into " + dst.to_string() + ": not the same contiguous size");
+#ifdef ACCELBENCH_WITH_CUDA
+  if (backend.info().kind == "cuda") {
+    AB_CUDA_LAZY(cudaMemcpyAsync(dst.data, src.data, static_cast<std::size_t>(dst.size_bytes()),
+                                 cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(backend::cuda::native_stream(backend))),
+                 "data: copy a fed batch into the step's input");
+    return;
+  }
+#else
+  (void)backend;
+#endif
+  std::vector<std::uint8_t> host(static_cast<std::size_t>(src.size_bytes()));
+  kernels.download(src, host.data());
+  kernels.upload(dst, host.data());
+}
+
 bool nvjpeg_in_build() {
 #ifdef ACCELBENCH_NVJPEG
   return true;
