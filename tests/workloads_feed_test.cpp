@@ -30,7 +30,7 @@ using ab::test::write_bytes;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-constexpr std::int64_t kPx = 32, kImages = 48;
+constexpr std::int64_t kPx = 48, kImages = 48;  // 48 px: nvJPEG's GPU test decodes 48-112 px files
 
 // Class 0 horizontal, class 1 vertical colour stripes (period 8 px, random phase and tint, noise),
 // as JPEGs in root/<class>/<i>.jpg.
@@ -44,8 +44,8 @@ fs::path write_stripe_folder(const fs::path& root, std::uint64_t seed) {
         for (std::int64_t c = 0; c < 3; ++c) {
           const bool on = (((label == 0 ? y : x) + phase) / 4) % 2 == 1;
           const double noise = ab::uniform(ab::mix64(seed, 2 * i + 1), (y * kPx + x) * 3 + c, -30, 30);
-          im.pixels[static_cast<std::size_t>((y * kPx + x) * 3 + c)] =
-              static_cast<std::uint8_t>(std::clamp((on ? 200.0 : 50.0) + noise + 10.0 * static_cast<double>(c), 0.0, 255.0));
+          im.pixels[static_cast<std::size_t>((y * kPx + x) * 3 + c)] = static_cast<std::uint8_t>(
+              std::clamp((on ? 200.0 : 50.0) + noise + 10.0 * static_cast<double>(c), 0.0, 255.0));
         }
     write_bytes(root / std::to_string(label) / (std::to_string(i) + ".jpg"), ab::data::encode_jpeg(im, 95));
   }
@@ -53,13 +53,20 @@ fs::path write_stripe_folder(const fs::path& root, std::uint64_t seed) {
 }
 
 std::vector<std::string> train_args(const fs::path& folder, const fs::path& out, const std::vector<std::string>& more) {
-  std::vector<std::string> a{"run",        "train",  "--device",    "cpu",    "--axis",
-                             "model=tiny_resnet",    "--axis",      "layout=nhwc",
-                             "--axis",     "batch=8", "--axis",     "image_size=16",
-                             "--axis",     "dataset=folder:" + folder.string(),
-                             "--option",   "lr=0.1", "--option",    "trajectory_steps=24",
-                             "--min-time", "0.05",   "--max-noise", "50",     "--timeout", "30",
-                             "--quiet",    "--out",  out.string()};
+  std::vector<std::string> a{"run",         "train",
+                             "--device",    "cpu",
+                             "--axis",      "model=tiny_resnet",
+                             "--axis",      "layout=nhwc",
+                             "--axis",      "batch=8",
+                             "--axis",      "image_size=16",
+                             "--axis",      "dataset=folder:" + folder.string(),
+                             "--option",    "lr=0.1",
+                             "--option",    "trajectory_steps=24",
+                             "--min-time",  "0.05",
+                             "--max-noise", "50",
+                             "--timeout",   "30",
+                             "--quiet",     "--out",
+                             out.string()};
   a.insert(a.end(), more.begin(), more.end());
   return a;
 }
@@ -120,8 +127,7 @@ TEST(TrainFeed, ATruncatedJpegNamesItselfInTheError) {
   Bytes cut = ab::data::read_file_bytes(folder / "1" / "1.jpg");
   cut.resize(cut.size() / 3);
   write_bytes(folder / "1" / "1.jpg", cut);
-  const json r =
-      run_one(train_args(folder, tmp.path() / "out", {"--option", "data_threads=1"}), tmp.path() / "out", 1);
+  const json r = run_one(train_args(folder, tmp.path() / "out", {"--option", "data_threads=1"}), tmp.path() / "out", 1);
   SCOPED_TRACE(r.dump());
   EXPECT_EQ(r["status"], "error");
   EXPECT_TRUE(contains(r.value("reason", ""), "1.jpg")) << "the error does not name the file";
@@ -134,7 +140,8 @@ TEST(TrainFeed, TheSameSeedGivesTheSameBatchesAtAnyThreadCount) {
   const fs::path folder = write_stripe_folder(tmp.path() / "set", ab::test::seed());
   const auto losses = [&](const std::string& seed, const std::string& threads) {
     const fs::path out = tmp.path() / ("out" + seed + "_" + threads);
-    const json r = run_one(train_args(folder, out, {"--axis", "seed=" + seed, "--option", "data_threads=" + threads}), out);
+    const json r =
+        run_one(train_args(folder, out, {"--axis", "seed=" + seed, "--option", "data_threads=" + threads}), out);
     EXPECT_EQ(r.value("status", ""), "ok") << r.dump();
     return r["metrics"]["loss_trajectory"];
   };
@@ -156,11 +163,20 @@ TEST(TrainFeed, AnIdxSetWithTargetZeroFeedsTheThroughputMode) {
   write_bytes(tmp.path() / "idx" / "train-images-idx3-ubyte", ab::test::idx_file({64, 12, 12}, pixels));
   write_bytes(tmp.path() / "idx" / "train-labels-idx1-ubyte", ab::test::idx_file({64}, labels));
   const fs::path out = tmp.path() / "out";
-  const json r = run_one({"run", "train", "--device", "cpu", "--axis", "model=tiny_resnet", "--axis", "layout=nhwc",
-                          "--axis", "batch=8", "--axis", "image_size=16", "--axis",
-                          "dataset=idx:" + (tmp.path() / "idx").string(), "--axis", "target_accuracy=0", "--option",
-                          "trajectory_steps=4", "--min-time", "0.05", "--max-noise", "50", "--timeout", "30", "--quiet",
-                          "--out", out.string()},
+  const json r = run_one({"run",         "train",
+                          "--device",    "cpu",
+                          "--axis",      "model=tiny_resnet",
+                          "--axis",      "layout=nhwc",
+                          "--axis",      "batch=8",
+                          "--axis",      "image_size=16",
+                          "--axis",      "dataset=idx:" + (tmp.path() / "idx").string(),
+                          "--axis",      "target_accuracy=0",
+                          "--option",    "trajectory_steps=4",
+                          "--min-time",  "0.05",
+                          "--max-noise", "50",
+                          "--timeout",   "30",
+                          "--quiet",     "--out",
+                          out.string()},
                          out);
   SCOPED_TRACE(r.dump());
   ASSERT_EQ(r["status"], "ok");
@@ -180,8 +196,9 @@ TEST(TrainFeedGpu, TrainsFromAFolderThroughTheCopyStreamAndNvjpeg) {
     if (decoder == "nvjpeg" && !ab::data::nvjpeg_in_build()) continue;
     SCOPED_TRACE(decoder);
     const fs::path out = tmp.path() / decoder;
-    auto args = train_args(folder, out, {"--option", "decoder=" + decoder, "--axis", "graph=on", "--axis",
-                                         "precision=bf16", "--option", "data_threads=2"});
+    auto args = train_args(folder, out,
+                           {"--option", "decoder=" + decoder, "--axis", "graph=on", "--axis", "precision=bf16",
+                            "--option", "data_threads=2"});
     args[3] = "cuda:0";
     const json r = run_one(args, out);
     SCOPED_TRACE(r.dump());

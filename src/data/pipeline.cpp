@@ -156,8 +156,8 @@ HostBatch HostPipeline::acquire() {
   if (!ready()) {
     const auto waited_from = std::chrono::steady_clock::now();
     batch_ready_.wait(lock, ready);
-    acquire_wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                                             waited_from).count();
+    acquire_wait_ns_ +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - waited_from).count();
   }
   if (failure_) std::rethrow_exception(failure_);
   if (stopping_) throw Error("pipeline: stopped");

@@ -174,9 +174,10 @@ void copy_into(backend::Backend& backend, nn::Kernels& kernels, const Tensor& ds
     throw Error("data: copy " + src.to_string() + " into " + dst.to_string() + ": not the same contiguous size");
 #ifdef ACCELBENCH_WITH_CUDA
   if (backend.info().kind == "cuda") {
-    AB_CUDA_LAZY(cudaMemcpyAsync(dst.data, src.data, static_cast<std::size_t>(dst.size_bytes()),
-                                 cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(backend::cuda::native_stream(backend))),
-                 "data: copy a fed batch into the step's input");
+    AB_CUDA_LAZY(
+        cudaMemcpyAsync(dst.data, src.data, static_cast<std::size_t>(dst.size_bytes()), cudaMemcpyDeviceToDevice,
+                        static_cast<cudaStream_t>(backend::cuda::native_stream(backend))),
+        "data: copy a fed batch into the step's input");
     return;
   }
 #else

@@ -210,9 +210,9 @@ class Train final : public Workload {
            "sequences/s, tokens/s, TFLOP/s of forward + backward + update, % of the "
            "measured GEMM ceiling of the precision): one step per iteration on a fixed synthetic batch, or with "
            "dataset=folder:DIR (or a dataset and target_accuracy=0) on a new batch each step from the input pipeline "
-           "(record: feed), CUDA-graph replay by default; a loss trajectory is read first (NaN/Inf: status diverged; the autoencoder adds the "
-           "PSNR of its reconstruction after it). profile=on writes a "
-           "per-op table (time, FLOPs, bytes) to the point's artifacts. dataset=fashion-mnist: time to train to "
+           "(record: feed), CUDA-graph replay by default; a loss trajectory is read first (NaN/Inf: status diverged; "
+           "the autoencoder adds the PSNR of its reconstruction after it). profile=on writes a per-op table (time, "
+           "FLOPs, bytes) to the point's artifacts. dataset=fashion-mnist: time to train to "
            "target_accuracy (MLPerf's rules: epochs with an evaluation after each, time from run start to the "
            "evaluation that reaches it, energy, the accuracy curve, an MLPerf log in the artifacts; not_converged "
            "when max_epochs or time_limit_s ends it).";
@@ -232,13 +232,14 @@ class Train final : public Workload {
     if (const std::string why = skip_reason(state.backend().info(), p, o, ranks.world()); !why.empty()) state.skip(why);
     const bool fed = is_real_dataset(dataset);
     if (fed && (p.gpus != 1 || ranks.world() != 1 || p.accumulate != 1))
-      state.skip("training from a dataset's batches runs on one GPU in one process without accumulation (gpus=1, "
-                 "accumulate=1)");
+      state.skip(
+          "training from a dataset's batches runs on one GPU in one process without accumulation (gpus=1, "
+          "accumulate=1)");
     Trainer t;
     build(state, p, o, ranks, t);
     if (fed)
-      t.feed = make_train_feed(state, dataset, o, static_cast<std::uint64_t>(state.get_int("seed")), *t.graph,
-                               t.model, t.spec);
+      t.feed = make_train_feed(state, dataset, o, static_cast<std::uint64_t>(state.get_int("seed")), *t.graph, t.model,
+                               t.spec);
     if (p.gpus > 1) attach_data_parallel(state, p, o, ranks, t);
     run_trajectory(state, p, o, ranks, t);
     time_steps(state, o, ranks, t);
@@ -330,10 +331,11 @@ class Train final : public Workload {
       if (p.use_graph) t.captured = t.graph->capture_step(t.opt.get());
       t.step = p.use_graph ? std::function<void()>([&t] { t.captured->replay(); })
                            : std::function<void()>([&t] { t.eager_step(); });
-      if (t.feed) t.step = [&t, run = t.step] {  // the batch's copy is timed with its step
-        t.feed->next();
-        run();
-      };
+      if (t.feed)
+        t.step = [&t, run = t.step] {  // the batch's copy is timed with its step
+          t.feed->next();
+          run();
+        };
     });
     std::vector<double> losses;
     double mse = 0;

@@ -212,7 +212,8 @@ std::unique_ptr<TrainFeed> make_train_feed(State& state, const std::string& data
                                            const ModelSpec& spec) {
   const bool nvjpeg = o.decoder == "nvjpeg";
   if (nvjpeg && !data::nvjpeg_in_build()) state.skip(data::kNoNvjpeg);
-  if (nvjpeg && state.backend().info().kind != "cuda") state.skip("nvJPEG decodes on a GPU; this point's device is the CPU");
+  if (nvjpeg && state.backend().info().kind != "cuda")
+    state.skip("nvJPEG decodes on a GPU; this point's device is the CPU");
   FedSource source = open_source(dataset);
   if (nvjpeg && !source.folder)
     throw UsageError("decoder=nvjpeg decodes JPEG files: use dataset=folder:DIR (" + dataset + " holds raw pixels)");
