@@ -527,8 +527,8 @@ std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
         AxisKind::integer,
         one("1"),
         {},
-        "with a dataset: parameter initialisation, sample order and augmentation; seed=1:5 repeats for MLPerf's "
-        "olympic mean of the time to train"}});
+        "with a dataset: sample order and augmentation (time to train: also parameter initialisation); seed=1:5 "
+        "repeats for MLPerf's olympic mean of the time to train"}});
   return axes;
 }
 
