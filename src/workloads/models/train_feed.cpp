@@ -124,7 +124,7 @@ class FeedBase : public TrainFeed {
   }
   virtual void start_counters() = 0;
   virtual double decoder_cpu_s() const = 0;  // since start_counters
-  virtual double feed_wait_s() const = 0;    // since start_counters
+  virtual double feed_wait_s() = 0;          // since start_counters
   virtual void describe(nlohmann::json& f) const = 0;
 
   backend::Backend& backend_;
@@ -152,7 +152,7 @@ class HostFeed final : public FeedBase {
  private:
   void start_counters() override { at_start_ = pipeline_.stats(); }
   double decoder_cpu_s() const override { return pipeline_.stats().worker_cpu_s - at_start_.worker_cpu_s; }
-  double feed_wait_s() const override { return pipeline_.stats().acquire_wait_s - at_start_.acquire_wait_s; }
+  double feed_wait_s() override { return pipeline_.stats().acquire_wait_s - at_start_.acquire_wait_s; }
   void describe(nlohmann::json& f) const override {
     const bool gpu = backend_.info().kind == "cuda";
     f["decoder"] = "cpu";
@@ -165,13 +165,16 @@ class HostFeed final : public FeedBase {
   data::HostPipeline::Stats at_start_;
 };
 
-// nvJPEG decodes each batch and a kernel augments it, both on the compute stream before the step
-// (data/device.h): their GPU time is part of the step's. The training thread reads the files.
+// nvJPEG decodes each batch and a kernel augments it, one batch ahead on a stream of their own
+// (data::decode_ahead), so batch k+1's decode runs beside step k. A stall is the compute stream
+// waiting for a decoded batch (timed by events); the training thread's time in the decoder is beside it.
 class NvjpegFeed final : public FeedBase {
  public:
   NvjpegFeed(State& state, FedSource source, data::PipelineConfig config, nn::Graph& graph, const ZooModel& model)
       : FeedBase(state, std::move(source), std::move(config), graph, model),
-        decoder_(data::make_nvjpeg_decoder(source_.source, config_, backend_, kernels_, "auto")) {}
+        decoder_(data::decode_ahead(backend_, [this](backend::Backend& decode) {
+          return data::make_nvjpeg_decoder(source_.source, config_, decode, kernels_, "auto");
+        })) {}
   void next() override {
     const double from = measure::monotonic_seconds();
     const auto& b = decoder_->next();
@@ -182,19 +185,21 @@ class NvjpegFeed final : public FeedBase {
  private:
   void start_counters() override {
     cpu_at_start_ = decoder_->host_cpu_s();
+    wait_at_start_ = decoder_->device_wait_s();
     in_next_at_start_ = in_next_s_;
   }
   double decoder_cpu_s() const override { return decoder_->host_cpu_s() - cpu_at_start_; }
-  double feed_wait_s() const override { return in_next_s_ - in_next_at_start_; }
+  double feed_wait_s() override { return decoder_->device_wait_s() - wait_at_start_; }
   void describe(nlohmann::json& f) const override {
     f["decoder"] = "nvjpeg";
     f["threads"] = 1;
     f["nvjpeg_engine"] = decoder_->backend_name();
-    f["decode_stream"] = "compute";
+    f["decode_stream"] = "own, one batch ahead";
+    f["host_in_decoder_s"] = in_next_s_ - in_next_at_start_;
   }
 
   std::unique_ptr<data::GpuDecoder> decoder_;
-  double in_next_s_ = 0, in_next_at_start_ = 0, cpu_at_start_ = 0;
+  double in_next_s_ = 0, in_next_at_start_ = 0, cpu_at_start_ = 0, wait_at_start_ = 0;
 };
 
 }  // namespace
