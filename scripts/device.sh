@@ -3,9 +3,9 @@
 #   build                 only that (and `accelbench sysinfo` into the logs)
 #   test [REGEX]          every test (the GPU and MPI tests run there), or those ctest -R REGEX picks
 #   bench [NAME [ARGS]]   the comparisons with peers (bench/): NAME one of torch, timing, energy, counters,
-#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta, onnx; ARGS go to its script
+#                         resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, feed, tta, onnx; ARGS go to its script
 #                         (e.g. `bench ddp --rounds 3 --warmup-s 25`, `bench bert --part infer`). No NAME:
-#                         every one the machine fits (ddp and nccl need two GPUs) but gpt2, bert, tta and onnx (several
+#                         every one the machine fits (ddp and nccl need two GPUs) but gpt2, bert, feed, tta and onnx (several
 #                         minutes each; gpt2 needs .anchors, see bench/fetch-anchors.sh), which run by name.
 #   suite FILE            a suite file (suites/*.yaml, suites/experiments/*.yaml) with the built
 #                         binary, under mpirun with one rank per GPU when it asks for several GPUs
@@ -175,9 +175,10 @@ run_bench() {
     gpt2) bash bench/gpt2.sh --accelbench $ab --out "$logs/gpt2" "$@" ;;
     bert) bash bench/bert.sh --accelbench $ab --out "$logs/bert" "$@" ;;
     pipeline) python3 -u bench/compare_pipeline.py --accelbench $ab --out "$logs/pipeline" "$@" ;;
+    feed) python3 -u bench/compare_feed.py --accelbench $ab --out "$logs/feed" "$@" ;;
     tta) python3 -u bench/compare_tta.py --accelbench $ab --out "$logs/tta" "$@" ;;
     onnx) python3 -u bench/compare_onnx.py --accelbench $ab --out "$logs/onnx" "$@" ;;
-    *) echo "unknown comparison '$name': torch, timing, energy, counters, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, tta, onnx" >&2; return 2 ;;
+    *) echo "unknown comparison '$name': torch, timing, energy, counters, resnet50-train, resnext101-infer, ddp, nccl, gpt2, bert, pipeline, feed, tta, onnx" >&2; return 2 ;;
   esac 2>&1 | tee "$logs/bench-$name.txt"
 }
 

@@ -310,6 +310,47 @@ TEST(NvjpegGpu, DecodesAndAugmentsLikeTheHostPipeline) {
   }
 }
 
+// decode_ahead (a stream of its own, one batch ahead) gives the plain decoder's batches bit for
+// bit and in order, each read by work queued on the compute stream before the next call: the
+// downloads are queued and waited for only at the end, so a decode that overwrote a batch still
+// to be read, or a read before its decode finished, would show.
+TEST(NvjpegGpu, DecodingAheadGivesTheSameBatchesInOrder) {
+  if (!ab::data::nvjpeg_in_build()) GTEST_SKIP() << ab::data::kNoNvjpeg;
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device answers";
+  auto backend = ab::backend::make_backend("cuda:0");
+  auto kernels = ab::nn::make_device_kernels(*backend);
+  const auto files = smooth_jpegs(24, ab::test::seed());
+  std::vector<std::int32_t> labels(24);
+  for (int i = 0; i < 24; ++i) labels[static_cast<std::size_t>(i)] = i;
+  std::shared_ptr<const ab::data::SampleSource> source = ab::data::encoded_source(files, labels, 24);
+  ab::data::PipelineConfig c;
+  c.batch = 6;
+  c.seed = ab::test::seed();
+  c.augment.height = c.augment.width = 32;
+  const auto batches = [&](ab::data::GpuDecoder& decoder) {
+    std::vector<std::vector<std::uint8_t>> out(7);  // 4 batches an epoch: into the second epoch
+    std::vector<std::vector<std::int32_t>> out_labels(out.size(), std::vector<std::int32_t>(6));
+    for (std::size_t b = 0; b < out.size(); ++b) {
+      const auto& d = decoder.next();
+      EXPECT_EQ(d.index, static_cast<std::int64_t>(b));
+      out[b].resize(static_cast<std::size_t>(d.pixels.size_bytes()));
+      kernels->download_bytes(d.pixels, 0, out[b].data(), d.pixels.size_bytes());
+      kernels->download_bytes(d.labels, 0, out_labels[b].data(), 24);
+    }
+    kernels->synchronize();
+    return std::make_pair(out, out_labels);
+  };
+  auto plain = ab::data::make_nvjpeg_decoder(source, c, *backend, *kernels, "auto");
+  const auto want = batches(*plain);
+  auto ahead = ab::data::decode_ahead(*backend, [&](ab::backend::Backend& decode) {
+    return ab::data::make_nvjpeg_decoder(source, c, decode, *kernels, "auto");
+  });
+  const auto got = batches(*ahead);
+  EXPECT_EQ(got.second, want.second) << "labels out of order";
+  for (std::size_t b = 0; b < want.first.size(); ++b) EXPECT_TRUE(got.first[b] == want.first[b]) << "batch " << b;
+  EXPECT_GE(ahead->device_wait_s(), 0.0);
+}
+
 // The decoder axis on the CPU: the cpu decoder's records carry CPU use per image and images/s per
 // core; an nvjpeg point skips and says why.
 TEST(PipelineWorkload, RecordsPerCoreRatesAndSkipsNvjpegOffAGpu) {

@@ -87,6 +87,8 @@ struct ImageFolder {
 // `refuse_unreadable`: throw Error counting and naming the unreadable files instead of keeping them
 // aside. Error for a folder without class subfolders or without a single image.
 ImageFolder scan_image_folder(const std::filesystem::path& root, bool refuse_unreadable);
+// The first five unreadable files with their reasons ("; and N more" after them), for messages and records.
+std::string list_unreadable(const std::vector<UnreadableFile>& bad);
 // Writes `set` as root/<label>/<index>.jpg, each image resized to size x size, 3 channels.
 // Returns the files written.
 std::int64_t write_image_folder(const ImageSet& set, const std::filesystem::path& root, std::int64_t size, int quality,

@@ -32,6 +32,8 @@ std::string unreadable_reason(const fs::path& path) {
   return got == 0 ? "empty" : "no JPEG or PNG signature";
 }
 
+}  // namespace
+
 std::string list_unreadable(const std::vector<UnreadableFile>& bad) {
   std::ostringstream s;
   const std::size_t shown = std::min<std::size_t>(bad.size(), 5);
@@ -39,8 +41,6 @@ std::string list_unreadable(const std::vector<UnreadableFile>& bad) {
   if (bad.size() > shown) s << "; and " << bad.size() - shown << " more";
   return s.str();
 }
-
-}  // namespace
 
 ImageFolder scan_image_folder(const fs::path& root, bool refuse_unreadable) {
   if (!fs::is_directory(root)) throw Error("image folder " + root.string() + " is not a folder");

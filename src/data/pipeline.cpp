@@ -1,6 +1,7 @@
 // The ring of batches and its worker threads. Samples are numbered in delivery order over all
 // epochs; a worker claims the next number, waits until the ring slot of its batch is free, and
 // writes the sample in place, so a batch is filled by every worker at once and delivered in order.
+#include <chrono>
 #include <ctime>
 
 #include "core/error.h"
@@ -151,7 +152,13 @@ HostBatch HostPipeline::acquire() {
   if (batch - oldest_held_ >= static_cast<std::int64_t>(slots_.size()))
     throw Error("pipeline: every ring buffer is held; release() one before the next acquire()");
   std::unique_lock lock(mutex_);
-  batch_ready_.wait(lock, [&] { return stopping_ || (slot.owner == batch && slot.done == config_.batch); });
+  const auto ready = [&] { return stopping_ || (slot.owner == batch && slot.done == config_.batch); };
+  if (!ready()) {
+    const auto waited_from = std::chrono::steady_clock::now();
+    batch_ready_.wait(lock, ready);
+    acquire_wait_ns_ +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - waited_from).count();
+  }
   if (failure_) std::rethrow_exception(failure_);
   if (stopping_) throw Error("pipeline: stopped");
   ++next_batch_;
@@ -171,7 +178,8 @@ void HostPipeline::release() {
 }
 
 HostPipeline::Stats HostPipeline::stats() const {
-  return {samples_done_.load(), static_cast<double>(cpu_ns_.load()) * 1e-9};
+  return {samples_done_.load(), static_cast<double>(cpu_ns_.load()) * 1e-9,
+          static_cast<double>(acquire_wait_ns_.load()) * 1e-9};
 }
 
 namespace {

@@ -140,10 +140,12 @@ class HostPipeline {
   std::int64_t batches_per_epoch() const { return batches_per_epoch_; }
   std::int64_t batch_bytes() const { return sample_bytes_ * config_.batch; }
   const PipelineConfig& config() const { return config_; }
-  // Samples finished and the workers' CPU time (their threads' own clocks) so far.
+  // Samples finished, the workers' CPU time (their threads' own clocks), and the wall time
+  // acquire() waited for a batch the workers had not finished (the consumer starved) so far.
   struct Stats {
     std::int64_t samples = 0;
     double worker_cpu_s = 0;
+    double acquire_wait_s = 0;
   };
   Stats stats() const;
 
@@ -163,7 +165,7 @@ class HostPipeline {
   std::int64_t next_batch_ = 0, oldest_held_ = 0;  // the consumer's side
   bool stopping_ = false;
   std::exception_ptr failure_;
-  std::atomic<std::int64_t> samples_done_{0}, cpu_ns_{0};
+  std::atomic<std::int64_t> samples_done_{0}, cpu_ns_{0}, acquire_wait_ns_{0};
   std::vector<std::thread> workers_;
 };
 

@@ -8,6 +8,7 @@
 #ifdef ACCELBENCH_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <bit>
 #include <map>
 
@@ -105,6 +106,80 @@ class CudaCopyQueue final : public CopyQueue {
   std::int64_t recorded_ = 0, done_ = 0;
 };
 
+// decode_ahead's decoder: the inner one on `decode_`'s stream, events between it and compute's.
+class DecodeAhead final : public GpuDecoder {
+ public:
+  DecodeAhead(backend::Backend& compute, const std::function<std::unique_ptr<GpuDecoder>(backend::Backend&)>& make)
+      : compute_(static_cast<cudaStream_t>(backend::cuda::native_stream(compute))),
+        decode_backend_(backend::make_backend(compute.info().id)),
+        decode_(static_cast<cudaStream_t>(backend::cuda::native_stream(*decode_backend_))),
+        inner_(make(*decode_backend_)),
+        compute_mark_(backend::cuda::create_event("decode ahead: compute mark")),
+        decoded_{backend::cuda::create_event("decode ahead: batch decoded"),
+                 backend::cuda::create_event("decode ahead: batch decoded")} {}
+  ~DecodeAhead() override {  // the batches' buffers go back to the allocator: nothing may still use them
+    cudaStreamSynchronize(decode_);
+    cudaStreamSynchronize(compute_);
+  }
+  DecodeAhead(const DecodeAhead&) = delete;
+  DecodeAhead& operator=(const DecodeAhead&) = delete;
+
+  const DeviceFeeder::DeviceBatch& next() override {
+    if (step_ == 0) queue_decode();
+    const auto parity = static_cast<std::size_t>(step_ % 2);
+    WaitMark& mark = marks_[static_cast<std::size_t>(step_) % marks_.size()];
+    add_wait(mark);  // several steps back: finished, unless the host is that far ahead of the GPU
+    AB_CUDA_LAZY(cudaEventRecord(mark.before.get(), compute_), "decode ahead: before the wait");
+    AB_CUDA_LAZY(cudaStreamWaitEvent(compute_, decoded_[parity].get(), 0), "decode ahead: compute waits for a batch");
+    AB_CUDA_LAZY(cudaEventRecord(mark.after.get(), compute_), "decode ahead: after the wait");
+    mark.live = true;
+    current_ = pending_;
+    // Batch k+1 overwrites batch k-1's buffers: after compute's work so far, which read them.
+    AB_CUDA_LAZY(cudaEventRecord(compute_mark_.get(), compute_), "decode ahead: mark the compute stream");
+    AB_CUDA_LAZY(cudaStreamWaitEvent(decode_, compute_mark_.get(), 0), "decode ahead: decode waits for compute");
+    ++step_;
+    queue_decode();
+    return current_;
+  }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  double host_cpu_s() const override { return inner_->host_cpu_s(); }
+  double device_wait_s() override {
+    for (WaitMark& m : marks_) add_wait(m);
+    return wait_s_;
+  }
+
+ private:
+  struct WaitMark {
+    backend::cuda::EventPtr before = backend::cuda::create_event("decode ahead: wait start"),
+                            after = backend::cuda::create_event("decode ahead: wait end");
+    bool live = false;
+  };
+  void add_wait(WaitMark& m) {
+    if (!m.live) return;
+    AB_CUDA_LAZY(cudaEventSynchronize(m.after.get()), "decode ahead: a wait's end");
+    float ms = 0;
+    AB_CUDA_LAZY(cudaEventElapsedTime(&ms, m.before.get(), m.after.get()), "decode ahead: a wait's length");
+    wait_s_ += static_cast<double>(ms) * 1e-3;
+    m.live = false;
+  }
+  void queue_decode() {  // batch step_ on the decode stream, its event recorded behind it
+    pending_ = inner_->next();
+    AB_CUDA_LAZY(cudaEventRecord(decoded_[static_cast<std::size_t>(step_ % 2)].get(), decode_),
+                 "decode ahead: mark a decoded batch");
+  }
+
+  cudaStream_t compute_;
+  std::unique_ptr<backend::Backend> decode_backend_;
+  cudaStream_t decode_;
+  std::unique_ptr<GpuDecoder> inner_;  // after its backend: destroyed first
+  backend::cuda::EventPtr compute_mark_;
+  std::array<backend::cuda::EventPtr, 2> decoded_;
+  std::array<WaitMark, 4> marks_;
+  DeviceFeeder::DeviceBatch pending_, current_;
+  std::int64_t step_ = 0;
+  double wait_s_ = 0;
+};
+
 }  // namespace
 
 namespace cuda {
@@ -167,6 +242,33 @@ std::unique_ptr<CopyQueue> make_copy_queue(backend::Backend& backend, nn::Kernel
   (void)backend;
 #endif
   return same_stream_copies(kernels);
+}
+
+void copy_into(backend::Backend& backend, nn::Kernels& kernels, const Tensor& dst, const Tensor& src) {
+  if (dst.size_bytes() != src.size_bytes() || !dst.is_contiguous() || !src.is_contiguous())
+    throw Error("data: copy " + src.to_string() + " into " + dst.to_string() + ": not the same contiguous size");
+#ifdef ACCELBENCH_WITH_CUDA
+  if (backend.info().kind == "cuda") {
+    AB_CUDA_LAZY(
+        cudaMemcpyAsync(dst.data, src.data, static_cast<std::size_t>(dst.size_bytes()), cudaMemcpyDeviceToDevice,
+                        static_cast<cudaStream_t>(backend::cuda::native_stream(backend))),
+        "data: copy a fed batch into the step's input");
+    return;
+  }
+#else
+  (void)backend;
+#endif
+  std::vector<std::uint8_t> host(static_cast<std::size_t>(src.size_bytes()));
+  kernels.download(src, host.data());
+  kernels.upload(dst, host.data());
+}
+
+std::unique_ptr<GpuDecoder> decode_ahead(backend::Backend& compute,
+                                         const std::function<std::unique_ptr<GpuDecoder>(backend::Backend&)>& make) {
+#ifdef ACCELBENCH_WITH_CUDA
+  if (compute.info().kind == "cuda") return std::make_unique<DecodeAhead>(compute, make);
+#endif
+  return make(compute);
 }
 
 bool nvjpeg_in_build() {

@@ -5,7 +5,8 @@
 // reconstruction after the trajectory. With gpus > 1 (under a launcher) the ranks train data
 // parallel (dist/data_parallel). docs/METHODOLOGY.md, "Training and inference".
 // With a dataset axis (fashion-mnist) the point trains to target_accuracy instead
-// (train_to_target.h; docs/METHODOLOGY.md, "Time to train").
+// (train_to_target.h; docs/METHODOLOGY.md, "Time to train"); with target_accuracy=0 or an image
+// folder (folder:DIR) the timed steps read real batches through the input pipeline (train_feed.h).
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "nn/optim.h"
 #include "workloads/models/datasets.h"
 #include "workloads/models/models.h"
+#include "workloads/models/train_feed.h"
 #include "workloads/models/train_options.h"
 #include "workloads/models/train_to_target.h"
 
@@ -189,6 +191,7 @@ struct Trainer {
   std::unique_ptr<dist::DataParallel> dp;
   std::unique_ptr<nn::Replayable> captured;
   std::function<void()> step = [] {};  // the step as timed; idle ranks of a scaling sweep take no part
+  std::unique_ptr<TrainFeed> feed;     // real data: each step's batch (null: the fixed synthetic batch)
   bool scaled() const { return spec.precision == Precision::fp16; }  // dynamic loss scaling
   void eager_step() {
     for (std::int64_t m = 0; m < graph->options().micro_batches; ++m) {
@@ -205,10 +208,11 @@ class Train final : public Workload {
   std::string description() const override {
     return "Training throughput of a ResNet / ResNeXt, the image-compression autoencoder or GPT-2 (images or "
            "sequences/s, tokens/s, TFLOP/s of forward + backward + update, % of the "
-           "measured GEMM ceiling of the precision): one step per iteration on a fixed synthetic batch, CUDA-graph "
-           "replay by default; a loss trajectory is read first (NaN/Inf: status diverged; the autoencoder adds the "
-           "PSNR of its reconstruction after it). profile=on writes a "
-           "per-op table (time, FLOPs, bytes) to the point's artifacts. dataset=fashion-mnist: time to train to "
+           "measured GEMM ceiling of the precision): one step per iteration on a fixed synthetic batch, or with "
+           "dataset=folder:DIR (or a dataset and target_accuracy=0) on a new batch each step from the input pipeline "
+           "(record: feed), CUDA-graph replay by default; a loss trajectory is read first (NaN/Inf: status diverged; "
+           "the autoencoder adds the PSNR of its reconstruction after it). profile=on writes a per-op table (time, "
+           "FLOPs, bytes) to the point's artifacts. dataset=fashion-mnist: time to train to "
            "target_accuracy (MLPerf's rules: epochs with an evaluation after each, time from run start to the "
            "evaluation that reaches it, energy, the accuracy curve, an MLPerf log in the artifacts; not_converged "
            "when max_epochs or time_limit_s ends it).";
@@ -222,11 +226,20 @@ class Train final : public Workload {
     const TrainPoint p = parse_point(state);
     const TrainOptions o = TrainOptions::from(state);
     validate(state, p, o);
-    if (is_real_dataset(state.get_text("dataset"))) return run_to_target(state, p, o);
+    const std::string dataset = state.get_text("dataset");
+    if (trains_to_target(dataset, state.get_real("target_accuracy"))) return run_to_target(state, p, o);
     const Ranks ranks{dist::world(), p.gpus};
     if (const std::string why = skip_reason(state.backend().info(), p, o, ranks.world()); !why.empty()) state.skip(why);
+    const bool fed = is_real_dataset(dataset);
+    if (fed && (p.gpus != 1 || ranks.world() != 1 || p.accumulate != 1))
+      state.skip(
+          "training from a dataset's batches runs on one GPU in one process without accumulation (gpus=1, "
+          "accumulate=1)");
     Trainer t;
     build(state, p, o, ranks, t);
+    if (fed)
+      t.feed = make_train_feed(state, dataset, o, static_cast<std::uint64_t>(state.get_int("seed")), *t.graph, t.model,
+                               t.spec);
     if (p.gpus > 1) attach_data_parallel(state, p, o, ranks, t);
     run_trajectory(state, p, o, ranks, t);
     time_steps(state, o, ranks, t);
@@ -318,6 +331,11 @@ class Train final : public Workload {
       if (p.use_graph) t.captured = t.graph->capture_step(t.opt.get());
       t.step = p.use_graph ? std::function<void()>([&t] { t.captured->replay(); })
                            : std::function<void()>([&t] { t.eager_step(); });
+      if (t.feed)
+        t.step = [&t, run = t.step] {  // the batch's copy is timed with its step
+          t.feed->next();
+          run();
+        };
     });
     std::vector<double> losses;
     double mse = 0;
@@ -366,7 +384,9 @@ class Train final : public Workload {
   static void time_steps(State& state, const TrainOptions& o, const Ranks& ranks, Trainer& t) {
     measure::Settings settings = state.settings();
     settings.min_iterations_per_sample = o.steps_per_sample_on(state.backend().info().kind);
+    if (t.feed) t.feed->start_window();
     state.exec(t.step, settings, static_cast<int>(ranks.gpus));
+    if (t.feed) t.feed->record(state);
   }
 
   static void check_and_profile(State& state, const TrainPoint& p, const Ranks& ranks, Trainer& t) {
@@ -494,19 +514,21 @@ std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
         one(kSyntheticDataset),
         {},
         "synthetic = one fixed batch, timed steps (throughput); fashion-mnist or idx:DIR = time to train: epochs "
-        "over the training split with an evaluation after each until target_accuracy (image_size is the data's)"},
+        "over the training split with an evaluation after each until target_accuracy (image_size is the data's); "
+        "folder:DIR (a subfolder of JPEG/PNG files per class), or any of them with target_accuracy=0 = timed steps "
+        "on batches from the input pipeline (--option decoder=cpu|nvjpeg, data_threads)"},
        {"target_accuracy",
         AxisKind::real,
         one("0.92"),
         {},
         "with a dataset: the top-1 accuracy on the held-out split that ends the run (MLPerf's quality target); "
-        "not used by the synthetic mode"},
+        "0 = the throughput mode on the dataset's batches; not used by the synthetic mode or folder:DIR"},
        {"seed",
         AxisKind::integer,
         one("1"),
         {},
-        "with a dataset: parameter initialisation, sample order and augmentation; seed=1:5 repeats for MLPerf's "
-        "olympic mean of the time to train"}});
+        "with a dataset: sample order and augmentation (time to train: also parameter initialisation); seed=1:5 "
+        "repeats for MLPerf's olympic mean of the time to train"}});
   return axes;
 }
 

@@ -87,12 +87,18 @@ std::vector<OptionSpec> TrainOptions::specs() {
        std::to_string(d.pad),
        {},
        "time to train: random crop after padding each side by this many pixels (0: none)"},
-      {"flip", AxisKind::text, d.flip, {"on", "off"}, "time to train: random horizontal flip"},
+      {"flip", AxisKind::text, d.flip, {"on", "off"}, "with a dataset: random horizontal flip"},
       {"data_threads",
        AxisKind::integer,
        std::to_string(d.data_threads),
        {},
-       "time to train: input pipeline worker threads (0: min(8, cores))"},
+       "with a dataset: input pipeline worker threads (0: min(8, cores))"},
+      {"decoder",
+       AxisKind::text,
+       d.decoder,
+       {"cpu", "nvjpeg"},
+       "throughput mode on real data: cpu = the pipeline's worker threads decode (libjpeg-turbo) and augment; "
+       "nvjpeg = nvJPEG decodes each batch on the GPU and a kernel augments it there (dataset=folder:DIR)"},
       {"save_weights",
        AxisKind::text,
        d.save_weights,
@@ -117,6 +123,7 @@ TrainOptions TrainOptions::from(const State& state) {
   o.pad = state.option_int("pad");
   o.flip = state.option_text("flip");
   o.data_threads = state.option_int("data_threads");
+  o.decoder = state.option_text("decoder");
   o.save_weights = state.option_text("save_weights");
   return o;
 }

@@ -31,6 +31,7 @@ struct TrainOptions {
   std::int64_t pad = 2;                    // random crop: pad each side, cut the image's size back at random
   std::string flip = "on";                 // random horizontal mirror
   std::int64_t data_threads = 0;           // pipeline workers; 0: min(8, cores)
+  std::string decoder = "cpu";             // throughput mode on real data: cpu (the workers) or nvjpeg
   std::string save_weights;                // write the trained parameters here (weights.h's format); "": none
 
   // On a GPU a timed sample holds at least this many back-to-back steps, as a training loop runs
