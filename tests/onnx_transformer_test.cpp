@@ -168,6 +168,7 @@ struct AttentionSpec {
   double scale = 0;          // the scores' scale; 0: 1/sqrt(D)
   bool transpose_k = true;   // false: Q K with K [B, H, T, D] (T == D), not attention
   bool mask = false;         // an attention_mask input, added as (1 - mask) * -10000
+  bool nan_guard = false;    // Where(IsNaN(p), 0, p) after the softmax, as SDPA's export zeroes masked rows
 };
 constexpr std::int64_t kSeq = 4, kHeads = 2, kDim = 4, kWidth = kHeads * kDim, kBatch = 2;
 
@@ -227,7 +228,13 @@ std::string attention_model(const AttentionSpec& s, const Projections& p) {
     scores = "masked";
   }
   OB::attr(m.node("Softmax", {scores}, {"probs"}, "self/Softmax"), "axis", std::int64_t{-1});
-  m.node("MatMul", {"probs", s.shared ? "q4" : "v4"}, {"ctx4"});
+  std::string probs = "probs";
+  if (s.nan_guard) {
+    m.node("IsNaN", {"probs"}, {"nan"});
+    m.node("Where", {"nan", m.init("zero", {1}, {0.0}), "probs"}, {"guarded"});
+    probs = "guarded";
+  }
+  m.node("MatMul", {probs, s.shared ? "q4" : "v4"}, {"ctx4"});
   OB::attr(m.node("Transpose", {"ctx4"}, {"ctx"}), "perm", std::vector<std::int64_t>{0, 2, 1, 3});
   m.node("Reshape", {"ctx", m.init_ints("out_shape", {3}, {0, 0, kWidth})}, {"y"});
   m.output("y");
@@ -306,7 +313,8 @@ bool lists_attention(const Result& r) {
 TEST(OnnxTransformer, ExportedAttentionRunsTheEngineAttentionOp) {
   EXPECT_TRUE(lists_attention(run_attention({}, 401, true)));  // Div by sqrt(D); heads read in place
   AttentionSpec sdpa;
-  sdpa.sqrt_scales = true;  // sqrt(1/sqrt(D)) on Q and on K^T
+  sdpa.sqrt_scales = true;  // sqrt(1/sqrt(D)) on Q and on K^T, the NaN guard after the softmax
+  sdpa.nan_guard = true;
   run_attention(sdpa, 402, true);
   AttentionSpec shared;  // one head transpose read by Q, K and V: packed by the engine
   shared.shared = true;
@@ -324,6 +332,8 @@ TEST(OnnxTransformer, AttentionThatAlmostMatchesRunsNodeByNode) {
   AttentionSpec masked;  // a padding mask from an input: the op's key lengths cannot hold any mask
   masked.mask = true;
   run_attention(masked, 413, false);
+  masked.nan_guard = true;  // IsNaN then as x - x, Where's condition
+  run_attention(masked, 414, false);
 }
 
 }  // namespace
