@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "core/rng.h"
 #include "nn/ops.h"
 #include "onnx/onnx.h"
 #include "onnx_builder.h"
+#include "test_support.h"
 
 namespace ab {
 namespace {
@@ -117,47 +119,102 @@ TEST(OnnxTransformer, ModFoldsWithTheSignOfEitherOperand) {
   }
 }
 
+// BERT's embeddings in small: word[ids] + type[token_types], scaled by a mask (int64 cast to
+// float), averaged over the sequence. ids and types only index tables: i32 token ids; the mask is
+// read otherwise: integers in a float value.
+struct Embeddings {
+  static constexpr std::int64_t vocab = 11, seq = 5, width = 4;
+  std::vector<double> words = random_values(311, vocab*width), types = random_values(312, 2 * width);
+
+  std::string model() const {
+    OnnxBuilder m;
+    m.input("input_ids", {-1, seq}, kInt64);
+    m.input("attention_mask", {-1, seq}, kInt64);
+    m.input("token_type_ids", {-1, seq}, kInt64);
+    m.node("Gather", {m.init("word", {vocab, width}, words), "input_ids"}, {"e"});
+    m.node("Gather", {m.init("type", {2, width}, types), "token_type_ids"}, {"t"});
+    m.node("Add", {"e", "t"}, {"sum"});
+    OB::attr(m.node("Cast", {"attention_mask"}, {"mask_f"}), "to", std::int64_t{::onnx::TensorProto_DataType_FLOAT});
+    m.node("Unsqueeze", {"mask_f", m.init_ints("last", {1}, {2})}, {"mask3"});
+    m.node("Mul", {"sum", "mask3"}, {"masked"});
+    OB::attr(m.node("ReduceMean", {"masked"}, {"y"}), "axes", std::vector<std::int64_t>{1});
+    m.output("y");
+    return m.bytes();
+  }
+  std::vector<double> host(std::int64_t batch, const std::vector<double>& ids, const std::vector<double>& mask,
+                           const std::vector<double>& token_types) const {
+    std::vector<double> want(static_cast<std::size_t>(batch * width), 0.0);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t t = 0; t < seq; ++t)
+        for (std::int64_t c = 0; c < width; ++c) {
+          const auto i = static_cast<std::size_t>(b * seq + t);
+          const double e = words[static_cast<std::size_t>(ids[i]) * width + c] +
+                           types[static_cast<std::size_t>(token_types[i]) * width + c];
+          want[static_cast<std::size_t>(b * width + c)] += e * mask[i] / static_cast<double>(seq);
+        }
+    return want;
+  }
+};
+
+std::vector<double> random_ids(std::uint64_t seed, std::int64_t count, std::uint64_t rows) {
+  std::vector<double> v;
+  for (std::int64_t i = 0; i < count; ++i)
+    v.push_back(static_cast<double>(mix64(seed, static_cast<std::uint64_t>(i)) % rows));
+  return v;
+}
+
 TEST(OnnxTransformer, TokenIdsMaskAndTokenTypesAreSeveralIntegerInputs) {
-  // BERT's embeddings in small: word[ids] + type[token_types], scaled by a mask (int64 cast to
-  // float), averaged over the sequence. ids and types only index tables: i32 token ids; the mask
-  // is read otherwise: integers in a float value.
-  const std::int64_t vocab = 11, seq = 5, width = 4, batch = 3;
-  OnnxBuilder m;
-  m.input("input_ids", {-1, seq}, kInt64);
-  m.input("attention_mask", {-1, seq}, kInt64);
-  m.input("token_type_ids", {-1, seq}, kInt64);
-  const std::vector<double> words = random_values(311, vocab * width), types = random_values(312, 2 * width);
-  m.node("Gather", {m.init("word", {vocab, width}, words), "input_ids"}, {"e"});
-  m.node("Gather", {m.init("type", {2, width}, types), "token_type_ids"}, {"t"});
-  m.node("Add", {"e", "t"}, {"sum"});
-  OB::attr(m.node("Cast", {"attention_mask"}, {"mask_f"}), "to", std::int64_t{::onnx::TensorProto_DataType_FLOAT});
-  m.node("Unsqueeze", {"mask_f", m.init_ints("last", {1}, {2})}, {"mask3"});
-  m.node("Mul", {"sum", "mask3"}, {"masked"});
-  OB::attr(m.node("ReduceMean", {"masked"}, {"y"}), "axes", std::vector<std::int64_t>{1});
-  m.output("y");
-  const auto model = onnx::Model::parse(m.bytes(), "bert_embeddings.onnx");
+  const Embeddings e;
+  const std::int64_t batch = 3, count = batch * Embeddings::seq;
+  const auto model = onnx::Model::parse(e.model(), "bert_embeddings.onnx");
   const auto& in = model->facts().inputs;
   ASSERT_EQ(in.size(), 3u);
-  EXPECT_TRUE(in[0].indices && in[0].index_rows == vocab);
+  EXPECT_TRUE(in[0].indices && in[0].index_rows == Embeddings::vocab);
   EXPECT_TRUE(in[1].integer && !in[1].indices);
   EXPECT_TRUE(in[2].indices && in[2].index_rows == 2);
-  std::vector<double> ids, mask, token_types;
-  for (std::int64_t i = 0; i < batch * seq; ++i) {
-    ids.push_back(static_cast<double>(mix64(313, static_cast<std::uint64_t>(i)) % vocab));
-    mask.push_back(i % seq == 0 || mix64(314, static_cast<std::uint64_t>(i)) % 3 != 0 ? 1.0 : 0.0);
-    token_types.push_back(static_cast<double>(mix64(315, static_cast<std::uint64_t>(i)) % 2));
-  }
-  const Result r = run_imported(m.bytes(), batch, {ids, mask, token_types});
-  std::vector<double> want(static_cast<std::size_t>(batch * width), 0.0);
-  for (std::int64_t b = 0; b < batch; ++b)
-    for (std::int64_t t = 0; t < seq; ++t)
-      for (std::int64_t c = 0; c < width; ++c) {
-        const auto i = static_cast<std::size_t>(b * seq + t);
-        const double e = words[static_cast<std::size_t>(ids[i]) * width + c] +
-                         types[static_cast<std::size_t>(token_types[i]) * width + c];
-        want[static_cast<std::size_t>(b * width + c)] += e * mask[i] / static_cast<double>(seq);
-      }
-  EXPECT_LT(max_rel_diff(r.y, want), 1e-12);
+  const std::vector<double> ids = random_ids(313, count, Embeddings::vocab), types = random_ids(315, count, 2);
+  std::vector<double> mask = random_ids(314, count, 2);
+  mask[0] = mask[Embeddings::seq] = 1;
+  const Result r = run_imported(e.model(), batch, {ids, mask, types});
+  EXPECT_LT(max_rel_diff(r.y, e.host(batch, ids, mask, types)), 1e-12);
+}
+
+// infer's inputs: NAME:FILE (int64) for the ids; the mask synthetic ones and the token types 0;
+// loadgen's sample pool holds one input and refuses the model.
+TEST(OnnxTransformer, InferFeedsNamedIntegerFilesAndSynthesisesTheRest) {
+  const Embeddings e;
+  const std::int64_t batch = 2, count = batch * Embeddings::seq;
+  test::TempDir dir;
+  dir.write("bert.onnx", e.model());
+  const std::vector<double> ids = random_ids(316, count, Embeddings::vocab);
+  const std::vector<std::int64_t> raw(ids.begin(), ids.end());
+  dir.write("ids.i64", std::string(reinterpret_cast<const char*>(raw.data()), raw.size() * sizeof(std::int64_t)));
+  const std::string file = (dir.path() / "bert.onnx").string();
+  test::Ran o = test::accelbench({"run", "infer", "--device", "cpu", "--axis", "model=" + file, "--axis",
+                                  "batch=" + std::to_string(batch), "--option",
+                                  "inputs=input_ids:" + (dir.path() / "ids.i64").string(), "--option",
+                                  "dump_outputs=on", "--min-time", "0.02", "--out", dir.path().string(), "-q"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  const std::vector<nlohmann::json> records = test::read_records(dir.path());
+  ASSERT_EQ(records.size(), 1u);
+  const auto& r = records[0];
+  ASSERT_EQ(r["status"], "ok") << r.dump();
+  const auto& inputs = r["metrics"]["onnx"]["inputs"];
+  ASSERT_EQ(inputs.size(), 3u);
+  EXPECT_EQ(inputs[0]["kind"], "token_ids");
+  EXPECT_EQ(inputs[1]["kind"], "integers");
+  std::ifstream f(r["metrics"]["outputs_file"].get<std::string>(), std::ios::binary);
+  std::vector<float> got(static_cast<std::size_t>(batch * Embeddings::width));
+  f.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(got.size() * sizeof(float)));
+  ASSERT_TRUE(f);
+  const std::vector<double> ones(static_cast<std::size_t>(count), 1.0), zeros(static_cast<std::size_t>(count), 0.0);
+  EXPECT_LT(max_rel_diff({got.begin(), got.end()}, e.host(batch, ids, ones, zeros)), 1e-6);
+  test::TempDir other;
+  o = test::accelbench({"run", "loadgen", "--device", "cpu", "--axis", "sut=" + file, "--axis",
+                        "scenario=single-stream", "--axis", "samples=8", "--out", other.path().string(), "-q"});
+  const std::vector<nlohmann::json> refused = test::read_records(other.path());
+  ASSERT_FALSE(refused.empty()) << o.output;
+  EXPECT_NE(refused[0].value("reason", "").find("one input"), std::string::npos) << refused[0].dump();
 }
 
 // ---- attention
