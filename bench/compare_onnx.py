@@ -6,16 +6,22 @@ with torch.compile of the same module, in one run on the same GPU.
 Families: torchvision's ResNet-50, ConvNeXt-T, ViT-B/16, MobileNetV2, MobileNetV3-Large,
 EfficientNet-B0, VGG-11 and DenseNet-121 (without torchvision: transformers' modules from their configs,
 no download, or plain PyTorch stand-ins here; MobileNetV3 needs torchvision), ResNeXt-101 32x4d (plain
-PyTorch here, as src/models/resnet.cpp builds it), and BERT-base (token-id inputs: the importer refuses them for
-now, and the table says so). Batch norms get random statistics, so the folding is exercised.
+PyTorch here, as src/models/resnet.cpp builds it), and transformers' BERT-base
+(BertForSequenceClassification, 2 labels) on 128 token ids: bert_base exports input_ids alone (its
+attention maps onto accelbench's attention op), bert_base_mask also attention_mask (ones) and
+token_type_ids (zeros), whose masked attention runs the plain matmul + softmax mapping. Batch norms get
+random statistics, so the folding is exercised; parameters a module initialises to zeros (ViT's head
+and class token) get random values, so the logits are not all zero.
 accelbench: `run infer --axis model=FILE --axis batch=1,64 --axis precision=fp32,fp16
---option inputs=FILE.f32 --option dump_outputs=on`; the inputs file holds the 64 samples PyTorch
-sees, the records name each point's outputs file.
+--option inputs=FILE --option dump_outputs=on`; the inputs file holds the 64 samples PyTorch sees
+(float32 images, or int64 ids; NAME:FILE,NAME:FILE for several inputs), the records name each
+point's outputs file.
 Checks (as the issue asks): fp32 max |error| <= 1e-4 x max |logit|, fp16 <= 1e-2 x max |logit|,
 top-1 the same for every sample but near-ties (PyTorch's two logits closer than the bound); speed: accelbench's median latency vs torch.compile's (fp16,
-channels_last, CUDA-event timing as compare_common.time_batches) at batch 1 and 64. Finally the
-imported ResNeXt-101 32x4d vs the built-in resnext101_32x4d (target: within 3%).
-  usage: compare_onnx.py --accelbench build/cuda/src/cli/accelbench --out DIR [--families resnet50,vit]
+channels_last for images, CUDA-event timing as compare_common.time_batches) at batch 1 and 64.
+Finally the imported ResNeXt-101 32x4d vs the built-in resnext101_32x4d (target: within 3%).
+  usage: compare_onnx.py --accelbench build/cuda/src/cli/accelbench --out DIR [--families resnet50,vit_b16]
+                         [--no-compile]
 """
 import argparse
 import json
@@ -30,6 +36,7 @@ from compare_common import accelbench, time_batches
 
 BATCHES = (1, 64)
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+BERT_SEQ = 128
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,8 +167,40 @@ FAMILIES = {
     "mobilenet_v3": family("mobilenet_v3_large", None),
     "efficientnet_b0": family("efficientnet_b0", lambda: hf("efficientnet_b0")),
     "vgg11": family("vgg11", vgg11), "densenet121": family("densenet121", densenet121),
-    "resnext101_32x4d": ResNeXt, "bert_base": None,
+    "resnext101_32x4d": ResNeXt, "bert_base": lambda: bert(), "bert_base_mask": lambda: bert(),
 }
+LANGUAGE = ("bert_base", "bert_base_mask")
+
+
+class BertLogits(nn.Module):
+    """BertForSequenceClassification's logits from positional inputs (ids [, mask, token types])."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+
+def bert():
+    import transformers as t
+    return BertLogits(t.BertForSequenceClassification(t.BertConfig(num_labels=2)))
+
+
+def family_inputs(name, model, batch, seed):
+    """The family's inputs at `batch`, as (ONNX input name, tensor): random images, or random token
+    ids with (bert_base_mask) a mask of ones and token types 0, the rule accelbench's synthetic
+    inputs follow too."""
+    g = torch.Generator().manual_seed(seed)
+    if name not in LANGUAGE:
+        return [("pixel_values", torch.randn(batch, 3, 224, 224, generator=g))]
+    vocab = model.model.config.vocab_size
+    ids = [("input_ids", torch.randint(0, vocab, (batch, BERT_SEQ), generator=g))]
+    if name == "bert_base":
+        return ids
+    return ids + [("attention_mask", torch.ones(batch, BERT_SEQ, dtype=torch.long)),
+                  ("token_type_ids", torch.zeros(batch, BERT_SEQ, dtype=torch.long))]
 
 
 def randomise_batchnorms(model, seed):
@@ -175,40 +214,64 @@ def randomise_batchnorms(model, seed):
                 m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
 
 
-def export(model, path):
-    x = torch.randn(2, 3, 224, 224)
-    kw = dict(opset_version=17, input_names=["pixel_values"], output_names=["logits"],
-              dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})
+def randomise_zero_weights(model, seed):
+    """Weights a module starts at zero (torchvision's ViT head and class token) get N(0, 0.02): with
+    them at zero every logit is 0 and the comparison checks nothing."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and p.is_floating_point() and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+
+def export(model, inputs, path):
+    """inputs: (name, tensor) at a small batch; dim 0 of each is the symbolic batch."""
+    names = [n for n, _ in inputs]
+    axes = {n: {0: "batch"} for n in names}
+    axes["logits"] = {0: "batch"}
+    kw = dict(opset_version=17, input_names=names, output_names=["logits"], dynamic_axes=axes)
+    args = tuple(t for _, t in inputs)
     try:  # the TorchScript exporter: batch norms folded into the convolutions, static shapes but the batch
-        torch.onnx.export(model, (x,), path, dynamo=False, **kw)
+        torch.onnx.export(model, args, path, dynamo=False, **kw)
     except Exception as e:  # a PyTorch without it: the dynamo exporter (dynamic_axes become dynamic_shapes)
         print(f"note: TorchScript export failed ({str(e)[:120]}); using the dynamo exporter", flush=True)
-        torch.onnx.export(model, (x,), path, **kw)
+        torch.onnx.export(model, args, path, **kw)
 
 
-def export_bert(path):
-    import transformers as t
-    model = t.BertForSequenceClassification(t.BertConfig()).eval()
-    ids = torch.randint(0, 30000, (2, 128))
-    torch.onnx.export(model, (ids,), path, opset_version=17, input_names=["input_ids"], output_names=["logits"],
-                      dynamic_axes={"input_ids": {0: "batch"}}, dynamo=False)
+def write_inputs(inputs, path):
+    """Each input's raw little-endian file (float32, or int64 for ids and masks); the value of
+    accelbench's `inputs` option: FILE for one input, NAME:FILE,... for several."""
+    files = []
+    for name, t in inputs:
+        f = f"{path}.{name}." + ("f32" if t.is_floating_point() else "i64")
+        t.numpy().astype("<f4" if t.is_floating_point() else "<i8").tofile(f)
+        files.append((name, f))
+    return files[0][1] if len(files) == 1 else ",".join(f"{n}:{f}" for n, f in files)
 
 
 # ----------------------------------------------------------------------------------------------
 
-def torch_logits(model, x):
+def torch_logits(model, inputs):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     with torch.inference_mode():
-        return model.cuda().float()(x.cuda()).double().cpu().numpy()
+        return model.cuda().float()(*[t.cuda() for _, t in inputs]).double().cpu().numpy()
 
 
-def torch_compile_latency_s(model, batch):
-    m = model.cuda().half().to(memory_format=torch.channels_last).eval()
+def torch_compile_latency_s(name, model, batch):
+    image = name not in LANGUAGE
+    m = model.cuda().half().eval()
+    if image:
+        m = m.to(memory_format=torch.channels_last)
     c = torch.compile(m)
-    x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
+    xs = []
+    for _, t in family_inputs(name, model, batch, seed=3):  # the same kind of inputs as the checked ones
+        t = t.cuda()
+        if t.is_floating_point():
+            t = t.half().to(memory_format=torch.channels_last) if image else t.half()
+        xs.append(t)
     with torch.inference_mode():
-        return time_batches(lambda: c(x), iters_per_batch=20 if batch == 1 else 5, batches=15, warmup=10)
+        return time_batches(lambda: c(*xs), iters_per_batch=20 if batch == 1 else 5, batches=15, warmup=10)
 
 
 def compare(got, want, precision):
@@ -228,21 +291,15 @@ def compare(got, want, precision):
 
 def run_family(name, args, rows):
     path = os.path.join(args.out, name + ".onnx")
-    if name == "bert_base":
-        export_bert(path)
-        ab = subprocess.run([args.accelbench, "inspect", path], capture_output=True, text=True)
-        rows.append((name, "-", "-", "refused" if ab.returncode else "imported?", (ab.stderr or ab.stdout).strip()[:100]))
-        return None
     torch.manual_seed(0)
     model = FAMILIES[name]().eval()
     randomise_batchnorms(model, 1)
-    export(model, path)
-    x = torch.randn(max(BATCHES), 3, 224, 224)
-    inputs = path + ".inputs.f32"
-    x.numpy().astype("<f4").tofile(inputs)
-    want = torch_logits(model, x)
+    randomise_zero_weights(model, 2)
+    export(model, family_inputs(name, model, 2, seed=4), path)
+    inputs = family_inputs(name, model, max(BATCHES), seed=5)
+    want = torch_logits(model, inputs)
     records = accelbench(args.accelbench, ["infer", "--axis", "model=" + path, "--axis", "batch=" + ",".join(map(str, BATCHES)),
-                                           "--axis", "precision=" + args.precisions, "--option", "inputs=" + inputs,
+                                           "--axis", "precision=" + args.precisions, "--option", "inputs=" + write_inputs(inputs, path),
                                            "--option", "dump_outputs=on", "--timeout", "600"], os.path.join(args.out, name))
     ours = {}
     for r in records:
@@ -253,7 +310,7 @@ def run_family(name, args, rows):
         got = np.fromfile(r["metrics"]["outputs_file"], dtype="<f4").astype(np.float64).reshape(b, -1)
         err, top1, ties, ok = compare(got, want[:b], p)
         ours[(b, p)] = r["time"]["median_s"]
-        compiled = torch_compile_latency_s(model, b) if p == "fp16" and args.compile else None
+        compiled = torch_compile_latency_s(name, model, b) if p == "fp16" and args.compile else None
         speed = f"{r['time']['median_s'] * 1e3:.3f} ms vs torch.compile {compiled * 1e3:.3f} ms ({compiled / r['time']['median_s']:.2f}x)" if compiled else ""
         rows.append((name, b, p, "PASS" if ok else "FAIL", f"err {err:.2e} top1 {top1:.3f}{f' ({ties} near-tie(s) within the bound)' if ties else ''} {speed}"))
         print(*rows[-1], flush=True)

@@ -2,8 +2,11 @@
 // attributes, initializers of seeded random values, the input and output value infos.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,6 +21,18 @@ inline std::vector<double> random_values(std::uint64_t seed, std::int64_t count,
   std::vector<double> v(static_cast<std::size_t>(count));
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(uniform(seed, i, lo, hi));
   return v;
+}
+
+// max |got - want| / max |want|; a zero reference fails (it proves nothing).
+inline double max_rel_diff(const std::vector<double>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  EXPECT_GT(scale, 0.0) << "a zero reference proves nothing";
+  return diff / scale;
 }
 
 inline std::int64_t count_of(const std::vector<std::int64_t>& dims) {

@@ -16,6 +16,7 @@ namespace ab {
 namespace {
 
 using onnx_test::OnnxBuilder;
+using onnx_test::max_rel_diff;
 using onnx_test::random_values;
 using OB = OnnxBuilder;
 
@@ -138,16 +139,6 @@ std::vector<double> run_imported(const std::string& bytes, std::int64_t batch, o
   return run(std::move(b), m.input, m.output, m.parameters, x);
 }
 
-double max_rel_diff(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  EXPECT_GT(scale, 0.0) << "a zero reference proves nothing";
-  return diff / scale;
-}
 
 std::vector<double> tiny_resnet_reference(Net& t, std::int64_t batch, const std::vector<double>& x) {
   nn::GraphBuilder b(f64_inference());

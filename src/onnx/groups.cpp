@@ -7,9 +7,7 @@
 #include "nn/ops.h"
 
 namespace ab::onnx {
-namespace {
 
-// Consumers of each tensor among the nodes left to map; the graph output counts as one.
 std::map<std::string, std::vector<int>> consumers_of(const Model::State& s) {
   std::map<std::string, std::vector<int>> uses;
   for (std::size_t i = 0; i < s.nodes.size(); ++i)
@@ -19,11 +17,12 @@ std::map<std::string, std::vector<int>> consumers_of(const Model::State& s) {
   return uses;
 }
 
-// The one node reading `tensor`, if only one does (and it is not the graph's output).
 int sole_consumer(const std::map<std::string, std::vector<int>>& uses, const std::string& tensor) {
   const auto it = uses.find(tensor);
   return it != uses.end() && it->second.size() == 1 ? it->second[0] : -1;
 }
+
+namespace {
 
 bool all_constant(const Model::State& s, const Node& n, std::size_t from) {
   for (std::size_t i = from; i < n.inputs.size(); ++i)
@@ -121,10 +120,10 @@ std::vector<int> linear_chain(const Model::State& s, const std::map<std::string,
 std::vector<Group> plan_groups(const Model::State& s, Fold /*fold*/) {
   const auto uses = consumers_of(s);
   std::vector<bool> claimed(s.nodes.size(), false);
-  std::vector<Group> groups;
+  std::vector<Group> groups = plan_attention(s, uses, claimed);
   const auto claim = [&](std::vector<int> nodes, const char* kind) {
     for (int i : nodes) claimed[static_cast<std::size_t>(i)] = true;
-    groups.push_back(Group{std::move(nodes), kind});
+    groups.push_back(Group{std::move(nodes), kind, {}});
   };
   for (std::size_t i = 0; i < s.nodes.size(); ++i) {
     const Node& n = s.nodes[i];

@@ -10,6 +10,17 @@
 
 namespace ab::onnx {
 
+// Consumers of each tensor among the nodes left to map (the graph output counts as one, -1), and
+// the one node reading `tensor` where only one does (else -1).
+using Consumers = std::map<std::string, std::vector<int>>;
+Consumers consumers_of(const Model::State& s);
+int sole_consumer(const Consumers& uses, const std::string& tensor);
+
+// The attention patterns of `s` (attention.cpp), their nodes marked in `claimed`.
+std::vector<Group> plan_attention(const Model::State& s, const Consumers& uses, std::vector<bool>& claimed);
+// Builds one onto nn::attention where the bound shapes, scale and mask fit; else node by node.
+void build_attention(Ctx& c, const Group& g);
+
 // The chains of `s`, each node in one at most; a node claimed by no chain maps on its own.
 std::vector<Group> plan_groups(const Model::State& s, Fold fold);
 // Builds the chain into c (at its last node); parts it cannot take as a chain (a residual of

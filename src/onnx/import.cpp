@@ -138,26 +138,38 @@ bool try_fold(Ctx& c, const Node& n) {
   return true;
 }
 
-void bind_input(Ctx& c, const Model::State& s, std::int64_t batch) {
-  std::vector<std::int64_t> dims = s.input_dims;
+// Each input at [batch, ...]: token ids as i32, a mask (another integer input) in the activation
+// dtype marked integral, floats in the activation dtype.
+void bind_inputs(Ctx& c, const Model::State& s, std::int64_t batch) {
   if (batch < 1) throw UsageError("batch must be at least 1");
-  if (dims[0] < 0) dims[0] = batch;
-  else if (dims[0] != batch)
-    throw UsageError("input '" + s.facts.input_name + "' has a fixed batch of " + std::to_string(dims[0]) + ", not " +
-                     std::to_string(batch) + ": re-export with a dynamic batch (dynamic_axes / dynamic_shapes)");
-  const Shape shape = to_shape(dims, "input '" + s.facts.input_name + "'");
-  checked_mul(shape.numel(), 8, "input '" + s.facts.input_name + "' bytes");
-  c.set(s.facts.input_name, c.b.input(s.facts.input_name, shape));
+  for (const InputInfo& in : s.inputs) {
+    std::vector<std::int64_t> dims = in.dims;
+    if (dims[0] < 0) dims[0] = batch;
+    else if (dims[0] != batch)
+      throw UsageError("input '" + in.name + "' has a fixed batch of " + std::to_string(dims[0]) + ", not " +
+                       std::to_string(batch) + ": re-export with a dynamic batch (dynamic_axes / dynamic_shapes)");
+    const Shape shape = to_shape(dims, "input '" + in.name + "'");
+    checked_mul(shape.numel(), 8, "input '" + in.name + "' bytes");
+    c.set(in.name, in.indices ? c.b.input(in.name, shape, DType::i32) : c.b.input(in.name, shape));
+    c.slots[in.name].integral = in.integer;
+  }
 }
 
 }  // namespace
+
+void map_node(Ctx& c, const Node& n) {
+  if (try_fold(c, n)) return;
+  const auto it = mappings().find(n.op);
+  if (it == mappings().end()) c.refuse(n, "needs constant inputs (only its host evaluation exists)");
+  it->second(c, n);
+}
 
 Imported import(nn::GraphBuilder& b, const Model& m, const ImportOptions& options) {
   const Model::State& s = m.state();
   if (!s.unsupported.empty()) throw UsageError(s.facts.file_name + ": unsupported ops (see accelbench inspect)");
   Ctx c{b, s, options.fold, options.batch, {}, {}, {}, {}, {}};
   for (const auto& [name, t] : s.constants) c.set_constant(name, t);
-  bind_input(c, s, options.batch);
+  bind_inputs(c, s, options.batch);
   const std::vector<Group> groups = plan_groups(s, options.fold);
   std::vector<int> group_of(s.nodes.size(), -1);
   for (std::size_t g = 0; g < groups.size(); ++g)
@@ -170,20 +182,21 @@ Imported import(nn::GraphBuilder& b, const Model& m, const ImportOptions& option
     try {
       if (g >= 0) {
         // A chain is built at its last node, when every input of its nodes exists.
-        if (groups[static_cast<std::size_t>(g)].nodes.back() == static_cast<int>(i))
-          build_group(c, groups[static_cast<std::size_t>(g)]);
+        if (groups[static_cast<std::size_t>(g)].nodes.back() == static_cast<int>(i)) {
+          const Group& group = groups[static_cast<std::size_t>(g)];
+          if (group.kind == "attention") build_attention(c, group);
+          else build_group(c, group);
+        }
         continue;
       }
-      if (try_fold(c, n)) continue;
-      const auto it = mappings().find(n.op);
-      if (it == mappings().end()) c.refuse(n, "needs constant inputs (only its host evaluation exists)");
-      it->second(c, n);
+      map_node(c, n);
     } catch (const std::out_of_range&) {
       c.refuse(n, "has fewer inputs or outputs than the op takes (a corrupt file?)");
     }
   }
   Imported out;
   out.input = c.slots.at(s.facts.input_name).value;
+  for (const InputInfo& in : s.inputs) out.inputs.push_back(c.slots.at(in.name).value);
   const Node last{"Output", s.facts.output_name, {s.facts.output_name}, {}, nullptr};
   if (!c.slots.contains(s.facts.output_name)) throw UsageError("output '" + s.facts.output_name + "' is not computed");
   if (c.is_constant(s.facts.output_name)) throw UsageError("output '" + s.facts.output_name + "' is a constant");

@@ -38,8 +38,14 @@ std::string to_text(const Inspection& i) {
   const ModelFacts& f = i.facts;
   out << f.file_name << ": " << f.file_bytes << " bytes, sha256 " << f.sha256 << "\n"
       << "  opset " << f.opset << ", producer " << (f.producer.empty() ? "(none)" : f.producer) << "\n"
-      << "  input '" << f.input_name << "' " << f.input_shape.to_string()
-      << (f.symbolic_batch ? " (batch symbolic: bound per batch value)" : " (batch fixed)") << "; output '"
+      << "  input" << (f.inputs.size() > 1 ? "s" : "");
+  for (std::size_t k = 0; k < f.inputs.size(); ++k) {
+    const InputFacts& in = f.inputs[k];
+    out << (k ? ", '" : " '") << in.name << "' " << in.shape.to_string();
+    if (in.indices) out << " token ids (rows " << in.index_rows << ")";
+    else if (in.integer) out << " integers";
+  }
+  out << (f.symbolic_batch ? " (batch symbolic: bound per batch value)" : " (batch fixed)") << "; output '"
       << f.output_name << "'\n"
       << "  initializer elements " << f.initializer_elements << "\n  ONNX ops:";
   for (const auto& [op, count] : f.op_histogram) out << " " << op << " " << count << ";";

@@ -56,12 +56,24 @@ bool has_attr(const Node& n, const std::string& name);
 // unsupported element type, a size that does not match the dims, or missing external data.
 HostTensor read_tensor(const pb::TensorProto& t, const std::filesystem::path& dir);
 
+// A graph input: float, or integer (int64/int32) whose values an engine input holds as i32 where
+// it only indexes Gather tables (token ids), else in the activation dtype (a 0/1 mask).
+struct InputInfo {
+  std::string name;
+  std::vector<std::int64_t> dims;  // -1 at a symbolic batch
+  std::int32_t elem_type = pb::TensorProto_DataType_FLOAT;
+  bool integer = false;
+  bool indices = false;         // integer, read only as Gather indices (and by Shape)
+  std::int64_t index_rows = 0;  // the fewest rows of a table it indexes; 0 if none
+};
+constexpr std::size_t kMaxInputs = 16;
+
 struct Model::State {
   pb::ModelProto proto;  // initializers cleared once read; nodes keep their attributes here
   ModelFacts facts;
   std::map<std::string, HostTensor> constants;  // initializers, Constant nodes, folded nodes
   std::vector<Node> nodes;                      // the nodes left to map, in file (topological) order
-  std::vector<std::int64_t> input_dims;         // the input's, -1 at a symbolic batch
+  std::vector<InputInfo> inputs;                // in the file's order; the first is facts.input_name
   std::vector<std::string> unsupported;         // "Op (count): node, node, ..."
 };
 // Parses, validates and folds; unsupported ops are listed in the state, not thrown (inspect).
@@ -103,6 +115,7 @@ struct Slot {
   std::optional<HostTensor> constant;
   nn::Value value;
   std::vector<std::int64_t> shape;
+  bool integral = false;  // integer values in a float engine value (an integer input's, views and casts of it)
 };
 
 struct Ctx;
@@ -114,8 +127,9 @@ const MapTable& mappings();
 
 // A chain of nodes built as one unit at its last node (Conv+BN+Add+Relu, the erf GELU).
 struct Group {
-  std::vector<int> nodes;  // indices into State::nodes, in order
-  std::string kind;        // "conv", "gelu" or "linear"
+  std::vector<int> nodes;            // indices into State::nodes, in order
+  std::string kind;                  // "conv", "gelu", "linear" or "attention"
+  std::map<std::string, int> roles;  // attention: each matched node by its part ("scores", "softmax", ...)
 };
 
 struct Ctx {
@@ -145,6 +159,9 @@ struct Ctx {
   std::string unique_name(const std::string& base);
   [[noreturn]] void refuse(const Node& n, const std::string& why) const;
 };
+
+// A node on its own: evaluated on the host where its inputs are constant, else its op's mapping.
+void map_node(Ctx& c, const Node& n);
 
 std::vector<std::int64_t> to_dims(const Shape& s);
 Shape to_shape(const std::vector<std::int64_t>& d, const std::string& what);

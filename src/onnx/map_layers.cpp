@@ -1,6 +1,7 @@
 // Mappings onto the layers the engine's built-in models use: convolutions, batch norm, pooling,
 // linear layers, and the shape ops that are views (Flatten, Reshape, Squeeze, Unsqueeze).
 #include <algorithm>
+#include <limits>
 
 #include "nn/ops.h"
 #include "onnx/groups.h"
@@ -17,7 +18,9 @@ void pass_through(Ctx& c, const Node& n) {
 void set_view_dims(Ctx& c, const Node& n, std::vector<std::int64_t> dims) {
   const Slot& s = c.slot(n.inputs.at(0), n);
   if (s.constant) c.refuse(n, "a constant here should have been folded");
+  const bool integral = s.integral;
   c.set_view(n.outputs.at(0), s.value, std::move(dims));
+  c.slots[n.outputs.at(0)].integral = integral;
 }
 
 void map_reshape(Ctx& c, const Node& n) {
@@ -29,12 +32,27 @@ void map_squeeze(Ctx& c, const Node& n) {
 }
 void map_unsqueeze(Ctx& c, const Node& n) { set_view_dims(c, n, unsqueeze_dims(c.shape(n, 0), c.constant(n, 1), n)); }
 
+// The graph's precision policy decides every activation's type, so a cast to a float type is the
+// identity. To an integer type only integer values (an integer input's, a mask) are cast, which the
+// engine's float value holds exactly; to bool they become x != 0, as min(|x|, 1) of integers.
 void map_cast(Ctx& c, const Node& n) {
   const std::int64_t to = attr_int(n, "to", 0);
-  if (to != pb::TensorProto_DataType_FLOAT && to != pb::TensorProto_DataType_FLOAT16 &&
-      to != pb::TensorProto_DataType_DOUBLE && to != pb::TensorProto_DataType_BFLOAT16)
-    c.refuse(n, "casts a computed tensor to a non-float type; the engine computes in the graph's precision");
-  pass_through(c, n);  // the graph's precision policy decides every activation's type
+  if (to == pb::TensorProto_DataType_FLOAT || to == pb::TensorProto_DataType_FLOAT16 ||
+      to == pb::TensorProto_DataType_DOUBLE || to == pb::TensorProto_DataType_BFLOAT16)
+    return pass_through(c, n);
+  const bool integer_type = to == pb::TensorProto_DataType_INT64 || to == pb::TensorProto_DataType_INT32 ||
+                            to == pb::TensorProto_DataType_INT8 || to == pb::TensorProto_DataType_UINT8;
+  const Slot& in = c.slot(n.inputs.at(0), n);
+  if (!in.integral || (!integer_type && to != pb::TensorProto_DataType_BOOL))
+    c.refuse(n,
+             "casts a computed tensor of non-integer values to a non-float type; the engine computes in the "
+             "graph's precision");
+  if (integer_type) return pass_through(c, n);
+  const std::string name = c.unique_name(n.name);
+  const nn::Value magnitude = nn::unary(c.b, name + ".abs", c.value(n, 0), {nn::UnaryKind::abs});
+  const double inf = std::numeric_limits<double>::infinity();
+  c.set(n.outputs.at(0), nn::unary(c.b, name, magnitude, {nn::UnaryKind::clip, -inf, 1.0}));
+  c.slots[n.outputs.at(0)].integral = true;
 }
 
 void map_conv_alone(Ctx& c, const Node& n) { c.refuse(n, "its weight must be a constant (an initializer)"); }

@@ -189,6 +189,21 @@ void map_resize(Ctx& c, const Node& n) {
   c.set(n.outputs.at(0), nn::resize(c.b, c.unique_name(n.name), c.value(n, 0), h, w, linear));
 }
 
+// Constant Gather indices as an i32 constant (exact in any activation dtype), negatives resolved.
+nn::Value index_constant(Ctx& c, const Node& n, std::int64_t extent) {
+  const HostTensor& t = c.constant(n, 1);
+  std::vector<double> v;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(t.numel()); ++i) {
+    std::int64_t j = t.int_value(i);
+    if (j < -extent || j >= extent) c.refuse(n, "index " + std::to_string(j) + " outside " + std::to_string(extent));
+    v.push_back(static_cast<double>(j < 0 ? j + extent : j));
+  }
+  const std::string name = c.unique_name(n.name + ".indices");
+  const nn::Value idx = nn::constant(c.b, name, to_shape(t.dims, n.name), v, DType::i32);
+  c.params[name + ".value"] = std::move(v);
+  return idx;
+}
+
 // Gather by a constant scalar index on a computed tensor is a slice with the axis dropped (ViT's
 // class token, x[:, 0]); otherwise the engine's gather.
 void map_gather(Ctx& c, const Node& n) {
@@ -207,8 +222,52 @@ void map_gather(Ctx& c, const Node& n) {
     c.set_view(n.outputs.at(0), y, dims);
     return;
   }
-  const nn::Value table = c.value(n, 0), idx = c.value(n, 1);
+  const bool integral = c.slot(n.inputs.at(0), n).integral;
+  const nn::Value table = c.value(n, 0), idx = c.is_constant(n.inputs.at(1))
+                                                   ? index_constant(c, n, x[static_cast<std::size_t>(axis)])
+                                                   : c.value(n, 1);
   c.set(n.outputs.at(0), nn::gather(c.b, c.unique_name(n.name), table, idx, axis));
+  c.slots[n.outputs.at(0)].integral = integral;
+}
+
+// And of 0/1 values (masks): their product; a constant operand of no zeros leaves the other as it is.
+void map_and(Ctx& c, const Node& n) {
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::size_t other = 1 - i;
+    if (!c.is_constant(n.inputs.at(i)) || c.is_constant(n.inputs.at(other))) continue;
+    const HostTensor& t = c.constant(n, i);
+    const std::vector<double> v = t.values();
+    if (std::all_of(v.begin(), v.end(), [](double e) { return e != 0; }) &&
+        broadcast_dims(t.dims, c.shape(n, other), n.name) == c.shape(n, other)) {
+      c.slots[n.outputs.at(0)] = c.slot(n.inputs[other], n);
+      return;
+    }
+  }
+  for (std::size_t i = 0; i < 2; ++i)
+    if (!c.is_constant(n.inputs.at(i)) && !c.slot(n.inputs[i], n).integral)
+      c.refuse(n, "its input '" + n.inputs[i] + "' is not a mask of integer values");
+  const nn::Value a = c.value(n, 0), b = c.value(n, 1);
+  c.set(n.outputs.at(0), nn::binary(c.b, c.unique_name(n.name), a, b, nn::BinaryKind::mul));
+  c.slots[n.outputs.at(0)].integral = true;
+}
+
+// IsNaN(x) as x - x, which is NaN (true to Where) where x is NaN or infinite and 0 elsewhere: mapped
+// where x is a Softmax's output (never infinite) read only as Where's condition (the export of
+// scaled_dot_product_attention zeroes fully masked rows so).
+void map_isnan(Ctx& c, const Node& n) {
+  const std::string& x = n.inputs.at(0);
+  const bool from_softmax = std::any_of(c.s.nodes.begin(), c.s.nodes.end(), [&](const Node& m) {
+    return m.op == "Softmax" && !m.outputs.empty() && m.outputs[0] == x;
+  });
+  const bool only_conditions = std::all_of(c.s.nodes.begin(), c.s.nodes.end(), [&](const Node& m) {
+    for (std::size_t i = 0; i < m.inputs.size(); ++i)
+      if (m.inputs[i] == n.outputs.at(0) && (m.op != "Where" || i != 0)) return false;
+    return true;
+  });
+  if (!from_softmax || !only_conditions || n.outputs[0] == c.s.facts.output_name)
+    c.refuse(n, "mapped only on a Softmax's output read as Where's condition");
+  const nn::Value v = c.value(n, 0);
+  c.set(n.outputs.at(0), nn::binary(c.b, c.unique_name(n.name), v, v, nn::BinaryKind::sub));
 }
 
 void map_where(Ctx& c, const Node& n) {
@@ -278,6 +337,8 @@ void add_generic_mappings(MapTable& t) {
   t["Resize"] = map_resize;
   t["Gather"] = map_gather;
   t["Where"] = map_where;
+  t["And"] = map_and;
+  t["IsNaN"] = map_isnan;
   t["Expand"] = map_expand;
   t["LayerNormalization"] = map_layer_norm;
 }

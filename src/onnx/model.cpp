@@ -1,5 +1,6 @@
 // Loading: parse the ModelProto, check the opset, the input and every tensor reference, read the
 // initializers, fold what does not depend on the batch, and list the ops no mapping takes.
+#include <algorithm>
 #include <climits>
 #include <fstream>
 #include <set>
@@ -27,35 +28,27 @@ void check_opset(std::int64_t opset) {
                                         : ", the newest this build's libonnx knows): re-export with an older opset"));
 }
 
-// The one graph input that is not an initializer: a float tensor whose dims are fixed but for a
-// symbolic (or -1) batch in dim 0.
-void read_input(const pb::GraphProto& g, Model::State& s) {
-  std::vector<const pb::ValueInfoProto*> inputs;
-  for (const auto& in : g.input())
-    if (!s.constants.contains(in.name())) inputs.push_back(&in);
-  if (inputs.size() != 1)
-    throw UsageError("the model has " + std::to_string(inputs.size()) +
-                     " inputs besides its initializers; the importer takes models of one input tensor");
-  const pb::ValueInfoProto& in = *inputs[0];
+// The graph inputs that are not initializers: float tensors, or int64/int32 ones (token ids, an
+// attention mask), whose dims are fixed but for a symbolic (or -1) batch in dim 0, the same in all.
+InputInfo read_one_input(const pb::ValueInfoProto& in) {
   if (!in.type().has_tensor_type()) throw UsageError("input '" + in.name() + "' is not a tensor");
   const auto& tt = in.type().tensor_type();
-  const std::int32_t et = tt.elem_type();
-  if (et == pb::TensorProto_DataType_INT64 || et == pb::TensorProto_DataType_INT32)
-    throw UsageError("input '" + in.name() +
-                     "' holds integers (token ids of a language model?): the importer takes "
-                     "float inputs (images, features) for now");
-  if (et != pb::TensorProto_DataType_FLOAT && et != pb::TensorProto_DataType_FLOAT16 &&
-      et != pb::TensorProto_DataType_DOUBLE && et != pb::TensorProto_DataType_BFLOAT16)
-    throw UsageError("input '" + in.name() + "' has data type " + std::to_string(et) +
-                     "; the importer takes float inputs");
+  InputInfo info;
+  info.name = in.name();
+  info.elem_type = tt.elem_type();
+  info.integer = info.elem_type == pb::TensorProto_DataType_INT64 || info.elem_type == pb::TensorProto_DataType_INT32;
+  if (!info.integer && info.elem_type != pb::TensorProto_DataType_FLOAT &&
+      info.elem_type != pb::TensorProto_DataType_FLOAT16 && info.elem_type != pb::TensorProto_DataType_DOUBLE &&
+      info.elem_type != pb::TensorProto_DataType_BFLOAT16)
+    throw UsageError("input '" + in.name() + "' has data type " + std::to_string(info.elem_type) +
+                     "; the importer takes float inputs and int64 or int32 ones (token ids, masks)");
   if (!tt.has_shape() || tt.shape().dim_size() == 0 || tt.shape().dim_size() > Shape::kMaxRank)
     throw UsageError("input '" + in.name() + "' has no shape of rank 1.." + std::to_string(Shape::kMaxRank));
   for (int i = 0; i < tt.shape().dim_size(); ++i) {
     const auto& d = tt.shape().dim(i);
     const bool fixed = d.has_dim_value() && d.dim_value() > 0;
     if (i == 0 && !fixed && (!d.has_dim_value() || d.dim_value() == -1)) {
-      s.input_dims.push_back(-1);
-      s.facts.symbolic_batch = true;
+      info.dims.push_back(-1);
       continue;
     }
     if (!fixed || d.dim_value() > (std::int64_t{1} << 24))
@@ -64,12 +57,61 @@ void read_input(const pb::GraphProto& g, Model::State& s) {
                         : d.has_dim_value() ? std::to_string(d.dim_value())
                                             : "unknown") +
                        ": only the batch (dimension 0) may be dynamic; re-export with a fixed size");
-    s.input_dims.push_back(d.dim_value());
+    info.dims.push_back(d.dim_value());
   }
-  s.facts.input_name = in.name();
-  for (std::size_t i = 0; i < s.input_dims.size(); ++i)
-    s.facts.input_shape.push_back(s.input_dims[i] < 0 ? 1 : s.input_dims[i]);
-  element_count(to_dims(s.facts.input_shape), "input '" + in.name() + "'");
+  std::vector<std::int64_t> at_one = info.dims;
+  at_one[0] = std::max<std::int64_t>(at_one[0], 1);
+  element_count(at_one, "input '" + in.name() + "'");
+  return info;
+}
+
+void read_inputs(const pb::GraphProto& g, Model::State& s) {
+  for (const auto& in : g.input())
+    if (!s.constants.contains(in.name())) s.inputs.push_back(read_one_input(in));
+  if (s.inputs.empty()) throw UsageError("the model has no input besides its initializers");
+  if (s.inputs.size() > kMaxInputs)
+    throw UsageError("the model has " + std::to_string(s.inputs.size()) + " inputs; the importer takes at most " +
+                     std::to_string(kMaxInputs));
+  for (const InputInfo& in : s.inputs)
+    if (in.dims[0] != s.inputs[0].dims[0])
+      throw UsageError("inputs '" + s.inputs[0].name + "' and '" + in.name +
+                       "' differ in their batch dimension (dimension 0): one batch binds them all");
+  s.facts.input_name = s.inputs[0].name;
+  s.facts.symbolic_batch = s.inputs[0].dims[0] < 0;
+  for (auto d : s.inputs[0].dims) s.facts.input_shape.push_back(d < 0 ? 1 : d);
+}
+
+// Which integer inputs index a Gather's table (token ids), and the fewest rows such a table has:
+// those become i32 engine inputs; any other integer input (a mask) a float one of integer values.
+void classify_inputs(Model::State& s) {
+  for (InputInfo& in : s.inputs) {
+    if (!in.integer) continue;
+    bool only_indices = true;
+    for (const Node& n : s.nodes)
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        if (n.inputs[i] != in.name || n.op == "Shape") continue;
+        const auto table = n.op == "Gather" && i == 1 ? s.constants.find(n.inputs[0]) : s.constants.end();
+        if (table == s.constants.end() || table->second.dims.empty()) {
+          only_indices = false;
+          continue;
+        }
+        const auto rank = static_cast<std::int64_t>(table->second.dims.size());
+        const std::int64_t axis = attr_int(n, "axis", 0);
+        const std::int64_t rows = axis >= -rank && axis < rank
+                                      ? table->second.dims[static_cast<std::size_t>(axis < 0 ? axis + rank : axis)]
+                                      : 0;
+        in.index_rows = in.index_rows == 0 ? rows : std::min(in.index_rows, rows);
+      }
+    in.indices = only_indices && in.index_rows > 0;
+  }
+  for (const InputInfo& in : s.inputs)
+    s.facts.inputs.push_back({in.name,
+                              [&] {
+                                std::vector<std::int64_t> d = in.dims;
+                                d[0] = std::max<std::int64_t>(d[0], 1);
+                                return to_shape(d, in.name);
+                              }(),
+                              in.integer, in.indices, in.index_rows});
 }
 
 HostTensor constant_node_value(const Node& n, const std::filesystem::path& dir) {
@@ -127,7 +169,8 @@ void list_unsupported(Model::State& s) {
 
 void read_nodes(Model::State& s, const std::filesystem::path& dir) {
   const pb::GraphProto& g = s.proto.graph();
-  std::set<std::string> defined(s.facts.input_name.empty() ? std::set<std::string>{} : std::set{s.facts.input_name});
+  std::set<std::string> defined;
+  for (const InputInfo& in : s.inputs) defined.insert(in.name);
   for (const auto& [name, value] : s.constants) defined.insert(name);
   std::map<std::string, int> seen_names;
   for (int i = 0; i < g.node_size(); ++i) {
@@ -190,10 +233,11 @@ std::unique_ptr<Model::State> load_state(const std::string& bytes, const std::st
     s->constants[init.name()] = std::move(t);
   }
   s->proto.mutable_graph()->clear_initializer();  // the values live in `constants` now
-  read_input(g, *s);
+  read_inputs(g, *s);
   if (g.output_size() < 1) throw UsageError(file_name + ": the graph has no output");
   s->facts.output_name = g.output(0).name();
   read_nodes(*s, dir);
+  classify_inputs(*s);
   list_unsupported(*s);
   return s;
 }

@@ -20,6 +20,16 @@ namespace ab::onnx {
 // convolution (conv_bias_act).
 enum class Fold { off, on, fused };
 
+// One graph input: its shape with the batch at 1; integer (int64/int32 in the file) inputs that
+// only index Gather tables (token ids) with the fewest rows of those tables.
+struct InputFacts {
+  std::string name;
+  Shape shape;
+  bool integer = false;
+  bool indices = false;
+  std::int64_t index_rows = 0;
+};
+
 // What a record says about the model (the `onnx` block).
 struct ModelFacts {
   std::string file_name;
@@ -28,9 +38,10 @@ struct ModelFacts {
   std::int64_t opset = 0;                            // of the default domain
   std::string producer;                              // "pytorch 2.11"
   std::map<std::string, std::int64_t> op_histogram;  // node count per op type, as in the file
-  std::string input_name, output_name;
-  Shape input_shape;            // with the batch at 1
-  bool symbolic_batch = false;  // dim 0 of the input is a dim_param or unknown
+  std::string input_name, output_name;               // input_name, input_shape: the first input's
+  Shape input_shape;                                 // with the batch at 1
+  bool symbolic_batch = false;                       // dim 0 of the inputs is a dim_param or unknown
+  std::vector<InputFacts> inputs;                    // every input, the first included, in the file's order
   std::int64_t initializer_elements = 0;
 };
 
@@ -41,7 +52,7 @@ class Model {
   // Reads `path` and the external-data files beside it. UsageError (nothing built) for an unreadable,
   // truncated or corrupt file, a missing external-data file, an opset outside
   // [kMinOpset, max_opset()], an unsupported data type, an input dimension other than the batch
-  // that is not fixed, an integer (token) input, or ops with no mapping: every such node listed
+  // that is not fixed, batch dimensions that differ between inputs, or ops with no mapping: every such node listed
   // at once with its name and the counts per op type.
   static std::shared_ptr<const Model> load(const std::filesystem::path& path);
   // The same from bytes in memory (tests, fuzzing); external data is looked for under `dir`.
@@ -66,11 +77,13 @@ struct ImportOptions {
   Fold fold = Fold::fused;
 };
 
-// The model in a graph: its input [batch, ...] (the graph's activation dtype), its output (marked),
+// The model in a graph: its first input [batch, ...] (the graph's activation dtype; i32 for token
+// ids) and every input in facts().inputs' order, its output (marked),
 // and the parameter values by the names the builders gave them, for Graph::set_parameter_values
 // after bind (batch norms already folded where options.fold asks).
 struct Imported {
   nn::Value input, output;
+  std::vector<nn::Value> inputs;
   nn::ParameterValues parameters;
   std::vector<std::string> fused;  // one line per fused chain: "Conv+BatchNormalization+Relu: <node>"
 };

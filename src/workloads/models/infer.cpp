@@ -89,9 +89,10 @@ class Infer final : public Workload {
              AxisKind::text,
              "",
              {},
-             "ONNX models: a raw little-endian float32 file of input samples (row-major, the model's input shape "
-             "without the batch, one sample after another; at least `batch` of them) used instead of the synthetic "
-             "images, for the checks and the timed batch"},
+             "ONNX models: FILE for the first input, or NAME:FILE,NAME:FILE per input; raw little-endian samples "
+             "(float32 for a float input, int64 for token ids or a mask; row-major, the input's shape without the "
+             "batch, one sample after another; at least `batch` of them) used instead of the synthetic data, for "
+             "the checks and the timed batch; inputs named by no file stay synthetic"},
             {"dump_outputs",
              AxisKind::text,
              "off",

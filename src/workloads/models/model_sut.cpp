@@ -171,7 +171,9 @@ void check_model_sut(const ModelSutSpec& spec, std::size_t max_batch) {
   if (is_compression_model(spec.model))
     throw UsageError("the model SUT runs classifiers and language models, not the autoencoder '" + spec.model + "'");
   if (is_onnx_model(spec.model)) {
-    onnx_input_dims(spec.model);  // loads and validates the file: UsageError with the reason
+    // Loads and validates the file (UsageError with the reason); the sample pool holds one input.
+    if (onnx_input_count(spec.model) > 1)
+      throw UsageError("the model SUT feeds models of one input; '" + spec.model + "' has several (run it with infer)");
     return;
   }
   if (!is_language_model(spec.model)) {

@@ -209,32 +209,10 @@ nn::ParameterValues folded_parameter_values(const ModelSpec& s) {
 
 namespace {
 
-// An ONNX model's batch: samples first.. of the inputs file, else the synthetic images where the
-// input is [N, C, S, S], else uniform noise in [-1, 1) by (seed, element).
+// An ONNX model's batch: its first input's values (onnx_input_values).
 SyntheticBatch onnx_batch(const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
-  std::int64_t per_sample = 1;
-  for (std::size_t i = 1; i < m.input_dims.size(); ++i) per_sample *= m.input_dims[i];
-  const auto count = static_cast<std::size_t>(s.batch * per_sample);
   SyntheticBatch b;
-  if (!s.inputs_file.empty()) {
-    std::ifstream in(s.inputs_file, std::ios::binary);
-    if (!in) throw UsageError("cannot open the inputs file " + s.inputs_file);
-    std::vector<float> raw(count);
-    in.seekg(static_cast<std::streamoff>(first * static_cast<std::uint64_t>(per_sample) * sizeof(float)));
-    in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(count * sizeof(float)));
-    if (!in)
-      throw UsageError("the inputs file " + s.inputs_file + " holds fewer than " +
-                       std::to_string(first + static_cast<std::uint64_t>(s.batch)) + " samples of " +
-                       std::to_string(per_sample) + " float32 values");
-    b.images.assign(raw.begin(), raw.end());
-    return b;
-  }
-  const auto& d = m.input_dims;
-  if (d.size() == 4 && d[2] == d[3])
-    return synthetic_batch(kDataSeed, first, s.batch, d[1], d[2], std::max<std::int64_t>(m.classes, 1));
-  b.images.resize(count);
-  const std::uint64_t offset = first * static_cast<std::uint64_t>(per_sample);
-  for (std::size_t i = 0; i < count; ++i) b.images[i] = uniform(kDataSeed, offset + i, -1.0, 1.0);
+  b.images = onnx_input_values(m, first, s).at(0);
   return b;
 }
 
@@ -260,6 +238,11 @@ SyntheticBatch model_batch(const ZooModel& m, std::uint64_t first, const ModelSp
 nn::Value model_input(const ZooModel& m) { return m.language ? m.tokens : m.images; }
 
 void upload_batch(nn::Graph& g, const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
+  if (!m.onnx_inputs.empty()) {
+    const std::vector<std::vector<double>> values = onnx_input_values(m, first, s);
+    for (std::size_t i = 0; i < values.size(); ++i) g.set_input(m.onnx_inputs[i].value, values[i]);
+    return;
+  }
   const SyntheticBatch data = model_batch(m, first, s);
   if (m.language) g.set_input(m.tokens, data.tokens);
   if (m.images.id >= 0) g.set_input(m.images, data.images);

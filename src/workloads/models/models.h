@@ -103,8 +103,10 @@ struct ModelSpec {
   bool fuse_batchnorm_relu = false;
   // Language models: hidden dropout probability (GptConfig::dropout, BertConfig::dropout).
   double dropout = 0.0;
-  // An ONNX model's inputs: a raw little-endian float32 file of samples in the input's row-major
-  // order, used instead of the synthetic images (infer's option `inputs`); empty: synthetic.
+  // An ONNX model's inputs (infer's option `inputs`): FILE for the first input, or
+  // NAME:FILE,NAME:FILE per input; raw little-endian samples in the input's row-major order, float32
+  // for a float input and int64 for an integer one. Inputs it names no file for are synthetic
+  // (onnx_input_values); empty: all synthetic.
   std::string inputs_file;
 };
 nn::GraphOptions graph_options(const ModelSpec& s);
@@ -124,9 +126,18 @@ struct ZooModel {
   std::string head;                             // a language model's inference head: "qa" or "prefill"
   nn::Value images, labels, output, loss, mse;  // output: the logits or the reconstruction
   nn::Value tokens;
-  // An ONNX model: its input's dims at this batch, its weights by the graph's names (for
-  // set_model_parameters), and the record's `onnx` block.
+  // An ONNX model: its first input's dims at this batch, every input (the first is `images`), its
+  // weights by the graph's names (for set_model_parameters), and the record's `onnx` block.
   std::vector<std::int64_t> input_dims;
+  struct OnnxInput {
+    std::string name;
+    nn::Value value;
+    std::vector<std::int64_t> dims;  // at this batch
+    bool integer = false;            // int64/int32 in the file
+    bool indices = false;            // token ids: read only as Gather indices
+    std::int64_t index_rows = 0;     // the fewest rows of the tables they index
+  };
+  std::vector<OnnxInput> onnx_inputs;
   std::shared_ptr<const nn::ParameterValues> parameters;
   nlohmann::json onnx;
 };
@@ -142,8 +153,16 @@ void set_model_parameters(nn::Graph& g, const ZooModel& m, const ModelSpec& s);
 // An ONNX model built into b (build_zoo_model's ONNX case): UsageError for a training graph, fp8,
 // a build without ONNX support, and every refusal of the importer (src/onnx/onnx.h).
 ZooModel build_onnx_model(nn::GraphBuilder& b, const ModelSpec& s);
-// The ONNX model's input dims at batch 1 (loads and validates the file; UsageError as above).
+// The ONNX model's first input's dims at batch 1, and its count of inputs (both load and validate
+// the file; UsageError as above).
 std::vector<std::int64_t> onnx_input_dims(const std::string& path);
+std::size_t onnx_input_count(const std::string& path);
+// Every input's values for samples first.. (in m.onnx_inputs' order): the inputs file's where
+// s.inputs_file names one for it; else synthetic: a float [N, C, S, S] input the built-in models'
+// images, another float input uniform noise in [-1, 1); token ids uniform in [0, index_rows), but 0
+// for an input named like token_type_ids (one segment); another integer input (an attention mask)
+// ones. Each value depends only on (seed, sample, element).
+std::vector<std::vector<double>> onnx_input_values(const ZooModel& m, std::uint64_t first, const ModelSpec& s);
 // `accelbench inspect FILE.onnx`: the report of onnx::inspect (importable: whether nothing is
 // unsupported), or UsageError without ONNX support and for a file that does not parse.
 std::string inspect_onnx(const std::string& path, bool* importable);

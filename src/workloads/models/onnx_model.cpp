@@ -1,10 +1,13 @@
 // The zoo's ONNX case: a model axis value ending in .onnx is a user's file, imported (src/onnx)
 // into the same inference graph, passes and checks as a built-in classifier. Builds without the
 // ONNX libraries refuse such a value with the reason; this is the one place that knows.
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "workloads/models/models.h"
 
 #ifdef ACCELBENCH_WITH_ONNX
@@ -32,6 +35,10 @@ namespace {
 
 ZooModel build_onnx_model(nn::GraphBuilder&, const ModelSpec& s) { no_onnx(s.model); }
 std::vector<std::int64_t> onnx_input_dims(const std::string& path) { no_onnx(path); }
+std::size_t onnx_input_count(const std::string& path) { no_onnx(path); }
+std::vector<std::vector<double>> onnx_input_values(const ZooModel&, std::uint64_t, const ModelSpec& s) {
+  no_onnx(s.model);
+}
 std::string inspect_onnx(const std::string& path, bool*) { no_onnx(path); }
 
 #else
@@ -66,6 +73,17 @@ nlohmann::json record_block(const onnx::ModelFacts& f, const std::vector<std::st
           {"ops", f.op_histogram},
           {"input", f.input_name},
           {"input_shape", f.input_shape.to_string()},
+          {"inputs",
+           [&] {
+             nlohmann::json list = nlohmann::json::array();
+             for (const auto& in : f.inputs)
+               list.push_back({{"name", in.name},
+                               {"shape", in.shape.to_string()},
+                               {"kind", in.indices   ? "token_ids"
+                                        : in.integer ? "integers"
+                                                     : "float"}});
+             return list;
+           }()},
           {"symbolic_batch", f.symbolic_batch},
           {"initializer_elements", f.initializer_elements},
           {"fused_chains", fused.size()}};
@@ -83,6 +101,14 @@ ZooModel build_onnx_model(nn::GraphBuilder& b, const ModelSpec& s) {
   ZooModel m;
   m.images = imported.input;
   m.output = imported.output;
+  const std::vector<onnx::InputFacts>& inputs = model->facts().inputs;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    ZooModel::OnnxInput in{inputs[i].name,    imported.inputs.at(i), {},
+                           inputs[i].integer, inputs[i].indices,     inputs[i].index_rows};
+    const Shape shape = b.desc(in.value).shape;
+    for (int k = 0; k < shape.rank(); ++k) in.dims.push_back(shape[k]);
+    m.onnx_inputs.push_back(std::move(in));
+  }
   const Shape in = b.desc(imported.input).shape, out = b.desc(imported.output).shape;
   for (int i = 0; i < in.rank(); ++i) m.input_dims.push_back(in[i]);
   m.in_channels = in.rank() > 1 ? in[1] : 1;
@@ -97,6 +123,100 @@ std::vector<std::int64_t> onnx_input_dims(const std::string& path) {
   std::vector<std::int64_t> dims;
   for (int i = 0; i < s.rank(); ++i) dims.push_back(s[i]);
   return dims;
+}
+
+std::size_t onnx_input_count(const std::string& path) { return load(path)->facts().inputs.size(); }
+
+namespace {
+
+// `inputs`: FILE (the first input) or NAME:FILE,NAME:FILE; the file named for `input`, or "".
+std::string inputs_file_of(const std::string& option, const ZooModel& m, std::size_t input) {
+  if (option.empty()) return "";
+  bool named = false;
+  std::string found;
+  std::size_t start = 0;
+  while (start <= option.size()) {
+    const std::size_t end = std::min(option.find(',', start), option.size());
+    const std::string item = option.substr(start, end - start);
+    const std::size_t colon = item.find(':');
+    const std::string name = colon == std::string::npos ? "" : item.substr(0, colon);
+    const bool is_input = std::any_of(m.onnx_inputs.begin(), m.onnx_inputs.end(),
+                                      [&](const ZooModel::OnnxInput& in) { return in.name == name; });
+    if (is_input) {
+      named = true;
+      if (name == m.onnx_inputs[input].name) found = item.substr(colon + 1);
+    } else if (option.find(',') != std::string::npos) {
+      throw UsageError("inputs: '" + item + "' names no input of the model (NAME:FILE, NAME one of its inputs)");
+    }
+    start = end + 1;
+  }
+  if (!named) return input == 0 ? option : "";  // one FILE: the first input's
+  return found;
+}
+
+// Samples first.. of a raw file: float32 for a float input, int64 for an integer one.
+std::vector<double> read_input_file(const std::string& path, const ZooModel::OnnxInput& in, std::uint64_t first,
+                                    std::size_t count, std::int64_t per_sample) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw UsageError("cannot open the inputs file " + path);
+  const std::size_t width = in.integer ? sizeof(std::int64_t) : sizeof(float);
+  std::vector<char> raw(count * width);
+  file.seekg(static_cast<std::streamoff>(first * static_cast<std::uint64_t>(per_sample) * width));
+  file.read(raw.data(), static_cast<std::streamsize>(raw.size()));
+  if (!file)
+    throw UsageError("the inputs file " + path + " holds fewer than " +
+                     std::to_string(first + count / static_cast<std::size_t>(per_sample)) + " samples of " +
+                     std::to_string(per_sample) + (in.integer ? " int64" : " float32") + " values for input '" +
+                     in.name + "'");
+  std::vector<double> v(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (in.integer) {
+      std::int64_t x = 0;
+      std::memcpy(&x, raw.data() + i * width, width);
+      if (in.indices && (x < 0 || x >= in.index_rows))
+        throw UsageError("the inputs file " + path + ": token id " + std::to_string(x) + " of input '" + in.name +
+                         "' is outside [0, " + std::to_string(in.index_rows) + ")");
+      v[i] = static_cast<double>(x);
+    } else {
+      float x = 0;
+      std::memcpy(&x, raw.data() + i * width, width);
+      v[i] = x;
+    }
+  }
+  return v;
+}
+
+std::vector<double> synthetic_input(const ZooModel& m, const ZooModel::OnnxInput& in, std::uint64_t first,
+                                    std::size_t count, std::int64_t per_sample, std::int64_t batch) {
+  const auto& d = in.dims;
+  if (!in.integer && d.size() == 4 && d[2] == d[3])
+    return synthetic_batch(kDataSeed, first, batch, d[1], d[2], std::max<std::int64_t>(m.classes, 1)).images;
+  const bool segments = in.name.find("token_type") != std::string::npos;
+  std::vector<double> v(count, in.indices ? 0.0 : 1.0);
+  const std::uint64_t offset = first * static_cast<std::uint64_t>(per_sample);
+  if (!in.integer)
+    for (std::size_t i = 0; i < count; ++i) v[i] = uniform(kDataSeed, offset + i, -1.0, 1.0);
+  else if (in.indices && !segments)
+    for (std::size_t i = 0; i < count; ++i)
+      v[i] =
+          static_cast<double>(mix64(kDataSeed ^ 0x746f6bULL, offset + i) % static_cast<std::uint64_t>(in.index_rows));
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::vector<double>> onnx_input_values(const ZooModel& m, std::uint64_t first, const ModelSpec& s) {
+  std::vector<std::vector<double>> values;
+  for (std::size_t i = 0; i < m.onnx_inputs.size(); ++i) {
+    const ZooModel::OnnxInput& in = m.onnx_inputs[i];
+    std::int64_t per_sample = 1;
+    for (std::size_t k = 1; k < in.dims.size(); ++k) per_sample *= in.dims[k];
+    const auto count = static_cast<std::size_t>(s.batch * per_sample);
+    const std::string file = inputs_file_of(s.inputs_file, m, i);
+    values.push_back(file.empty() ? synthetic_input(m, in, first, count, per_sample, s.batch)
+                                  : read_input_file(file, in, first, count, per_sample));
+  }
+  return values;
 }
 
 std::string inspect_onnx(const std::string& path, bool* importable) {

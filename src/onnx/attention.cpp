@@ -1,0 +1,282 @@
+// Exported attention onto the engine's own op (nn::attention, the one GPT-2 and BERT run, fused on
+// CUDA): MatMul(Q [*s], K^T [*s]) [/ or * s] [+ mask] -> Softmax -> [Where(IsNaN, 0)] -> MatMul(., V)
+// with the heads' Transposes around it, as PyTorch exports both an explicit attention (BERT's) and
+// scaled_dot_product_attention (ViT's MultiheadAttention: sqrt(s) on Q and on K^T). The pattern is
+// matched on the graph at load; whether it maps is decided per batch, once the shapes and the
+// shape-derived scales are constants: one sequence for queries and keys, the scale 1/sqrt(D) (the
+// op's own), no mask or an all-zero one. Anything else maps node by node (matmul, softmax, matmul).
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "nn/ops.h"
+#include "onnx/groups.h"
+
+namespace ab::onnx {
+namespace {
+
+using Roles = std::map<std::string, int>;
+
+struct Planner {
+  const Model::State& s;
+  const Consumers& uses;
+  std::map<std::string, int> producer;
+
+  const Node& node(int i) const { return s.nodes[static_cast<std::size_t>(i)]; }
+  int made_by(const std::string& t) const {
+    const auto it = producer.find(t);
+    return it == producer.end() ? -1 : it->second;
+  }
+  // The node making `t` if it is `op` and `reader` is its output's only reader; else -1.
+  int sole(const std::string& t, const char* op, int reader) const {
+    const int p = made_by(t);
+    return p >= 0 && node(p).op == op && node(p).outputs.size() == 1 && sole_consumer(uses, t) == reader ? p : -1;
+  }
+  bool is_transpose(int i, std::vector<std::int64_t> perm) const {
+    return i >= 0 && node(i).op == "Transpose" && attr_ints(node(i), "perm") == perm;
+  }
+  // An operand scaled by a Mul (tensor first, scale second, as PyTorch exports) read only by `reader`.
+  int scale_of(const std::string& t, int reader) const { return sole(t, "Mul", reader); }
+  bool match(int softmax, Roles& r) const;
+  bool match_scores(const std::string& scores_in, int reader, Roles& r) const;
+  void match_heads(Roles& r) const;
+};
+
+// Softmax's input back to MatMul(Q, K^T): an optional mask Add and post-scale (Div or Mul).
+bool Planner::match_scores(const std::string& scores_in, int reader, Roles& r) const {
+  std::string t = scores_in;
+  int p = made_by(t);
+  if (p >= 0 && node(p).op == "Add" && sole_consumer(uses, t) == reader && node(p).inputs.size() == 2) {
+    const auto reaches_matmul = [&](const std::string& x) {
+      const int q = made_by(x);
+      if (q < 0) return false;
+      if (node(q).op == "MatMul") return true;
+      return (node(q).op == "Div" || node(q).op == "Mul") && made_by(node(q).inputs.at(0)) >= 0 &&
+             node(made_by(node(q).inputs[0])).op == "MatMul";
+    };
+    const int scores_side = reaches_matmul(node(p).inputs[0]) ? 0 : reaches_matmul(node(p).inputs[1]) ? 1 : -1;
+    if (scores_side < 0) return false;
+    r["mask_add"] = p;
+    reader = p;
+    t = node(p).inputs[static_cast<std::size_t>(scores_side)];
+    p = made_by(t);
+  }
+  if (p >= 0 && (node(p).op == "Div" || node(p).op == "Mul") && node(p).inputs.size() == 2 &&
+      sole_consumer(uses, t) == reader) {
+    r["post_scale"] = p;
+    reader = p;
+    t = node(p).inputs[0];
+  }
+  const int mm = sole(t, "MatMul", reader);
+  if (mm < 0 || node(mm).inputs.size() != 2) return false;
+  r["scores"] = mm;
+  const int qs = scale_of(node(mm).inputs[0], mm), ks = scale_of(node(mm).inputs[1], mm);
+  if (qs >= 0) r["q_scale"] = qs;
+  if (ks >= 0) r["k_scale"] = ks;
+  const std::string& kt = ks >= 0 ? node(ks).inputs.at(0) : node(mm).inputs[1];
+  const int t_k = sole(kt, "Transpose", ks >= 0 ? ks : mm);
+  if (is_transpose(t_k, {0, 1, 3, 2})) r["k_transpose"] = t_k;   // K [B, H, T, D] -> [B, H, D, T]
+  else if (is_transpose(t_k, {0, 2, 3, 1})) r["k_heads"] = t_k;  // K [B, T, H, D] -> [B, H, D, T]
+  else return false;
+  return true;
+}
+
+// Transposes [B, T, H, D] -> [B, H, T, D] before Q, K and V, taken into the group only where all
+// three have one (then q, k and v are read in place, the engine's layout).
+void Planner::match_heads(Roles& r) const {
+  const Node& mm = node(r.at("scores"));
+  const int q_reader = r.contains("q_scale") ? r.at("q_scale") : r.at("scores");
+  const std::string& q = r.contains("q_scale") ? node(r.at("q_scale")).inputs[0] : mm.inputs[0];
+  const int tq = sole(q, "Transpose", q_reader);
+  const int tv = sole(node(r.at("context")).inputs.at(1), "Transpose", r.at("context"));
+  int tk = r.contains("k_heads") ? r.at("k_heads") : -1;
+  if (tk < 0) tk = sole(node(r.at("k_transpose")).inputs.at(0), "Transpose", r.at("k_transpose"));
+  const std::vector<std::int64_t> heads{0, 2, 1, 3};
+  if (!is_transpose(tq, heads) || !is_transpose(tv, heads) || !(r.contains("k_heads") || is_transpose(tk, heads)))
+    return;
+  r["q_heads"] = tq;
+  r["v_heads"] = tv;
+  if (!r.contains("k_heads")) r["k_heads_pre"] = tk;
+}
+
+bool Planner::match(int softmax, Roles& r) const {
+  const Node& sm = node(softmax);
+  if (sm.inputs.size() != 1 || sm.outputs.size() != 1) return false;
+  r["softmax"] = softmax;
+  if (!match_scores(sm.inputs[0], softmax, r)) return false;
+  // Softmax -> MatMul, or Softmax -> IsNaN + Where(IsNaN, 0, Softmax) -> MatMul.
+  std::string probs = sm.outputs[0];
+  const auto it = uses.find(probs);
+  if (it != uses.end() && it->second.size() == 2) {
+    int isnan = -1, where = -1;
+    for (int u : it->second)
+      if (u >= 0 && node(u).op == "IsNaN") isnan = u;
+      else if (u >= 0 && node(u).op == "Where") where = u;
+    if (isnan < 0 || where < 0 || sole_consumer(uses, node(isnan).outputs.at(0)) != where ||
+        node(where).inputs.size() != 3 || node(where).inputs[0] != node(isnan).outputs[0] ||
+        node(where).inputs[2] != probs)
+      return false;
+    r["nan_test"] = isnan;
+    r["nan_where"] = where;
+    probs = node(where).outputs.at(0);
+  }
+  const int readers = sole_consumer(uses, probs);
+  if (readers < 0 || node(readers).op != "MatMul" || node(readers).inputs.size() != 2 ||
+      node(readers).inputs[0] != probs)
+    return false;
+  r["context"] = readers;
+  const int after = sole_consumer(uses, node(readers).outputs.at(0));
+  if (after >= 0 && is_transpose(after, {0, 2, 1, 3})) r["out_heads"] = after;
+  match_heads(r);
+  return true;
+}
+
+}  // namespace
+
+std::vector<Group> plan_attention(const Model::State& s, const Consumers& uses, std::vector<bool>& claimed) {
+  Planner p{s, uses, {}};
+  for (std::size_t i = 0; i < s.nodes.size(); ++i)
+    for (const auto& out : s.nodes[i].outputs) p.producer[out] = static_cast<int>(i);
+  std::vector<Group> groups;
+  for (std::size_t i = 0; i < s.nodes.size(); ++i) {
+    if (s.nodes[i].op != "Softmax" || claimed[i]) continue;
+    Roles roles;
+    if (!p.match(static_cast<int>(i), roles)) continue;
+    Group g{{}, "attention", roles};
+    for (const auto& [role, node] : roles) g.nodes.push_back(node);
+    std::sort(g.nodes.begin(), g.nodes.end());
+    if (std::any_of(g.nodes.begin(), g.nodes.end(), [&](int k) { return claimed[static_cast<std::size_t>(k)]; }))
+      continue;
+    for (int k : g.nodes) claimed[static_cast<std::size_t>(k)] = true;
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+namespace {
+
+// Where Q, K or V is read: a node's input, laid out [B, T, H, D] (before a heads Transpose the
+// group took) or [B, H, T, D].
+struct Source {
+  const Node* node;
+  std::size_t input;
+  bool bthd;
+};
+
+struct Match {
+  std::vector<Source> qkv;
+  std::int64_t batch = 0, heads = 0, seq = 0, dim = 0;
+};
+
+const Node& role(const Ctx& c, const Group& g, const std::string& r) {
+  return c.s.nodes[static_cast<std::size_t>(g.roles.at(r))];
+}
+
+std::vector<Source> sources(const Ctx& c, const Group& g) {
+  const auto has = [&](const char* r) { return g.roles.contains(r); };
+  const Source q = has("q_heads")   ? Source{&role(c, g, "q_heads"), 0, true}
+                   : has("q_scale") ? Source{&role(c, g, "q_scale"), 0, false}
+                                    : Source{&role(c, g, "scores"), 0, false};
+  const Source k = has("k_heads")       ? Source{&role(c, g, "k_heads"), 0, true}
+                   : has("k_heads_pre") ? Source{&role(c, g, "k_heads_pre"), 0, true}
+                                        : Source{&role(c, g, "k_transpose"), 0, false};
+  const Source v = has("v_heads") ? Source{&role(c, g, "v_heads"), 0, true} : Source{&role(c, g, "context"), 1, false};
+  return {q, k, v};
+}
+
+bool constant_scalar(const Ctx& c, const Node& n, std::size_t input, double& v) {
+  if (!c.has_input(n, input) || !c.is_constant(n.inputs[input]) || c.constant(n, input).numel() != 1) return false;
+  v = c.constant(n, input).value(0);
+  return true;
+}
+
+bool all_zero(const Ctx& c, const Node& n, std::size_t input) {
+  if (!c.has_input(n, input) || !c.is_constant(n.inputs[input])) return false;
+  const std::vector<double> v = c.constant(n, input).values();
+  return std::all_of(v.begin(), v.end(), [](double e) { return e == 0; });
+}
+
+// The product of the scales on Q, K^T and the scores; false where one is not a constant scalar.
+bool total_scale(const Ctx& c, const Group& g, double& scale) {
+  scale = 1;
+  double v = 0;
+  for (const char* r : {"q_scale", "k_scale", "post_scale"}) {
+    if (!g.roles.contains(r)) continue;
+    const Node& n = role(c, g, r);
+    if (!constant_scalar(c, n, 1, v) || (n.op == "Div" && v == 0)) return false;
+    scale *= n.op == "Div" ? 1 / v : v;
+  }
+  return true;
+}
+
+// The bound shapes fit the op: Q, K and V all [B, H, T, D] (self-attention), the softmax over keys,
+// the scale 1/sqrt(D), no mask but an all-zero one, Where(IsNaN) zeroing into 0.
+std::optional<Match> check(const Ctx& c, const Group& g) {
+  Match m;
+  m.qkv = sources(c, g);
+  std::vector<std::int64_t> want;
+  for (const Source& src : m.qkv) {
+    std::vector<std::int64_t> d = c.shape(*src.node, src.input);
+    if (d.size() != 4) return std::nullopt;
+    if (src.bthd) std::swap(d[1], d[2]);
+    if (!want.empty() && d != want) return std::nullopt;
+    want = d;
+  }
+  m.batch = want[0], m.heads = want[1], m.seq = want[2], m.dim = want[3];
+  const std::int64_t axis = attr_int(role(c, g, "softmax"), "axis", -1);
+  if (axis != -1 && axis != 3) return std::nullopt;
+  if (g.roles.contains("mask_add")) {
+    const Node& add = role(c, g, "mask_add");
+    const std::string& scores = role(c, g, g.roles.contains("post_scale") ? "post_scale" : "scores").outputs.at(0);
+    const std::size_t mask = add.inputs[0] == scores ? 1 : 0;
+    if (!all_zero(c, add, mask)) return std::nullopt;
+  }
+  if (g.roles.contains("nan_where") && !all_zero(c, role(c, g, "nan_where"), 1)) return std::nullopt;
+  double scale = 0;
+  if (!total_scale(c, g, scale) || m.dim < 1 || std::abs(scale * std::sqrt(static_cast<double>(m.dim)) - 1) > 1e-6)
+    return std::nullopt;
+  return m;
+}
+
+// qkv [B*T, 3C] laid out [B, T, 3, H, D]: the three read in place where each is [B, T, H, D] (rows
+// of a linear layer), else concatenated [B, 3H, T, D] and transposed.
+nn::Value packed_qkv(Ctx& c, const Match& m, const std::string& name) {
+  const std::int64_t rows = m.batch * m.seq, width = m.heads * m.dim;
+  std::vector<nn::Value> xs;
+  const bool in_place = std::all_of(m.qkv.begin(), m.qkv.end(), [](const Source& s) { return s.bthd; });
+  for (const Source& src : m.qkv) {
+    if (in_place) {
+      xs.push_back(c.value_as(*src.node, src.input, {rows, width}));
+      continue;
+    }
+    const nn::Value v = c.value(*src.node, src.input);
+    xs.push_back(src.bthd ? nn::transpose(c.b, c.unique_name(name + ".heads"), v, {0, 2, 1, 3}) : v);
+  }
+  if (in_place) return nn::concat(c.b, name + ".qkv", xs, 1);
+  const nn::Value heads = nn::concat(c.b, name + ".qkv_heads", xs, 1);
+  const nn::Value rows_first = nn::transpose(c.b, name + ".qkv_rows", heads, {0, 2, 1, 3});
+  return nn::reshape(c.b, name + ".qkv", rows_first, Shape{rows, 3 * width});
+}
+
+}  // namespace
+
+void build_attention(Ctx& c, const Group& g) {
+  const std::optional<Match> m = check(c, g);
+  if (!m) {
+    for (int i : g.nodes) map_node(c, c.s.nodes[static_cast<std::size_t>(i)]);
+    return;
+  }
+  const Node& softmax = role(c, g, "softmax");
+  const std::string name = c.unique_name(softmax.name + ".attention");
+  const nn::Value out = nn::attention(c.b, name, packed_qkv(c, *m, name), m->heads, m->seq, /*causal=*/false);
+  if (g.roles.contains("out_heads")) {
+    c.set_view(role(c, g, "out_heads").outputs.at(0), out, {m->batch, m->seq, m->heads, m->dim});
+  } else {
+    const nn::Value bthd = nn::reshape(c.b, name + ".out_rows", out, Shape{m->batch, m->seq, m->heads, m->dim});
+    c.set(role(c, g, "context").outputs.at(0), nn::transpose(c.b, name + ".out", bthd, {0, 2, 1, 3}));
+  }
+  c.fused.push_back("MatMul+Softmax+MatMul (attention, " + std::to_string(m->heads) + " heads" +
+                    (g.roles.contains("q_heads") ? ", q/k/v in place" : "") + "): " + softmax.name);
+}
+
+}  // namespace ab::onnx
