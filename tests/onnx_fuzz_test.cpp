@@ -18,13 +18,13 @@ using onnx_test::OnnxBuilder;
 using onnx_test::random_values;
 using OB = OnnxBuilder;
 
-// A small CNN touching the importer's main paths: conv + bn + relu chains, a residual add, pooling,
-// a PyTorch-style shape subgraph before a Reshape, concat, a Gemm.
+// A small CNN touching the importer's main paths: a zero Pad merged into a conv + bn + relu chain,
+// a residual add, pooling, a PyTorch-style shape subgraph before a Reshape, concat, a Gemm.
 std::string seed_model() {
   OnnxBuilder m;
   m.input("x", {-1, 2, 6, 6});
-  auto* c1 = m.node("Conv", {"x", m.init("w1", {4, 2, 3, 3}, random_values(1, 72))}, {"c1"});
-  OB::attr(c1, "pads", std::vector<std::int64_t>{1, 1, 1, 1});
+  m.node("Pad", {"x", m.init_ints("pads", {8}, {0, 0, 1, 1, 0, 0, 1, 1})}, {"xp"});
+  m.node("Conv", {"xp", m.init("w1", {4, 2, 3, 3}, random_values(1, 72))}, {"c1"});
   m.node("BatchNormalization",
          {"c1", m.init("g", {4}, random_values(2, 4, 0.5, 1.5)), m.init("b", {4}, random_values(3, 4)),
           m.init("m", {4}, random_values(4, 4)), m.init("v", {4}, random_values(5, 4, 0.5, 1.5))},

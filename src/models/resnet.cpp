@@ -22,23 +22,12 @@ nn::Conv2dAttrs conv_attrs(std::int64_t out_channels, std::int64_t kernel, std::
   return a;
 }
 
-// Whether an fp8 graph builds this convolution in fp8: where no backend refuses it by rule
-// (nn::fp8_conv_refusal: groups 1, C and K multiples of 16, 16-bit x and y), which in a ResNet
-// leaves out the stem (3 input channels) and ResNeXt's grouped 3x3 convolutions. The shapes come
-// from a Conv2d of the same attributes, whose rules conv_bias_act's are.
-bool fp8_eligible(const std::string& name, const Tensor& x, const nn::Conv2dAttrs& a) {
-  nn::Conv2d conv(name, a);
-  const Tensor y = conv.infer({x})[0];
-  const nn::ParamSpec w = conv.parameters()[0];
-  return nn::fp8_conv_refusal(a.conv, x, Tensor::describe(w.dtype, w.shape), y).empty();
-}
-
 // A folded convolution and its epilogue act(conv(x) + bias (+ residual)): one conv_bias_act named
 // after the convolution, or a convolution and a bias_act named after the batch norm.
 Value folded_conv(GraphBuilder& b, const ResNetConfig& c, const std::string& conv_name, const std::string& bn_name,
                   Value x, const nn::Conv2dAttrs& a, Value residual, bool relu) {
   if (c.fuse_conv_epilogue) {
-    const bool fp8 = b.options().precision == Precision::fp8 && fp8_eligible(conv_name, b.desc(x), a);
+    const bool fp8 = b.options().precision == Precision::fp8 && fp8_conv_eligible(b.desc(x), a);
     return nn::conv_bias_activation(b, conv_name, x, a, residual, relu, fp8);
   }
   return nn::bias_activation(b, bn_name, nn::conv2d(b, conv_name, x, a), residual, relu);
@@ -97,6 +86,22 @@ std::string conv_before(const std::string& bn) {
 }
 
 }  // namespace
+
+// No backend refuses it by rule (nn::fp8_conv_refusal: groups 1, C and K multiples of 16, 16-bit x
+// and y). The shapes come from a Conv2d of the same attributes, whose rules conv_bias_act's are.
+bool fp8_conv_eligible(const Tensor& x, const nn::Conv2dAttrs& a) {
+  nn::Conv2d conv("fp8_eligible", a);
+  const Tensor y = conv.infer({x})[0];
+  const nn::ParamSpec w = conv.parameters()[0];
+  return nn::fp8_conv_refusal(a.conv, x, Tensor::describe(w.dtype, w.shape), y).empty();
+}
+
+bool fp8_linear_eligible(const Tensor& x, std::int64_t out_features) {
+  if (x.shape.rank() != 2) return false;
+  return nn::fp8_linear_refusal(x, Tensor::describe(x.dtype, Shape{out_features, x.shape[1]}),
+                                Tensor::describe(x.dtype, Shape{x.shape[0], out_features}))
+      .empty();
+}
 
 ResNetConfig resnet50() { return {}; }
 
@@ -174,12 +179,7 @@ Value resnet(GraphBuilder& b, Value images, const ResNetConfig& c) {
   const Value pooled = nn::global_avgpool(b, "avgpool", x);
   // The classifier in fp8 too where the same rule lets it (ImageNet's 1000 classes are not a
   // multiple of 16, so a ResNet's stays 16-bit; a head of 16k classes would not).
-  const Tensor p = b.desc(pooled);
-  const bool fp8_fc =
-      b.options().precision == Precision::fp8 &&
-      nn::fp8_linear_refusal(p, Tensor::describe(p.dtype, Shape{c.num_classes, p.shape[1]}),
-                             Tensor::describe(p.dtype, Shape{p.shape[0], c.num_classes}))
-          .empty();
+  const bool fp8_fc = b.options().precision == Precision::fp8 && fp8_linear_eligible(b.desc(pooled), c.num_classes);
   return nn::linear(b, "fc", pooled, c.num_classes, true, fp8_fc);
 }
 

@@ -9,6 +9,10 @@
 
 #include "nn/graph.h"
 
+namespace ab::nn {
+struct Conv2dAttrs;
+}
+
 namespace ab::models {
 
 struct ResNetConfig {
@@ -61,6 +65,14 @@ ResNetConfig tiny_resnet(std::int64_t in_channels, std::int64_t num_classes);
 // three stages of two bottlenecks (planes 16, 32, 64; outputs 64, 128, 256) at 28, 14 and 7 px,
 // 10 classes: about 0.22 M parameters, the small-image ResNet shape of He et al.'s CIFAR networks.
 ResNetConfig fashion_resnet();
+
+// Whether a graph of precision fp8 builds a layer on `x` to run e4m3: where no backend refuses it
+// by rule (nn::fp8_conv_refusal: groups 1, C and K multiples of 16, 16-bit x and y), which in a
+// ResNet leaves out the stem (3 input channels) and ResNeXt's grouped 3x3 convolutions. The
+// convolution's as conv_bias_act takes it; a linear layer's [N, in] -> [N, out_features] as the 1x1
+// convolution its fp8 path runs (fp8_linear_refusal). The ONNX importer asks the same.
+bool fp8_conv_eligible(const Tensor& x, const nn::Conv2dAttrs& a);
+bool fp8_linear_eligible(const Tensor& x, std::int64_t out_features);
 
 // Adds the network to `b` and returns the logits [N, num_classes]. Layer and parameter names
 // follow torchvision's state_dict ("layer1.0.conv2.weight"). Throws nn::LayerError for a

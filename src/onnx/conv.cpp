@@ -1,7 +1,9 @@
 // Conv chains as the ResNet builder builds them (models/resnet.cpp): unfolded conv2d, batchnorm2d,
 // add, relu; or folded (models::fold_batchnorm_parameters on the pair's values) into a bias_act
-// epilogue, or into the convolution itself (conv_bias_act). Names follow its rule: the convolution
+// epilogue, or into the convolution itself (conv_bias_act; in an fp8 graph e4m3 where the
+// builder's rule lets it, models::fp8_conv_eligible). Names follow its rule: the convolution
 // "<node>.conv", its batch norm "<node>.bn", so the fold pairs them as it pairs torchvision's.
+// A zero Pad before the convolution (groups.cpp) becomes part of the convolution's padding.
 #include <algorithm>
 
 #include "models/resnet.h"
@@ -21,7 +23,7 @@ std::pair<std::int64_t, std::int64_t> auto_pads(const std::string& mode, std::in
 }
 
 struct Chain {
-  const Node *conv = nullptr, *bn = nullptr, *add = nullptr, *relu = nullptr;
+  const Node *pad = nullptr, *conv = nullptr, *bn = nullptr, *add = nullptr, *relu = nullptr;
   std::size_t residual_input = 0;  // of the add
 };
 
@@ -29,6 +31,7 @@ Chain read_chain(const Ctx& c, const Group& g) {
   Chain ch;
   for (std::size_t j = 0; j < g.nodes.size(); ++j) {
     const Node& n = c.s.nodes[static_cast<std::size_t>(g.nodes[j])];
+    if (n.op == "Pad") ch.pad = &n;
     if (n.op == "Conv") ch.conv = &n;
     if (n.op == "BatchNormalization") ch.bn = &n;
     if (n.op == "Relu") ch.relu = &n;
@@ -76,12 +79,12 @@ void build_conv_chain(Ctx& c, const Group& g) {
   const Chain ch = read_chain(c, g);
   const Node& conv = *ch.conv;
   const HostTensor& w = c.constant(conv, 1);
-  const ConvGeometry geo = conv_geometry(c, conv, w);
+  const ConvGeometry geo = conv_geometry(c, conv, w, ch.pad);
   const std::string base = c.unique_name(conv.name);
   nn::ParameterValues values;
   std::vector<double> conv_bias;
   pair_values(c, ch, base, values, conv_bias);
-  nn::Value x = pad_for_conv(c, conv, c.value(conv, 0), geo);
+  nn::Value x = pad_for_conv(c, conv, c.value(ch.pad ? *ch.pad : conv, 0), geo);
   // A residual of another shape (broadcast) is not the epilogue's: the add and ReLU then map alone.
   nn::Value residual;
   const bool take_add =
@@ -103,11 +106,14 @@ void build_conv_chain(Ctx& c, const Group& g) {
         c.fold == Fold::fused ? ab::models::FoldedBias::on_convolution : ab::models::FoldedBias::on_batchnorm;
     if (ch.bn) values = ab::models::fold_batchnorm_parameters(std::move(values), on, epsilon);
     else values[base + (c.fold == Fold::fused ? ".conv.bias" : ".bn.bias")] = conv_bias;
+    const bool fp8 = c.fold == Fold::fused && c.b.options().precision == Precision::fp8 &&
+                     ab::models::fp8_conv_eligible(c.b.desc(x), geo.attrs);
+    c.fp8_layers += fp8;
     y = c.fold == Fold::fused
-            ? nn::conv_bias_activation(c.b, base + ".conv", x, geo.attrs, residual, relu)
+            ? nn::conv_bias_activation(c.b, base + ".conv", x, geo.attrs, residual, relu, fp8)
             : nn::bias_activation(c.b, base + ".bn", nn::conv2d(c.b, base + ".conv", x, geo.attrs), residual, relu);
     last = relu ? ch.relu : take_add ? ch.add : last;
-    std::string kind = "Conv";
+    std::string kind = ch.pad ? "Pad+Conv" : "Conv";
     if (ch.bn) kind += "+BatchNormalization";
     if (take_add) kind += "+Add";
     if (relu) kind += "+Relu";
@@ -132,8 +138,8 @@ void build_gelu(Ctx& c, const Group& g) {
 
 }  // namespace
 
-ConvGeometry conv_geometry(const Ctx& c, const Node& n, const HostTensor& weight) {
-  const std::vector<std::int64_t> x = c.shape(n, 0);
+ConvGeometry conv_geometry(const Ctx& c, const Node& n, const HostTensor& weight, const Node* pad) {
+  const std::vector<std::int64_t> x = c.shape(pad ? *pad : n, 0);
   if (weight.dims.size() != 4 || x.size() != 4)
     c.refuse(n, "only 2-D convolutions (NCHW input, 4-D weight) are mapped");
   const std::int64_t groups = attr_int(n, "group", 1);
@@ -166,6 +172,13 @@ ConvGeometry conv_geometry(const Ctx& c, const Node& n, const HostTensor& weight
     const auto [t, b] = auto_pads(mode, x[2], a.kernel_h, strides[0], dilations[0]);
     const auto [l, r] = auto_pads(mode, x[3], a.kernel_w, strides[1], dilations[1]);
     pads = {t, l, b, r};
+  }
+  if (pad != nullptr) {  // [N, C, H, W] begins then ends; plan_groups took only zero N and C pads
+    const HostTensor& p = c.constant(*pad, 1);
+    for (std::size_t i = 0; i < 2; ++i) {
+      pads[i] += p.int_value(2 + i);
+      pads[2 + i] += p.int_value(6 + i);
+    }
   }
   a.conv.stride_h = strides[0], a.conv.stride_w = strides[1];
   a.conv.dilation_h = dilations[0], a.conv.dilation_w = dilations[1];

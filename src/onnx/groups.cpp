@@ -42,9 +42,44 @@ int other_input(const Node& n, const std::string& tensor) {
   return n.inputs[0] == tensor ? 1 : n.inputs[1] == tensor ? 0 : -1;
 }
 
+// The Pad before `conv` where the convolution's padding can take it: constant mode, value 0 (or
+// none), constant pads of H and W only (none of N or C, none negative), no axes input, read by the
+// convolution alone, and a convolution without auto_pad SAME_* (whose padding depends on the size
+// it sees). -1 where there is none; any other Pad stays a pad op.
+int mergeable_pad(const Model::State& s, const std::map<std::string, std::vector<int>>& uses, int conv,
+                  const std::vector<bool>& claimed) {
+  const Node& c = s.nodes[static_cast<std::size_t>(conv)];
+  const std::string auto_pad = attr_string(c, "auto_pad", "NOTSET");
+  if (c.inputs.empty() || (auto_pad != "NOTSET" && auto_pad != "VALID") || sole_consumer(uses, c.inputs[0]) != conv)
+    return -1;
+  int pad = -1;
+  for (int i = conv - 1; i >= 0 && pad < 0; --i)
+    if (s.nodes[static_cast<std::size_t>(i)].outputs.size() == 1 &&
+        s.nodes[static_cast<std::size_t>(i)].outputs[0] == c.inputs[0])
+      pad = i;
+  if (pad < 0 || claimed[static_cast<std::size_t>(pad)]) return -1;
+  const Node& p = s.nodes[static_cast<std::size_t>(pad)];
+  if (p.op != "Pad" || p.inputs.size() < 2 || attr_string(p, "mode", "constant") != "constant" ||
+      s.constants.contains(p.inputs[0]) || (p.inputs.size() > 3 && !p.inputs[3].empty()))
+    return -1;
+  const auto pads = s.constants.find(p.inputs[1]);
+  if (pads == s.constants.end() || !pads->second.integer || pads->second.ints.size() != 8) return -1;
+  const std::vector<std::int64_t>& v = pads->second.ints;
+  for (std::size_t i = 0; i < 8; ++i) {
+    const bool spatial = i % 4 >= 2;
+    if (v[i] < 0 || v[i] > 4096 || (!spatial && v[i] != 0)) return -1;
+  }
+  if (p.inputs.size() > 2 && !p.inputs[2].empty()) {
+    const auto value = s.constants.find(p.inputs[2]);
+    if (value == s.constants.end() || value->second.numel() != 1 || value->second.value(0) != 0.0) return -1;
+  }
+  return pad;
+}
+
 std::vector<int> conv_chain(const Model::State& s, const std::map<std::string, std::vector<int>>& uses, int conv,
                             std::vector<bool>& claimed) {
   std::vector<int> chain{conv};
+  if (const int pad = mergeable_pad(s, uses, conv, claimed); pad >= 0) chain.insert(chain.begin(), pad);
   const auto next = [&](const std::string& op) {
     const int k = sole_consumer(uses, s.nodes[static_cast<std::size_t>(chain.back())].outputs.at(0));
     return k >= 0 && !claimed[static_cast<std::size_t>(k)] && s.nodes[static_cast<std::size_t>(k)].op == op ? k : -1;

@@ -1,6 +1,7 @@
 // Chains of nodes built as one unit: a convolution with the batch norm, residual add and ReLU after
 // it (the ResNet builder's conv / bn / relu ops, so the batch-norm folding and the fused epilogue
-// apply), and PyTorch's erf GELU (x * 0.5 * (1 + erf(x / sqrt 2))) as one gelu_erf op.
+// apply) and a zero Pad before it (merged into its padding), and PyTorch's erf GELU
+// (x * 0.5 * (1 + erf(x / sqrt 2))) as one gelu_erf op.
 #pragma once
 
 #include <vector>
@@ -31,12 +32,13 @@ void build_group(Ctx& c, const Group& g);
 void map_linear_group(Ctx& c, const Node& matmul, const Node& add);
 
 // Conv's attributes in the engine's terms, and the extra padding on each side of H and W that a
-// symmetric convolution padding cannot express (then an nn::pad goes first).
+// symmetric convolution padding cannot express (then an nn::pad goes first). With `pad` (a zero
+// Pad of H and W that plan_groups merged), its pads are added to the convolution's and x is its input.
 struct ConvGeometry {
   nn::Conv2dAttrs attrs;
   std::int64_t extra_top = 0, extra_left = 0, extra_bottom = 0, extra_right = 0;
 };
-ConvGeometry conv_geometry(const Ctx& c, const Node& n, const HostTensor& weight);
+ConvGeometry conv_geometry(const Ctx& c, const Node& n, const HostTensor& weight, const Node* pad = nullptr);
 // x padded by the extra of `g` (an nn::pad) where there is any.
 nn::Value pad_for_conv(Ctx& c, const Node& n, nn::Value x, const ConvGeometry& g);
 

@@ -167,6 +167,11 @@ void map_node(Ctx& c, const Node& n) {
 Imported import(nn::GraphBuilder& b, const Model& m, const ImportOptions& options) {
   const Model::State& s = m.state();
   if (!s.unsupported.empty()) throw UsageError(s.facts.file_name + ": unsupported ops (see accelbench inspect)");
+  // As models::resnet: only conv_bias_act runs e4m3, and an unfused graph would run none.
+  if (b.options().precision == Precision::fp8 && options.fold != Fold::fused)
+    throw UsageError(s.facts.file_name +
+                     ": precision fp8 runs the convolutions with their folded epilogue inside (fold=fused); "
+                     "an unfused graph would run no layer in fp8");
   Ctx c{b, s, options.fold, options.batch, {}, {}, {}, {}, {}};
   for (const auto& [name, t] : s.constants) c.set_constant(name, t);
   bind_inputs(c, s, options.batch);
@@ -202,6 +207,10 @@ Imported import(nn::GraphBuilder& b, const Model& m, const ImportOptions& option
   if (c.is_constant(s.facts.output_name)) throw UsageError("output '" + s.facts.output_name + "' is a constant");
   out.output = c.value(last, 0);
   b.mark_output(out.output);
+  if (b.options().precision == Precision::fp8 && c.fp8_layers == 0)
+    throw UsageError(s.facts.file_name +
+                     ": precision fp8 finds no layer to run e4m3 (a convolution or linear layer with groups 1 and "
+                     "input and output channels multiples of 16); it would run fp16 under an fp8 label");
   out.parameters = std::move(c.params);
   out.fused = std::move(c.fused);
   return out;

@@ -142,6 +142,7 @@ struct Ctx {
   nn::ParameterValues params;
   std::vector<std::string> fused;
   std::map<std::string, int> names_used;
+  int fp8_layers = 0;  // convolutions and linear layers built to run e4m3 (an fp8 graph)
 
   const Slot& slot(const std::string& tensor, const Node& n) const;
   bool is_constant(const std::string& tensor) const;

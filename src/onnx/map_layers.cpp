@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "models/resnet.h"
 #include "nn/ops.h"
 #include "onnx/groups.h"
 
@@ -148,7 +149,11 @@ void add_linear(Ctx& c, const Node& n, const std::vector<double>& weight_nk, std
   std::int64_t rows = 1;
   for (std::size_t k = 0; k + 1 < x.size(); ++k) rows *= x[k];
   const std::string name = c.unique_name(n.name);
-  const nn::Value y = nn::linear(c.b, name, c.value_as(n, 0, {rows, x.back()}), out, bias != nullptr);
+  const nn::Value in = c.value_as(n, 0, {rows, x.back()});
+  // In an fp8 graph e4m3 where the ResNet builder's classifier would be (its rule, the same kernels).
+  const bool fp8 = c.b.options().precision == Precision::fp8 && ab::models::fp8_linear_eligible(c.b.desc(in), out);
+  c.fp8_layers += fp8;
+  const nn::Value y = nn::linear(c.b, name, in, out, bias != nullptr, fp8);
   c.params[name + ".weight"] = weight_nk;
   if (bias != nullptr) c.params[name + ".bias"] = *bias;
   std::vector<std::int64_t> dims(x.begin(), x.end() - 1);

@@ -88,7 +88,10 @@ struct Imported {
   std::vector<std::string> fused;  // one line per fused chain: "Conv+BatchNormalization+Relu: <node>"
 };
 // Adds the model to `b`. UsageError for what only the bound batch shows (a shape that does not fit,
-// a dynamic shape the folding cannot make static), naming the node.
+// a dynamic shape the folding cannot make static), naming the node. In a graph of precision fp8
+// (fold must be fused) each conv_bias_act and linear layer the ResNet builder's rule lets run
+// e4m3 (models::fp8_conv_eligible, fp8_linear_eligible) is built to, everything else in fp16;
+// UsageError where no layer is.
 Imported import(nn::GraphBuilder& b, const Model& m, const ImportOptions& options);
 
 // What `accelbench inspect` prints: facts, the engine graph at batch 1 (parameters, FLOPs per

@@ -93,8 +93,6 @@ nlohmann::json record_block(const onnx::ModelFacts& f, const std::vector<std::st
 
 ZooModel build_onnx_model(nn::GraphBuilder& b, const ModelSpec& s) {
   if (s.training) throw UsageError("ONNX models run inference only (infer, loadgen's model SUT), not training");
-  if (s.precision == Precision::fp8)
-    throw UsageError("precision fp8 is not offered for ONNX models; fp32, tf32, bf16 or fp16");
   if (s.dropout != 0.0) throw UsageError("dropout applies to the zoo's language models, not an ONNX model");
   const auto model = load(s.model);
   onnx::Imported imported = onnx::import(b, *model, {s.batch, fold_of(s)});
