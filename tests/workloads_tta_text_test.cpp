@@ -2,7 +2,8 @@
 // sentences of a small grammar written here (fresh random every run) reaches a reachable
 // validation loss with a falling curve and its MLPerf log matching the record; a target out of
 // reach ends not_converged with every evaluation kept; empty, too short and unfit files are
-// refused with clear messages; one seed gives the same losses, and seeds the olympic mean.
+// refused with clear messages; one seed gives the same losses, and seeds the olympic mean. On a
+// GPU, the same target in each training precision.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +15,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "data/data.h"
 #include "test_support.h"
@@ -213,6 +216,28 @@ TEST(TimeToTrainText, ASeedGivesTheSameLossesAndSeedsTheOlympicMean) {
   ASSERT_EQ(again.size(), 1U);
   ASSERT_EQ(again[0]["status"], "ok") << again[0].dump(2);
   EXPECT_EQ(curve_losses(again[0]), curve_losses(records[1]));
+}
+
+// The same on the CUDA engine in each training precision, the step captured and replayed (each
+// change of the rate recaptures it; AdamW's step count lives on the device across captures).
+TEST(TimeToTrainTextGpu, ReachesTheLossInEachPrecision) {
+  try {
+    backend::make_backend("cuda:0");
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no CUDA device: " << e.what();
+  }
+  test::TempDir tmp;
+  const fs::path file = write_text(tmp.path() / "grammar.txt", grammar_text(test::seed(), 320));
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    std::vector<std::string> args = text_recipe(file, "1.2");
+    args.push_back(std::string("precision=") + precision);
+    const json r = run_points("train", args, tmp.path() / "run", "cuda:0")[0];
+    ASSERT_EQ(r["status"], "ok") << r.dump(2);
+    const std::vector<double> loss = curve_losses(r);
+    ASSERT_FALSE(loss.empty());
+    EXPECT_LE(loss.back(), 1.2);
+  }
 }
 
 }  // namespace

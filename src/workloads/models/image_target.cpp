@@ -59,7 +59,7 @@ class ImageTask final : public TargetTask {
       throw UsageError("time to train on an image set needs an image classifier of at least " +
                        std::to_string(train.classes) + " classes; '" + m.spec.model + "' is not one");
     check_dataset_fits(train, model_.in_channels, m.spec.layout, m.spec.model);
-    const double peak = o_.lr > 0 ? o_.lr : recipe_peak_lr(m.spec.batch);
+    const double peak = o_.lr > 0 ? o_.lr : recipe_peak_lr(m.spec.batch * p.ranks());  // of the global batch
     m.bind(state, std::move(builder), std::make_unique<nn::Sgd>(peak, kMomentum, o_.weight_decay));
     m.loss = model_.loss;
     m.inputs = {model_.images, model_.labels};
@@ -70,11 +70,13 @@ class ImageTask final : public TargetTask {
     config.batch = m.spec.batch;
     config.threads = data_threads(o_);
     config.seed = p.seed;
+    config.rank = p.rank();
+    config.ranks = p.ranks();
     config.augment = train_augment(train, model_.in_channels, input, o_.pad, o_.flip == "on");
     pipeline_ = std::make_unique<data::HostPipeline>(data::raw_source(std::move(train)), config, nullptr);
     if (pipeline_->batches_per_epoch() < 1)
       throw UsageError(p.dataset + ": " + std::to_string(train_samples_) + " training images make no batch of " +
-                       std::to_string(m.spec.batch));
+                       std::to_string(m.spec.batch) + " on each of " + std::to_string(p.ranks()) + " ranks");
     const double fwd = static_cast<double>(m.graph->forward_flops()),
                  bwd = static_cast<double>(m.graph->backward_flops());
     state.set_counts({1.0, (fwd + bwd) / static_cast<double>(m.spec.batch), 0.0, "FLOP"});  // per training sample

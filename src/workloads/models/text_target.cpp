@@ -42,8 +42,9 @@ std::string count(std::size_t n, const char* what) { return std::to_string(n) + 
 
 class TextTask final : public TargetTask {
  public:
-  TextTask(double target_loss, std::vector<std::uint16_t> train, std::int64_t seq, std::uint64_t seed)
-      : quality_{"loss", false, target_loss}, train_(std::move(train), seq, seed, 0, 1) {}
+  TextTask(double target_loss, std::vector<std::uint16_t> train, std::int64_t seq, std::uint64_t seed, int rank,
+           int ranks)
+      : quality_{"loss", false, target_loss}, train_(std::move(train), seq, seed, rank, ranks) {}
   const Quality& quality() const override { return quality_; }
   std::int64_t steps_per_epoch() const override { return train_.batches_per_epoch(batch_); }
   std::int64_t train_samples() const override { return train_.windows(); }
@@ -149,10 +150,12 @@ void check_lengths(const TargetPoint& p, const TokenSplits& splits) {
     throw UsageError(p.dataset + ": its held-out tail (the last " + std::to_string(std::llround(kHeldOutShare * 100)) +
                      "%, " + count(splits.held_out.size(), "tokens") + ") holds no window" + need +
                      "; a longer file or a shorter seq");
-  if (windows(splits.train.size()) < batch)
+  if (windows(splits.train.size()) < batch * p.ranks())
     throw UsageError(p.dataset + ": its " + count(splits.train.size(), "training tokens") + " make " +
                      std::to_string(windows(splits.train.size())) + " windows" + need + ", less than one batch of " +
-                     std::to_string(batch) + "; a longer file, a shorter seq or a smaller batch");
+                     std::to_string(batch) +
+                     (p.ranks() > 1 ? " on each of " + std::to_string(p.ranks()) + " ranks" : "") +
+                     "; a longer file, a shorter seq or a smaller batch");
 }
 
 }  // namespace
@@ -162,7 +165,7 @@ std::unique_ptr<TargetTask> make_text_task(State& state, const TargetPoint& p, c
   const ab::models::GptConfig c = text_model(p, splits);
   ab::models::check_gpt(c, p.spec.batch, p.spec.seq);
   check_lengths(p, splits);
-  auto task = std::make_unique<TextTask>(p.target_loss, splits.train, p.spec.seq, p.seed);
+  auto task = std::make_unique<TextTask>(p.target_loss, splits.train, p.spec.seq, p.seed, p.rank(), p.ranks());
   task->init(state, p, o, splits, m, c);
   return task;
 }

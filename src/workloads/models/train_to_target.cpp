@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
+#include "dist/data_parallel/data_parallel.h"
+#include "harness/ranks.h"
 #include "measure/timer.h"
 #include "nn/cuda/device_kernels.h"
 #include "nn/optim.h"
@@ -34,8 +37,16 @@ struct Outcome {
   std::string reason;
 };
 
+// Severities of the outcomes ranks agree on; the gravest of any rank's wins.
+const std::vector<std::string>& outcome_order() {
+  static const std::vector<std::string> order{"converged", "not_converged", "interrupted", "diverged"};
+  return order;
+}
+
 struct Run {
   TargetModel m;
+  dist::Comm* comm = nullptr;  // null: one process
+  std::unique_ptr<dist::DataParallel> dp;
   std::unique_ptr<TargetTask> task;
   std::unique_ptr<nn::Replayable> captured;
   double captured_lr = -1;
@@ -63,6 +74,27 @@ struct Run {
     captured->replay();
   }
   const Quality& quality() const { return task->quality(); }
+  int ranks() const { return comm != nullptr ? comm->size() : 1; }
+  // Every rank's decision at a check point, the same on all (a rank that left the loop alone would
+  // leave the others waiting in an all-reduce): the gravest of them, "converged" to go on.
+  Outcome agree(const Outcome& mine) const {
+    if (ranks() == 1) return mine;
+    const auto& order = outcome_order();
+    const auto code = static_cast<double>(std::find(order.begin(), order.end(), mine.status) - order.begin());
+    const auto all = static_cast<std::size_t>(dist::max_over_ranks(*comm, code));
+    if (static_cast<double>(all) == code) return mine;
+    return {order[all], order[all] + " on another rank"};
+  }
+  // Rank 0's figure on every rank (evaluations: each rank evaluates the whole held-out split on the
+  // same parameters; rank 0's result decides).
+  double from_rank0(double value) const {
+    if (ranks() == 1) return value;
+    dist::Bytes bytes(sizeof value);
+    std::memcpy(bytes.data(), &value, sizeof value);
+    comm->broadcast(bytes, 0);
+    std::memcpy(&value, bytes.data(), sizeof value);
+    return value;
+  }
   double best() const {
     double b = curve.front().quality;
     for (const Evaluation& e : curve) b = quality().better(b, e.quality);
@@ -78,7 +110,7 @@ void log_hyperparameters(const TargetPoint& p, const TrainOptions& o, Run& r, co
   log.event("submission_status", "research");
   log.event("submission_platform", platform);
   log.event("seed", p.seed);
-  log.event("global_batch_size", r.m.spec.batch);
+  log.event("global_batch_size", r.m.spec.batch * r.ranks());
   log.event("train_samples", r.task->train_samples());
   log.event("eval_samples", r.task->eval_samples());
   r.task->log_optimizer(log);
@@ -91,7 +123,18 @@ void log_hyperparameters(const TargetPoint& p, const TrainOptions& o, Run& r, co
             q.higher_is_better ? nlohmann::json::object() : nlohmann::json{{"metric", q.name}});
 }
 
-// One epoch of steps; false when the run must stop inside it (outcome says why).
+// Where the run must stop after a step: Ctrl-C or the time limit, or "converged" to go on.
+Outcome limits(const State& state, const TrainOptions& o, const Run& r, std::int64_t epoch) {
+  const auto* cancel = state.cancel_flag();
+  if (cancel != nullptr && cancel->load()) return {"interrupted", "interrupted in epoch " + std::to_string(epoch)};
+  if (measure::monotonic_seconds() - r.run_start_s > o.time_limit_s)
+    return {"not_converged",
+            "time_limit_s (" + number(o.time_limit_s) + " s) passed in epoch " + std::to_string(epoch)};
+  return {};
+}
+
+// One epoch of steps; false when the run must stop inside it (outcome says why). In one process
+// the limits are checked after every step; data parallel, all ranks decide together at the loss reads.
 bool train_epoch(State& state, const TargetPoint& p, const TrainOptions& o, Run& r, std::int64_t epoch, double peak,
                  double& loss_out, Outcome& outcome) {
   const std::int64_t per_epoch = r.task->steps_per_epoch();
@@ -101,28 +144,29 @@ bool train_epoch(State& state, const TargetPoint& p, const TrainOptions& o, Run&
     r.task->upload_next_batch(*r.m.graph);
     r.step(scheduled_lr(peak, r.steps, per_epoch, o), p.use_graph);
     ++r.steps;
-    if (i % kLossEvery == kLossEvery - 1 || i == per_epoch - 1) {
+    const bool read = i % kLossEvery == kLossEvery - 1 || i == per_epoch - 1;
+    if (!read && r.ranks() > 1) continue;
+    Outcome now;
+    if (read) {
       const double loss = r.m.graph->read(r.m.loss)[0];
-      if (!std::isfinite(loss)) {
-        outcome = {"diverged", "training loss is " + std::to_string(loss) + " at step " + std::to_string(r.steps) +
-                                   " (epoch " + std::to_string(epoch) + ")"};
-        return false;
+      if (std::isfinite(loss)) {
+        loss_sum += loss;
+        ++loss_reads;
+      } else {
+        now = {"diverged", "training loss is " + std::to_string(loss) + " at step " + std::to_string(r.steps) +
+                               " (epoch " + std::to_string(epoch) + ")"};
       }
-      loss_sum += loss;
-      ++loss_reads;
     }
-    const auto* cancel = state.cancel_flag();
-    if (cancel != nullptr && cancel->load()) {
-      outcome = {"interrupted", "interrupted in epoch " + std::to_string(epoch)};
-      return false;
-    }
-    if (measure::monotonic_seconds() - r.run_start_s > o.time_limit_s) {
-      outcome = {"not_converged",
-                 "time_limit_s (" + number(o.time_limit_s) + " s) passed in epoch " + std::to_string(epoch)};
+    if (now.status == "converged") now = limits(state, o, r, epoch);
+    now = r.agree(now);
+    if (now.status != "converged") {
+      outcome = now;
       return false;
     }
   }
+  // The epoch's train loss: each rank's is over its shard, their mean the global batch's.
   loss_out = loss_sum / static_cast<double>(std::max<std::int64_t>(loss_reads, 1));
+  if (r.ranks() > 1) loss_out = dist::mean_over_training_ranks(*r.comm, r.ranks(), {loss_out})[0];
   return true;
 }
 
@@ -139,7 +183,7 @@ Outcome train_epochs(State& state, const TargetPoint& p, const TrainOptions& o, 
     r.log.end("epoch_stop", nullptr, {{"epoch_num", epoch}});
     if (!whole) return outcome;
     r.log.start("eval_start", nullptr, {{"epoch_num", epoch}});
-    const double value = r.task->evaluate(*r.m.graph);
+    const double value = r.from_rank0(r.task->evaluate(*r.m.graph));
     r.log.end("eval_stop", nullptr, {{"epoch_num", epoch}});
     nlohmann::json meta = {{"epoch_num", epoch}};
     meta.update(metric);
@@ -149,9 +193,11 @@ Outcome train_epochs(State& state, const TargetPoint& p, const TrainOptions& o, 
       return {"diverged",
               "evaluation " + q.name + " is " + std::to_string(value) + " after epoch " + std::to_string(epoch)};
     if (q.reached(value)) return outcome;
-    if (measure::monotonic_seconds() - r.run_start_s > o.time_limit_s)
-      return {"not_converged",
-              "time_limit_s (" + number(o.time_limit_s) + " s) passed after epoch " + std::to_string(epoch)};
+    const bool late = measure::monotonic_seconds() - r.run_start_s > o.time_limit_s;
+    const Outcome after = r.agree(late ? Outcome{"not_converged", "time_limit_s (" + number(o.time_limit_s) +
+                                                                      " s) passed after epoch " + std::to_string(epoch)}
+                                       : Outcome{});
+    if (after.status != "converged") return after;
   }
   return {"not_converged", "max_epochs (" + std::to_string(o.max_epochs) + ") reached"};
 }
@@ -186,7 +232,7 @@ void record(State& state, const TargetPoint& p, const Run& r, const Outcome& out
   ScenarioReport window;
   window.window_start_s = r.run_start_s;
   window.window_end_s = run_stop_s;
-  window.samples = static_cast<double>(r.steps * r.m.spec.batch);
+  window.samples = static_cast<double>(r.steps * r.m.spec.batch * r.ranks());
   window.samples_per_s = run_stop_s > r.run_start_s ? window.samples / (run_stop_s - r.run_start_s) : 0.0;
   window.interrupted = outcome.status == "interrupted";
   state.set_scenario_result(window);
@@ -217,6 +263,44 @@ double scheduled_lr(double peak, std::int64_t step, std::int64_t steps_per_epoch
   return peak * (kFinalLrFraction + (1 - kFinalLrFraction) * 0.5 * (1 + std::cos(std::numbers::pi * t)));
 }
 
+namespace {
+
+// A launch of exactly gpus processes; host averaging (the CPU's) only with eager steps.
+void check_launch(State& state, const TargetPoint& p) {
+  const int world = p.comm != nullptr ? p.comm->size() : 1;
+  if (world != p.gpus)
+    state.skip("time to train with gpus=" + std::to_string(p.gpus) + " runs in a launch of exactly " +
+               std::to_string(p.gpus) + " processes, one per GPU (mpirun -np " + std::to_string(p.gpus) +
+               "); this launch has " + std::to_string(world));
+  if (p.gpus > 1 && p.use_graph && state.backend().info().kind != "cuda")
+    state.skip("data parallelism on " + state.backend().info().id +
+               " averages through the host, which a captured step cannot hold: use graph=off");
+}
+
+// Data, model and (data parallel) the gradient averaging, every rank sharing the first failure.
+void init_on_all_ranks(State& state, const TargetPoint& p, const TrainOptions& o, bool text, Run& r) {
+  const auto init = [&] { r.task = text ? make_text_task(state, p, o, r.m) : make_image_task(state, p, o, r.m); };
+  if (r.comm == nullptr) return init();
+  harness::on_all_ranks(*r.comm, init);
+  const auto bucket_bytes = std::max<std::int64_t>(1, std::llround(p.bucket_mib * 1024 * 1024));
+  dist::DataParallelConfig config;
+  config.gpus = r.ranks();
+  config.bucket_bytes = bucket_bytes;
+  harness::on_all_ranks(*r.comm, [&] {
+    r.dp = std::make_unique<dist::DataParallel>(state.backend(), *r.comm, config);
+    r.dp->attach(*r.m.graph, *r.m.kernels);
+  });
+  state.add_metric("data_parallel", {{"gpus", r.ranks()},
+                                     {"batch_per_gpu", r.m.spec.batch},
+                                     {"global_batch", r.m.spec.batch * r.ranks()},
+                                     {"bucket_bytes", bucket_bytes},
+                                     {"buckets", r.dp->bucket_count()},
+                                     {"averaging", r.dp->describe()},
+                                     {"evaluation", "every rank evaluates the whole split; rank 0's result decides"}});
+}
+
+}  // namespace
+
 double Quality::better(double a, double b) const { return higher_is_better ? std::max(a, b) : std::min(a, b); }
 
 void TargetModel::bind(State& state, nn::GraphBuilder builder, std::unique_ptr<nn::Optimizer> optimizer) {
@@ -234,11 +318,13 @@ void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) 
   if (text && (!(p.target_loss > 0) || !std::isfinite(p.target_loss)))
     throw UsageError("target_loss must be a finite loss > 0 (nats per token) with a text dataset (got " +
                      number(p.target_loss) + ")");
+  check_launch(state, p);
   Run r;
-  if (!state.artifact_dir().empty()) r.log = MlLog(state.artifact_dir() / "mllog.txt");
+  r.comm = p.ranks() > 1 ? p.comm : nullptr;
+  if (!state.artifact_dir().empty() && p.rank() == 0) r.log = MlLog(state.artifact_dir() / "mllog.txt");
   r.init_start_s = measure::monotonic_seconds();
   r.log.start("init_start");
-  r.task = text ? make_text_task(state, p, o, r.m) : make_image_task(state, p, o, r.m);
+  init_on_all_ranks(state, p, o, text, r);
   log_hyperparameters(p, o, r, state.backend().info().name);
   if (p.use_graph) blank_step(r.m);
   r.m.kernels->synchronize();
@@ -258,7 +344,8 @@ void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o) 
   const double run_stop_s = measure::monotonic_seconds();
   r.log.end("run_stop", nullptr, {{"status", outcome.status == "converged" ? "success" : "aborted"}});
   record(state, p, r, outcome, run_stop_s);
-  if (!o.save_weights.empty()) save_weights(o.save_weights, {r.m.spec.model, r.m.graph->parameter_values()});
+  if (!o.save_weights.empty() && p.rank() == 0)
+    save_weights(o.save_weights, {r.m.spec.model, r.m.graph->parameter_values()});
   if (outcome.status == "diverged") throw Diverged{outcome.reason};
   if (outcome.status == "not_converged") {
     const Quality& q = r.quality();

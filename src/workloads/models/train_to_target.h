@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dist/comm.h"
 #include "workloads/models/models.h"
 #include "workloads/models/train_options.h"
 
@@ -22,8 +23,17 @@ struct TargetPoint {
   double target_loss = 0;      // text and token files: mean validation cross-entropy, nats per token
   std::uint64_t seed = 1;  // parameter initialisation, sample order and augmentation
   bool use_graph = true;
+  // Data parallelism: gpus ranks of `comm` (one process per GPU, under a launcher, exactly gpus
+  // of them), each training its shard of every epoch, the gradients averaged through
+  // dist::DataParallel in buckets of bucket_mib; the batch is per GPU. Null comm: one process.
+  std::int64_t gpus = 1;
+  dist::Comm* comm = nullptr;
+  double bucket_mib = 25;
+  int rank() const { return comm != nullptr && gpus > 1 ? comm->rank() : 0; }
+  int ranks() const { return comm != nullptr && gpus > 1 ? comm->size() : 1; }
 };
-// Status ok with metrics.time_to_train; NotConverged (not_converged, with the best evaluation) when
+// Skipped (saying why) for a launch that is not gpus processes, or host averaging (the CPU) with
+// a captured step. Status ok with metrics.time_to_train; NotConverged (not_converged, with the best evaluation) when
 // max_epochs or time_limit_s ends the run first, Diverged for a non-finite training loss, the
 // scenario result interrupted on Ctrl-C; every evaluation made is in the record and the log in each case.
 void train_to_target(State& state, const TargetPoint& p, const TrainOptions& o);
