@@ -24,6 +24,9 @@ the evaluation that reaches the target (MLPerf's run_start to run_stop).
 The IDX files are read with numpy from ACCELBENCH_FASHION_MNIST or /usr/share/datasets/fashion-mnist
 (torchvision is not needed).
   usage: compare_tta.py --accelbench build/cuda/src/cli/accelbench --out DIR [--seeds 1,2,3] [--target 0.92]
+
+--part gpt (compare_tta_gpt.py) does the same for a GPT on a text file to a target validation loss:
+  compare_tta.py --part gpt --accelbench ... --out DIR [--model tiny_gpt2] [--target-loss 2.0] [--text FILE]
 """
 import argparse
 import gzip
@@ -37,6 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import compare_tta_gpt
 from compare_common import accelbench
 
 MEAN, STD = 0.2860, 0.3530
@@ -223,20 +227,30 @@ def fmt(v, spec):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--part", choices=("image", "gpt"), default="image",
+                    help="image: fashion_resnet on Fashion-MNIST; gpt: a GPT on a text file (compare_tta_gpt.py)")
     ap.add_argument("--accelbench", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", default="1", help="comma-separated seeds, e.g. 1,2,3")
     ap.add_argument("--target", type=float, default=0.92)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=None, help="default: 256 (image), 64 (gpt)")
     ap.add_argument("--max-epochs", type=int, default=30)
-    ap.add_argument("--lr", type=float, default=0.0, help="peak rate; 0 = 0.2 x batch / 256")
-    ap.add_argument("--warmup-epochs", type=float, default=1.0)
-    ap.add_argument("--schedule-epochs", type=float, default=10.0)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="peak rate; image default 0 = 0.2 x batch / 256; gpt default 1e-3")
+    ap.add_argument("--warmup-epochs", type=float, default=None, help="default: 1 (image), 0.2 (gpt)")
+    ap.add_argument("--schedule-epochs", type=float, default=None, help="default: 10 (image), 5 (gpt)")
     ap.add_argument("--lr-updates-per-epoch", type=int, default=10)
     ap.add_argument("--weight-decay", type=float, default=5e-4)
     ap.add_argument("--pad", type=int, default=2)
+    compare_tta_gpt.add_arguments(ap)
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",") if s]
+    if a.part == "gpt":
+        return compare_tta_gpt.run(a, seeds)
+    a.batch = 256 if a.batch is None else a.batch
+    a.lr = 0.0 if a.lr is None else a.lr
+    a.warmup_epochs = 1.0 if a.warmup_epochs is None else a.warmup_epochs
+    a.schedule_epochs = 10.0 if a.schedule_epochs is None else a.schedule_epochs
     print(f"time to train fashion_resnet on Fashion-MNIST to {a.target:.2%} top-1, batch {a.batch}, bf16", flush=True)
     try:
         ab = accelbench_time_to_train(a, seeds)

@@ -25,6 +25,7 @@
 #include "backend/collective_traits.h"
 #include "backend/collectives.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "dist/collective_math.h"
 #include "dist/comm.h"
 #include "dist/data_parallel/data_parallel.h"
@@ -1384,6 +1385,73 @@ TEST(CollectivesGpu, WorkloadInGraphMode) {
   EXPECT_EQ(records[0]["metrics"]["graph_collectives"], 20);
   EXPECT_EQ(records[0]["counts"]["samples"], 20);
   EXPECT_GT(records[0]["metrics"]["algbw_gbps"].get<double>(), 0.0);
+}
+
+// Time to train data parallel: each rank trains its shard of every epoch (so an epoch is half the
+// steps of one rank's), the gradients averaged; rank 0 alone writes the record and the MLPerf log.
+// An image classifier to its accuracy, and a GPT on a text file ending not_converged on both
+// ranks together (neither waits for the other in an all-reduce); a captured step on host
+// averaging is skipped.
+TEST(DataParallel, TimeToTrainUnderMpirunShardsEachEpoch) {
+  SKIP_WITHOUT_MPI();
+  test::TempDir tmp;
+  // 512 training and 96 test images of 8x8, each class its own brightness (plus noise).
+  for (const auto& [stem, n] : {std::pair<std::string, std::uint32_t>{"train", 512}, {"t10k", 96}}) {
+    std::vector<std::uint8_t> pixels, labels;
+    const std::uint64_t seed = test::seed();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const auto label = static_cast<std::uint8_t>(mix64(seed, i) % 4);
+      labels.push_back(label);
+      for (std::uint64_t px = 0; px < 64; ++px)
+        pixels.push_back(static_cast<std::uint8_t>(40 + 50 * label + uniform(mix64(seed, i), px, -15, 15)));
+    }
+    test::write_bytes(tmp.path() / "data" / (stem + "-images-idx3-ubyte"), test::idx_file({n, 8, 8}, pixels));
+    test::write_bytes(tmp.path() / "data" / (stem + "-labels-idx1-ubyte"), test::idx_file({n}, labels));
+  }
+  const std::string common =
+      " run train --device cpu --axis gpus=2 --option warmup_epochs=0.5 --option "
+      "schedule_epochs=6 --option data_threads=1";
+  Ran r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) + common +
+                 " --axis model=tiny_resnet --axis layout=nhwc --axis batch=16 --axis dataset=idx:" +
+                 quote((tmp.path() / "data").string()) +
+                 " --axis target_accuracy=0.9 --axis graph=off,on --option lr=0.1 --option max_epochs=8 --out " +
+                 quote((tmp.path() / "image").string()));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto points = read_points(tmp.path() / "image");
+  ASSERT_EQ(points.size(), 2u);
+  const auto& image = points[0]["params"]["graph"] == "off" ? points[0] : points[1];
+  const auto& captured = points[0]["params"]["graph"] == "off" ? points[1] : points[0];
+  ASSERT_EQ(image["status"], "ok") << image.dump();
+  const auto& t = image["metrics"]["time_to_train"];
+  EXPECT_GT(t["time_to_train_s"].get<double>(), 0.0);
+  EXPECT_EQ(t["steps"].get<std::int64_t>(), t["epochs"].get<std::int64_t>() * (512 / 32));
+  EXPECT_EQ(image["metrics"]["data_parallel"]["global_batch"], 32);
+  EXPECT_EQ(image["metrics"]["data_parallel"]["averaging"], "host");
+  const auto artifacts = tmp.path() / "image" / "runs";
+  std::size_t logs = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(artifacts))
+    logs += e.path().filename() == "mllog.txt" ? 1 : 0;
+  EXPECT_EQ(logs, 1u);
+  EXPECT_EQ(captured["status"], "skipped");
+  EXPECT_NE(captured.value("reason", "").find("use graph=off"), std::string::npos) << captured.dump();
+
+  // 4000 bytes: 3600 train, 112 windows of 32 + 1, 56 a rank: 14 batches of 4 an epoch.
+  {
+    std::ofstream text(tmp.path() / "text.txt");
+    for (int i = 0; i < 4000; ++i) text << "abcd efgh. "[i % 11];
+  }
+  r = mpirun("-np 2 --oversubscribe " + quote(kAccelbench) + common +
+             " --axis model=tiny_gpt2 --axis batch=4 --axis seq=32 --axis graph=off --axis dataset=text:" +
+             quote((tmp.path() / "text.txt").string()) +
+             " --axis target_loss=0.0001 --option lr=0.003 --option max_epochs=1 --out " +
+             quote((tmp.path() / "text").string()));
+  points = read_points(tmp.path() / "text");
+  ASSERT_EQ(points.size(), 1u) << r.output;
+  ASSERT_EQ(points[0]["status"], "not_converged") << points[0].dump();
+  const auto& g = points[0]["metrics"]["time_to_train"];
+  EXPECT_EQ(g["steps"], 14);
+  EXPECT_EQ(g["curve"].size(), 1u);
+  EXPECT_EQ(points[0]["metrics"]["data_parallel"]["global_batch"], 8);
 }
 
 }  // namespace

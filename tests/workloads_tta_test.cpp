@@ -22,6 +22,7 @@
 #include "harness/runner.h"
 #include "results/derived.h"
 #include "test_support.h"
+#include "tta_support.h"
 #include "workloads/models/datasets.h"
 #include "workloads/models/mllog.h"
 #include "workloads/models/train_options.h"
@@ -37,6 +38,10 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Bytes = std::vector<std::uint8_t>;
 using ab::test::idx_file;
+using ab::test::keys_of;
+using ab::test::mllog_of;
+using ab::test::position;
+using ab::test::run_points;
 using ab::test::write_bytes;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -70,30 +75,6 @@ std::string write_pattern_set(const fs::path& dir) {
   return "idx:" + dir.string();
 }
 
-// `args` are "name=values": a workload's option where it declares one, else an axis override.
-std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& args,
-                             const fs::path& artifacts = {}, const std::string& device = "cpu") {
-  Workload& w = find_workload(workload);
-  std::vector<AxisOverride> overrides;
-  OptionValues options;
-  for (const auto& a : args) {
-    const auto [name, value] = parse_option_argument(a);
-    const auto specs = w.options();
-    if (std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& o) { return o.name == name; }))
-      options[name] = value;
-    else overrides.push_back(parse_axis_argument(a));
-  }
-  auto be = backend::make_backend(device);
-  std::vector<json> records;
-  RunnerHooks hooks;
-  hooks.sink = [&records](const json& r) { records.push_back(r); };
-  hooks.artifact_dir = artifacts;
-  Runner runner(*be, test::record_settings(), json::object(), "run-tta", hooks, nullptr);
-  const std::atomic<bool> cancel{false};
-  runner.run(plan_for(w, be->info().kind, overrides, options), cancel);
-  return records;
-}
-
 // The tiny ResNet's recipe for the pattern set: few epochs, a rate that learns it quickly.
 std::vector<std::string> tiny_recipe(const std::string& dataset, const std::string& target) {
   return {"model=tiny_resnet",
@@ -112,20 +93,6 @@ std::vector<double> curve_accuracies(const json& record) {
   std::vector<double> v;
   for (const auto& e : record["metrics"]["time_to_train"]["curve"]) v.push_back(e["accuracy"].get<double>());
   return v;
-}
-
-std::vector<json> mllog_of(const fs::path& artifacts, const json& record) {
-  return zoo::read_mllog(artifacts / "artifacts" / std::to_string(record["seq"].get<int>()) / "mllog.txt");
-}
-
-std::vector<std::string> keys_of(const std::vector<json>& log) {
-  std::vector<std::string> keys;
-  for (const auto& l : log) keys.push_back(l["key"].get<std::string>());
-  return keys;
-}
-
-std::ptrdiff_t position(const std::vector<std::string>& keys, const std::string& key) {
-  return std::find(keys.begin(), keys.end(), key) - keys.begin();
 }
 
 TEST(TimeToTrain, ReachesALowTargetAndItsLogMatchesTheRecord) {

@@ -9,6 +9,28 @@ namespace ab::workloads::zoo {
 
 bool is_real_dataset(const std::string& name) { return name != kSyntheticDataset; }
 
+bool is_text_dataset(const std::string& name) {
+  return (name.starts_with("text:") && name.size() > 5) || (name.starts_with("tokens:") && name.size() > 7);
+}
+
+TokenSplits load_token_splits(const std::string& name) {
+  if (!is_text_dataset(name))
+    throw UsageError("dataset '" + name + "' is no text dataset: text:FILE (bytes as tokens) or tokens:FILE (uint16)");
+  const bool bytes = name.starts_with("text:");
+  const std::string path = name.substr(name.find(':') + 1);
+  std::vector<std::uint16_t> tokens = bytes ? data::tokenize_text_file(path) : data::read_tokens(path);
+  if (tokens.empty()) throw Error(path + " holds no tokens");
+  TokenSplits s;
+  s.vocabulary = bytes ? data::kByteVocabulary : 0;
+  s.tokenizer = bytes ? "bytes" : "file";
+  const auto held = static_cast<std::size_t>(static_cast<double>(tokens.size()) * kHeldOutShare);
+  const auto cut = static_cast<std::ptrdiff_t>(tokens.size() - held);
+  s.held_out.assign(tokens.begin() + cut, tokens.end());
+  tokens.resize(static_cast<std::size_t>(cut));
+  s.train = std::move(tokens);
+  return s;
+}
+
 data::ImageSet load_dataset(const std::string& name, const std::string& split) {
   if (name == "fashion-mnist") return data::read_fashion_mnist(split);
   if (name.starts_with("idx:") && name.size() > 4) {
@@ -16,7 +38,11 @@ data::ImageSet load_dataset(const std::string& name, const std::string& split) {
     s.source = name + ":" + split;
     return s;
   }
-  throw UsageError("dataset '" + name + "': synthetic, fashion-mnist or idx:DIR (a folder of MNIST-layout IDX files)");
+  if (is_text_dataset(name))
+    throw UsageError("dataset '" + name + "' holds tokens, for a language model (tiny_gpt2, gpt2_*), not images");
+  throw UsageError(
+      "dataset '" + name +
+      "': synthetic, fashion-mnist, idx:DIR (a folder of MNIST-layout IDX files), text:FILE or tokens:FILE");
 }
 
 namespace {

@@ -1,5 +1,6 @@
 // Real data for the model workloads: the dataset axis's names, the splits they read, the
-// augmentation train applies, and top-1 accuracy of a graph's logits over an evaluation split.
+// augmentation train applies, top-1 accuracy of a graph's logits over an evaluation split, and the
+// token splits of a text or token file.
 // docs/METHODOLOGY.md, "Time to train".
 #pragma once
 
@@ -19,9 +20,24 @@ namespace ab::workloads::zoo {
 // laid out as MNIST's: train-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz], ...).
 inline constexpr const char* kSyntheticDataset = "synthetic";
 bool is_real_dataset(const std::string& name);  // anything but "synthetic"
+// "text:FILE" (any file, byte-tokenized: each byte a token, vocabulary 256) or "tokens:FILE"
+// (uint16 tokens, llm.c's format with or without its header): a language model's data.
+bool is_text_dataset(const std::string& name);
 // "train" or "test" of the named dataset; UsageError for a name that is none of the above, Error
 // (naming the file and the fault) for missing, truncated or inconsistent files.
 data::ImageSet load_dataset(const std::string& name, const std::string& split);
+
+// A text dataset's tokens: the first (1 - kHeldOutShare) of the stream trains, the rest (its tail,
+// cut at a token) is held out for evaluation.
+inline constexpr double kHeldOutShare = 0.1;
+struct TokenSplits {
+  std::vector<std::uint16_t> train, held_out;
+  std::int64_t vocabulary = 0;  // 256 for text:FILE; 0 for tokens:FILE (the model's own)
+  std::string tokenizer;        // "bytes" or "file"
+};
+// UsageError for a name that is neither; Error (naming the file) for one that cannot be read, an
+// empty file or a token file that fails its checks.
+TokenSplits load_token_splits(const std::string& name);
 
 // Fashion-MNIST's pixel mean and standard deviation over the training split (x / 255).
 inline constexpr float kFashionMnistMean = 0.2860F, kFashionMnistStd = 0.3530F;

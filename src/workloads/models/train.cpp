@@ -4,9 +4,10 @@
 // makes the point "diverged"; the compression autoencoder also records the PSNR of its
 // reconstruction after the trajectory. With gpus > 1 (under a launcher) the ranks train data
 // parallel (dist/data_parallel). docs/METHODOLOGY.md, "Training and inference".
-// With a dataset axis (fashion-mnist) the point trains to target_accuracy instead
-// (train_to_target.h; docs/METHODOLOGY.md, "Time to train"); with target_accuracy=0 or an image
-// folder (folder:DIR) the timed steps read real batches through the input pipeline (train_feed.h).
+// With a dataset axis (fashion-mnist; text:FILE for a GPT) the point trains to target_accuracy
+// (target_loss) instead (train_to_target.h; docs/METHODOLOGY.md, "Time to train"); with an image dataset
+// and target_accuracy=0, or an image folder (folder:DIR), the timed steps read real batches through the
+// input pipeline (train_feed.h).
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -43,11 +44,6 @@ std::vector<std::string> comm_engine_names() {
 // engine lacks. 10 improved the tiny model on the reference kernels steadily (models_test); not
 // tuned for the full-size model.
 constexpr double kAutoencoderSgdLr = 10.0;
-
-// GPT-2's AdamW as llm.c and nanoGPT train it: betas (0.9, 0.95), decay 0.1 on weights, the
-// gradient norm clipped to 1, rate 3e-4 (llm.c's default).
-constexpr double kAdamWLr = 3e-4, kAdamWBeta1 = 0.9, kAdamWBeta2 = 0.95, kAdamWEpsilon = 1e-8;
-constexpr double kAdamWWeightDecay = 0.1, kAdamWMaxGradNorm = 1.0;
 
 // The optimizer axis's "auto": AdamW for language models, SGD for the others.
 std::string resolved_optimizer(const std::string& name, const ZooModel& m) {
@@ -134,17 +130,21 @@ struct Ranks {
   }
 };
 
-// Time to train on one process and GPU (train_to_target.h); the synthetic mode's data-parallel
-// axes do not apply to it yet.
+// Time to train (train_to_target.h), on one GPU or data parallel on gpus of them; of the
+// synthetic mode's data-parallel axes only bucket_mib applies to it yet.
 void run_to_target(State& state, const TrainPoint& p, const TrainOptions& o) {
-  if (p.gpus != 1 || dist::world().size() != 1 || p.accumulate != 1)
-    state.skip("time to train runs on one GPU in one process without accumulation (gpus=1, accumulate=1)");
+  if (p.accumulate != 1) state.skip("time to train runs without accumulation (accumulate=1)");
   TargetPoint t{.spec = p.asked,
                 .dataset = state.get_text("dataset"),
                 .target_accuracy = state.get_real("target_accuracy"),
+                .target_loss = state.get_real("target_loss"),
                 .seed = static_cast<std::uint64_t>(state.get_int("seed")),
-                .use_graph = p.use_graph};
-  t.spec.fuse_batchnorm_relu = p.fuse == "on" || p.fuse == "auto";
+                .use_graph = p.use_graph,
+                .gpus = p.gpus,
+                .comm = &dist::world(),
+                .bucket_mib = p.bucket_mib};
+  t.spec.fuse_batchnorm_relu = p.fuse == "on" || (p.fuse == "auto" && !is_language_model(p.asked.model));
+  t.spec.dropout = o.dropout;
   train_to_target(state, t, o);
 }
 
@@ -215,7 +215,7 @@ class Train final : public Workload {
            "FLOPs, bytes) to the point's artifacts. dataset=fashion-mnist: time to train to "
            "target_accuracy (MLPerf's rules: epochs with an evaluation after each, time from run start to the "
            "evaluation that reaches it, energy, the accuracy curve, an MLPerf log in the artifacts; not_converged "
-           "when max_epochs or time_limit_s ends it).";
+           "when max_epochs or time_limit_s ends it); dataset=text:FILE: a GPT's time to train to target_loss.";
   }
   std::vector<AxisSpec> axes(const std::string& device_kind) const override;
   std::vector<OptionSpec> options() const override { return TrainOptions::specs(); }
@@ -515,14 +515,22 @@ std::vector<AxisSpec> Train::axes(const std::string& device_kind) const {
         {},
         "synthetic = one fixed batch, timed steps (throughput); fashion-mnist or idx:DIR = time to train: epochs "
         "over the training split with an evaluation after each until target_accuracy (image_size is the data's); "
-        "folder:DIR (a subfolder of JPEG/PNG files per class), or any of them with target_accuracy=0 = timed steps "
-        "on batches from the input pipeline (--option decoder=cpu|nvjpeg, data_threads)"},
+        "folder:DIR (a subfolder of JPEG/PNG files per class), or an image dataset with target_accuracy=0 = timed "
+        "steps on batches from the input pipeline (--option decoder=cpu|nvjpeg, data_threads); text:FILE (each "
+        "byte a token) or tokens:FILE (uint16) = a GPT's time to train to target_loss on the file's last 10% "
+        "held out"},
        {"target_accuracy",
         AxisKind::real,
         one("0.92"),
         {},
         "with a dataset: the top-1 accuracy on the held-out split that ends the run (MLPerf's quality target); "
         "0 = the throughput mode on the dataset's batches; not used by the synthetic mode or folder:DIR"},
+       {"target_loss",
+        AxisKind::real,
+        one("1.5"),
+        {},
+        "with text:FILE or tokens:FILE: the mean cross-entropy (nats per token) on the held-out tail that ends "
+        "the run; not used by the synthetic mode"},
        {"seed",
         AxisKind::integer,
         one("1"),

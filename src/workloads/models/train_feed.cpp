@@ -209,6 +209,7 @@ bool is_folder_dataset(const std::string& dataset) {
 }
 
 bool trains_to_target(const std::string& dataset, double target_accuracy) {
+  if (is_text_dataset(dataset)) return true;  // a GPT's run to target_loss; the feed takes images only
   return is_real_dataset(dataset) && !is_folder_dataset(dataset) && target_accuracy != 0;
 }
 

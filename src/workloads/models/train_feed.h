@@ -17,7 +17,8 @@ namespace ab::workloads::zoo {
 
 // The dispatch of a train point: a dataset other than synthetic trains to target_accuracy (the
 // time-to-train mode) unless target_accuracy is 0 or the dataset is an image folder (folder:DIR
-// has no held-out split); those feed the throughput mode.
+// has no held-out split); those feed the throughput mode. A text or token file always trains to
+// target_loss (the feed takes images only).
 bool trains_to_target(const std::string& dataset, double target_accuracy);
 // "folder:DIR": a folder with one subfolder per class of JPEG/PNG files (data::scan_image_folder).
 bool is_folder_dataset(const std::string& dataset);

@@ -11,6 +11,12 @@
 
 namespace ab::workloads::zoo {
 
+// GPT-2's AdamW as llm.c and nanoGPT train it: betas (0.9, 0.95), decay 0.1 on weights, the
+// gradient norm clipped to 1, rate 3e-4 (llm.c's default): train's optimizer=adamw, and the
+// language models' time to train on a text file.
+inline constexpr double kAdamWLr = 3e-4, kAdamWBeta1 = 0.9, kAdamWBeta2 = 0.95, kAdamWEpsilon = 1e-8;
+inline constexpr double kAdamWWeightDecay = 0.1, kAdamWMaxGradNorm = 1.0;
+
 struct TrainOptions {
   double lr = 0;                        // 0: the recipe's rate (train.cpp, make_optimizer)
   std::int64_t trajectory_steps = 30;   // steps whose loss is read before timing
