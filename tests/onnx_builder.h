@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "nn/graph.h"
+#include "nn/kernels.h"
 
 namespace ab::onnx_test {
 
@@ -33,6 +35,28 @@ inline double max_rel_diff(const std::vector<double>& got, const std::vector<dou
   }
   EXPECT_GT(scale, 0.0) << "a zero reference proves nothing";
   return diff / scale;
+}
+
+// The native graphs the imported ones are held to: float64 inference on the reference kernels.
+inline nn::GraphOptions f64_inference() {
+  nn::GraphOptions o;
+  o.dtype = DType::f64;
+  o.training = false;
+  return o;
+}
+
+// Binds `b` on the reference kernels, sets the parameters and input, and returns `out` after one
+// inference pass.
+inline std::vector<double> run(nn::GraphBuilder&& b, nn::Value in, nn::Value out, const nn::ParameterValues& values,
+                               const std::vector<double>& x) {
+  b.mark_output(out);
+  auto kernels = nn::make_ref_kernels();
+  nn::Graph g(std::move(b));
+  g.bind(*kernels);
+  g.set_parameter_values(values);
+  g.set_input(in, x);
+  g.forward(false);
+  return g.read(out);
 }
 
 inline std::int64_t count_of(const std::vector<std::int64_t>& dims) {

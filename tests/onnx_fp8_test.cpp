@@ -20,6 +20,8 @@
 namespace ab {
 namespace {
 
+using onnx_test::max_rel_diff;
+
 using onnx_test::OnnxBuilder;
 using onnx_test::random_values;
 using OB = OnnxBuilder;
@@ -197,17 +199,6 @@ std::vector<double> reference(const models::ResNetConfig& c, const nn::Parameter
   nn::GraphBuilder b(inference(Precision::fp32, DType::f64));
   const nn::Value in = b.input("images", Shape{batch, c.in_channels, px, px});
   return run_graph(std::move(b), in, models::resnet(b, in, c), unfolded, x, *k).logits;
-}
-
-double max_rel_diff(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  EXPECT_GT(scale, 0.0) << "a zero reference proves nothing";
-  return diff / scale;
 }
 
 // What infer's check allows fp8 logits against float64 (workloads/models: logits_tolerance).

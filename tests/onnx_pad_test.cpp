@@ -14,6 +14,10 @@
 namespace ab {
 namespace {
 
+using onnx_test::max_rel_diff;
+using onnx_test::f64_inference;
+using onnx_test::run;
+
 using onnx_test::OnnxBuilder;
 using onnx_test::random_values;
 using OB = OnnxBuilder;
@@ -47,25 +51,6 @@ PadConvNet pad_conv_onnx(const PadConv& p) {
   t.onnx.node("Relu", {"c"}, {"y"});
   t.onnx.output("y");
   return t;
-}
-
-nn::GraphOptions f64_inference() {
-  nn::GraphOptions o;
-  o.dtype = DType::f64;
-  o.training = false;
-  return o;
-}
-
-std::vector<double> run(nn::GraphBuilder&& b, nn::Value in, nn::Value out, const nn::ParameterValues& values,
-                        const std::vector<double>& x) {
-  b.mark_output(out);
-  auto kernels = nn::make_ref_kernels();
-  nn::Graph g(std::move(b));
-  g.bind(*kernels);
-  g.set_parameter_values(values);
-  g.set_input(in, x);
-  g.forward(false);
-  return g.read(out);
 }
 
 // The native graph: nn::pad with the Pad's values, then the convolution with its own padding
@@ -106,17 +91,6 @@ Imported imported(const std::string& bytes, onnx::Fold fold, const std::vector<d
   g.forward(false);
   r.y = g.read(m.output);
   return r;
-}
-
-double max_rel_diff(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  EXPECT_GT(scale, 0.0) << "a zero reference proves nothing";
-  return diff / scale;
 }
 
 // Each case: whether the Pad merges, and the pad ops left in the imported graph.

@@ -17,6 +17,8 @@ namespace {
 
 using onnx_test::OnnxBuilder;
 using onnx_test::max_rel_diff;
+using onnx_test::f64_inference;
+using onnx_test::run;
 using onnx_test::random_values;
 using OB = OnnxBuilder;
 
@@ -109,25 +111,6 @@ nn::Value tiny_resnet_native(nn::GraphBuilder& b, nn::Value x) {
   const nn::Value d = nn::bias_activation(b, "down", nn::conv2d(b, "down.conv", r2, conv3x3(16, 2)), nn::Value{}, true);
   const nn::Value p = nn::maxpool2d(b, "pool", d, nn::Pool2dDesc{3, 3, 2, 2, 1, 1});
   return nn::linear(b, "fc", nn::global_avgpool(b, "gap", p), 10);
-}
-
-nn::GraphOptions f64_inference() {
-  nn::GraphOptions o;
-  o.dtype = DType::f64;
-  o.training = false;
-  return o;
-}
-
-std::vector<double> run(nn::GraphBuilder&& b, nn::Value in, nn::Value out, const nn::ParameterValues& values,
-                        const std::vector<double>& x) {
-  b.mark_output(out);
-  auto kernels = nn::make_ref_kernels();
-  nn::Graph g(std::move(b));
-  g.bind(*kernels);
-  g.set_parameter_values(values);
-  g.set_input(in, x);
-  g.forward(false);
-  return g.read(out);
 }
 
 std::vector<double> run_imported(const std::string& bytes, std::int64_t batch, onnx::Fold fold,

@@ -1,5 +1,5 @@
-// Helpers of the time-to-train tests: running train or infer points in process on a backend, and
-// reading a point's MLPerf log.
+// Helpers of the model workload tests: planning and running train or infer points in process on a
+// backend, and reading a point's MLPerf log.
 #pragma once
 
 #include <algorithm>
@@ -18,10 +18,10 @@
 
 namespace ab::test {
 
-// `args` are "name=values": a workload's option where it declares one, else an axis override.
-inline std::vector<nlohmann::json> run_points(const std::string& workload, const std::vector<std::string>& args,
-                                              const std::filesystem::path& artifacts = {},
-                                              const std::string& device = "cpu") {
+// `args` are "name=values": a name the workload declares as an option sets it (one value, as
+// --option does), any other overrides an axis (as --axis does).
+inline std::vector<harness::PlanEntry> plan_of(const std::string& workload, const std::vector<std::string>& args,
+                                               const std::string& device_kind = "cpu") {
   using namespace ab::harness;
   Workload& w = workloads::find_workload(workload);
   std::vector<AxisOverride> overrides;
@@ -31,8 +31,16 @@ inline std::vector<nlohmann::json> run_points(const std::string& workload, const
     const auto specs = w.options();
     if (std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& o) { return o.name == name; }))
       options[name] = value;
-    else overrides.push_back(parse_axis_argument(a));
+    else
+      overrides.push_back(parse_axis_argument(a));
   }
+  return plan_for(w, device_kind, overrides, options);
+}
+
+inline std::vector<nlohmann::json> run_points(const std::string& workload, const std::vector<std::string>& args,
+                                              const std::filesystem::path& artifacts = {},
+                                              const std::string& device = "cpu") {
+  using namespace ab::harness;
   auto be = backend::make_backend(device);
   std::vector<nlohmann::json> records;
   RunnerHooks hooks;
@@ -40,7 +48,7 @@ inline std::vector<nlohmann::json> run_points(const std::string& workload, const
   hooks.artifact_dir = artifacts;
   Runner runner(*be, record_settings(), nlohmann::json::object(), "run-tta", hooks, nullptr);
   const std::atomic<bool> cancel{false};
-  runner.run(plan_for(w, be->info().kind, overrides, options), cancel);
+  runner.run(plan_of(workload, args, be->info().kind), cancel);
   return records;
 }
 

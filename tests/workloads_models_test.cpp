@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "harness/runner.h"
 #include "test_support.h"
+#include "tta_support.h"
 #include "workloads/models/models.h"
 #include "workloads/registry.h"
 
@@ -31,6 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::plan_of;
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -47,24 +49,6 @@ std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& a
   const std::atomic<bool> cancel{false};
   runner.run(plan, cancel);
   return records;
-}
-
-// `args` are "name=values": a name the workload declares as an option sets it (one value, as
-// --option does), any other overrides an axis (as --axis does).
-std::vector<PlanEntry> plan_of(const std::string& workload, const std::vector<std::string>& args,
-                               const std::string& device_kind = "cpu") {
-  Workload& w = find_workload(workload);
-  std::vector<AxisOverride> overrides;
-  OptionValues options;
-  for (const auto& a : args) {
-    const auto [name, value] = parse_option_argument(a);
-    const auto specs = w.options();
-    if (std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& o) { return o.name == name; }))
-      options[name] = value;
-    else
-      overrides.push_back(parse_axis_argument(a));
-  }
-  return plan_for(w, device_kind, overrides, options);
 }
 
 std::vector<json> run_points(const std::string& workload, const std::vector<std::string>& args,

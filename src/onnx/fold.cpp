@@ -447,16 +447,6 @@ const std::map<std::string, HostEval>& host_evaluators() {
     t["Sub"] = binary([](auto x, auto y, const Node& n) { return checked_arith(x, y, '-', n); });
     t["Mul"] = binary([](auto x, auto y, const Node& n) { return checked_arith(x, y, '*', n); });
     t["Div"] = binary([](auto x, auto y, const Node& n) { return safe_div(x, y, n); });
-    t["Equal"] = [](const Node& n, const Ins& ins) -> Outs {
-      HostTensor r = binary([](auto x, auto y, const Node&) { return decltype(x)(x == y); })(n, ins)[0];
-      if (!r.integer) {
-        r.ints.assign(r.real.begin(), r.real.end());
-        r.real.clear();
-        r.integer = true;
-      }
-      r.dtype = pb::TensorProto_DataType_BOOL;
-      return {std::move(r)};
-    };
     t["Sqrt"] = unary_real([](double v) { return std::sqrt(v); });
     t["Neg"] = unary_real([](double v) { return -v; });
     add_logic_evaluators(t);

@@ -106,6 +106,7 @@ Outs eval_gather_elements(const Node& n, const Ins& ins) {
 
 void add_logic_evaluators(std::map<std::string, HostEval>& t) {
   t["Mod"] = eval_mod();
+  t["Equal"] = boolean([](auto x, auto y) { return x == y; });
   t["Greater"] = boolean([](auto x, auto y) { return x > y; });
   t["GreaterOrEqual"] = boolean([](auto x, auto y) { return x >= y; });
   t["Less"] = boolean([](auto x, auto y) { return x < y; });

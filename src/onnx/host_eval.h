@@ -53,7 +53,7 @@ HostEval binary(F f) {
   };
 }
 
-// Mod, comparisons, And/Or/Not, IsNaN, GatherElements (fold_logic.cpp).
+// Mod, comparisons (Equal among them), And/Or/Not, IsNaN, GatherElements (fold_logic.cpp).
 void add_logic_evaluators(std::map<std::string, HostEval>& t);
 
 }  // namespace ab::onnx
