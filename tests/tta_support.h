@@ -56,6 +56,13 @@ inline std::vector<nlohmann::json> mllog_of(const std::filesystem::path& artifac
   return workloads::zoo::read_mllog(artifacts / "artifacts" / std::to_string(record["seq"].get<int>()) / "mllog.txt");
 }
 
+// One figure of every evaluation in a time-to-train record's curve ("accuracy", "loss").
+inline std::vector<double> curve_of(const nlohmann::json& record, const std::string& figure) {
+  std::vector<double> v;
+  for (const auto& e : record["metrics"]["time_to_train"]["curve"]) v.push_back(e[figure].get<double>());
+  return v;
+}
+
 inline std::vector<std::string> keys_of(const std::vector<nlohmann::json>& log) {
   std::vector<std::string> keys;
   for (const auto& l : log) keys.push_back(l["key"].get<std::string>());

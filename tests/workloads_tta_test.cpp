@@ -89,12 +89,6 @@ std::vector<std::string> tiny_recipe(const std::string& dataset, const std::stri
           "data_threads=2"};
 }
 
-std::vector<double> curve_accuracies(const json& record) {
-  std::vector<double> v;
-  for (const auto& e : record["metrics"]["time_to_train"]["curve"]) v.push_back(e["accuracy"].get<double>());
-  return v;
-}
-
 TEST(TimeToTrain, ReachesALowTargetAndItsLogMatchesTheRecord) {
   test::TempDir tmp;
   const std::string dataset = write_pattern_set(tmp.path() / "data");
@@ -107,7 +101,7 @@ TEST(TimeToTrain, ReachesALowTargetAndItsLogMatchesTheRecord) {
   ASSERT_EQ(r["status"], "ok") << r.dump(2);
   const json& t = r["metrics"]["time_to_train"];
   EXPECT_EQ(t["status"], "converged");
-  const std::vector<double> acc = curve_accuracies(r);
+  const std::vector<double> acc = test::curve_of(r, "accuracy");
   ASSERT_EQ(acc.size(), t["epochs"].get<std::size_t>());
   EXPECT_GE(acc.back(), 0.7);
   for (std::size_t i = 0; i + 1 < acc.size(); ++i) EXPECT_LT(acc[i], 0.7) << "stopped late at epoch " << i + 1;
@@ -187,7 +181,7 @@ TEST(TimeToTrain, AnUnreachableTargetIsNotConvergedWithEveryEvaluationKept) {
   const json& t = r["metrics"]["time_to_train"];
   EXPECT_EQ(t["status"], "not_converged");
   EXPECT_FALSE(t.contains("time_to_train_s"));
-  const std::vector<double> acc = curve_accuracies(r);
+  const std::vector<double> acc = test::curve_of(r, "accuracy");
   ASSERT_EQ(acc.size(), 2U);
   EXPECT_EQ(t["best_accuracy"].get<double>(), *std::max_element(acc.begin(), acc.end()));
   const std::vector<json> log = mllog_of(tmp.path() / "run", r);
@@ -291,7 +285,7 @@ TEST(TimeToTrainGpu, ReachesTheTargetInEachPrecisionAndInferAgrees) {
     args.push_back("save_weights=" + weights.string());
     const json r = run_points("train", args, tmp.path() / "run", "cuda:0")[0];
     ASSERT_EQ(r["status"], "ok") << r.dump(2);
-    const std::vector<double> acc = curve_accuracies(r);
+    const std::vector<double> acc = test::curve_of(r, "accuracy");
     ASSERT_FALSE(acc.empty());
     EXPECT_GE(acc.back(), 0.7);
     const json inferred = run_points("infer",

@@ -68,12 +68,6 @@ std::vector<std::string> text_recipe(const fs::path& file, const std::string& ta
           "max_epochs=6"};
 }
 
-std::vector<double> curve_losses(const json& record) {
-  std::vector<double> v;
-  for (const auto& e : record["metrics"]["time_to_train"]["curve"]) v.push_back(e["loss"].get<double>());
-  return v;
-}
-
 TEST(TimeToTrainText, ReachesAReachableLossWithAFallingCurveAndItsLog) {
   test::TempDir tmp;
   const std::string text = grammar_text(test::seed(), 320);
@@ -85,7 +79,7 @@ TEST(TimeToTrainText, ReachesAReachableLossWithAFallingCurveAndItsLog) {
   const json& t = r["metrics"]["time_to_train"];
   EXPECT_EQ(t["status"], "converged");
   EXPECT_EQ(t["target_loss"], 1.2);
-  const std::vector<double> loss = curve_losses(r);
+  const std::vector<double> loss = test::curve_of(r, "loss");
   ASSERT_EQ(loss.size(), t["epochs"].get<std::size_t>());
   EXPECT_LE(loss.back(), 1.2);
   EXPECT_LT(loss.front(), std::log(256.0));  // below the untrained model's uniform guess
@@ -139,7 +133,7 @@ TEST(TimeToTrainText, AnUnreachableLossIsNotConvergedWithEveryEvaluationKept) {
       << r["reason"];
   const json& t = r["metrics"]["time_to_train"];
   EXPECT_FALSE(t.contains("time_to_train_s"));
-  const std::vector<double> loss = curve_losses(r);
+  const std::vector<double> loss = test::curve_of(r, "loss");
   ASSERT_EQ(loss.size(), 2U);
   EXPECT_EQ(t["best_loss"].get<double>(), *std::min_element(loss.begin(), loss.end()));
   std::vector<double> logged;
@@ -206,7 +200,7 @@ TEST(TimeToTrainText, ASeedGivesTheSameLossesAndSeedsTheOlympicMean) {
     ASSERT_EQ(r["status"], "ok") << r.dump(2);
     times.push_back(r["metrics"]["time_to_train"]["time_to_train_s"].get<double>());
   }
-  EXPECT_NE(curve_losses(records[0]), curve_losses(records[1]));  // another seed, another run
+  EXPECT_NE(test::curve_of(records[0], "loss"), test::curve_of(records[1], "loss"));  // another seed, another run
   const json& o = records[2]["metrics"]["time_to_train_olympic"];
   std::sort(times.begin(), times.end());
   EXPECT_EQ(o["runs"], 3);
@@ -215,7 +209,7 @@ TEST(TimeToTrainText, ASeedGivesTheSameLossesAndSeedsTheOlympicMean) {
   const auto again = run_points("train", args);
   ASSERT_EQ(again.size(), 1U);
   ASSERT_EQ(again[0]["status"], "ok") << again[0].dump(2);
-  EXPECT_EQ(curve_losses(again[0]), curve_losses(records[1]));
+  EXPECT_EQ(test::curve_of(again[0], "loss"), test::curve_of(records[1], "loss"));
 }
 
 // The same on the CUDA engine in each training precision, the step captured and replayed (each
@@ -234,7 +228,7 @@ TEST(TimeToTrainTextGpu, ReachesTheLossInEachPrecision) {
     args.push_back(std::string("precision=") + precision);
     const json r = run_points("train", args, tmp.path() / "run", "cuda:0")[0];
     ASSERT_EQ(r["status"], "ok") << r.dump(2);
-    const std::vector<double> loss = curve_losses(r);
+    const std::vector<double> loss = test::curve_of(r, "loss");
     ASSERT_FALSE(loss.empty());
     EXPECT_LE(loss.back(), 1.2);
   }
