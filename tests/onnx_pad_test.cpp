@@ -14,8 +14,8 @@
 namespace ab {
 namespace {
 
-using onnx_test::max_rel_diff;
 using onnx_test::f64_inference;
+using onnx_test::max_rel_diff;
 using onnx_test::run;
 
 using onnx_test::OnnxBuilder;

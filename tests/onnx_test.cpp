@@ -15,11 +15,11 @@
 namespace ab {
 namespace {
 
-using onnx_test::OnnxBuilder;
-using onnx_test::max_rel_diff;
 using onnx_test::f64_inference;
-using onnx_test::run;
+using onnx_test::max_rel_diff;
+using onnx_test::OnnxBuilder;
 using onnx_test::random_values;
+using onnx_test::run;
 using OB = OnnxBuilder;
 
 struct Net {
@@ -121,7 +121,6 @@ std::vector<double> run_imported(const std::string& bytes, std::int64_t batch, o
   if (fused != nullptr) *fused = m.fused;
   return run(std::move(b), m.input, m.output, m.parameters, x);
 }
-
 
 std::vector<double> tiny_resnet_reference(Net& t, std::int64_t batch, const std::vector<double>& x) {
   nn::GraphBuilder b(f64_inference());

@@ -31,8 +31,7 @@ inline std::vector<harness::PlanEntry> plan_of(const std::string& workload, cons
     const auto specs = w.options();
     if (std::any_of(specs.begin(), specs.end(), [&](const OptionSpec& o) { return o.name == name; }))
       options[name] = value;
-    else
-      overrides.push_back(parse_axis_argument(a));
+    else overrides.push_back(parse_axis_argument(a));
   }
   return plan_for(w, device_kind, overrides, options);
 }
