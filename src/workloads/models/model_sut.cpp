@@ -1,8 +1,9 @@
 // The loadgen system under test that runs a zoo model: per batch, each sample's image (a language
-// model's tokens) is copied from a page-locked host pool straight into its row of the input of the
-// smallest captured graph that holds the batch, the forward replays, the batch's logits come back
-// to page-locked host memory, and one stream synchronisation makes the batch complete. The samples
-// start on the host, as MLPerf's sample library holds them; nothing is gathered or staged by the CPU.
+// model's tokens; every input of an ONNX model: token ids, attention mask, token types) is copied
+// from a page-locked host pool straight into its row of each input of the smallest captured graph
+// that holds the batch, the forward replays, the batch's logits come back to page-locked host
+// memory, and one stream synchronisation makes the batch complete. The samples start on the host,
+// as MLPerf's sample library holds them; nothing is gathered or staged by the CPU.
 #include <algorithm>
 #include <chrono>
 
@@ -17,8 +18,24 @@ namespace {
 struct Bucket {
   std::size_t batch = 0;
   std::unique_ptr<nn::Graph> graph;
-  ZooModel model;  // input: model_input(model); logits: model.output
+  ZooModel model;  // inputs: model_inputs(model); logits: model.output
   std::unique_ptr<nn::Replayable> forward;
+};
+
+// What a batch is written into: every input of an ONNX model in its file's order, else the one
+// input (images, or a language model's tokens).
+std::vector<nn::Value> model_inputs(const ZooModel& m) {
+  if (m.onnx_inputs.empty()) return {model_input(m)};
+  std::vector<nn::Value> values;
+  for (const ZooModel::OnnxInput& in : m.onnx_inputs) values.push_back(in.value);
+  return values;
+}
+
+// One input's samples in the device's storage format, one after another (the batch dimension is
+// outermost in NCHW and NHWC alike, of the tokens [B, T] and of an ONNX model's every input).
+struct PoolInput {
+  nn::HostBuffer samples;  // page-locked on a GPU: copies are DMA, queued without a wait
+  std::int64_t sample_bytes = 0;
 };
 
 ModelSpec spec_for(const ModelSutSpec& s, std::size_t batch) {
@@ -74,19 +91,23 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
       set_model_parameters(*bucket->graph, bucket->model, spec_for(spec_, b));
       buckets_.push_back(std::move(bucket));
     }
-    // The sample pool: max_batch distinct samples in the device's storage format, one after
-    // another (the batch dimension is outermost in NCHW and NHWC alike, and of the tokens [B, T]),
-    // in page-locked memory.
+    // The sample pool: max_batch distinct samples of every input (synthetic as infer's are, from
+    // sample 0 on), in page-locked memory.
     Bucket& largest = *buckets_.back();
     upload_batch(*largest.graph, largest.model, 0, spec_for(spec_, largest.batch));
-    const Tensor pool_tensor = largest.graph->tensor(model_input(largest.model));
-    sample_bytes_ = pool_tensor.size_bytes() / static_cast<std::int64_t>(largest.batch);
-    pool_ = kernels_->allocate_host(pool_tensor.size_bytes());
-    kernels_->download(pool_tensor, pool_.data());
+    for (const nn::Value& input : model_inputs(largest.model)) {
+      const Tensor t = largest.graph->tensor(input);
+      PoolInput& in = pool_.emplace_back();
+      in.sample_bytes = t.size_bytes() / static_cast<std::int64_t>(largest.batch);
+      in.samples = kernels_->allocate_host(t.size_bytes());
+      kernels_->download(t, in.samples.data());
+    }
     std::int64_t logits_bytes = 0;
     for (auto& b : buckets_) {
       Bucket& bucket = *b;
-      kernels_->upload(bucket.graph->tensor(model_input(bucket.model)), pool_.data());
+      const std::vector<nn::Value> inputs = model_inputs(bucket.model);
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        kernels_->upload(bucket.graph->tensor(inputs[i]), pool_[i].samples.data());
       bucket.graph->forward(false);  // lazy initialisation outside the capture
       bucket.forward = bucket.graph->capture_step(nullptr);
       logits_bytes = std::max(logits_bytes, bucket.graph->tensor(bucket.model.output).size_bytes());
@@ -101,28 +122,9 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
     const auto it = std::lower_bound(sizes_.begin(), sizes_.end(), batch.size());
     if (it == sizes_.end()) throw Error("a batch of " + std::to_string(batch.size()) + " is above max_batch");
     Bucket& bucket = *buckets_[static_cast<std::size_t>(it - sizes_.begin())];
-    const Tensor images = bucket.graph->tensor(model_input(bucket.model));
-    const std::uint64_t pool_samples = buckets_.back()->batch;
-    const auto* pool = pool_.as<const unsigned char>();
-    const auto rows = [this](std::size_t n) { return static_cast<std::int64_t>(n) * sample_bytes_; };
-    // Every copy is queued without a wait; samples at consecutive pool places go in one copy.
-    for (std::size_t i = 0; i < batch.size();) {
-      const std::uint64_t first = batch[i].index % pool_samples;
-      std::size_t n = 1;
-      while (i + n < batch.size() && batch[i + n].index % pool_samples == first + n) ++n;
-      kernels_->upload_bytes(images, rows(i), pool + rows(static_cast<std::size_t>(first)), rows(n));
-      i += n;
-    }
-    if (batch.size() < bucket.batch) {
-      // Padding rows hold zeros (token 0 of a language model), not what the arena last held there:
-      // each row's result depends on its own row only (inference batch norm, attention within a
-      // sequence), but a padded row then computes the same thing every time.
-      Tensor pad = images;
-      pad.shape[0] = static_cast<std::int64_t>(bucket.batch - batch.size());
-      pad.strides = contiguous_strides(pad.shape, pad.layout);
-      pad.data = images.as<unsigned char>() + rows(batch.size());
-      kernels_->fill(pad, 0.0);
-    }
+    const std::vector<nn::Value> inputs = model_inputs(bucket.model);
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      copy_samples(batch, bucket.graph->tensor(inputs[i]), pool_[i], bucket.batch);
     bucket.forward->replay();
     const Tensor logits = bucket.graph->tensor(bucket.model.output);
     const std::int64_t logit_row_bytes = logits.size_bytes() / static_cast<std::int64_t>(bucket.batch);
@@ -139,20 +141,53 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
                         {"buckets", sizes_},
                         {"padded_samples", padded_samples_},
                         {"device_bytes", device_bytes_},
-                        {"pinned_host_bytes", pool_.bytes() + logits_host_.bytes()},
+                        {"inputs", pool_.size()},
+                        {"pinned_host_bytes", pinned_host_bytes()},
                         {"prepare_s", prepare_s_}};
     s.update(size);
     return s;
   }
 
  private:
+  // The batch's samples of one input from the pool into its rows of `input` (a bucket's); every
+  // copy is queued without a wait, and samples at consecutive pool places go in one copy.
+  void copy_samples(std::span<const scenarios::QuerySample> batch, const Tensor& input, const PoolInput& pool,
+                    std::size_t bucket_batch) {
+    const std::uint64_t pool_samples = buckets_.back()->batch;
+    const auto* samples = pool.samples.as<const unsigned char>();
+    const auto rows = [&pool](std::size_t n) { return static_cast<std::int64_t>(n) * pool.sample_bytes; };
+    for (std::size_t i = 0; i < batch.size();) {
+      const std::uint64_t first = batch[i].index % pool_samples;
+      std::size_t n = 1;
+      while (i + n < batch.size() && batch[i + n].index % pool_samples == first + n) ++n;
+      kernels_->upload_bytes(input, rows(i), samples + rows(static_cast<std::size_t>(first)), rows(n));
+      i += n;
+    }
+    if (batch.size() < bucket_batch) {
+      // Padding rows hold zeros (token 0 of a language model, a mask of zeros), not what the arena
+      // last held there: each row's result depends on its own row only (inference batch norm,
+      // attention within a sequence), but a padded row then computes the same thing every time.
+      Tensor pad = input;
+      pad.shape[0] = static_cast<std::int64_t>(bucket_batch - batch.size());
+      pad.strides = contiguous_strides(pad.shape, pad.layout);
+      pad.data = input.as<unsigned char>() + rows(batch.size());
+      kernels_->fill(pad, 0.0);
+    }
+  }
+
+  std::int64_t pinned_host_bytes() const {
+    std::int64_t bytes = logits_host_.bytes();
+    for (const PoolInput& in : pool_) bytes += in.samples.bytes();
+    return bytes;
+  }
+
   backend::Backend& be_;
   ModelSutSpec spec_;
   std::vector<std::size_t> sizes_;
   std::unique_ptr<nn::Kernels> kernels_;  // before the buckets: their memory comes from it
   std::vector<std::unique_ptr<Bucket>> buckets_;
-  nn::HostBuffer pool_, logits_host_;  // page-locked on a GPU: copies are DMA, queued without a wait
-  std::int64_t sample_bytes_ = 0;
+  std::vector<PoolInput> pool_;  // per input of the model, in model_inputs' order
+  nn::HostBuffer logits_host_;   // page-locked on a GPU, as the pool
   std::uint64_t padded_samples_ = 0;
   std::int64_t device_bytes_ = 0;  // the kernels' allocations after prepare: graphs' weights, arenas, workspaces
   double prepare_s_ = 0;           // building, binding (the CUDA algorithm search) and capturing every bucket
@@ -171,9 +206,7 @@ void check_model_sut(const ModelSutSpec& spec, std::size_t max_batch) {
   if (is_compression_model(spec.model))
     throw UsageError("the model SUT runs classifiers and language models, not the autoencoder '" + spec.model + "'");
   if (is_onnx_model(spec.model)) {
-    // Loads and validates the file (UsageError with the reason); the sample pool holds one input.
-    if (onnx_input_count(spec.model) > 1)
-      throw UsageError("the model SUT feeds models of one input; '" + spec.model + "' has several (run it with infer)");
+    onnx_input_count(spec.model);  // loads and validates the file (UsageError with the reason)
     return;
   }
   if (!is_language_model(spec.model)) {

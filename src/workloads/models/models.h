@@ -226,8 +226,9 @@ OpCounterBytes measure_op_counters(State& state, nn::Graph& graph, const std::fu
 // --- The loadgen system under test -------------------------------------------------------------
 
 // One inference graph per batch bucket (powers of two up to max_batch), each captured once; a
-// batch copies its samples' images (a language model's tokens) from a host pool into the bucket's
-// input, replays the forward and copies the logits back. Graphs are built and bound in prepare(),
+// batch copies its samples' images (a language model's tokens; every input of an ONNX model, each
+// synthetic as onnx_input_values makes it) from a host pool into the bucket's inputs, replays the
+// forward and copies the logits back. Graphs are built and bound in prepare(),
 // on the batcher's thread.
 struct ModelSutSpec {
   std::string model;
