@@ -42,7 +42,8 @@ data::ImageSet load_dataset(const std::string& name, const std::string& split) {
     throw UsageError("dataset '" + name + "' holds tokens, for a language model (tiny_gpt2, gpt2_*), not images");
   throw UsageError(
       "dataset '" + name +
-      "': synthetic, fashion-mnist, idx:DIR (a folder of MNIST-layout IDX files), text:FILE or tokens:FILE");
+      "': synthetic, fashion-mnist, idx:DIR (a folder of MNIST-layout IDX files), folder:DIR (JPEG/PNG files in "
+      "a subfolder per class: train's throughput mode), text:FILE or tokens:FILE (a language model's)");
 }
 
 namespace {
