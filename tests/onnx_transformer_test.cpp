@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "core/rng.h"
 #include "nn/ops.h"
@@ -27,6 +28,7 @@ struct Result {
   std::vector<double> y;
   std::vector<std::string> fused;
   std::int64_t attention_ops = 0;  // engine ops of kind "attention"
+  std::map<std::string, std::int64_t> ops;  // engine ops by kind
 };
 
 // The model at `batch` in a float64 inference graph, each input given its values in file order.
@@ -45,8 +47,11 @@ Result run_imported(const std::string& bytes, std::int64_t batch, const std::vec
   EXPECT_EQ(m.inputs.size(), inputs.size());
   for (std::size_t i = 0; i < inputs.size() && i < m.inputs.size(); ++i) g.set_input(m.inputs[i], inputs[i]);
   g.forward(false);
-  Result r{g.read(m.output), m.fused, 0};
-  for (const auto& op : g.report()) r.attention_ops += op.kind == "attention";
+  Result r{g.read(m.output), m.fused, 0, {}};
+  for (const auto& op : g.report()) {
+    r.attention_ops += op.kind == "attention";
+    ++r.ops[op.kind];
+  }
   return r;
 }
 
@@ -251,6 +256,8 @@ struct AttentionSpec {
   bool transpose_k = true;   // false: Q K with K [B, H, T, D] (T == D), not attention
   bool mask = false;         // an attention_mask input, added as (1 - mask) * -10000
   bool nan_guard = false;    // Where(IsNaN(p), 0, p) after the softmax, as SDPA's export zeroes masked rows
+  int other_input = -1;      // 0, 1, 2: Q's, K's or V's linear reads a second input x2, not x
+  bool merged = false;       // expected: the three linears built as one
 };
 constexpr std::int64_t kSeq = 4, kHeads = 2, kDim = 4, kWidth = kHeads * kDim, kBatch = 2;
 
@@ -275,11 +282,13 @@ std::string attention_model(const AttentionSpec& s, const Projections& p) {
   OnnxBuilder m;
   m.input("x", {-1, kSeq, kWidth});
   if (s.mask) m.input("attention_mask", {-1, kSeq}, kInt64);
+  if (s.other_input >= 0) m.input("x2", {-1, kSeq, kWidth});
   const char* names[] = {"q", "k", "v"};
   m.init_ints("heads_shape", {4}, {0, 0, kHeads, kDim});
   for (int i = 0; i < (s.shared ? 1 : 3); ++i) {
     const std::string n = names[i];
-    m.node("MatMul", {"x", m.init(n + ".w", {kWidth, kWidth}, p.w[i])}, {n + ".mm"}, n + "/MatMul");
+    m.node("MatMul", {i == s.other_input ? "x2" : "x", m.init(n + ".w", {kWidth, kWidth}, p.w[i])}, {n + ".mm"},
+           n + "/MatMul");
     m.node("Add", {m.init(n + ".b", {kWidth}, p.b[i]), n + ".mm"}, {n + ".lin"}, n + "/Add");
     m.node("Reshape", {n + ".lin", "heads_shape"}, {n + ".bthd"});
   }
@@ -326,10 +335,11 @@ std::string attention_model(const AttentionSpec& s, const Projections& p) {
 // The same on the host: softmax(scale Q K^T + mask) V per head (Q K where !transpose_k); the scale
 // as the file's float32 constants give it, or (exact_scale) the engine op's own 1/sqrt(D), which
 // the importer takes for a file's scale within 1e-6 of it.
-std::vector<double> host_attention(const AttentionSpec& s, const Projections& p, const std::vector<double>& x,
-                                   const std::vector<double>& mask, bool exact_scale) {
+std::vector<double> host_attention(const AttentionSpec& s, const Projections& p, const std::vector<double>& x_in,
+                                   const std::vector<double>& x2, const std::vector<double>& mask, bool exact_scale) {
   const auto proj = [&](int which) {
     const int i = s.shared ? 0 : which;
+    const std::vector<double>& x = which == s.other_input ? x2 : x_in;
     std::vector<double> y(static_cast<std::size_t>(kBatch * kSeq * kWidth));
     for (std::int64_t r = 0; r < kBatch * kSeq; ++r)
       for (std::int64_t o = 0; o < kWidth; ++o) {
@@ -377,13 +387,28 @@ std::vector<double> host_attention(const AttentionSpec& s, const Projections& p,
 Result run_attention(const AttentionSpec& s, std::uint64_t seed, bool expect_op) {
   const Projections p = projections(seed);
   const std::vector<double> x = random_values(seed + 10, kBatch * kSeq * kWidth);
+  const std::vector<double> x2 = random_values(seed + 11, kBatch * kSeq * kWidth);
   std::vector<double> mask;
   for (std::int64_t i = 0; i < kBatch * kSeq; ++i) mask.push_back(i % kSeq == 0 || mix64(seed, i) % 2 ? 1.0 : 0.0);
-  Result r = s.mask ? run_imported(attention_model(s, p), kBatch, {x, mask})
-                    : run_imported(attention_model(s, p), kBatch, {x});
+  std::vector<std::vector<double>> inputs{x};
+  if (s.mask) inputs.push_back(mask);
+  if (s.other_input >= 0) inputs.push_back(x2);
+  Result r = run_imported(attention_model(s, p), kBatch, inputs);
   EXPECT_EQ(r.attention_ops, expect_op ? 1 : 0);
-  EXPECT_LT(max_rel_diff(r.y, host_attention(s, p, x, mask, expect_op)), 1e-12);
-  EXPECT_LT(max_rel_diff(r.y, host_attention(s, p, x, mask, false)), 1e-6);
+  EXPECT_LT(max_rel_diff(r.y, host_attention(s, p, x, x2, mask, expect_op)), 1e-12);
+  EXPECT_LT(max_rel_diff(r.y, host_attention(s, p, x, x2, mask, false)), 1e-6);
+  // Three linears of x as one: no concat, two linear ops fewer (the output's Reshape is a view).
+  const bool one_linear = std::any_of(r.fused.begin(), r.fused.end(), [](const std::string& f) {
+    return f.find("q/k/v one linear") != std::string::npos;
+  });
+  EXPECT_EQ(one_linear, s.merged);
+  if (s.merged) {
+    EXPECT_EQ(r.ops["concat"], 0);
+    EXPECT_EQ(r.ops["linear"], 1);
+  } else if (!s.shared && expect_op) {
+    EXPECT_EQ(r.ops["concat"], 1);
+    EXPECT_EQ(r.ops["linear"], 3);
+  }
   return r;
 }
 
@@ -393,15 +418,28 @@ bool lists_attention(const Result& r) {
 }
 
 TEST(OnnxTransformer, ExportedAttentionRunsTheEngineAttentionOp) {
-  EXPECT_TRUE(lists_attention(run_attention({}, 401, true)));  // Div by sqrt(D); heads read in place
+  AttentionSpec bert;  // Div by sqrt(D); three linears of x, built as one
+  bert.merged = true;
+  EXPECT_TRUE(lists_attention(run_attention(bert, 401, true)));
   AttentionSpec sdpa;
   sdpa.sqrt_scales = true;  // sqrt(1/sqrt(D)) on Q and on K^T, the NaN guard after the softmax
   sdpa.nan_guard = true;
+  sdpa.merged = true;
   run_attention(sdpa, 402, true);
   AttentionSpec shared;  // one head transpose read by Q, K and V: packed by the engine
   shared.shared = true;
   shared.sqrt_scales = true;
   EXPECT_TRUE(lists_attention(run_attention(shared, 403, true)));
+}
+
+// Q, K and V from linears of two inputs: three linears and a concat, as the heads are read in place.
+TEST(OnnxTransformer, ProjectionsOfAnotherInputStayThreeLinears) {
+  for (int other = 0; other < 3; ++other) {
+    SCOPED_TRACE(other);
+    AttentionSpec s;
+    s.other_input = other;
+    EXPECT_TRUE(lists_attention(run_attention(s, 421 + static_cast<std::uint64_t>(other), true)));
+  }
 }
 
 TEST(OnnxTransformer, AttentionThatAlmostMatchesRunsNodeByNode) {

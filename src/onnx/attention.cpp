@@ -5,6 +5,9 @@
 // matched on the graph at load; whether it maps is decided per batch, once the shapes and the
 // shape-derived scales are constants: one sequence for queries and keys, the scale 1/sqrt(D) (the
 // op's own), no mask or an all-zero one. Anything else maps node by node (matmul, softmax, matmul).
+// Where Q, K and V are three linears (MatMul by a constant [C, C], Add of a constant [C]) of one
+// input, each read only by its Reshape to heads, the group holds them too and builds them as one
+// linear [C, 3C] whose rows are the op's q, k, v input: one GEMM, no concat.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -40,6 +43,8 @@ struct Planner {
   bool match(int softmax, Roles& r) const;
   bool match_scores(const std::string& scores_in, int reader, Roles& r) const;
   void match_heads(Roles& r) const;
+  bool match_projection(const std::string& part, int heads, Roles& r) const;
+  void match_projections(Roles& r) const;
 };
 
 // Softmax's input back to MatMul(Q, K^T): an optional mask Add and post-scale (Div or Mul).
@@ -99,6 +104,42 @@ void Planner::match_heads(Roles& r) const {
   if (!r.contains("k_heads")) r["k_heads_pre"] = tk;
 }
 
+// Reshape(Add(constant [N], MatMul(x, constant [K, N]))) before the heads Transpose `heads`, each
+// read only by the next: the roles <part>_matmul, <part>_bias and <part>_split.
+bool Planner::match_projection(const std::string& part, int heads, Roles& r) const {
+  const int split = sole(node(heads).inputs.at(0), "Reshape", heads);
+  if (split < 0 || node(split).inputs.size() != 2) return false;
+  const int add = sole(node(split).inputs[0], "Add", split);
+  if (add < 0 || node(add).inputs.size() != 2) return false;
+  const std::size_t mm_side = made_by(node(add).inputs[0]) >= 0 && node(made_by(node(add).inputs[0])).op == "MatMul" ? 0 : 1;
+  const int mm = sole(node(add).inputs[mm_side], "MatMul", add);
+  if (mm < 0 || node(mm).inputs.size() != 2 || s.constants.contains(node(mm).inputs[0])) return false;
+  const auto w = s.constants.find(node(mm).inputs[1]);
+  const auto bias = s.constants.find(node(add).inputs[1 - mm_side]);
+  if (w == s.constants.end() || bias == s.constants.end() || w->second.integer || bias->second.integer ||
+      w->second.dims.size() != 2 || bias->second.dims != std::vector<std::int64_t>{w->second.dims[1]})
+    return false;
+  r[part + "_matmul"] = mm;
+  r[part + "_bias"] = add;
+  r[part + "_split"] = split;
+  return true;
+}
+
+// The three projections, taken into the group only where all three are linears of one input with
+// weights of one shape (then they are built as one).
+void Planner::match_projections(Roles& r) const {
+  if (!r.contains("q_heads")) return;
+  Roles found;
+  const int k_heads = r.contains("k_heads_pre") ? r.at("k_heads_pre") : r.at("k_heads");
+  if (!match_projection("q", r.at("q_heads"), found) || !match_projection("k", k_heads, found) ||
+      !match_projection("v", r.at("v_heads"), found))
+    return;
+  const Node &q = node(found.at("q_matmul")), &k = node(found.at("k_matmul")), &v = node(found.at("v_matmul"));
+  const auto dims = [&](const Node& mm) { return s.constants.at(mm.inputs[1]).dims; };
+  if (k.inputs[0] != q.inputs[0] || v.inputs[0] != q.inputs[0] || dims(k) != dims(q) || dims(v) != dims(q)) return;
+  r.insert(found.begin(), found.end());
+}
+
 bool Planner::match(int softmax, Roles& r) const {
   const Node& sm = node(softmax);
   if (sm.inputs.size() != 1 || sm.outputs.size() != 1) return false;
@@ -128,6 +169,7 @@ bool Planner::match(int softmax, Roles& r) const {
   const int after = sole_consumer(uses, node(readers).outputs.at(0));
   if (after >= 0 && is_transpose(after, {0, 2, 1, 3})) r["out_heads"] = after;
   match_heads(r);
+  match_projections(r);
   return true;
 }
 
@@ -209,14 +251,36 @@ bool total_scale(const Ctx& c, const Group& g, double& scale) {
   return true;
 }
 
+constexpr const char* kParts[] = {"q", "k", "v"};
+
+bool has_projections(const Group& g) { return g.roles.contains("q_matmul"); }
+
+const Node& part_role(const Ctx& c, const Group& g, const char* part, const char* what) {
+  return role(c, g, std::string(part) + "_" + what);
+}
+
+// The dims Q, K or V is read with: the tensor's, or where the group holds its linear and Reshape
+// (not built yet), those of x through them; empty where x does not fit the weight.
+std::vector<std::int64_t> read_dims(const Ctx& c, const Group& g, std::size_t part, const Source& src) {
+  if (!has_projections(g)) return c.shape(*src.node, src.input);
+  const Node& mm = part_role(c, g, kParts[part], "matmul");
+  const Node& split = part_role(c, g, kParts[part], "split");
+  std::vector<std::int64_t> dims = c.shape(mm, 0);
+  const HostTensor& w = c.constant(mm, 1);
+  if (dims.size() < 2 || dims.back() != w.dims.at(0)) return {};
+  dims.back() = w.dims[1];
+  return reshape_dims(dims, c.constant(split, 1), attr_int(split, "allowzero", 0) != 0, split);
+}
+
 // The bound shapes fit the op: Q, K and V all [B, H, T, D] (self-attention), the softmax over keys,
 // the scale 1/sqrt(D), no mask but an all-zero one, Where(IsNaN) zeroing into 0.
 std::optional<Match> check(const Ctx& c, const Group& g) {
   Match m;
   m.qkv = sources(c, g);
   std::vector<std::int64_t> want;
-  for (const Source& src : m.qkv) {
-    std::vector<std::int64_t> d = c.shape(*src.node, src.input);
+  for (std::size_t i = 0; i < m.qkv.size(); ++i) {
+    const Source& src = m.qkv[i];
+    std::vector<std::int64_t> d = read_dims(c, g, i, src);
     if (d.size() != 4) return std::nullopt;
     if (src.bthd) std::swap(d[1], d[2]);
     if (!want.empty() && d != want) return std::nullopt;
@@ -258,17 +322,59 @@ nn::Value packed_qkv(Ctx& c, const Match& m, const std::string& name) {
   return nn::reshape(c.b, name + ".qkv", rows_first, Shape{rows, 3 * width});
 }
 
+// The three linears as one over x: weights [C, K] of q, k and v stacked (nn::Linear's [out, in],
+// so its output columns are q, k, v side by side) and their biases concatenated. qkv [B*T, 3C].
+nn::Value merged_qkv(Ctx& c, const Group& g, const std::string& name) {
+  std::vector<double> weight, bias;
+  std::int64_t out = 0;
+  std::string names;
+  for (const char* part : kParts) {
+    const Node& mm = part_role(c, g, part, "matmul");
+    const Node& add = part_role(c, g, part, "bias");
+    const HostTensor& w = c.constant(mm, 1);
+    const std::vector<double> w_nk = linear_weight(w), b = c.constant(add, add.inputs[0] == mm.outputs[0] ? 1 : 0).values();
+    weight.insert(weight.end(), w_nk.begin(), w_nk.end());
+    bias.insert(bias.end(), b.begin(), b.end());
+    out += w.dims[1];
+    names += (names.empty() ? "" : ", ") + mm.name;
+  }
+  c.fused.push_back("MatMul+Add x3 (q, k, v as one linear with bias): " + names);
+  return linear_of_rows(c, part_role(c, g, "q", "matmul"), name + ".qkv", weight, out, &bias);
+}
+
+// The projections as a plain linear group builds them, each with its Reshape to heads.
+void map_projections(Ctx& c, const Group& g) {
+  for (const char* part : kParts) {
+    map_linear_group(c, part_role(c, g, part, "matmul"), part_role(c, g, part, "bias"));
+    map_node(c, part_role(c, g, part, "split"));
+  }
+}
+
+bool is_projection(const Group& g, int node) {
+  for (const char* part : kParts)
+    for (const char* what : {"_matmul", "_bias", "_split"})
+      if (const auto it = g.roles.find(part + std::string(what)); it != g.roles.end() && it->second == node)
+        return true;
+  return false;
+}
+
 }  // namespace
 
 void build_attention(Ctx& c, const Group& g) {
   const std::optional<Match> m = check(c, g);
+  // One linear where its rows are the op's input: each projection [.., H*D] before its heads split.
+  const bool merged = m && has_projections(g) &&
+                      c.constant(part_role(c, g, "q", "matmul"), 1).dims.at(1) == m->heads * m->dim;
+  if (has_projections(g) && !merged) map_projections(c, g);
   if (!m) {
-    for (int i : g.nodes) map_node(c, c.s.nodes[static_cast<std::size_t>(i)]);
+    for (int i : g.nodes)
+      if (!is_projection(g, i)) map_node(c, c.s.nodes[static_cast<std::size_t>(i)]);
     return;
   }
   const Node& softmax = role(c, g, "softmax");
   const std::string name = c.unique_name(softmax.name + ".attention");
-  const nn::Value out = nn::attention(c.b, name, packed_qkv(c, *m, name), m->heads, m->seq, /*causal=*/false);
+  const nn::Value qkv = merged ? merged_qkv(c, g, name) : packed_qkv(c, *m, name);
+  const nn::Value out = nn::attention(c.b, name, qkv, m->heads, m->seq, /*causal=*/false);
   if (g.roles.contains("out_heads")) {
     c.set_view(role(c, g, "out_heads").outputs.at(0), out, {m->batch, m->seq, m->heads, m->dim});
   } else {
@@ -276,7 +382,10 @@ void build_attention(Ctx& c, const Group& g) {
     c.set(role(c, g, "context").outputs.at(0), nn::transpose(c.b, name + ".out", bthd, {0, 2, 1, 3}));
   }
   c.fused.push_back("MatMul+Softmax+MatMul (attention, " + std::to_string(m->heads) + " heads" +
-                    (g.roles.contains("q_heads") ? ", q/k/v in place" : "") + "): " + softmax.name);
+                    (merged                      ? ", q/k/v one linear"
+                     : g.roles.contains("q_heads") ? ", q/k/v in place"
+                                                   : "") +
+                    "): " + softmax.name);
 }
 
 }  // namespace ab::onnx

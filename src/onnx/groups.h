@@ -30,6 +30,12 @@ void build_group(Ctx& c, const Group& g);
 
 // MatMul by a constant [K, N] then Add of a constant [N] as one linear layer with its bias.
 void map_linear_group(Ctx& c, const Node& matmul, const Node& add);
+// nn::linear `name` over the rows of n's input 0 (viewed [rows, K]), e4m3 where an fp8 graph's rule
+// allows; its weight [out, K] and bias stored as its parameters. Returns y [rows, out].
+nn::Value linear_of_rows(Ctx& c, const Node& n, const std::string& name, const std::vector<double>& weight_nk,
+                         std::int64_t out, const std::vector<double>* bias);
+// A constant [K, N] (MatMul's B) as nn::Linear's weight [N, K].
+std::vector<double> linear_weight(const HostTensor& kn);
 
 // Conv's attributes in the engine's terms, and the extra padding on each side of H and W that a
 // symmetric convolution padding cannot express (then an nn::pad goes first). With `pad` (a zero

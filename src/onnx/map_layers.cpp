@@ -141,21 +141,11 @@ void map_global_avgpool(Ctx& c, const Node& n) {
   c.set_view(n.outputs.at(0), y, {x[0], x[1], 1, 1});
 }
 
-// y = x W^T + bias as nn::linear over the rows of x viewed [rows, K].
+// y = x W^T + bias as nn::linear over the rows of x, viewed with the ONNX shape of x (last dim `out`).
 void add_linear(Ctx& c, const Node& n, const std::vector<double>& weight_nk, std::int64_t out,
                 const std::vector<double>* bias, const std::string& output) {
   const std::vector<std::int64_t> x = c.shape(n, 0);
-  if (x.size() < 2) c.refuse(n, "a vector input is not mapped");
-  std::int64_t rows = 1;
-  for (std::size_t k = 0; k + 1 < x.size(); ++k) rows *= x[k];
-  const std::string name = c.unique_name(n.name);
-  const nn::Value in = c.value_as(n, 0, {rows, x.back()});
-  // In an fp8 graph e4m3 where the ResNet builder's classifier would be (its rule, the same kernels).
-  const bool fp8 = c.b.options().precision == Precision::fp8 && ab::models::fp8_linear_eligible(c.b.desc(in), out);
-  c.fp8_layers += fp8;
-  const nn::Value y = nn::linear(c.b, name, in, out, bias != nullptr, fp8);
-  c.params[name + ".weight"] = weight_nk;
-  if (bias != nullptr) c.params[name + ".bias"] = *bias;
+  const nn::Value y = linear_of_rows(c, n, c.unique_name(n.name), weight_nk, out, bias);
   std::vector<std::int64_t> dims(x.begin(), x.end() - 1);
   dims.push_back(out);
   c.set_view(output, y, dims);
@@ -205,6 +195,24 @@ void map_matmul(Ctx& c, const Node& n) {
 }
 
 }  // namespace
+
+nn::Value linear_of_rows(Ctx& c, const Node& n, const std::string& name, const std::vector<double>& weight_nk,
+                         std::int64_t out, const std::vector<double>* bias) {
+  const std::vector<std::int64_t> x = c.shape(n, 0);
+  if (x.size() < 2) c.refuse(n, "a vector input is not mapped");
+  std::int64_t rows = 1;
+  for (std::size_t k = 0; k + 1 < x.size(); ++k) rows *= x[k];
+  const nn::Value in = c.value_as(n, 0, {rows, x.back()});
+  // In an fp8 graph e4m3 where the ResNet builder's classifier would be (its rule, the same kernels).
+  const bool fp8 = c.b.options().precision == Precision::fp8 && ab::models::fp8_linear_eligible(c.b.desc(in), out);
+  c.fp8_layers += fp8;
+  const nn::Value y = nn::linear(c.b, name, in, out, bias != nullptr, fp8);
+  c.params[name + ".weight"] = weight_nk;
+  if (bias != nullptr) c.params[name + ".bias"] = *bias;
+  return y;
+}
+
+std::vector<double> linear_weight(const HostTensor& kn) { return transposed(kn, kn.dims.at(0), kn.dims.at(1), 1.0); }
 
 // MatMul by a constant then Add of a constant [N]: one linear layer with its bias (PyTorch's
 // nn.Linear on a 3-D input exports so).
