@@ -257,7 +257,8 @@ struct AttentionSpec {
   bool mask = false;         // an attention_mask input, added as (1 - mask) * -10000
   bool nan_guard = false;    // Where(IsNaN(p), 0, p) after the softmax, as SDPA's export zeroes masked rows
   int other_input = -1;      // 0, 1, 2: Q's, K's or V's linear reads a second input x2, not x
-  bool merged = false;       // expected: the three linears built as one
+  bool q_read_twice = false;  // Q's linear is added to the output too (read by more than its Reshape)
+  bool merged = false;        // expected: the three linears built as one
 };
 constexpr std::int64_t kSeq = 4, kHeads = 2, kDim = 4, kWidth = kHeads * kDim, kBatch = 2;
 
@@ -327,7 +328,8 @@ std::string attention_model(const AttentionSpec& s, const Projections& p) {
   }
   m.node("MatMul", {probs, s.shared ? "q4" : "v4"}, {"ctx4"});
   OB::attr(m.node("Transpose", {"ctx4"}, {"ctx"}), "perm", std::vector<std::int64_t>{0, 2, 1, 3});
-  m.node("Reshape", {"ctx", m.init_ints("out_shape", {3}, {0, 0, kWidth})}, {"y"});
+  m.node("Reshape", {"ctx", m.init_ints("out_shape", {3}, {0, 0, kWidth})}, {s.q_read_twice ? "context" : "y"});
+  if (s.q_read_twice) m.node("Add", {"context", "q.lin"}, {"y"});
   m.output("y");
   return m.bytes();
 }
@@ -376,7 +378,8 @@ std::vector<double> host_attention(const AttentionSpec& s, const Projections& p,
         for (std::int64_t d = 0; d < kDim; ++d) {
           double acc = 0;
           for (std::int64_t j = 0; j < kSeq; ++j) acc += w[static_cast<std::size_t>(j)] / sum * at(v, b, j, h, d);
-          out[static_cast<std::size_t>(((b * kSeq + i) * kHeads + h) * kDim + d)] = acc;
+          const auto at_out = static_cast<std::size_t>(((b * kSeq + i) * kHeads + h) * kDim + d);
+          out[at_out] = acc + (s.q_read_twice ? q[at_out] : 0.0);
         }
       }
   return out;
@@ -432,7 +435,8 @@ TEST(OnnxTransformer, ExportedAttentionRunsTheEngineAttentionOp) {
   EXPECT_TRUE(lists_attention(run_attention(shared, 403, true)));
 }
 
-// Q, K and V from linears of two inputs: three linears and a concat, as the heads are read in place.
+// Q, K and V from linears of two inputs, or Q's linear read by another node too: three linears and
+// a concat, as the heads are read in place.
 TEST(OnnxTransformer, ProjectionsOfAnotherInputStayThreeLinears) {
   for (int other = 0; other < 3; ++other) {
     SCOPED_TRACE(other);
@@ -440,6 +444,9 @@ TEST(OnnxTransformer, ProjectionsOfAnotherInputStayThreeLinears) {
     s.other_input = other;
     EXPECT_TRUE(lists_attention(run_attention(s, 421 + static_cast<std::uint64_t>(other), true)));
   }
+  AttentionSpec twice;
+  twice.q_read_twice = true;
+  EXPECT_TRUE(lists_attention(run_attention(twice, 425, true)));
 }
 
 TEST(OnnxTransformer, AttentionThatAlmostMatchesRunsNodeByNode) {

@@ -111,7 +111,8 @@ bool Planner::match_projection(const std::string& part, int heads, Roles& r) con
   if (split < 0 || node(split).inputs.size() != 2) return false;
   const int add = sole(node(split).inputs[0], "Add", split);
   if (add < 0 || node(add).inputs.size() != 2) return false;
-  const std::size_t mm_side = made_by(node(add).inputs[0]) >= 0 && node(made_by(node(add).inputs[0])).op == "MatMul" ? 0 : 1;
+  const std::size_t mm_side =
+      made_by(node(add).inputs[0]) >= 0 && node(made_by(node(add).inputs[0])).op == "MatMul" ? 0 : 1;
   const int mm = sole(node(add).inputs[mm_side], "MatMul", add);
   if (mm < 0 || node(mm).inputs.size() != 2 || s.constants.contains(node(mm).inputs[0])) return false;
   const auto w = s.constants.find(node(mm).inputs[1]);
@@ -332,7 +333,8 @@ nn::Value merged_qkv(Ctx& c, const Group& g, const std::string& name) {
     const Node& mm = part_role(c, g, part, "matmul");
     const Node& add = part_role(c, g, part, "bias");
     const HostTensor& w = c.constant(mm, 1);
-    const std::vector<double> w_nk = linear_weight(w), b = c.constant(add, add.inputs[0] == mm.outputs[0] ? 1 : 0).values();
+    const std::vector<double> w_nk = linear_weight(w),
+                              b = c.constant(add, add.inputs[0] == mm.outputs[0] ? 1 : 0).values();
     weight.insert(weight.end(), w_nk.begin(), w_nk.end());
     bias.insert(bias.end(), b.begin(), b.end());
     out += w.dims[1];
@@ -363,8 +365,8 @@ bool is_projection(const Group& g, int node) {
 void build_attention(Ctx& c, const Group& g) {
   const std::optional<Match> m = check(c, g);
   // One linear where its rows are the op's input: each projection [.., H*D] before its heads split.
-  const bool merged = m && has_projections(g) &&
-                      c.constant(part_role(c, g, "q", "matmul"), 1).dims.at(1) == m->heads * m->dim;
+  const bool merged =
+      m && has_projections(g) && c.constant(part_role(c, g, "q", "matmul"), 1).dims.at(1) == m->heads * m->dim;
   if (has_projections(g) && !merged) map_projections(c, g);
   if (!m) {
     for (int i : g.nodes)
@@ -382,7 +384,7 @@ void build_attention(Ctx& c, const Group& g) {
     c.set(role(c, g, "context").outputs.at(0), nn::transpose(c.b, name + ".out", bthd, {0, 2, 1, 3}));
   }
   c.fused.push_back("MatMul+Softmax+MatMul (attention, " + std::to_string(m->heads) + " heads" +
-                    (merged                      ? ", q/k/v one linear"
+                    (merged                        ? ", q/k/v one linear"
                      : g.roles.contains("q_heads") ? ", q/k/v in place"
                                                    : "") +
                     "): " + softmax.name);
