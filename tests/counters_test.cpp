@@ -275,12 +275,9 @@ TEST(CounterPass, RunWithCountersOnTheCpuRecordsUnavailableAndTheRunGoesOn) {
   const test::Ran o = test::accelbench({"run", "gemm", "--device", "cpu", "--axis", "m,n,k=64", "--counters", "memory",
                                         "--min-time", "0.02", "--max-noise", "50", "--out", dir.path().string()});
   ASSERT_EQ(o.code, 0) << o.output;
-  fs::path points;
-  for (const auto& e : fs::directory_iterator(dir.path() / "runs"))
-    if (e.is_directory()) points = e.path() / "points.jsonl";
-  const auto read = results::read_jsonl(points);
-  ASSERT_EQ(read.records.size(), 1u);
-  const json& r = read.records[0];
+  const std::vector<json> records = test::only_run_records(dir.path());
+  ASSERT_EQ(records.size(), 1u);
+  const json& r = records[0];
   EXPECT_EQ(r["status"], "ok");
   EXPECT_EQ(r["metrics"]["counters"]["status"], "unavailable");
   EXPECT_EQ(r["metrics"]["counters"]["set"], "memory");

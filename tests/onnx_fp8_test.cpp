@@ -258,13 +258,9 @@ TEST(OnnxFp8, InferRecordsTheFp8LayersOfAnOnnxModel) {
                                         "model=" + (dir.path() / "small.onnx").string(), "--axis", "batch=2", "--axis",
                                         "precision=fp8", "--min-time", "0.02", "--out", dir.path().string(), "-q"});
   ASSERT_EQ(o.code, 0) << o.output;
-  std::vector<std::filesystem::path> runs;
-  for (const auto& entry : std::filesystem::directory_iterator(dir.path() / "runs"))
-    if (entry.is_directory()) runs.push_back(entry.path());
-  ASSERT_EQ(runs.size(), 1u);
-  const auto read = results::read_jsonl(runs[0] / "points.jsonl");
-  ASSERT_EQ(read.records.size(), 1u);
-  const auto& r = read.records[0];
+  const std::vector<nlohmann::json> records = test::only_run_records(dir.path());
+  ASSERT_EQ(records.size(), 1u);
+  const auto& r = records[0];
   ASSERT_EQ(r["status"], "ok") << r.dump();
   EXPECT_EQ(r["check"]["passed"], true);
   EXPECT_EQ(r["metrics"]["fp8"]["layers"], kSmallResnetFp8Layers);

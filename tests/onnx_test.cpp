@@ -390,14 +390,10 @@ TEST(OnnxCli, InferRunsAnOnnxFileAndRecordsWhatItIs) {
                         "inputs=" + (dir.path() / "inputs.f32").string(), "--option", "dump_outputs=on", "--min-time",
                         "0.02", "--out", dir.path().string(), "-q"});
   ASSERT_EQ(o.code, 0) << o.output;
-  std::vector<std::filesystem::path> runs;
-  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "runs"))
-    if (e.is_directory()) runs.push_back(e.path());
-  ASSERT_EQ(runs.size(), 1u);
-  const auto read = results::read_jsonl(runs[0] / "points.jsonl");
-  ASSERT_EQ(read.records.size(), 2u);
+  const std::vector<nlohmann::json> records = test::only_run_records(dir.path());
+  ASSERT_EQ(records.size(), 2u);
   const std::vector<double> want = tiny_resnet_reference(t, 2, x);
-  for (const auto& r : read.records) {
+  for (const auto& r : records) {
     ASSERT_EQ(r["status"], "ok") << r.dump();
     const auto& onnx = r["metrics"]["onnx"];
     EXPECT_EQ(onnx["file"], "tiny.onnx");
@@ -428,13 +424,9 @@ TEST(OnnxCli, LoadgenRunsAnOnnxFileAsItsSystemUnderTest) {
       test::accelbench({"run", "loadgen", "--device", "cpu", "--axis", "sut=" + file, "--axis",
                         "scenario=single-stream", "--axis", "samples=64", "--out", dir.path().string(), "-q"});
   ASSERT_EQ(o.code, 0) << o.output;
-  std::vector<std::filesystem::path> runs;
-  for (const auto& e : std::filesystem::directory_iterator(dir.path() / "runs"))
-    if (e.is_directory()) runs.push_back(e.path());
-  ASSERT_EQ(runs.size(), 1u);
-  const auto read = results::read_jsonl(runs[0] / "points.jsonl");
-  ASSERT_EQ(read.records.size(), 1u);
-  const auto& r = read.records[0];
+  const std::vector<nlohmann::json> records = test::only_run_records(dir.path());
+  ASSERT_EQ(records.size(), 1u);
+  const auto& r = records[0];
   ASSERT_EQ(r["status"], "ok") << r.dump();
   EXPECT_NE(r["scenario"]["sut"].get<std::string>().find("tiny.onnx"), std::string::npos) << r["scenario"].dump();
   EXPECT_GT(r["counts"]["flops"].get<double>(), 0.0);

@@ -50,6 +50,19 @@ inline measure::Settings record_settings() {
 }
 
 // Every record of the runs under `out` (each points.jsonl below it), in file order.
+// The records of the one run under `out`/runs (a failed expectation where there are more or none).
+inline std::vector<nlohmann::json> only_run_records(const std::filesystem::path& out) {
+  std::vector<std::filesystem::path> runs;
+  for (const auto& e : std::filesystem::directory_iterator(out / "runs"))
+    if (e.is_directory()) runs.push_back(e.path());
+  EXPECT_EQ(runs.size(), 1u) << "run folders under " << out;
+  std::vector<nlohmann::json> records;
+  if (runs.empty()) return records;
+  std::ifstream in(runs[0] / "points.jsonl");
+  for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
 inline std::vector<nlohmann::json> read_records(const std::filesystem::path& out) {
   std::vector<nlohmann::json> records;
   for (const auto& e : std::filesystem::recursive_directory_iterator(out))

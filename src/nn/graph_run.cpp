@@ -40,6 +40,10 @@ std::vector<double> initial_values(const Op& op, std::size_t param, const ParamS
   return v;
 }
 
+std::string layer_prefix(const Op& op) { return "layer '" + op.name() + "' (" + std::string(op.kind()) + "): "; }
+
+}  // namespace
+
 // Device tensors to and from values, through a host staging copy in the tensor's own dtype and
 // strides (the kernels move whole tensors as bytes).
 void upload_values(Kernels& k, const Tensor& t, const std::vector<double>& values) {
@@ -59,10 +63,6 @@ std::vector<double> download_values(Kernels& k, const Tensor& t) {
   staging.device = DeviceKind::host;
   return read_host(staging);
 }
-
-std::string layer_prefix(const Op& op) { return "layer '" + op.name() + "' (" + std::string(op.kind()) + "): "; }
-
-}  // namespace
 
 void Graph::bind(Kernels& kernels) {
   State& s = *s_;

@@ -582,6 +582,11 @@ std::string fp8_linear_refusal(const Tensor& x, const Tensor& w, const Tensor& y
 // What a backend's refusal under set_fp8_only_where_faster(true) says (then both times).
 inline constexpr const char* kFp8SlowerReason = "fp8 timed no faster than 16 bits";
 
+// A device tensor to and from values, through a host staging copy in the tensor's own dtype and
+// strides (the kernels move whole tensors as bytes).
+void upload_values(Kernels& k, const Tensor& t, const std::vector<double>& values);
+std::vector<double> download_values(Kernels& k, const Tensor& t);
+
 // The reference kernels (nn/ref): host memory, f64/f32/f16/bf16 storage (16-bit values loaded
 // exactly, stored rounded once to nearest even), float64 accumulation, and work split over
 // outputs only, so results are bit-identical for any thread count.

@@ -76,21 +76,7 @@ ConvShape resolve_shape(const State& state) {
 void fill_random(nn::Kernels& k, const Tensor& t, std::uint64_t seed) {
   std::vector<double> values(static_cast<std::size_t>(t.numel()));
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = uniform(seed, i, -1.0, 1.0);
-  std::vector<unsigned char> host(static_cast<std::size_t>(t.size_bytes()));
-  Tensor staging = t;
-  staging.data = host.data();
-  staging.device = DeviceKind::host;
-  write_host(staging, values);
-  k.upload(t, host.data());
-}
-
-std::vector<double> read_back(nn::Kernels& k, const Tensor& t) {
-  std::vector<unsigned char> host(static_cast<std::size_t>(t.size_bytes()));
-  k.download(t, host.data());
-  Tensor staging = t;
-  staging.data = host.data();
-  staging.device = DeviceKind::host;
-  return read_host(staging);
+  nn::upload_values(k, t, values);
 }
 
 // The device operands of one point: x, w, y in the point's layout (one of them the pass's output),
@@ -182,9 +168,12 @@ class ConvPoint {
   void check() {
     launch();
     kernels_->synchronize();
-    ConvHostValues v{read_back(*kernels_, ops_.x), read_back(*kernels_, ops_.w), read_back(*kernels_, ops_.y), {}};
+    ConvHostValues v{nn::download_values(*kernels_, ops_.x),
+                     nn::download_values(*kernels_, ops_.w),
+                     nn::download_values(*kernels_, ops_.y),
+                     {}};
     if (fp8_) {
-      v.bias = read_back(*kernels_, ops_.bias);
+      v.bias = nn::download_values(*kernels_, ops_.bias);
       v.forward_descale = quantize_e4m3_per_tensor(v.x) * quantize_e4m3_per_tensor(v.w);
     }
     const ConvCheckSample sample = conv_check_sample(pass_, shape_, v, kWholeCheckMacs);
