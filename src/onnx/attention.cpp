@@ -211,7 +211,9 @@ struct Match {
   std::int64_t batch = 0, heads = 0, seq = 0, dim = 0;
 };
 
-const Node& role(const Ctx& c, const Group& g, const std::string& r) {
+// The role's name is a plain pointer, not a std::string: a temporary string argument would make
+// GCC 13 warn (-Wdangling-reference) at every `const Node& n = role(...)`, though the node lives in c.
+const Node& role(const Ctx& c, const Group& g, const char* r) {
   return c.s.nodes[static_cast<std::size_t>(g.roles.at(r))];
 }
 
@@ -257,7 +259,7 @@ constexpr const char* kParts[] = {"q", "k", "v"};
 bool has_projections(const Group& g) { return g.roles.contains("q_matmul"); }
 
 const Node& part_role(const Ctx& c, const Group& g, const char* part, const char* what) {
-  return role(c, g, std::string(part) + "_" + what);
+  return role(c, g, (std::string(part) + "_" + what).c_str());
 }
 
 // The dims Q, K or V is read with: the tensor's, or where the group holds its linear and Reshape
