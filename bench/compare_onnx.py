@@ -18,7 +18,8 @@ accelbench: `run infer --axis model=FILE --axis batch=1,64 --axis precision=fp32
 point's outputs file.
 Checks (as the issue asks): fp32 max |error| <= 1e-4 x max |logit|, fp16 <= 1e-2 x max |logit|,
 top-1 the same for every sample but near-ties (PyTorch's two logits closer than the bound); speed: accelbench's median latency vs torch.compile's (fp16,
-channels_last for images, CUDA-event timing as compare_common.time_batches) at batch 1 and 64.
+channels_last for images, CUDA-event timing as compare_common.time_batches) at batch 1 and 64
+(--batches picks others).
 Finally the imported ResNeXt-101 32x4d vs the built-in resnext101_32x4d (target: within 3%).
 With --precisions ...,fp8 (off by default): fp8 (e4m3 where it timed faster, infer's fp8_layers=faster)
 against the same fp32 PyTorch logits within infer's own fp8 bound, max |error| <= 0.25 x max |logit|
@@ -39,7 +40,6 @@ import torch.nn as nn
 
 from compare_common import accelbench, time_batches
 
-BATCHES = (1, 64)
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "fp8": 0.25}
 BERT_SEQ = 128
 
@@ -301,9 +301,9 @@ def run_family(name, args, rows):
     randomise_batchnorms(model, 1)
     randomise_zero_weights(model, 2)
     export(model, family_inputs(name, model, 2, seed=4), path)
-    inputs = family_inputs(name, model, max(BATCHES), seed=5)
+    inputs = family_inputs(name, model, max(args.batches), seed=5)
     want = torch_logits(model, inputs)
-    records = accelbench(args.accelbench, ["infer", "--axis", "model=" + path, "--axis", "batch=" + ",".join(map(str, BATCHES)),
+    records = accelbench(args.accelbench, ["infer", "--axis", "model=" + path, "--axis", "batch=" + ",".join(map(str, args.batches)),
                                            "--axis", "precision=" + args.precisions, "--option", "inputs=" + write_inputs(inputs, path),
                                            "--option", "dump_outputs=on", "--timeout", "600"], os.path.join(args.out, name))
     ours, compiled_s = {}, {}
@@ -334,6 +334,8 @@ def main():
                     help="check the logits only (no torch.compile timing): a quick pass over many families")
     ap.add_argument("--precisions", default="fp32,fp16",
                     help="accelbench's precisions, of fp32, fp16 and fp8 (fp8: see the checks above)")
+    ap.add_argument("--batches", default="1,64", type=lambda v: tuple(int(b) for b in v.split(",")),
+                    help="the batch sizes (comma-separated)")
     args = ap.parse_args()
     if not set(args.precisions.split(",")) <= set(TOLERANCE):
         ap.error("--precisions takes fp32, fp16 and fp8")
@@ -349,7 +351,7 @@ def main():
             print(*rows[-1], flush=True)
     if imported:
         built = accelbench(args.accelbench, ["infer", "--axis", "model=resnext101_32x4d", "--axis",
-                                             "batch=" + ",".join(map(str, BATCHES)), "--axis", "precision=fp16"],
+                                             "batch=" + ",".join(map(str, args.batches)), "--axis", "precision=fp16"],
                            os.path.join(args.out, "builtin"))
         for r in built:
             b = r["params"]["batch"]

@@ -10,7 +10,11 @@
 
 #include <array>
 #include <bit>
+#include <condition_variable>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cuda_backend.h"
@@ -106,7 +110,10 @@ class CudaCopyQueue final : public CopyQueue {
   std::int64_t recorded_ = 0, done_ = 0;
 };
 
-// decode_ahead's decoder: the inner one on `decode_`'s stream, events between it and compute's.
+// decode_ahead's decoder: the inner one on `decode_`'s stream, called by a thread of its own, events
+// between its stream and compute's. The thread matters: nvJPEG's batched decode may hold the calling
+// thread until its work is done (and the decode of batch k+1 waits, on the device, for compute's work
+// up to batch k), so a training thread that called it would queue step k only after that decode.
 class DecodeAhead final : public GpuDecoder {
  public:
   DecodeAhead(backend::Backend& compute, const std::function<std::unique_ptr<GpuDecoder>(backend::Backend&)>& make)
@@ -116,8 +123,15 @@ class DecodeAhead final : public GpuDecoder {
         inner_(make(*decode_backend_)),
         compute_mark_(backend::cuda::create_event("decode ahead: compute mark")),
         decoded_{backend::cuda::create_event("decode ahead: batch decoded"),
-                 backend::cuda::create_event("decode ahead: batch decoded")} {}
+                 backend::cuda::create_event("decode ahead: batch decoded")},
+        worker_([this] { work(); }) {}
   ~DecodeAhead() override {  // the batches' buffers go back to the allocator: nothing may still use them
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    worker_.join();
     cudaStreamSynchronize(decode_);
     cudaStreamSynchronize(compute_);
   }
@@ -125,7 +139,8 @@ class DecodeAhead final : public GpuDecoder {
   DecodeAhead& operator=(const DecodeAhead&) = delete;
 
   const DeviceFeeder::DeviceBatch& next() override {
-    if (step_ == 0) queue_decode();
+    if (step_ == 0) request(false);
+    const DeviceFeeder::DeviceBatch batch = decoded_batch();
     const auto parity = static_cast<std::size_t>(step_ % 2);
     WaitMark& mark = marks_[static_cast<std::size_t>(step_) % marks_.size()];
     add_wait(mark);  // several steps back: finished, unless the host is that far ahead of the GPU
@@ -133,16 +148,19 @@ class DecodeAhead final : public GpuDecoder {
     AB_CUDA_LAZY(cudaStreamWaitEvent(compute_, decoded_[parity].get(), 0), "decode ahead: compute waits for a batch");
     AB_CUDA_LAZY(cudaEventRecord(mark.after.get(), compute_), "decode ahead: after the wait");
     mark.live = true;
-    current_ = pending_;
-    // Batch k+1 overwrites batch k-1's buffers: after compute's work so far, which read them.
+    current_ = batch;
+    // Batch k+1 overwrites batch k-1's buffers: after compute's work so far, which read them. The
+    // worker is idle here, so it meets this record, not the next call's.
     AB_CUDA_LAZY(cudaEventRecord(compute_mark_.get(), compute_), "decode ahead: mark the compute stream");
-    AB_CUDA_LAZY(cudaStreamWaitEvent(decode_, compute_mark_.get(), 0), "decode ahead: decode waits for compute");
     ++step_;
-    queue_decode();
+    request(true);
     return current_;
   }
   std::string backend_name() const override { return inner_->backend_name(); }
-  double host_cpu_s() const override { return inner_->host_cpu_s(); }
+  double host_cpu_s() const override {
+    std::lock_guard lock(mutex_);
+    return cpu_s_;
+  }
   double device_wait_s() override {
     for (WaitMark& m : marks_) add_wait(m);
     return wait_s_;
@@ -162,10 +180,53 @@ class DecodeAhead final : public GpuDecoder {
     wait_s_ += static_cast<double>(ms) * 1e-3;
     m.live = false;
   }
-  void queue_decode() {  // batch step_ on the decode stream, its event recorded behind it
-    pending_ = inner_->next();
-    AB_CUDA_LAZY(cudaEventRecord(decoded_[static_cast<std::size_t>(step_ % 2)].get(), decode_),
-                 "decode ahead: mark a decoded batch");
+  // Asks the worker for batch step_ (behind compute_mark_ where `after_compute`).
+  void request(bool after_compute) {
+    {
+      std::lock_guard lock(mutex_);
+      requested_ = step_ + 1;
+      after_compute_ = after_compute;
+    }
+    changed_.notify_all();
+  }
+  // Batch step_ once the worker has queued its decode; the worker's error, if it failed.
+  DeviceFeeder::DeviceBatch decoded_batch() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return queued_ > step_ || failure_; });
+    if (failure_) std::rethrow_exception(failure_);
+    return pending_;
+  }
+  void work() {
+    try {
+      cuda::use_device_of(*decode_backend_);
+      for (std::int64_t batch = 0;; ++batch) {
+        bool after_compute = false;
+        {
+          std::unique_lock lock(mutex_);
+          changed_.wait(lock, [&] { return requested_ > batch || stop_; });
+          if (stop_) return;
+          after_compute = after_compute_;
+        }
+        if (after_compute)
+          AB_CUDA_LAZY(cudaStreamWaitEvent(decode_, compute_mark_.get(), 0), "decode ahead: decode waits for compute");
+        const DeviceFeeder::DeviceBatch b = inner_->next();
+        AB_CUDA_LAZY(cudaEventRecord(decoded_[static_cast<std::size_t>(batch % 2)].get(), decode_),
+                     "decode ahead: mark a decoded batch");
+        {
+          std::lock_guard lock(mutex_);
+          pending_ = b;
+          cpu_s_ = inner_->host_cpu_s();
+          queued_ = batch + 1;
+        }
+        changed_.notify_all();
+      }
+    } catch (...) {
+      {
+        std::lock_guard lock(mutex_);
+        failure_ = std::current_exception();
+      }
+      changed_.notify_all();
+    }
   }
 
   cudaStream_t compute_;
@@ -175,9 +236,18 @@ class DecodeAhead final : public GpuDecoder {
   backend::cuda::EventPtr compute_mark_;
   std::array<backend::cuda::EventPtr, 2> decoded_;
   std::array<WaitMark, 4> marks_;
-  DeviceFeeder::DeviceBatch pending_, current_;
-  std::int64_t step_ = 0;
+  DeviceFeeder::DeviceBatch current_;
+  std::int64_t step_ = 0;  // the training thread's
   double wait_s_ = 0;
+  // Between the threads, under mutex_:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::int64_t requested_ = 0, queued_ = 0;  // batches asked for, and queued by the worker
+  bool after_compute_ = false, stop_ = false;
+  DeviceFeeder::DeviceBatch pending_;
+  double cpu_s_ = 0;
+  std::exception_ptr failure_;
+  std::thread worker_;  // last: starts after everything it reads, joined in the destructor
 };
 
 }  // namespace

@@ -1,8 +1,11 @@
 // GPU decoding (data/device.h's make_nvjpeg_decoder): nvJPEG's batched decode into one device
 // buffer per batch position, then the augmentation kernel (augment.cu). Built only where CMake finds
 // the toolkit's nvJPEG (ACCELBENCH_NVJPEG). Every nvJPEG and CUDA status is checked where it is
-// returned. The host buffers a batch reads (its files, crops and labels) alternate between two sets,
-// and a set is reused only after the event recorded behind its batch's work has completed.
+// returned. Everything a batch's work reads or writes besides its output (its files, crops, labels,
+// nvJPEG state and decode buffers) alternates between two sets, and a set is reused only after the
+// event recorded behind its batch's work has completed: a decode queued behind other work (decode
+// ahead's stream waits for the compute stream) then never meets the next batch's host writes into
+// nvJPEG's staging, nor the engine's writes into a decode buffer that batch's augmentation still reads.
 #include <cuda_runtime_api.h>
 #include <nvjpeg.h>
 
@@ -65,18 +68,21 @@ struct Opened {
   StatePtr state;
   nvjpegStatus_t status = NVJPEG_STATUS_SUCCESS;
 };
+nvjpegStatus_t batched_state(nvjpegHandle_t h, int batch, StatePtr& state) {
+  nvjpegJpegState_t s = nullptr;
+  const nvjpegStatus_t status = nvjpegJpegStateCreate(h, &s);
+  if (status != NVJPEG_STATUS_SUCCESS) return status;
+  state.reset(s);
+  // max_cpu_threads is unused by current nvJPEG; 1 is what its samples pass.
+  return nvjpegDecodeBatchedInitialize(h, s, batch, 1, NVJPEG_OUTPUT_RGBI);
+}
 Opened open_backend(nvjpegBackend_t backend, int batch) {
   Opened o;
   nvjpegHandle_t h = nullptr;
   o.status = nvjpegCreateEx(backend, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &h);
   if (o.status != NVJPEG_STATUS_SUCCESS) return o;
   o.handle.reset(h);
-  nvjpegJpegState_t s = nullptr;
-  o.status = nvjpegJpegStateCreate(h, &s);
-  if (o.status != NVJPEG_STATUS_SUCCESS) return o;
-  o.state.reset(s);
-  // max_cpu_threads is unused by current nvJPEG; 1 is what its samples pass.
-  o.status = nvjpegDecodeBatchedInitialize(h, s, batch, 1, NVJPEG_OUTPUT_RGBI);
+  o.status = batched_state(h, batch, o.state);
   return o;
 }
 
@@ -85,6 +91,8 @@ struct HostSide {
   std::vector<std::vector<std::uint8_t>> files;
   bc::PinnedBuffer crops, labels;
   bc::DeviceBuffer device_crops;
+  StatePtr state;                         // nvJPEG's batched-decode state (its staging buffers)
+  std::vector<bc::DeviceBuffer> decoded;  // per batch position: the decoded RGB image
   bc::EventPtr done;
   bool queued = false;
 };
@@ -125,8 +133,8 @@ class NvjpegDecoder final : public GpuDecoder {
     if (side.queued) AB_CUDA_LAZY(cudaEventSynchronize(side.done.get()), "nvJPEG decoder: a batch two back");
     prepare(step_, side);
     const std::string what = "batch " + std::to_string(step_);
-    AB_NVJPEG(
-        nvjpegDecodeBatched(handle_.get(), state_.get(), data_.data(), lengths_.data(), destinations_.data(), stream_),
+    AB_NVJPEG(nvjpegDecodeBatched(handle_.get(), side.state.get(), data_.data(), lengths_.data(), destinations_.data(),
+                                  stream_),
         what + " (engine " + engine_ + "; engine=gpu decodes more kinds of JPEG)");
     auto& out = batches_[parity];
     const auto n = static_cast<std::size_t>(config_.batch);
@@ -158,7 +166,7 @@ class NvjpegDecoder final : public GpuDecoder {
       Opened hw = open_backend(NVJPEG_BACKEND_HARDWARE, static_cast<int>(config_.batch));
       if (hw.status == NVJPEG_STATUS_SUCCESS) {
         handle_ = std::move(hw.handle);
-        state_ = std::move(hw.state);
+        sides_[0].state = std::move(hw.state);
         engine_ = "hardware";
         return;
       }
@@ -168,7 +176,7 @@ class NvjpegDecoder final : public GpuDecoder {
     Opened gpu = open_backend(NVJPEG_BACKEND_GPU_HYBRID, static_cast<int>(config_.batch));
     AB_NVJPEG(gpu.status, std::string("the GPU-hybrid backend"));
     handle_ = std::move(gpu.handle);
-    state_ = std::move(gpu.state);
+    sides_[0].state = std::move(gpu.state);
     engine_ = "gpu";
   }
 
@@ -191,11 +199,13 @@ class NvjpegDecoder final : public GpuDecoder {
       cudaEvent_t e = nullptr;
       AB_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "nvJPEG decoder event");
       s.done.reset(e);
+      s.decoded.resize(n);
     }
+    AB_NVJPEG(batched_state(handle_.get(), static_cast<int>(config_.batch), sides_[1].state),
+              std::string("the second batched-decode state"));
     const auto table = cuda::level_table(a);
     table_ = bc::DeviceBuffer(static_cast<std::int64_t>(table.size() * 4), "nvJPEG decoder level table");
     AB_CUDA(cudaMemcpy(table_.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice), "the level table");
-    decoded_.resize(n);
     data_.resize(n);
     lengths_.resize(n);
     destinations_.resize(n);
@@ -225,7 +235,7 @@ class NvjpegDecoder final : public GpuDecoder {
                 "sample " + std::to_string(index) + " (not a JPEG nvJPEG reads)");
       const std::int64_t h = heights[0], w = widths[0];
       if (h < 1 || w < 1) throw Error("nvJPEG: sample " + std::to_string(index) + " has no size");
-      std::uint8_t* target = decode_target(at, h * w * 3);
+      std::uint8_t* target = decode_target(side, at, h * w * 3);
       destinations_[at] = nvjpegImage_t{};
       destinations_[at].channel[0] = target;
       destinations_[at].pitch[0] = static_cast<std::size_t>(w * 3);
@@ -238,13 +248,12 @@ class NvjpegDecoder final : public GpuDecoder {
     }
   }
 
-  // Position i's decode buffer, grown (after the stream has finished with the old one) to `bytes`.
-  std::uint8_t* decode_target(std::size_t i, std::int64_t bytes) {
-    if (decoded_[i].bytes() < bytes) {
-      AB_CUDA(cudaStreamSynchronize(stream_), "nvJPEG decoder: before growing a decode buffer");
-      decoded_[i] = bc::DeviceBuffer(bytes, "nvJPEG decode buffer of " + std::to_string(bytes) + " bytes");
-    }
-    return decoded_[i].as<std::uint8_t>();
+  // Position i's decode buffer of `side`, grown to `bytes`: next() has waited for the side's last
+  // batch, so nothing still uses the old one.
+  static std::uint8_t* decode_target(HostSide& side, std::size_t i, std::int64_t bytes) {
+    if (side.decoded[i].bytes() < bytes)
+      side.decoded[i] = bc::DeviceBuffer(bytes, "nvJPEG decode buffer of " + std::to_string(bytes) + " bytes");
+    return side.decoded[i].as<std::uint8_t>();
   }
 
   std::shared_ptr<const SampleSource> source_;
@@ -253,13 +262,11 @@ class NvjpegDecoder final : public GpuDecoder {
   cuda::GpuAugmentShape shape_;
   std::int64_t per_rank_ = 0, batches_per_epoch_ = 0;
   HandlePtr handle_;
-  StatePtr state_;
   std::string engine_;
   std::array<Buffer, 2> pixel_memory_, label_memory_;
   std::array<DeviceFeeder::DeviceBatch, 2> batches_;
   std::array<HostSide, 2> sides_;
   bc::DeviceBuffer table_;
-  std::vector<bc::DeviceBuffer> decoded_;
   std::vector<const unsigned char*> data_;
   std::vector<std::size_t> lengths_;
   std::vector<nvjpegImage_t> destinations_;
