@@ -201,6 +201,20 @@ TEST_F(CudaGeneric, DataMovementIsExactInBothLayouts) {
             return transpose(b, "t", s, {0, 2, 3, 1});
           },
           0, 0);
+      // Transposes of leading dims move whole runs of the last dim in 16, 8 or 4 bytes where its
+      // length and alignment allow, elements otherwise; the slice's copy starts one element in.
+      for (const std::int64_t inner : {64, 12, 6, 5})
+        compare(
+            "heads transpose, last dim " + std::to_string(inner), t, l, {In(Shape{3, 5, 4, inner})},
+            [](GraphBuilder& b, const std::vector<Value>& v) { return transpose(b, "t", v[0], {0, 2, 1, 3}); }, 0,
+            0);
+      compare(
+          "an unaligned slice, then a transpose", t, l, {In(Shape{3, 5, 4, 66})},
+          [](GraphBuilder& b, const std::vector<Value>& v) {
+            const Value s = slice(b, "s", v[0], {0, 0, 0, 1}, {3, 5, 4, 65}, {1, 1, 1, 1});
+            return transpose(b, "t", s, {1, 0, 2, 3});
+          },
+          0, 0);
       compare(
           "reshape and pad", t, l, {x[0]},
           [](GraphBuilder& b, const std::vector<Value>& v) {

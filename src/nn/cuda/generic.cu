@@ -104,6 +104,27 @@ bool one_run(const StridedIndex& ix) {
   return true;
 }
 
+// The widest unit, 16, 8 or 4 bytes (at least the element's), that moves whole pieces of the
+// innermost dim: unit-stride there in both operands, that dim and every other stride a multiple of
+// the unit, both pointers aligned to it. The index is rewritten in units of it. A transpose of
+// leading dims (heads, batch-first) then moves 16 bytes per index decode instead of one element.
+std::size_t widen_copy(StridedIndex& ix, std::size_t element_bytes, const void* x, const void* y) {
+  if (ix.rank == 0) return element_bytes;
+  const int inner = ix.rank - 1;
+  if (ix.strides[0][inner] != 1 || ix.strides[1][inner] != 1) return element_bytes;
+  for (const std::size_t unit : {std::size_t{16}, std::size_t{8}, std::size_t{4}}) {
+    if (unit <= element_bytes) break;
+    const auto per = static_cast<std::int64_t>(unit / element_bytes);
+    bool fits = ix.dims[inner] % per == 0 && device_common::aligned(x, unit) && device_common::aligned(y, unit);
+    for (int d = 0; fits && d < inner; ++d) fits = ix.strides[0][d] % per == 0 && ix.strides[1][d] % per == 0;
+    if (!fits) continue;
+    ix.dims[inner] /= per;
+    for (int d = 0; d < inner; ++d) ix.strides[0][d] /= per, ix.strides[1][d] /= per;
+    return unit;
+  }
+  return element_bytes;
+}
+
 void require_float_shape(const char* kernel, const Tensor& x, const Tensor& y) {
   require_same_dtype(kernel, {&x, &y});
   if (!(x.shape == y.shape))
@@ -172,7 +193,14 @@ void copy_strided(cudaStream_t stream, const Tensor& x, const Tensor& y) {
             std::string("cuda ") + k);
         return;
       }
-      return launch_indexed<2>(stream, ix, CopyAt<E>{x.as<const E>(), y.as<E>()}, k);
+      switch (widen_copy(ix, e, x.data, y.data)) {
+        case 16: return launch_indexed<2>(stream, ix, CopyAt<uint4>{x.as<const uint4>(), y.as<uint4>()}, k);
+        case 8: return launch_indexed<2>(stream, ix, CopyAt<uint2>{x.as<const uint2>(), y.as<uint2>()}, k);
+        case 4:
+          if (e < 4) return launch_indexed<2>(stream, ix, CopyAt<std::uint32_t>{x.as<const std::uint32_t>(), y.as<std::uint32_t>()}, k);
+          [[fallthrough]];
+        default: return launch_indexed<2>(stream, ix, CopyAt<E>{x.as<const E>(), y.as<E>()}, k);
+      }
     }
     StridedIndex iy = broadcast_index(k, y, {}), ix = broadcast_index(k, x, {});
     coalesce(iy);
