@@ -11,6 +11,7 @@
 #include "onnx_builder.h"
 #include "results/results.h"
 #include "test_support.h"
+#include "workloads/models/models.h"
 
 namespace ab {
 namespace {
@@ -377,6 +378,27 @@ TEST(OnnxImport, ElementwiseChainsWithScalarAndChannelConstantsBroadcast) {
 
 // The model axis takes the file: infer checks it against its float64 reference (the imported graph
 // unfolded on the reference kernels), writes the outputs where asked, and records the onnx block.
+// layout=auto: NHWC on a GPU for a convolutional network (the tiny ResNet's four Convs), NCHW for an
+// imported one of at most one Conv (rank-4 tensors are attention heads there) and on the CPU; an
+// explicit layout stays as asked.
+TEST(OnnxLayout, AutoIsNhwcOnAGpuButForANetworkOfAtMostOneConv) {
+  using workloads::zoo::layout_of;
+  test::TempDir dir;
+  dir.write("tiny.onnx", tiny_resnet_onnx(test::seed(), -1).onnx.bytes());
+  OnnxBuilder mm;
+  mm.input("x", {1, 4});
+  mm.node("MatMul", {"x", mm.init("w", {4, 3}, random_values(test::seed(), 12))}, {"y"}, "mm");
+  mm.output("y", {1, 3});
+  dir.write("matmul.onnx", mm.bytes());
+  const std::string resnet = (dir.path() / "tiny.onnx").string(), matmul = (dir.path() / "matmul.onnx").string();
+  EXPECT_EQ(layout_of("auto", resnet, true), Layout::nhwc);
+  EXPECT_EQ(layout_of("auto", matmul, true), Layout::nchw);
+  EXPECT_EQ(layout_of("auto", resnet, false), Layout::nchw);
+  EXPECT_EQ(layout_of("auto", "resnet50", true), Layout::nhwc);
+  EXPECT_EQ(layout_of("nhwc", matmul, true), Layout::nhwc);
+  EXPECT_EQ(layout_of("nchw", resnet, true), Layout::nchw);
+}
+
 TEST(OnnxCli, InferRunsAnOnnxFileAndRecordsWhatItIs) {
   test::TempDir dir;
   Net t = tiny_resnet_onnx(test::seed(), -1);
@@ -403,6 +425,7 @@ TEST(OnnxCli, InferRunsAnOnnxFileAndRecordsWhatItIs) {
     EXPECT_GT(onnx["parameters"].get<double>(), 1000);
     EXPECT_GT(onnx["gflops_per_sample"].get<double>(), 0);
     EXPECT_EQ(onnx["fused_chains"], 4);
+    EXPECT_EQ(r["metrics"]["layout"], "nchw") << "layout=auto on the CPU";
     // The outputs of the given inputs, in fp32 storage: PyTorch's comparison reads these.
     std::ifstream f(r["metrics"]["outputs_file"].get<std::string>(), std::ios::binary);
     const auto batch = r["params"]["batch"].get<std::size_t>();

@@ -90,6 +90,7 @@ class State {
   const OptionValues& options() const { return options_; }
   const Point& point() const { return point_; }
   backend::Backend& backend() { return backend_; }
+  const backend::Backend& backend() const { return backend_; }
   const measure::Settings& settings() const { return settings_; }
 
   [[noreturn]] void skip(const std::string& reason) const;

@@ -104,6 +104,7 @@ class Infer final : public Workload {
   bool has_counter_pass() const override { return true; }
   void run(State& state) override {
     ModelSpec spec = model_spec(state, /*training=*/false);
+    add_layout_metric(state, spec);
     spec.inputs_file = state.option_text("inputs");
     if (!spec.inputs_file.empty() && !is_onnx_model(spec.model))
       throw UsageError("the inputs option feeds ONNX models; '" + spec.model + "' runs its synthetic data");

@@ -299,13 +299,32 @@ std::vector<AxisSpec> model_axes(const std::string& device_kind, const ModelAxes
        {},
        "tokens per sequence (language models; at most the model's positions); 0 = the model's positions "
        "(GPT-2 1024, BERT 512)"},
-      {"layout", AxisKind::text, one(gpu ? "nhwc" : "nchw"), {"nchw", "nhwc"}, "activation memory layout"}};
+      {"layout",
+       AxisKind::text,
+       one("auto"),
+       {"auto", "nchw", "nhwc"},
+       "activation memory layout; auto: nhwc for a convolutional network on a GPU, else nchw"}};
 }
 
 void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k) {
   if (!s.fuse_conv_epilogue && !s.fuse_batchnorm_relu) return;
   const nn::Kernels::FusionCounts c = k.fusion_counts();
   state.add_metric("fusion", {{"fused_shapes", c.fused}, {"unfused_shapes", c.unfused}, {"notes", k.fusion_notes()}});
+}
+
+// layout=auto: NHWC on a GPU (cuDNN's fast layout, the fused and fp8 paths), NCHW on the CPU; but
+// NCHW for an imported network of at most one Conv (ViT's patch embedding, BERT): its rank-4
+// tensors are attention heads [B, H, T, D], which NHWC would store heads-innermost, turning every
+// reshape and heads transpose into an element-wise permute (ViT-B/16 at batch 64 on an H200 spent
+// 57% of its time in such reshapes). The built-in language models hold no rank-4 activations.
+Layout layout_of(const std::string& axis, const std::string& model, bool gpu) {
+  if (axis != "auto") return parse_layout(axis);
+  if (!gpu || (is_onnx_model(model) && onnx_conv_count(model) <= 1)) return Layout::nchw;
+  return Layout::nhwc;
+}
+
+void add_layout_metric(State& state, const ModelSpec& s) {
+  if (state.get_text("layout") == "auto") state.add_metric("layout", std::string(to_string(s.layout)));
 }
 
 ModelSpec model_spec(const State& state, bool training) {
@@ -316,7 +335,7 @@ ModelSpec model_spec(const State& state, bool training) {
   spec.seq = state.get_int("seq");
   if (spec.seq == 0 && is_language_model(spec.model)) spec.seq = language_config(spec.model).positions;
   spec.precision = parse_model_precision(state.get_text("precision"), training);
-  spec.layout = parse_layout(state.get_text("layout"));
+  spec.layout = layout_of(state.get_text("layout"), spec.model, state.backend().info().kind == "cuda");
   spec.training = training;
   // Checked before any graph is planned: a batch of images whose size overflows 64 bits is refused
   // (`invalid`); one that fits in 64 bits but not in the device is left to the memory plan, whose

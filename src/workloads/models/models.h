@@ -157,6 +157,8 @@ ZooModel build_onnx_model(nn::GraphBuilder& b, const ModelSpec& s);
 // the file; UsageError as above).
 std::vector<std::int64_t> onnx_input_dims(const std::string& path);
 std::size_t onnx_input_count(const std::string& path);
+// How many Conv nodes the file holds (layout=auto: a network of more than one is convolutional).
+std::int64_t onnx_conv_count(const std::string& path);
 // Every input's values for samples first.. (in m.onnx_inputs' order): the inputs file's where
 // s.inputs_file names one for it; else synthetic: a float [N, C, S, S] input the built-in models'
 // images, another float input uniform noise in [-1, 1); token ids uniform in [0, index_rows), but 0
@@ -182,6 +184,11 @@ void upload_batch(nn::Graph& g, const ZooModel& m, std::uint64_t first, const Mo
 nlohmann::json reconstruction_quality(double mse);
 // The point's values of the axes model_axes() declares.
 ModelSpec model_spec(const State& state, bool training);
+// The layout axis's value for `model` on a GPU or not: an explicit one as it is; auto (the
+// default) NHWC on a GPU but for an ONNX file of at most one Conv, NCHW otherwise.
+Layout layout_of(const std::string& axis, const std::string& model, bool gpu);
+// Records metrics.layout, what layout=auto chose for the point (nothing for an explicit layout).
+void add_layout_metric(State& state, const ModelSpec& s);
 // Records metrics.fusion = {fused_shapes, unfused_shapes} (Kernels::fusion_counts) where the spec
 // asks for a fused graph (fold=fused, fuse=on): whether it really fused on this device.
 void add_fusion_metric(State& state, const ModelSpec& s, const nn::Kernels& k);

@@ -36,6 +36,7 @@ namespace {
 ZooModel build_onnx_model(nn::GraphBuilder&, const ModelSpec& s) { no_onnx(s.model); }
 std::vector<std::int64_t> onnx_input_dims(const std::string& path) { no_onnx(path); }
 std::size_t onnx_input_count(const std::string& path) { no_onnx(path); }
+std::int64_t onnx_conv_count(const std::string& path) { no_onnx(path); }
 std::vector<std::vector<double>> onnx_input_values(const ZooModel&, std::uint64_t, const ModelSpec& s) {
   no_onnx(s.model);
 }
@@ -124,6 +125,12 @@ std::vector<std::int64_t> onnx_input_dims(const std::string& path) {
 }
 
 std::size_t onnx_input_count(const std::string& path) { return load(path)->facts().inputs.size(); }
+
+std::int64_t onnx_conv_count(const std::string& path) {
+  const auto& ops = load(path)->facts().op_histogram;
+  const auto it = ops.find("Conv");
+  return it == ops.end() ? 0 : it->second;
+}
 
 namespace {
 

@@ -224,6 +224,7 @@ class Train final : public Workload {
 
   void run(State& state) override {
     const TrainPoint p = parse_point(state);
+    add_layout_metric(state, p.asked);
     const TrainOptions o = TrainOptions::from(state);
     validate(state, p, o);
     const std::string dataset = state.get_text("dataset");
