@@ -192,7 +192,7 @@ class Loadgen final : public Workload {
       const zoo::ModelSutSpec spec{
           sut_kind,
           precision != "auto" ? zoo::parse_model_precision(precision) : (gpu ? Precision::fp16 : Precision::fp32),
-          image_px, gpu ? Layout::nhwc : Layout::nchw, seq};
+          image_px, zoo::layout_of("auto", sut_kind, gpu), seq};
       zoo::check_model_sut(spec, batcher.max_batch);
       sc::check_batcher(s, batcher);
       state.set_counts(
