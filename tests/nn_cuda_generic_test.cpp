@@ -206,8 +206,10 @@ TEST_F(CudaGeneric, DataMovementIsExactInBothLayouts) {
       for (const std::int64_t inner : {64, 12, 6, 5})
         compare(
             "heads transpose, last dim " + std::to_string(inner), t, l, {In(Shape{3, 5, 4, inner})},
-            [](GraphBuilder& b, const std::vector<Value>& v) { return transpose(b, "t", v[0], {0, 2, 1, 3}); }, 0,
-            0);
+            [](GraphBuilder& b, const std::vector<Value>& v) {
+              return transpose(b, "t", v[0], {0, 2, 1, 3});
+            },
+            0, 0);
       compare(
           "an unaligned slice, then a transpose", t, l, {In(Shape{3, 5, 4, 66})},
           [](GraphBuilder& b, const std::vector<Value>& v) {

@@ -135,7 +135,7 @@ class NvjpegDecoder final : public GpuDecoder {
     const std::string what = "batch " + std::to_string(step_);
     AB_NVJPEG(nvjpegDecodeBatched(handle_.get(), side.state.get(), data_.data(), lengths_.data(), destinations_.data(),
                                   stream_),
-        what + " (engine " + engine_ + "; engine=gpu decodes more kinds of JPEG)");
+              what + " (engine " + engine_ + "; engine=gpu decodes more kinds of JPEG)");
     auto& out = batches_[parity];
     const auto n = static_cast<std::size_t>(config_.batch);
     AB_CUDA_LAZY(cudaMemcpyAsync(side.device_crops.get(), side.crops.get(), n * sizeof(cuda::GpuCrop),

@@ -197,7 +197,9 @@ void copy_strided(cudaStream_t stream, const Tensor& x, const Tensor& y) {
         case 16: return launch_indexed<2>(stream, ix, CopyAt<uint4>{x.as<const uint4>(), y.as<uint4>()}, k);
         case 8: return launch_indexed<2>(stream, ix, CopyAt<uint2>{x.as<const uint2>(), y.as<uint2>()}, k);
         case 4:
-          if (e < 4) return launch_indexed<2>(stream, ix, CopyAt<std::uint32_t>{x.as<const std::uint32_t>(), y.as<std::uint32_t>()}, k);
+          if (e < 4)
+            return launch_indexed<2>(stream, ix,
+                                     CopyAt<std::uint32_t>{x.as<const std::uint32_t>(), y.as<std::uint32_t>()}, k);
           [[fallthrough]];
         default: return launch_indexed<2>(stream, ix, CopyAt<E>{x.as<const E>(), y.as<E>()}, k);
       }
