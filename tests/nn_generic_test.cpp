@@ -293,6 +293,42 @@ TEST(GenericOps, SliceTransposeReshapeAndExpandMoveElementsInLogicalOrder) {
   EXPECT_THROW(expand(b, "e", x, Shape{4, 3, 3}), LayerError);
 }
 
+// In an inference graph a reshape between row-major tensors is its input's bytes: it moves nothing
+// (no modelled bytes, no buffer of its own), and values reshaped from an op's output stay right
+// when read after ops that could reuse that output's memory were it not kept for them. A rank-4
+// reshape of NHWC data reorders bytes and stays a copy.
+TEST(GenericOps, ARowMajorReshapeIsItsInputsBytes) {
+  GraphRun g;
+  const Shape x{2, 3, 4};
+  const Out o = g.run({{x}}, [&](GraphBuilder& b, const std::vector<Value>& v) {
+    const Value rows = reshape(b, "rows", relu(b, "relu", v[0]), Shape{6, 4});  // relu's last direct reader
+    const Value twice = add(b, "twice", v[0], v[0]);
+    const Value four = add(b, "four", twice, twice);
+    const Value relu_x = reshape(b, "back", reshape(b, "cols", rows, Shape{4, 6}), x);
+    return add(b, "sum", four, relu_x);
+  });
+  for (std::size_t i = 0; i < o.y.size(); ++i) ASSERT_EQ(o.y[i], 4 * o.in[0][i] + std::max(o.in[0][i], 0.0)) << i;
+  int reshapes = 0;
+  for (const OpReport& r : o.graph->report())
+    if (r.kind == "reshape") {
+      ++reshapes;
+      EXPECT_EQ(r.forward_bytes, 0) << r.name;
+    }
+  EXPECT_EQ(reshapes, 3);
+  // x, relu's output (and its three reshapes), twice, four, sum: 5 buffers for 8 values.
+  EXPECT_EQ(o.graph->buffers().size(), 5u);
+
+  GraphRun nhwc(Layout::nhwc);
+  const Out n = nhwc.run({{Shape{2, 3, 5, 4}}}, [](GraphBuilder& b, const std::vector<Value>& v) {
+    return reshape(b, "r", v[0], Shape{6, 20});
+  });
+  EXPECT_EQ(n.in[0], n.y);
+  for (const OpReport& r : n.graph->report())
+    if (r.kind == "reshape") {
+      EXPECT_GT(r.forward_bytes, 0) << "an NHWC reshape moves bytes";
+    }
+}
+
 TEST(GenericOps, PadFillsTheBorderAndNegativePadsCrop) {
   for (const Layout layout : kLayouts) {
     const Shape x{1, 2, 3, 4};

@@ -564,7 +564,8 @@ std::vector<Value> split(GraphBuilder& b, const std::string& name, Value x, int 
 Value slice(GraphBuilder& b, const std::string& name, Value x, const std::vector<std::int64_t>& starts,
             const std::vector<std::int64_t>& ends, const std::vector<std::int64_t>& steps);
 Value transpose(GraphBuilder& b, const std::string& name, Value x, const std::vector<int>& perm);
-// Same element count, in logical row-major order; a copy (the graph has no aliasing views).
+// Same element count, in logical row-major order: a copy, except in an inference graph where x and
+// the result are both row-major (not NHWC rank 4), where the result is x's own bytes (Graph's plan).
 Value reshape(GraphBuilder& b, const std::string& name, Value x, const Shape& shape);
 Value softmax(GraphBuilder& b, const std::string& name, Value x, int axis);
 // No axes: every dim (ONNX's default).
