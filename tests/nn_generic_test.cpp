@@ -329,6 +329,21 @@ TEST(GenericOps, ARowMajorReshapeIsItsInputsBytes) {
     }
 }
 
+// An inference graph's ops that no marked output depends on (a branch an importer left unused)
+// neither run nor appear in the report; the used ones give the same values.
+TEST(GenericOps, OpsNoOutputNeedsAreLeftOut) {
+  GraphRun g;
+  const Out o = g.run({{Shape{2, 3, 4}}}, [](GraphBuilder& b, const std::vector<Value>& v) {
+    const Value unused = transpose(b, "unused", v[0], {2, 1, 0});
+    relu(b, "unused_relu", unused);
+    return relu(b, "relu", v[0]);
+  });
+  for (std::size_t i = 0; i < o.y.size(); ++i) ASSERT_EQ(o.y[i], std::max(o.in[0][i], 0.0)) << i;
+  std::vector<std::string> names;
+  for (const OpReport& r : o.graph->report()) names.push_back(r.name);
+  EXPECT_EQ(names, std::vector<std::string>{"relu"});
+}
+
 TEST(GenericOps, PadFillsTheBorderAndNegativePadsCrop) {
   for (const Layout layout : kLayouts) {
     const Shape x{1, 2, 3, 4};

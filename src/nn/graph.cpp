@@ -27,6 +27,7 @@ Graph::Graph(GraphBuilder&& builder) : s_(std::make_unique<State>()) {
   s_->resolve_tied();
   s_->plan_gradients();
   s_->plan_parameter_gradients();
+  s_->find_dead_ops();
   s_->plan_lifetimes();
   s_->plan = plan_memory(s_->lifetimes);
   s_->forward_s.assign(s_->n(), 0.0);
@@ -118,6 +119,25 @@ void Graph::State::plan_gradients() {
       }
     }
     node.op->set_context(options.training, needs);
+  }
+}
+
+void Graph::State::find_dead_ops() {
+  dead.assign(n(), false);
+  std::vector<bool> needed(values.size(), false);
+  bool any_output = false;
+  for (std::size_t v = 0; v < values.size(); ++v) {
+    needed[v] = values[v].keep;
+    any_output = any_output || values[v].keep;
+  }
+  if (options.training || !any_output) return;  // nothing marked: whatever the caller reads is live
+  for (std::size_t i = n(); i-- > 0;) {
+    const Node& node = nodes[i];
+    bool live = node.outputs.empty();
+    for (int o : node.outputs) live = live || needed[static_cast<std::size_t>(o)];
+    dead[i] = !live;
+    if (live)
+      for (int in : node.inputs) needed[static_cast<std::size_t>(in)] = true;
   }
 }
 
@@ -305,6 +325,7 @@ std::int64_t Graph::backward_flops() const {
 std::vector<OpReport> Graph::report() const {
   std::vector<OpReport> rows;
   for (std::size_t i = 0; i < s_->n(); ++i) {
+    if (s_->dead[i]) continue;
     const Op& op = *s_->nodes[i].op;
     OpReport r;
     r.name = op.name();

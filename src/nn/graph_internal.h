@@ -85,6 +85,9 @@ struct Graph::State {
   OpObserver* op_observer = nullptr;
   std::unique_ptr<measure::IterationTimer> timer;
   std::vector<double> forward_s, backward_s;
+  // Inference: ops that no marked output depends on (an importer's rearrangements that a fused op
+  // made unused): never run, not reported.
+  std::vector<bool> dead;
 
   std::size_t n() const { return nodes.size(); }
   int fwd_step(std::size_t i) const { return static_cast<int>(i); }
@@ -99,6 +102,7 @@ struct Graph::State {
   void resolve_tied();
   void plan_gradients();
   void plan_parameter_gradients();
+  void find_dead_ops();
   void plan_lifetimes();
   std::vector<int> share_passed_gradients();  // per value: the value whose gradient buffer it uses
   // The step, on State so that a captured step does not depend on where the Graph object lives.
