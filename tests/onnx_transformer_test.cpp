@@ -449,6 +449,71 @@ TEST(OnnxTransformer, ProjectionsOfAnotherInputStayThreeLinears) {
   EXPECT_TRUE(lists_attention(run_attention(twice, 425, true)));
 }
 
+// torchvision's MultiheadAttention as ViT exports it: x [B, T, C] transposed to [T, B, C], one
+// in-projection linear [C, 3C], then Reshape [T, B, 3, C], Unsqueeze, Transpose [3, 1, 2, 0, 4],
+// Squeeze, a Gather per part, Reshape [T, B*H, D], Transpose and Reshape to [B, H, T, D]; after
+// scaled_dot_product_attention, [B, H, T, D] back to [T*B, C], [T, B, C] and [B, T, C].
+std::string sequence_first_attention_model(const Projections& p) {
+  OnnxBuilder m;
+  m.input("x", {-1, kSeq, kWidth});
+  std::vector<double> w(static_cast<std::size_t>(kWidth * 3 * kWidth)), b;
+  for (std::int64_t c = 0; c < kWidth; ++c)
+    for (std::int64_t part = 0; part < 3; ++part)
+      for (std::int64_t o = 0; o < kWidth; ++o)
+        w[static_cast<std::size_t>(c * 3 * kWidth + part * kWidth + o)] =
+            p.w[part][static_cast<std::size_t>(c * kWidth + o)];
+  for (const auto& part : p.b) b.insert(b.end(), part.begin(), part.end());
+  const auto perm = [&](::onnx::NodeProto* n, std::vector<std::int64_t> v) { OB::attr(n, "perm", v); };
+  perm(m.node("Transpose", {"x"}, {"xt"}), {1, 0, 2});
+  m.node("MatMul", {"xt", m.init("in_proj.w", {kWidth, 3 * kWidth}, w)}, {"mm"}, "in_proj/MatMul");
+  m.node("Add", {m.init("in_proj.b", {3 * kWidth}, b), "mm"}, {"proj"}, "in_proj/Add");
+  m.node("Reshape", {"proj", m.init_ints("split3", {4}, {0, 0, 3, kWidth})}, {"tb3c"});
+  m.node("Unsqueeze", {"tb3c", m.init_ints("axis0", {1}, {0})}, {"u"});
+  perm(m.node("Transpose", {"u"}, {"parts"}), {3, 1, 2, 0, 4});
+  m.node("Squeeze", {"parts", m.init_ints("axis3", {1}, {3})}, {"sq"});
+  const char* names[] = {"q", "k", "v"};
+  for (std::int64_t i = 0; i < 3; ++i) {
+    const std::string n = names[i];
+    OB::attr(m.node("Gather", {"sq", m.init_ints(n + ".index", {}, {i})}, {n + ".tbc"}), "axis", std::int64_t{0});
+    m.node("Reshape", {n + ".tbc", m.init_ints(n + ".rows", {3}, {0, -1, kDim})}, {n + ".t_bh_d"});
+    perm(m.node("Transpose", {n + ".t_bh_d"}, {n + ".bh_t_d"}), {1, 0, 2});
+    m.node("Reshape", {n + ".bh_t_d", m.init_ints(n + ".heads", {4}, {-1, kHeads, kSeq, kDim})}, {n + "4"});
+  }
+  perm(m.node("Transpose", {"k4"}, {"kT"}), {0, 1, 3, 2});
+  m.init("root", {}, {std::sqrt(1.0 / std::sqrt(double(kDim)))});
+  m.node("Mul", {"q4", "root"}, {"q_s"});
+  m.node("Mul", {"kT", "root"}, {"k_s"});
+  m.node("MatMul", {"q_s", "k_s"}, {"scores"});
+  OB::attr(m.node("Softmax", {"scores"}, {"probs"}, "self/Softmax"), "axis", std::int64_t{-1});
+  m.node("MatMul", {"probs", "v4"}, {"ctx4"});
+  perm(m.node("Transpose", {"ctx4"}, {"tbhd"}), {2, 0, 1, 3});
+  m.node("Reshape", {"tbhd", m.init_ints("tb_c", {2}, {-1, kWidth})}, {"rows"});
+  m.node("Reshape", {"rows", m.init_ints("t_b_c", {3}, {kSeq, -1, kWidth})}, {"tbc"});
+  perm(m.node("Transpose", {"tbc"}, {"y"}), {1, 0, 2});
+  m.output("y");
+  return m.bytes();
+}
+
+// The heads are traced back to the one in-projection: the op reads it through one [T, B] -> [B, T]
+// transpose, and the Unsqueeze ... Reshape chains (left feeding nothing) are not run.
+TEST(OnnxTransformer, SequenceFirstHeadsAreReadFromTheInProjection) {
+  const Projections p = projections(431);
+  const std::vector<double> x = random_values(441, kBatch * kSeq * kWidth);
+  const Result r = run_imported(sequence_first_attention_model(p), kBatch, {x});
+  EXPECT_EQ(r.attention_ops, 1);
+  AttentionSpec sdpa;
+  sdpa.sqrt_scales = true;
+  EXPECT_LT(max_rel_diff(r.y, host_attention(sdpa, p, x, x, {}, true)), 1e-12);
+  EXPECT_TRUE(std::any_of(r.fused.begin(), r.fused.end(), [](const std::string& f) {
+    return f.find("q/k/v read from one tensor") != std::string::npos;
+  }));
+  EXPECT_EQ(r.ops.count("concat"), 0u);
+  EXPECT_EQ(r.ops.count("slice"), 0u) << "the Gathers feed nothing";
+  // x^T for the in-projection, its [T, B] -> [B, T], the op's output back to heads, and the two after.
+  EXPECT_EQ(r.ops.at("transpose"), 5);
+  EXPECT_EQ(r.ops.at("linear"), 1);
+}
+
 TEST(OnnxTransformer, AttentionThatAlmostMatchesRunsNodeByNode) {
   AttentionSpec scale;  // the scale is not 1/sqrt(D), the engine op's
   scale.scale = 0.3;

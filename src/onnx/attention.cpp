@@ -325,6 +325,180 @@ nn::Value packed_qkv(Ctx& c, const Match& m, const std::string& name) {
   return nn::reshape(c.b, name + ".qkv", rows_first, Shape{rows, 3 * width});
 }
 
+// ---- Q, K and V as rearrangements of one tensor (torchvision's MultiheadAttention: one in-proj
+// linear [T, B, 3C], then Unsqueeze, Transpose, Squeeze, Gather, Reshape and Transpose to heads).
+// Each is traced back to the tensor it rearranges as a view: per dim a product of atoms (size and
+// stride in that tensor's elements, outermost first) and an offset. Where the three are its
+// columns [part*C, (part+1)*C) with the heads side by side and its two leading dims are B and T in
+// either order, the op reads the tensor itself (or its one [T, B] -> [B, T] transpose): the
+// rearranging nodes then feed nothing, and the inference graph leaves them out.
+
+struct Atom {
+  std::int64_t size, stride;
+};
+struct View {
+  std::vector<std::vector<Atom>> dims;
+  std::int64_t offset = 0;
+};
+
+View row_major_view(const std::vector<std::int64_t>& dims) {
+  View v;
+  std::int64_t stride = 1;
+  v.dims.resize(dims.size());
+  for (std::size_t d = dims.size(); d-- > 0;) {
+    if (dims[d] != 1) v.dims[d] = {{dims[d], stride}};
+    stride *= dims[d];
+  }
+  return v;
+}
+
+// The view's atoms regrouped into `dims` (row-major order kept), splitting an atom where a dim ends
+// inside it; false where the sizes do not factor that way.
+bool regroup(View& v, const std::vector<std::int64_t>& dims) {
+  std::vector<Atom> flat;
+  for (const auto& d : v.dims) flat.insert(flat.end(), d.begin(), d.end());
+  std::size_t next = 0;
+  std::vector<std::vector<Atom>> out(dims.size());
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    for (std::int64_t need = dims[d]; need > 1;) {
+      if (next == flat.size()) return false;
+      Atom& a = flat[next];
+      if (a.size <= need) {
+        if (need % a.size != 0) return false;
+        out[d].push_back(a);
+        need /= a.size;
+        ++next;
+      } else {
+        if (a.size % need != 0) return false;
+        out[d].push_back({need, a.stride * (a.size / need)});
+        a.size /= need;
+        need = 1;
+      }
+    }
+  }
+  if (next != flat.size()) return false;
+  v.dims = std::move(out);
+  return true;
+}
+
+// n applied to the view of its input 0; false where n is not a rearrangement traced here.
+bool apply(const Ctx& c, const Node& n, View& v) {
+  const auto rank = static_cast<std::int64_t>(v.dims.size());
+  if (n.op == "Identity") return true;
+  if (n.op == "Transpose") {
+    std::vector<std::int64_t> perm = attr_ints(n, "perm");
+    if (perm.empty())
+      for (std::int64_t d = rank; d-- > 0;) perm.push_back(d);
+    if (static_cast<std::int64_t>(perm.size()) != rank) return false;
+    View t;
+    for (std::int64_t p : perm) {
+      if (p < 0 || p >= rank) return false;
+      t.dims.push_back(v.dims[static_cast<std::size_t>(p)]);
+    }
+    t.offset = v.offset;
+    v = std::move(t);
+    return true;
+  }
+  if (n.op == "Reshape") {
+    if (!c.has_input(n, 1) || !c.is_constant(n.inputs[1])) return false;
+    return regroup(v, reshape_dims(c.shape(n, 0), c.constant(n, 1), attr_int(n, "allowzero", 0) != 0, n));
+  }
+  if (n.op == "Squeeze" || n.op == "Unsqueeze") {
+    if (c.has_input(n, 1) && !c.is_constant(n.inputs[1])) return false;
+    std::vector<std::int64_t> dims;
+    if (n.op == "Squeeze") {
+      dims = squeeze_dims(c.shape(n, 0), c.has_input(n, 1) ? &c.constant(n, 1) : nullptr, n);
+    } else {
+      if (!c.has_input(n, 1)) return false;
+      dims = c.shape(n, 0);
+      std::vector<std::int64_t> axes;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(c.constant(n, 1).numel()); ++i)
+        axes.push_back(normalize_axis(static_cast<std::int64_t>(c.constant(n, 1).value(i)),
+                                      rank + c.constant(n, 1).numel(), n));
+      std::sort(axes.begin(), axes.end());
+      for (std::int64_t a : axes) dims.insert(dims.begin() + a, 1);
+    }
+    return regroup(v, dims);
+  }
+  if (n.op == "Gather") {
+    if (!c.has_input(n, 1) || !c.is_constant(n.inputs[1])) return false;
+    const HostTensor& index = c.constant(n, 1);
+    if (index.numel() != 1 || !index.dims.empty()) return false;  // one scalar index: the dim goes
+    const auto axis = static_cast<std::size_t>(normalize_axis(attr_int(n, "axis", 0), rank, n));
+    const std::int64_t size = c.shape(n, 0).at(axis);
+    std::int64_t i = static_cast<std::int64_t>(index.value(0));
+    if (i < 0) i += size;
+    if (i < 0 || i >= size) return false;
+    for (std::size_t a = v.dims[axis].size(); a-- > 0;) {  // the index's digits, innermost atom first
+      const Atom& atom = v.dims[axis][a];
+      v.offset += (i % atom.size) * atom.stride;
+      i /= atom.size;
+    }
+    v.dims.erase(v.dims.begin() + static_cast<std::ptrdiff_t>(axis));
+    return true;
+  }
+  return false;
+}
+
+// A dim's stride where its atoms are one run (-1 for a dim of size 1, which fits any; -2 else).
+std::int64_t stride_of(const std::vector<Atom>& atoms) {
+  if (atoms.empty()) return -1;
+  for (std::size_t a = 0; a + 1 < atoms.size(); ++a)
+    if (atoms[a].stride != atoms[a + 1].stride * atoms[a + 1].size) return -2;
+  return atoms.back().stride;
+}
+bool fits(std::int64_t stride, std::int64_t want) { return stride == -1 || stride == want; }
+
+// The op's qkv input [B*T, 3C] read from the one tensor Q, K and V rearrange, or nullopt.
+std::optional<nn::Value> traced_qkv(Ctx& c, const Match& m, const std::string& name) {
+  if (std::any_of(m.qkv.begin(), m.qkv.end(), [](const Source& s) { return s.bthd; })) return std::nullopt;
+  std::map<std::string, const Node*> producer;
+  for (const Node& n : c.s.nodes)
+    for (const std::string& o : n.outputs) producer[o] = &n;
+  const Node* first = nullptr;  // the chain's first node, whose input 0 is the root
+  std::vector<View> views;
+  for (const Source& src : m.qkv) {
+    std::vector<const Node*> chain;
+    std::string t = src.node->inputs.at(src.input);
+    for (auto it = producer.find(t); it != producer.end(); it = producer.find(t)) {
+      const Node& p = *it->second;
+      const bool moves = p.op == "Reshape" || p.op == "Transpose" || p.op == "Squeeze" || p.op == "Unsqueeze" ||
+                         p.op == "Gather" || p.op == "Identity";
+      if (!moves || p.inputs.empty() || c.is_constant(p.inputs[0])) break;
+      chain.push_back(&p);
+      t = p.inputs[0];
+    }
+    if (chain.empty() || (first != nullptr && chain.back()->inputs[0] != first->inputs[0])) return std::nullopt;
+    first = chain.back();
+    View v = row_major_view(c.shape(*first, 0));
+    for (auto n = chain.rbegin(); n != chain.rend(); ++n)
+      if (!apply(c, **n, v)) return std::nullopt;
+    if (v.dims.size() != 4) return std::nullopt;
+    views.push_back(std::move(v));
+  }
+  const std::vector<std::int64_t> root = c.shape(*first, 0);
+  const std::int64_t width = m.heads * m.dim;
+  if (root.size() != 3 || root[2] != 3 * width || root[0] * root[1] != m.batch * m.seq) return std::nullopt;
+  // Rows [B, T] as they lie (b outer) or [T, B] (t outer: one transpose).
+  const bool batch_outer = root[0] == m.batch && root[1] == m.seq, seq_outer = root[0] == m.seq && root[1] == m.batch;
+  const auto matches = [&](bool b_outer) {
+    const std::int64_t b_stride = b_outer ? root[1] * root[2] : root[2];
+    const std::int64_t t_stride = b_outer ? root[2] : root[1] * root[2];
+    for (std::size_t part = 0; part < views.size(); ++part) {
+      const View& v = views[part];
+      if (v.offset != static_cast<std::int64_t>(part) * width || !fits(stride_of(v.dims[0]), b_stride) ||
+          !fits(stride_of(v.dims[1]), m.dim) || !fits(stride_of(v.dims[2]), t_stride) || !fits(stride_of(v.dims[3]), 1))
+        return false;
+    }
+    return true;
+  };
+  const bool direct = batch_outer && matches(true);
+  if (!direct && !(seq_outer && matches(false))) return std::nullopt;
+  nn::Value rows = c.value(*first, 0);
+  if (!direct) rows = nn::transpose(c.b, name + ".qkv_batch_first", rows, {1, 0, 2});
+  return nn::reshape(c.b, name + ".qkv", rows, Shape{m.batch * m.seq, 3 * width});
+}
+
 // The three linears as one over x: weights [C, K] of q, k and v stacked (nn::Linear's [out, in],
 // so its output columns are q, k, v side by side) and their biases concatenated. qkv [B*T, 3C].
 nn::Value merged_qkv(Ctx& c, const Group& g, const std::string& name) {
@@ -377,7 +551,8 @@ void build_attention(Ctx& c, const Group& g) {
   }
   const Node& softmax = role(c, g, "softmax");
   const std::string name = c.unique_name(softmax.name + ".attention");
-  const nn::Value qkv = merged ? merged_qkv(c, g, name) : packed_qkv(c, *m, name);
+  const std::optional<nn::Value> traced = merged ? std::nullopt : traced_qkv(c, *m, name);
+  const nn::Value qkv = merged ? merged_qkv(c, g, name) : traced ? *traced : packed_qkv(c, *m, name);
   const nn::Value out = nn::attention(c.b, name, qkv, m->heads, m->seq, /*causal=*/false);
   if (g.roles.contains("out_heads")) {
     c.set_view(role(c, g, "out_heads").outputs.at(0), out, {m->batch, m->seq, m->heads, m->dim});
@@ -387,6 +562,7 @@ void build_attention(Ctx& c, const Group& g) {
   }
   c.fused.push_back("MatMul+Softmax+MatMul (attention, " + std::to_string(m->heads) + " heads" +
                     (merged                        ? ", q/k/v one linear"
+                     : traced                      ? ", q/k/v read from one tensor"
                      : g.roles.contains("q_heads") ? ", q/k/v in place"
                                                    : "") +
                     "): " + softmax.name);

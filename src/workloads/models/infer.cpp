@@ -131,7 +131,7 @@ class Infer final : public Workload {
     nn::Graph g(std::move(builder));
     const auto fwd = static_cast<double>(g.forward_flops()), batch = static_cast<double>(spec.batch);
     state.set_ceiling_key("gemm." + std::string(to_string(spec.precision)));
-    nlohmann::json model = {{"name", spec.model}, {"parameters", g.parameter_count()}, {"ops", g.op_count()}};
+    nlohmann::json model = {{"name", spec.model}, {"parameters", g.parameter_count()}, {"ops", g.report().size()}};
     if (language) model["head"] = m.head;
     state.add_metric("model", model);
     if (!m.onnx.is_null()) {
