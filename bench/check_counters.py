@@ -164,6 +164,14 @@ def check_timing(ab, work, rows):
                      f"{off['median_s']:.6g} s", f"{d:+.2f}% (noise {noise:.2f}%)", abs(d) <= max(1.0, 3 * noise)))
 
 
+class Rows(list):
+    """The table's rows, each printed as it comes: a run its caller's time limit kills keeps them."""
+
+    def append(self, row):
+        print(f"row: {row[0]} | {row[1]} | {row[2]} | {row[3]} | {'ok' if row[4] else 'FAIL'}", flush=True)
+        super().append(row)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--accelbench", required=True)
@@ -176,7 +184,7 @@ def main():
     args.conv_axis = args.conv_axis or CONV
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="ab-counters-", dir=args.out)
-    rows = []
+    rows = Rows()
     checks = set(args.checks.split(","))
     if "stream" in checks:
         check_stream(args.accelbench, work, rows)
