@@ -141,6 +141,27 @@ void Graph::State::find_dead_ops() {
   }
 }
 
+// Inference: a reshape between row-major tensors would copy the bytes as they lie, so its output
+// is its input's buffer (the root of a chain of such reshapes), alive until the last reader of any
+// of them (`last` extended), and the op runs nothing. Inference ops write only their own outputs,
+// so no op writes the shared bytes after the root's producer. Per value: its root, or -1.
+std::vector<int> Graph::State::alias_reshapes(std::vector<int>& last) {
+  std::vector<int> alias_of(values.size(), -1);
+  for (std::size_t i = 0; i < n() && !options.training; ++i) {
+    auto* reshape = dynamic_cast<ViewCopy*>(nodes[i].op.get());
+    if (reshape == nullptr || !reshape->can_alias() || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
+      continue;
+    const auto in = static_cast<std::size_t>(nodes[i].inputs[0]), out = static_cast<std::size_t>(nodes[i].outputs[0]);
+    const Tensor &x = values[in].desc, &y = values[out].desc;
+    if (x.dtype != y.dtype || x.size_bytes() != y.size_bytes() || !row_major(x) || !row_major(y)) continue;
+    const int root = alias_of[in] >= 0 ? alias_of[in] : static_cast<int>(in);
+    alias_of[out] = root;
+    last[static_cast<std::size_t>(root)] = std::max(last[static_cast<std::size_t>(root)], last[out]);
+    reshape->make_alias();
+  }
+  return alias_of;
+}
+
 void Graph::State::plan_lifetimes() {
   value_buffer.assign(values.size(), -1);
   grad_buffer.assign(values.size(), -1);
@@ -167,23 +188,7 @@ void Graph::State::plan_lifetimes() {
       if (runs_backward[i] && has_grad[in]) grad_first[in] = std::max(grad_first[in], static_cast<int>(i));
     }
   }
-  // Inference: a reshape between row-major tensors would copy the bytes as they lie, so its output
-  // is its input's buffer (the root of a chain of such reshapes), alive until the last reader of
-  // any of them, and the op runs nothing. Inference ops write only their own outputs, so no op
-  // writes the shared bytes after the root's producer.
-  std::vector<int> alias_of(values.size(), -1);
-  for (std::size_t i = 0; i < n() && !options.training; ++i) {
-    auto* reshape = dynamic_cast<ViewCopy*>(nodes[i].op.get());
-    if (reshape == nullptr || !reshape->can_alias() || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
-      continue;
-    const auto in = static_cast<std::size_t>(nodes[i].inputs[0]), out = static_cast<std::size_t>(nodes[i].outputs[0]);
-    const Tensor &x = values[in].desc, &y = values[out].desc;
-    if (x.dtype != y.dtype || x.size_bytes() != y.size_bytes() || !row_major(x) || !row_major(y)) continue;
-    const int root = alias_of[in] >= 0 ? alias_of[in] : static_cast<int>(in);
-    alias_of[out] = root;
-    last[static_cast<std::size_t>(root)] = std::max(last[static_cast<std::size_t>(root)], last[out]);
-    reshape->make_alias();
-  }
+  const std::vector<int> alias_of = alias_reshapes(last);
   for (std::size_t v = 0; v < values.size(); ++v) {
     if (alias_of[v] >= 0) continue;
     const ValueInfo& info = values[v];
