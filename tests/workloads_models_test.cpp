@@ -39,13 +39,14 @@ bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 std::vector<json> run_plan(const std::vector<PlanEntry>& plan, const fs::path& artifact_dir = {},
-                           const std::string& device = "cpu") {
+                           const std::string& device = "cpu",
+                           const measure::Settings& settings = test::record_settings()) {
   auto be = backend::make_backend(device);
   std::vector<json> records;
   RunnerHooks hooks;
   hooks.sink = [&records](const json& r) { records.push_back(r); };
   hooks.artifact_dir = artifact_dir;
-  Runner runner(*be, test::record_settings(), json::object(), "run-models", hooks, nullptr);
+  Runner runner(*be, settings, json::object(), "run-models", hooks, nullptr);
   const std::atomic<bool> cancel{false};
   runner.run(plan, cancel);
   return records;
@@ -185,7 +186,13 @@ TEST(Train, TinyResnetPointCountsAndALossThatFalls) {
 // recipe's SGD rate (10) brings the rate-distortion loss down, and the PSNR after the trajectory
 // is that of its mse.
 TEST(Train, CompressionAePointReportsPsnrAndALossThatFalls) {
-  const auto records = run_points("train", {"model=compression_ae", "batch=2", "image_size=16", "trajectory_steps=16"});
+  // A step of the full-size codec takes about a second under the sanitizers (1.4 s on a loaded CI
+  // machine): the record settings' 5 s would end the point before its fifth sample.
+  measure::Settings settings = test::record_settings();
+  settings.timeout_s = 60;
+  const auto records = run_plan(
+      plan_of("train", {"model=compression_ae", "batch=2", "image_size=16", "trajectory_steps=16"}), {}, "cpu",
+      settings);
   ASSERT_EQ(records.size(), 1u);
   const json& r = records[0];
   ASSERT_EQ(r["status"], "ok") << r.dump();
