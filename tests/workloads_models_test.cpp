@@ -190,9 +190,9 @@ TEST(Train, CompressionAePointReportsPsnrAndALossThatFalls) {
   // machine): the record settings' 5 s would end the point before its fifth sample.
   measure::Settings settings = test::record_settings();
   settings.timeout_s = 60;
-  const auto records = run_plan(
-      plan_of("train", {"model=compression_ae", "batch=2", "image_size=16", "trajectory_steps=16"}), {}, "cpu",
-      settings);
+  const auto records =
+      run_plan(plan_of("train", {"model=compression_ae", "batch=2", "image_size=16", "trajectory_steps=16"}), {}, "cpu",
+               settings);
   ASSERT_EQ(records.size(), 1u);
   const json& r = records[0];
   ASSERT_EQ(r["status"], "ok") << r.dump();
