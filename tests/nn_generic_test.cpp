@@ -340,8 +340,14 @@ TEST(GenericOps, OpsNoOutputNeedsAreLeftOut) {
   });
   for (std::size_t i = 0; i < o.y.size(); ++i) ASSERT_EQ(o.y[i], std::max(o.in[0][i], 0.0)) << i;
   std::vector<std::string> names;
-  for (const OpReport& r : o.graph->report()) names.push_back(r.name);
+  std::int64_t flops = 0;
+  for (const OpReport& r : o.graph->report()) {
+    names.push_back(r.name);
+    flops += r.forward_flops;
+  }
   EXPECT_EQ(names, std::vector<std::string>{"relu"});
+  EXPECT_EQ(o.graph->forward_flops(), flops) << "the unused relu's FLOPs are not the graph's";
+  EXPECT_GT(flops, 0);
 }
 
 TEST(GenericOps, PadFillsTheBorderAndNegativePadsCrop) {

@@ -316,7 +316,8 @@ std::int64_t Graph::parameter_count() const {
 
 std::int64_t Graph::forward_flops() const {
   std::int64_t total = 0;
-  for (const auto& node : s_->nodes) total += node.op->flops(Pass::forward);
+  for (std::size_t i = 0; i < s_->n(); ++i)
+    if (!s_->dead[i]) total += s_->nodes[i].op->flops(Pass::forward);
   return total;
 }
 

@@ -142,7 +142,7 @@ class Graph {
 
   const GraphOptions& options() const;
   std::int64_t parameter_count() const;  // trainable elements
-  std::int64_t forward_flops() const;
+  std::int64_t forward_flops() const;    // of the ops that run (an inference graph leaves out unused ones)
   std::int64_t backward_flops() const;   // 0 for an inference graph
   std::vector<OpReport> report() const;
   const Op& op(std::size_t i) const;
