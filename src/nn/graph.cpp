@@ -147,9 +147,10 @@ void Graph::State::find_dead_ops() {
 // so no op writes the shared bytes after the root's producer. Per value: its root, or -1.
 std::vector<int> Graph::State::alias_reshapes(std::vector<int>& last) {
   std::vector<int> alias_of(values.size(), -1);
+  aliased.assign(n(), false);
   for (std::size_t i = 0; i < n() && !options.training; ++i) {
-    auto* reshape = dynamic_cast<ViewCopy*>(nodes[i].op.get());
-    if (reshape == nullptr || !reshape->can_alias() || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
+    const auto* reshape = dynamic_cast<const ViewCopy*>(nodes[i].op.get());
+    if (reshape == nullptr || !reshape->is_reshape() || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
       continue;
     const auto in = static_cast<std::size_t>(nodes[i].inputs[0]), out = static_cast<std::size_t>(nodes[i].outputs[0]);
     const Tensor &x = values[in].desc, &y = values[out].desc;
@@ -157,7 +158,7 @@ std::vector<int> Graph::State::alias_reshapes(std::vector<int>& last) {
     const int root = alias_of[in] >= 0 ? alias_of[in] : static_cast<int>(in);
     alias_of[out] = root;
     last[static_cast<std::size_t>(root)] = std::max(last[static_cast<std::size_t>(root)], last[out]);
-    reshape->make_alias();
+    aliased[i] = true;
   }
   return alias_of;
 }
@@ -340,7 +341,7 @@ std::vector<OpReport> Graph::report() const {
     for (std::size_t j = 0; j < s_->specs[i].size(); ++j)
       if (s_->specs[i][j].trainable() && !s_->tied(i, j)) r.params += s_->specs[i][j].shape.numel();
     r.forward_flops = op.flops(Pass::forward);
-    r.forward_bytes = op.bytes(Pass::forward);
+    r.forward_bytes = s_->aliased[i] ? 0 : op.bytes(Pass::forward);
     if (s_->runs_backward[i]) {
       r.backward_flops = op.flops(Pass::backward);
       r.backward_bytes = op.bytes(Pass::backward);

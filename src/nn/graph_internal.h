@@ -86,8 +86,9 @@ struct Graph::State {
   std::unique_ptr<measure::IterationTimer> timer;
   std::vector<double> forward_s, backward_s;
   // Inference: ops that no marked output depends on (an importer's rearrangements that a fused op
-  // made unused): never run, not reported.
-  std::vector<bool> dead;
+  // made unused): never run, not reported. Reshapes whose output is their input's bytes: never run,
+  // reported moving none.
+  std::vector<bool> dead, aliased;
 
   std::size_t n() const { return nodes.size(); }
   int fwd_step(std::size_t i) const { return static_cast<int>(i); }

@@ -309,7 +309,7 @@ void Graph::State::run_forward(bool training) {
   for (std::size_t i = 0; i < n(); ++i) {
     bound[i].training = training;
     Op& op = *nodes[i].op;
-    if (dead[i] || op.is_alias()) continue;  // unused, or its output is its input's bytes
+    if (dead[i] || aliased[i]) continue;  // unused, or its output is its input's bytes
     if (op_observer != nullptr) op_observer->begin(i, false);
     if (profiling)
       forward_s[i] = time_op([&] { op.forward(kk, bound[i]); });

@@ -95,9 +95,6 @@ class Op {
   const std::vector<Tensor>& outputs() const { return out_; }
 
   virtual std::vector<ParamSpec> parameters() const { return {}; }
-  // Whether the graph's plan gave the op's output its input's bytes (an inference reshape between
-  // row-major tensors): it then runs nothing, not even under profiling or counters.
-  virtual bool is_alias() const { return false; }
   // The full name ("embed.wte") of a parameter an earlier op declares which parameters()[i] is
   // (GPT-2's classifier reads the token embedding), or empty. A tied parameter has no storage of
   // its own, is not counted again, and the ops' gradients are summed; shape, dtype and role must

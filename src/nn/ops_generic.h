@@ -114,20 +114,13 @@ class ViewCopy final : public InferenceOp {
            std::vector<std::int64_t> c = {})
       : InferenceOp(std::move(name)), mode_(mode), a_(std::move(a)), b_(std::move(b)), c_(std::move(c)) {}
   std::string_view kind() const override;
-  void forward(Kernels& k, const OpTensors& t) override {
-    if (!alias_) k.copy_strided(source(t.in[0]), t.out[0]);
-  }
-  // A reshape may become an alias of its input (the graph decides, for row-major x and y); it then
-  // moves no bytes.
-  bool can_alias() const { return mode_ == Mode::reshape; }
-  void make_alias() { alias_ = true; }
-  bool is_alias() const override { return alias_; }
+  void forward(Kernels& k, const OpTensors& t) override { k.copy_strided(source(t.in[0]), t.out[0]); }
+  // A reshape, which the graph may make its input's bytes (for row-major x and y: Graph's plan).
+  bool is_reshape() const { return mode_ == Mode::reshape; }
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& in) override;
-  std::int64_t forward_bytes() const override { return alias_ ? 0 : InferenceOp::forward_bytes(); }
   Tensor source(const Tensor& x) const;  // the view of x whose logical order is the output's
-  bool alias_ = false;
   Mode mode_;
   // slice: starts, ends, steps; transpose: perm; expand and reshape: the shape.
   std::vector<std::int64_t> a_, b_, c_;

@@ -193,16 +193,12 @@ void copy_strided(cudaStream_t stream, const Tensor& x, const Tensor& y) {
             std::string("cuda ") + k);
         return;
       }
-      switch (widen_copy(ix, e, x.data, y.data)) {
-        case 16: return launch_indexed<2>(stream, ix, CopyAt<uint4>{x.as<const uint4>(), y.as<uint4>()}, k);
-        case 8: return launch_indexed<2>(stream, ix, CopyAt<uint2>{x.as<const uint2>(), y.as<uint2>()}, k);
-        case 4:
-          if (e < 4)
-            return launch_indexed<2>(stream, ix,
-                                     CopyAt<std::uint32_t>{x.as<const std::uint32_t>(), y.as<std::uint32_t>()}, k);
-          [[fallthrough]];
-        default: return launch_indexed<2>(stream, ix, CopyAt<E>{x.as<const E>(), y.as<E>()}, k);
-      }
+      const std::size_t unit = widen_copy(ix, e, x.data, y.data);
+      if (unit == 16) return launch_indexed<2>(stream, ix, CopyAt<uint4>{x.as<const uint4>(), y.as<uint4>()}, k);
+      return dispatch_bits(unit, k, [&](auto unit_tag) {
+        using U = typename decltype(unit_tag)::type;
+        launch_indexed<2>(stream, ix, CopyAt<U>{x.as<const U>(), y.as<U>()}, k);
+      });
     }
     StridedIndex iy = broadcast_index(k, y, {}), ix = broadcast_index(k, x, {});
     coalesce(iy);
