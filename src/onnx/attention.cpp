@@ -386,9 +386,7 @@ bool apply(const Ctx& c, const Node& n, View& v) {
   const auto rank = static_cast<std::int64_t>(v.dims.size());
   if (n.op == "Identity") return true;
   if (n.op == "Transpose") {
-    std::vector<std::int64_t> perm = attr_ints(n, "perm");
-    if (perm.empty())
-      for (std::int64_t d = rank; d-- > 0;) perm.push_back(d);
+    const std::vector<std::int64_t> perm = transpose_perm(n, v.dims.size());
     if (static_cast<std::int64_t>(perm.size()) != rank) return false;
     View t;
     for (std::int64_t p : perm) {
@@ -403,22 +401,11 @@ bool apply(const Ctx& c, const Node& n, View& v) {
     if (!c.has_input(n, 1) || !c.is_constant(n.inputs[1])) return false;
     return regroup(v, reshape_dims(c.shape(n, 0), c.constant(n, 1), attr_int(n, "allowzero", 0) != 0, n));
   }
-  if (n.op == "Squeeze" || n.op == "Unsqueeze") {
+  if (n.op == "Squeeze" || n.op == "Unsqueeze") {  // opset 13 on: the axes are input 1
     if (c.has_input(n, 1) && !c.is_constant(n.inputs[1])) return false;
-    std::vector<std::int64_t> dims;
-    if (n.op == "Squeeze") {
-      dims = squeeze_dims(c.shape(n, 0), c.has_input(n, 1) ? &c.constant(n, 1) : nullptr, n);
-    } else {
-      if (!c.has_input(n, 1)) return false;
-      dims = c.shape(n, 0);
-      std::vector<std::int64_t> axes;
-      for (std::size_t i = 0; i < static_cast<std::size_t>(c.constant(n, 1).numel()); ++i)
-        axes.push_back(normalize_axis(static_cast<std::int64_t>(c.constant(n, 1).value(i)),
-                                      rank + c.constant(n, 1).numel(), n));
-      std::sort(axes.begin(), axes.end());
-      for (std::int64_t a : axes) dims.insert(dims.begin() + a, 1);
-    }
-    return regroup(v, dims);
+    const HostTensor* axes = c.has_input(n, 1) ? &c.constant(n, 1) : nullptr;
+    if (n.op == "Squeeze") return regroup(v, squeeze_dims(c.shape(n, 0), axes, n));
+    return axes != nullptr && regroup(v, unsqueeze_dims(c.shape(n, 0), *axes, n));
   }
   if (n.op == "Gather") {
     if (!c.has_input(n, 1) || !c.is_constant(n.inputs[1])) return false;

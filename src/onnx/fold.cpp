@@ -172,9 +172,7 @@ Outs eval_concat(const Node& n, const Ins& ins) {
 
 Outs eval_transpose(const Node& n, const Ins& ins) {
   const HostTensor& t = in(n, ins, 0);
-  std::vector<std::int64_t> perm = attr_ints(n, "perm");
-  if (perm.empty())
-    for (std::size_t k = t.dims.size(); k-- > 0;) perm.push_back(static_cast<std::int64_t>(k));
+  const std::vector<std::int64_t> perm = transpose_perm(n, t.dims.size());
   if (perm.size() != t.dims.size()) throw UsageError("Transpose node '" + n.name + "': perm does not match the rank");
   std::vector<std::int64_t> dims;
   std::vector<bool> used(perm.size());
@@ -353,6 +351,13 @@ std::vector<std::int64_t> squeeze_dims(const std::vector<std::int64_t>& in, cons
   for (std::size_t k = 0; k < in.size(); ++k)
     if (!drop[k]) out.push_back(in[k]);
   return out;
+}
+
+std::vector<std::int64_t> transpose_perm(const Node& n, std::size_t rank) {
+  std::vector<std::int64_t> perm = attr_ints(n, "perm");
+  if (perm.empty())
+    for (std::size_t k = rank; k-- > 0;) perm.push_back(static_cast<std::int64_t>(k));
+  return perm;
 }
 
 std::vector<std::int64_t> unsqueeze_dims(const std::vector<std::int64_t>& in, const HostTensor& axes, const Node& n) {

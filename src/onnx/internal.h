@@ -98,6 +98,8 @@ std::vector<std::int64_t> reshape_dims(const std::vector<std::int64_t>& in, cons
                                        const Node& n);
 std::vector<std::int64_t> flatten_dims(const std::vector<std::int64_t>& in, std::int64_t axis, const Node& n);
 std::vector<std::int64_t> squeeze_dims(const std::vector<std::int64_t>& in, const HostTensor* axes, const Node& n);
+// A Transpose node's perm: its attribute, or (none given) the dims reversed, as ONNX defines it.
+std::vector<std::int64_t> transpose_perm(const Node& n, std::size_t rank);
 std::vector<std::int64_t> unsqueeze_dims(const std::vector<std::int64_t>& in, const HostTensor& axes, const Node& n);
 // Slice's inputs 1..4 normalised to one (start, end, step) per dim, clamped as ONNX says.
 struct SliceRanges {

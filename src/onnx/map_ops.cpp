@@ -98,11 +98,8 @@ void map_slice(Ctx& c, const Node& n) {
 
 void map_transpose(Ctx& c, const Node& n) {
   const auto rank = c.shape(n, 0).size();
-  std::vector<std::int64_t> p = attr_ints(n, "perm");
-  if (p.empty())
-    for (std::size_t k = rank; k-- > 0;) p.push_back(static_cast<std::int64_t>(k));
   std::vector<int> perm;
-  for (auto v : p) perm.push_back(normalize_axis(v, static_cast<std::int64_t>(rank), n));
+  for (auto v : transpose_perm(n, rank)) perm.push_back(normalize_axis(v, static_cast<std::int64_t>(rank), n));
   c.set(n.outputs.at(0), nn::transpose(c.b, c.unique_name(n.name), c.value(n, 0), perm));
 }
 
