@@ -136,10 +136,9 @@ class Fp8Test : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount found none): the fp8 kernels and cuDNN's fp8 "
                       "convolution need a Hopper GPU (the lead runs this on an H200)";
     backend_ = backend::make_backend("cuda:0");
-    const std::string& cc = backend_->info().compute_capability;
-    if (std::stod(cc.empty() ? "0" : cc) < 9.0)
-      GTEST_SKIP() << "compute capability " << cc << ": the build targets sm_90 and cuDNN's fp8 convolutions "
-                   << "need Hopper or newer";
+    if (test::below_hopper(backend_->info()))
+      GTEST_SKIP() << "compute capability " << backend_->info().compute_capability
+                   << ": the build targets sm_90 and cuDNN's fp8 convolutions need Hopper or newer";
     cuda_ = make_cuda_kernels(*backend_);
     stream_ = backend::cuda::native_stream(*backend_);
   }
