@@ -7,6 +7,7 @@
 // against the reference on the GPU's own operands plus its logits and loss, and a tiny ResNet
 // learning on the GPU; the fused bias_act epilogue and a folded tiny ResNet's inference. Skips
 // where no GPU answers (the check of the per-call check runs anyway).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "models/resnet.h"
 #include "nn/cuda/kernels.h"
 #include "nn/cuda/device_kernels.h"
+#include "nn/cuda/spatial.h"
 #include "nn/ops.h"
 #include "nn/optim.h"
 #include "nn/ref/ref_kernels.h"
@@ -506,6 +508,69 @@ TEST_F(CudaKernelsTest, ConvBiasActivationMatchesReferenceFusedOrNot) {
   EXPECT_EQ(counts.fused + counts.unfused, 16);
 }
 
+// The project's depthwise kernel, called directly (the convolution search runs it only where it
+// times faster than cuDNN): every vector width (C a multiple of 8, 4, 2, 1), strides, dilations and
+// padding, with and without bias, residual and ReLU, against the reference's conv + bias + act.
+TEST_F(CudaKernelsTest, DepthwiseKernelMatchesReferenceInEveryConfiguration) {
+  const std::vector<ConvCase> cases{
+      {"7x7 pad 3 (ConvNeXt) f16", 2, 96, 14, 13, 96, 7, 7, {1, 1, 3, 3, 1, 1, 96}, Layout::nhwc, DType::f16},
+      {"3x3 stride 2 pad 1 bf16", 2, 32, 11, 12, 32, 3, 3, {2, 2, 1, 1, 1, 1, 32}, Layout::nhwc, DType::bf16},
+      {"5x5 dilation 2 pad 4 f32", 1, 12, 10, 9, 12, 5, 5, {1, 1, 4, 4, 2, 2, 12}, Layout::nhwc, DType::f32},
+      {"3x5 stride 1x2 pad 1x2 f16, C 6", 3, 6, 7, 9, 6, 3, 5, {1, 2, 1, 2, 1, 1, 6}, Layout::nhwc, DType::f16},
+      {"3x3 no pad f32, C 5", 2, 5, 6, 6, 5, 3, 3, {1, 1, 0, 0, 1, 1, 5}, Layout::nhwc, DType::f32},
+  };
+  for (const ConvCase& c : cases)
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool bias_on = variant != 0, residual = variant >= 2, relu = variant == 1 || variant == 3;
+      SCOPED_TRACE(std::string(c.name) + (bias_on ? " bias" : "") + (residual ? " residual" : "") +
+                   (relu ? " relu" : ""));
+      const Conv2dDesc& d = c.d;
+      const Shape ys{c.n, c.k, out_extent(c.h, c.r, d.stride_h, d.pad_h, d.dilation_h),
+                     out_extent(c.w, c.s, d.stride_w, d.pad_w, d.dilation_w)};
+      Twin x = random(c.dtype, Shape{c.n, c.c, c.h, c.w}, c.layout);
+      Twin w = random(c.dtype, Shape{c.k, 1, c.r, c.s}, c.layout, -0.3, 0.3);
+      Twin bias = random(c.dtype, Shape{c.k}, Layout::nchw, -0.5, 0.5);
+      Twin r = random(c.dtype, ys, c.layout);
+      Twin y = twin(c.dtype, ys, c.layout, std::vector<double>(sz(ys.numel()), std::nan("")));
+      ASSERT_EQ(cuda_spatial::depthwise_refusal(d, x.dev, w.dev, y.dev), "");
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cuda_spatial::depthwise_forward(nullptr, d, x.dev, w.dev, bias_on ? bias.dev.data : nullptr, true,
+                                      residual ? r.dev.data : nullptr, y.dev, relu);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      if (bias_on)
+        ref_->conv2d_bias_activation_forward(d, x.ref, w.ref, bias.ref, residual ? r.ref : Tensor{}, y.ref, relu, {});
+      else
+        ref_->conv2d_forward(d, x.ref, w.ref, y.ref, {});
+      ASSERT_NO_FATAL_FAILURE(expect_close(y, tolerance(c.dtype), "y"));
+    }
+  // What it refuses goes to cuDNN: NCHW, a filter per several channels.
+  const Tensor nchw = Tensor::describe(DType::f16, Shape{1, 8, 4, 4}, Layout::nchw, DeviceKind::cuda);
+  const Tensor filters = Tensor::describe(DType::f16, Shape{8, 1, 3, 3}, Layout::nchw, DeviceKind::cuda);
+  EXPECT_NE(cuda_spatial::depthwise_refusal({1, 1, 1, 1, 1, 1, 8}, nchw, filters, nchw), "");
+  const Tensor nhwc = Tensor::describe(DType::f16, Shape{1, 8, 4, 4}, Layout::nhwc, DeviceKind::cuda);
+  const Tensor grouped = Tensor::describe(DType::f16, Shape{8, 2, 3, 3}, Layout::nhwc, DeviceKind::cuda);
+  EXPECT_NE(cuda_spatial::depthwise_refusal({1, 1, 1, 1, 1, 1, 4}, nhwc, grouped, nhwc), "");
+}
+
+// Through the kernels' API, a ConvNeXt-sized depthwise layer: whichever path the search picks
+// (printed with its times), forward and the fused epilogue match the reference.
+TEST_F(CudaKernelsTest, DepthwiseConvolutionMatchesReferenceWhicheverPathIsChosen) {
+  const Conv2dDesc d{1, 1, 3, 3, 1, 1, 192};
+  Twin x = random(DType::f16, Shape{4, 192, 28, 28}, Layout::nhwc);
+  Twin w = random(DType::f16, Shape{192, 1, 7, 7}, Layout::nhwc, -0.3, 0.3);
+  Twin bias = random(DType::f16, Shape{192}, Layout::nchw, -0.5, 0.5);
+  Twin y = random(DType::f16, x.dev.shape, Layout::nhwc);
+  const std::int64_t ws_bytes = cuda_->conv2d_bias_activation_prepare(d, x.dev, w.dev, bias.dev, {}, y.dev, false);
+  Buffer ws(cuda_->allocator(), ws_bytes);
+  cuda_->conv2d_bias_activation_forward(d, x.dev, w.dev, bias.dev, {}, y.dev, false, {ws.data(), ws_bytes});
+  ref_->conv2d_bias_activation_forward(d, x.ref, w.ref, bias.ref, {}, y.ref, false, {});
+  ASSERT_NO_FATAL_FAILURE(expect_close(y, tolerance(DType::f16), "conv + bias"));
+  cuda_->conv2d_forward(d, x.dev, w.dev, y.dev, {ws.data(), ws_bytes});
+  ref_->conv2d_forward(d, x.ref, w.ref, y.ref, {});
+  ASSERT_NO_FATAL_FAILURE(expect_close(y, tolerance(DType::f16), "conv"));
+  for (const std::string& line : cuda_conv_choices(*cuda_)) std::printf("%s\n", line.c_str());
+}
+
 // Batch norm (+ residual) + ReLU in training, kernel by kernel: forward and backward on the GPU
 // (cuDNN's fused NHWC 16-bit kernels, the project's fused forward, or the separate kernels, as the
 // shape decides) against the reference from the same values, in both layouts and every float type,
@@ -603,13 +668,17 @@ TEST_F(CudaKernelsTest, MaxPoolMatchesReferenceAndPaddingNeverWins) {
     Pool2dDesc d;
     Layout layout;
     DType dtype;
+    std::int64_t channels = 5;  // NHWC forward runs the project's kernel: 5, 8 and 24 take each vector width
   };
   for (const Case& c :
        {Case{{3, 3, 2, 2, 1, 1}, Layout::nchw, DType::f32}, Case{{3, 3, 2, 2, 1, 1}, Layout::nhwc, DType::bf16},
-        Case{{2, 2, 2, 2, 0, 0}, Layout::nhwc, DType::f32}, Case{{3, 3, 1, 1, 1, 1}, Layout::nchw, DType::f16}}) {
+        Case{{2, 2, 2, 2, 0, 0}, Layout::nhwc, DType::f32}, Case{{3, 3, 1, 1, 1, 1}, Layout::nchw, DType::f16},
+        Case{{3, 3, 2, 2, 1, 1}, Layout::nhwc, DType::f16, 24}, Case{{2, 2, 2, 2, 0, 0}, Layout::nhwc, DType::f32, 8},
+        Case{{3, 3, 1, 1, 1, 1}, Layout::nhwc, DType::bf16, 6}}) {
     SCOPED_TRACE(std::string(to_string(c.layout)) + " " + std::string(to_string(c.dtype)) + " window " +
-                 std::to_string(c.d.window_h) + " stride " + std::to_string(c.d.stride_h));
-    const std::int64_t n = 2, ch = 5, h = 12, w = 11;
+                 std::to_string(c.d.window_h) + " stride " + std::to_string(c.d.stride_h) + " channels " +
+                 std::to_string(c.channels));
+    const std::int64_t n = 2, ch = c.channels, h = 12, w = 11;
     // Distinct values in every plane, exact in bf16 (multiples of 1/64 below 2): no ties, so
     // which maximum receives the gradient is unambiguous. Most are negative, so a padded zero
     // that won a window would show.

@@ -329,6 +329,43 @@ TEST(GenericOps, ARowMajorReshapeIsItsInputsBytes) {
     }
 }
 
+// ConvNeXt's block moves its channels last around a layer norm: in an NHWC graph each transpose
+// and reshape of that chain keeps the bytes as they lie (the generic ops keep the layout that
+// spares a copy), so none moves a byte; the values are the NCHW graph's. A built-in op handed a
+// row-major rank-4 tensor reads it through a relayout copy into the graph's layout.
+TEST(GenericOps, ChannelsLastViewsOfAnNhwcGraphMoveNoBytes) {
+  const auto block = [](GraphBuilder& b, const std::vector<Value>& v) {
+    const Value act = relu(b, "act", v[0]);  // a built-in op: the graph's layout
+    const Value last = transpose(b, "to_last", act, {0, 2, 3, 1});
+    const Value norm = layer_norm(b, "norm", last, 3, 1e-5);
+    const Value rows = reshape(b, "rows", norm, Shape{60, 8});
+    const Value back = reshape(b, "unrows", unary(b, "sig", rows, {UnaryKind::sigmoid}), Shape{2, 5, 6, 8});
+    return add(b, "sum", act, transpose(b, "to_first", back, {0, 3, 1, 2}));
+  };
+  GraphRun nchw(Layout::nchw), nhwc(Layout::nhwc);
+  const Out a = nchw.run({{Shape{2, 8, 5, 6}}}, block), c = nhwc.run({In(Shape{2, 8, 5, 6}, a.in[0])}, block);
+  ASSERT_EQ(a.y.size(), c.y.size());
+  for (std::size_t i = 0; i < a.y.size(); ++i) ASSERT_NEAR(a.y[i], c.y[i], 1e-12) << i;
+  std::vector<std::string> copies;
+  for (const OpReport& r : c.graph->report())
+    if ((r.kind == "transpose" || r.kind == "reshape" || r.kind == "relayout") && r.forward_bytes != 0)
+      copies.push_back(r.name);
+  EXPECT_TRUE(copies.empty()) << copies.front();
+  for (const OpReport& r : a.graph->report())
+    if (r.name == "to_last") {
+      EXPECT_GT(r.forward_bytes, 0) << "NCHW permutes channels last";
+    }
+
+  const Out d = nhwc.run({{Shape{2, 8, 30}}}, [](GraphBuilder& b, const std::vector<Value>& v) {
+    return relu(b, "act", reshape(b, "image", v[0], Shape{2, 8, 5, 6}));
+  });
+  for (std::size_t i = 0; i < d.y.size(); ++i) ASSERT_EQ(d.y[i], std::max(d.in[0][i], 0.0)) << i;
+  std::vector<std::string> kinds;
+  for (const OpReport& r : d.graph->report()) kinds.emplace_back(r.kind);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"reshape", "relayout", "relu"}));
+  EXPECT_EQ(d.graph->report()[0].forward_bytes, 0) << "the reshape of a row-major input is its bytes";
+}
+
 // An inference graph's ops that no marked output depends on (a branch an importer left unused)
 // neither run nor appear in the report; the used ones give the same values.
 TEST(GenericOps, OpsNoOutputNeedsAreLeftOut) {

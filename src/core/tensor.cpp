@@ -70,6 +70,13 @@ Strides contiguous_strides(const Shape& shape, Layout layout) {
   return s;
 }
 
+bool same_order(const Shape& shape, const Strides& a, const Strides& b) {
+  if (a.rank() != shape.rank() || b.rank() != shape.rank()) return false;
+  for (int i = 0; i < shape.rank(); ++i)
+    if (shape[i] > 1 && a[i] != b[i]) return false;
+  return true;
+}
+
 Tensor Tensor::describe(DType dtype, const Shape& shape, Layout layout, DeviceKind device) {
   Tensor t;
   t.dtype = dtype;

@@ -47,6 +47,9 @@ Layout parse_layout(std::string_view name);  // throws UsageError
 
 // Contiguous strides of `shape` in `layout` (NHWC: C fastest, then W, H, N; filters KRSC).
 Strides contiguous_strides(const Shape& shape, Layout layout);
+// Whether strides a and b of `shape` place every element at one offset (they may differ only in
+// dims of size 1, which no offset reads).
+bool same_order(const Shape& shape, const Strides& a, const Strides& b);
 
 enum class DeviceKind { host, cuda };
 std::string_view to_string(DeviceKind d);

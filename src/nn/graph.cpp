@@ -8,11 +8,6 @@
 #include "nn/ops_generic.h"
 
 namespace ab::nn {
-namespace {
-
-bool row_major(const Tensor& t) { return t.strides == contiguous_strides(t.shape, Layout::nchw); }
-
-}  // namespace
 
 Graph::Graph(GraphBuilder&& builder) : s_(std::make_unique<State>()) {
   GraphBuilder::State& b = *builder.s_;
@@ -141,20 +136,19 @@ void Graph::State::find_dead_ops() {
   }
 }
 
-// Inference: a reshape between row-major tensors would copy the bytes as they lie, so its output
-// is its input's buffer (the root of a chain of such reshapes), alive until the last reader of any
-// of them (`last` extended), and the op runs nothing. Inference ops write only their own outputs,
+// Inference: a view whose copy would write the bytes as they lie (a reshape between row-major
+// tensors, a transpose into its permuted strides: ViewCopy::keeps_bytes) makes its output its
+// input's buffer (the root of a chain of such views), alive until the last reader of any of them
+// (`last` extended), and the op runs nothing. Inference ops write only their own outputs,
 // so no op writes the shared bytes after the root's producer. Per value: its root, or -1.
-std::vector<int> Graph::State::alias_reshapes(std::vector<int>& last) {
+std::vector<int> Graph::State::alias_views(std::vector<int>& last) {
   std::vector<int> alias_of(values.size(), -1);
   aliased.assign(n(), false);
   for (std::size_t i = 0; i < n() && !options.training; ++i) {
-    const auto* reshape = dynamic_cast<const ViewCopy*>(nodes[i].op.get());
-    if (reshape == nullptr || !reshape->is_reshape() || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
-      continue;
+    const auto* view = dynamic_cast<const ViewCopy*>(nodes[i].op.get());
+    if (view == nullptr || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1) continue;
     const auto in = static_cast<std::size_t>(nodes[i].inputs[0]), out = static_cast<std::size_t>(nodes[i].outputs[0]);
-    const Tensor &x = values[in].desc, &y = values[out].desc;
-    if (x.dtype != y.dtype || x.size_bytes() != y.size_bytes() || !row_major(x) || !row_major(y)) continue;
+    if (!view->keeps_bytes(values[in].desc, values[out].desc)) continue;
     const int root = alias_of[in] >= 0 ? alias_of[in] : static_cast<int>(in);
     alias_of[out] = root;
     last[static_cast<std::size_t>(root)] = std::max(last[static_cast<std::size_t>(root)], last[out]);
@@ -189,7 +183,7 @@ void Graph::State::plan_lifetimes() {
       if (runs_backward[i] && has_grad[in]) grad_first[in] = std::max(grad_first[in], static_cast<int>(i));
     }
   }
-  const std::vector<int> alias_of = alias_reshapes(last);
+  const std::vector<int> alias_of = alias_views(last);
   for (std::size_t v = 0; v < values.size(); ++v) {
     if (alias_of[v] >= 0) continue;
     const ValueInfo& info = values[v];

@@ -81,6 +81,8 @@ class GraphBuilder {
  private:
   friend class Graph;
   struct State;
+  // v, or v copied into the graph's layout where it is rank 4 and in the other (before a built-in op).
+  Value in_graph_layout(Value v);
   std::unique_ptr<State> s_;
 };
 

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "nn/graph_internal.h"
+#include "nn/ops_generic.h"
 
 namespace ab::nn {
 
@@ -76,10 +77,24 @@ Value GraphBuilder::input(const std::string& name, const Shape& shape, DType dty
   return Value{static_cast<int>(s_->values.size()) - 1};
 }
 
-std::vector<Value> GraphBuilder::add(std::unique_ptr<Op> op, const std::vector<Value>& inputs) {
+Value GraphBuilder::in_graph_layout(Value v) {
+  if (v.id < 0 || v.id >= static_cast<int>(s_->values.size())) return v;  // add() names the bad id
+  const Tensor& d = s_->values[static_cast<std::size_t>(v.id)].desc;
+  if (d.shape.rank() != 4 || same_order(d.shape, d.strides, contiguous_strides(d.shape, s_->options.layout))) return v;
+  std::string name = s_->values[static_cast<std::size_t>(v.id)].name + ".relayout";
+  for (int k = 2; s_->names.count(name) != 0; ++k) name = s_->values[static_cast<std::size_t>(v.id)].name + ".relayout" + std::to_string(k);
+  return add1(std::make_unique<ViewCopy>(name, ViewCopy::Mode::relayout, std::vector<std::int64_t>{}), {v});
+}
+
+std::vector<Value> GraphBuilder::add(std::unique_ptr<Op> op, const std::vector<Value>& given) {
   if (!op) throw Error("GraphBuilder::add: null op");
   const std::string label = "layer '" + op->name() + "' (" + std::string(op->kind()) + "): ";
   if (s_->names.count(op->name()) != 0) throw LayerError(label + "the name is already used");
+  // A built-in op reads rank-4 inputs in the graph's layout: one a generic op left in the other
+  // is copied into it first.
+  std::vector<Value> inputs = given;
+  if (!op->reads_any_layout())
+    for (Value& in : inputs) in = in_graph_layout(in);
   Node node;
   std::vector<Tensor> descs;
   bool requires_grad = false;
@@ -90,13 +105,17 @@ std::vector<Value> GraphBuilder::add(std::unique_ptr<Op> op, const std::vector<V
     requires_grad = requires_grad || s_->values[static_cast<std::size_t>(in.id)].requires_grad;
     node.inputs.push_back(in.id);
   }
-  const std::vector<Tensor> outs = op->infer(descs);
+  std::vector<Tensor> outs = op->infer(descs);
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    outs[i] = Tensor::describe(outs[i].dtype, outs[i].shape,
+                               outs[i].shape.rank() == 4 ? op->output_layout(i, s_->options.layout) : Layout::nchw);
+  op->set_placed_outputs(outs);
   for (const auto& spec : op->parameters()) requires_grad = requires_grad || spec.trainable();
   std::vector<Value> result;
   for (std::size_t i = 0; i < outs.size(); ++i) {
     ValueInfo v;
     v.name = op->name() + (outs.size() > 1 ? ":" + std::to_string(i) : "");
-    v.desc = place(s_->options, outs[i].dtype, outs[i].shape);
+    v.desc = outs[i];
     v.producer = static_cast<int>(s_->nodes.size());
     v.producer_slot = static_cast<int>(i);
     v.requires_grad = requires_grad;

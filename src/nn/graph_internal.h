@@ -104,7 +104,7 @@ struct Graph::State {
   void plan_gradients();
   void plan_parameter_gradients();
   void find_dead_ops();
-  std::vector<int> alias_reshapes(std::vector<int>& last);
+  std::vector<int> alias_views(std::vector<int>& last);
   void plan_lifetimes();
   std::vector<int> share_passed_gradients();  // per value: the value whose gradient buffer it uses
   // The step, on State so that a captured step does not depend on where the Graph object lives.

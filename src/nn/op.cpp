@@ -1,5 +1,7 @@
 #include "nn/op.h"
 
+#include <utility>
+
 namespace ab::nn {
 
 std::vector<Tensor> Op::infer(const std::vector<Tensor>& inputs) {
@@ -7,6 +9,11 @@ std::vector<Tensor> Op::infer(const std::vector<Tensor>& inputs) {
   for (auto& t : in_) t.data = nullptr;  // descriptors only: an op never holds storage
   out_ = do_infer(in_);
   return out_;
+}
+
+void Op::set_placed_outputs(std::vector<Tensor> placed) {
+  out_ = std::move(placed);
+  for (auto& t : out_) t.data = nullptr;
 }
 
 void Op::require(bool ok, const std::string& reason) const {

@@ -91,6 +91,12 @@ class Op {
   // Output descriptors (dtype and shape; the graph sets layout and strides) from the inputs'.
   // Remembers both for the cost functions. Throws LayerError naming the layer and the reason.
   std::vector<Tensor> infer(const std::vector<Tensor>& inputs);
+  // The layout rank-4 output `slot` is stored in. Built-in ops store theirs, and read their rank-4
+  // inputs, in the graph's; the generic ops read any strides (reads_any_layout) and keep the layout
+  // that spares a copy (InferenceOp). The builder then records the outputs as placed.
+  virtual Layout output_layout(std::size_t /*slot*/, Layout graph) const { return graph; }
+  virtual bool reads_any_layout() const { return false; }
+  void set_placed_outputs(std::vector<Tensor> placed);
   const std::vector<Tensor>& inputs() const { return in_; }
   const std::vector<Tensor>& outputs() const { return out_; }
 

@@ -9,7 +9,30 @@
 
 namespace ab::nn {
 
+namespace {
+
+// The layout whose contiguous strides `strides` of `shape` are: the graph's where both layouts'
+// are (a dim of size 1), the other where only its are, else the graph's.
+Layout layout_of_strides(const Shape& shape, const Strides& strides, Layout graph) {
+  const Layout other = graph == Layout::nchw ? Layout::nhwc : Layout::nchw;
+  return !same_order(shape, strides, contiguous_strides(shape, graph)) &&
+                 same_order(shape, strides, contiguous_strides(shape, other))
+             ? other
+             : graph;
+}
+
+bool row_major(const Tensor& t) { return same_order(t.shape, t.strides, contiguous_strides(t.shape, Layout::nchw)); }
+
+}  // namespace
+
 // ---- InferenceOp
+
+Layout InferenceOp::output_layout(std::size_t slot, Layout graph) const {
+  const Shape& shape = out_[slot].shape;
+  for (const Tensor& x : in_)
+    if (x.shape == shape) return layout_of_strides(shape, x.strides, graph);
+  return graph;
+}
 
 std::int64_t InferenceOp::prepare(Kernels& k, const OpTensors& descs) {
   if (training_) fail("is inference only (no backward is built); build the graph with training = false");
@@ -156,7 +179,7 @@ void Split::forward(Kernels& k, const OpTensors& t) {
 // ---- slice, transpose, expand, reshape
 
 std::string_view ViewCopy::kind() const {
-  static constexpr std::string_view names[] = {"slice", "transpose", "expand", "reshape"};
+  static constexpr std::string_view names[] = {"slice", "transpose", "expand", "reshape", "relayout"};
   return names[static_cast<int>(mode_)];
 }
 
@@ -203,8 +226,34 @@ std::vector<Tensor> ViewCopy::do_infer(const std::vector<Tensor>& in) {
                                             " elements, x " + x.shape.to_string() + " holds " +
                                             std::to_string(x.numel()));
       break;
+    case Mode::relayout: out = x.shape; break;
   }
   return {Tensor::describe(x.dtype, out)};
+}
+
+Layout ViewCopy::output_layout(std::size_t slot, Layout graph) const {
+  switch (mode_) {
+    case Mode::transpose: return layout_of_strides(out_[slot].shape, source(in_[0]).strides, graph);
+    case Mode::reshape: return row_major(in_[0]) ? Layout::nchw : graph;
+    case Mode::slice:
+    case Mode::expand:
+    case Mode::relayout: break;
+  }
+  return graph;
+}
+
+bool ViewCopy::keeps_bytes(const Tensor& x, const Tensor& y) const {
+  if (x.dtype != y.dtype || x.numel() != y.numel()) return false;
+  switch (mode_) {
+    case Mode::reshape: return row_major(x) && row_major(y);
+    case Mode::transpose:
+      return same_order(y.shape, y.strides, contiguous_strides(y.shape, y.layout)) &&
+             same_order(y.shape, source(x).strides, y.strides);
+    case Mode::slice:
+    case Mode::expand:
+    case Mode::relayout: break;
+  }
+  return false;
 }
 
 Tensor ViewCopy::source(const Tensor& x) const {
@@ -227,7 +276,8 @@ Tensor ViewCopy::source(const Tensor& x) const {
       }
       return v;
     case Mode::expand: return broadcast_view(x, out_[0].shape);
-    case Mode::reshape: return x;  // copy_strided walks both in logical order
+    case Mode::reshape:
+    case Mode::relayout: return x;  // copy_strided walks both in logical order
   }
   return v;
 }

@@ -18,6 +18,10 @@ class InferenceOp : public Op {
   using Op::Op;
   std::int64_t prepare(Kernels& k, const OpTensors& descs) override;  // refuses a training graph
   void backward(Kernels& k, const OpTensors& t) override;             // throws Error
+  // A rank-4 output keeps the layout of the first input of its shape (an element-wise op then
+  // walks both in one order), else takes the graph's.
+  Layout output_layout(std::size_t slot, Layout graph) const override;
+  bool reads_any_layout() const final { return true; }
   std::int64_t flops(Pass p) const final { return p == Pass::forward ? forward_flops() : 0; }
   std::int64_t bytes(Pass p) const final { return p == Pass::forward ? forward_bytes() : 0; }
 
@@ -106,17 +110,22 @@ class Split final : public InferenceOp {
   std::vector<std::int64_t> sizes_;
 };
 
-// x viewed through a different shape and strides (slice, transpose, expand), copied to the output.
+// x viewed through a different shape and strides (slice, transpose, expand), copied to the output;
+// relayout copies x into the graph's layout (the builder's, before a built-in op).
 class ViewCopy final : public InferenceOp {
  public:
-  enum class Mode { slice, transpose, expand, reshape };
+  enum class Mode { slice, transpose, expand, reshape, relayout };
   ViewCopy(std::string name, Mode mode, std::vector<std::int64_t> a, std::vector<std::int64_t> b = {},
            std::vector<std::int64_t> c = {})
       : InferenceOp(std::move(name)), mode_(mode), a_(std::move(a)), b_(std::move(b)), c_(std::move(c)) {}
   std::string_view kind() const override;
   void forward(Kernels& k, const OpTensors& t) override { k.copy_strided(source(t.in[0]), t.out[0]); }
-  // A reshape, which the graph may make its input's bytes (for row-major x and y: Graph's plan).
-  bool is_reshape() const { return mode_ == Mode::reshape; }
+  // A reshape or transpose stores a rank-4 output where the copy keeps the bytes as they lie: a
+  // reshape of a row-major x row-major, a transpose in the layout of x's permuted strides.
+  Layout output_layout(std::size_t slot, Layout graph) const override;
+  // Whether copying x to y would write x's bytes as they lie (a reshape between row-major tensors,
+  // a transpose whose permuted strides are y's): the graph may then make y x's bytes.
+  bool keeps_bytes(const Tensor& x, const Tensor& y) const;
 
  private:
   std::vector<Tensor> do_infer(const std::vector<Tensor>& in) override;

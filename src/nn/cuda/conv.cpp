@@ -22,6 +22,7 @@
 #include "nn/cuda/conv_engine.h"
 #include "nn/cuda/conv_search.h"
 #include "nn/cuda/pointwise.h"
+#include "nn/cuda/spatial.h"
 
 namespace ab::nn::cuda {
 namespace {
@@ -260,7 +261,8 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
                                          static_cast<std::size_t>(c.workspace_bytes), &zero, plan.y.get(), sy);
         },
         plan.fwd);
-    if (plan.fwd.algo < 0) plan.fwd.refusal = "cuDNN has no forward" + limits;
+    time_depthwise_kernel(plan.fwd, d, x.with_data(sx), w.with_data(sw), y.with_data(sy), sampler);
+    if (plan.fwd.algo < 0 && !plan.fwd.depthwise_kernel) plan.fwd.refusal = "cuDNN has no forward" + limits;
     plan.fwd.searched = true;
     ++stats_.conv_pass_searches;
   }
@@ -323,6 +325,27 @@ void ConvEngine::search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const T
       if (now && !pass->choice.empty()) std::fprintf(stderr, "%s: %s\n", label.c_str(), pass->choice.c_str());
 }
 
+// The project's depthwise kernel, where it runs the configuration, against cuDNN's chosen forward
+// (timed the same way, on the same operands); the faster runs.
+void ConvEngine::time_depthwise_kernel(ConvPass& fwd, const Conv2dDesc& d, const Tensor& x, const Tensor& w,
+                                       const Tensor& y, GpuSampler& sampler) {
+  if (!cuda_spatial::depthwise_refusal(d, x, w, y).empty()) return;
+  const auto launch = [&] {
+    cuda_spatial::depthwise_forward(ctx_.stream, d, x, w, nullptr, false, nullptr, y, false);
+    return true;
+  };
+  launch();  // warm
+  const double best_s = fwd.algo >= 0 ? fwd.time_s : std::numeric_limits<double>::infinity();
+  const double t = time_candidate(sampler, launch, best_s, "depthwise kernel timing");
+  fwd.choice += (fwd.choice.empty() ? "forward:" : ";") + std::string(" depthwise kernel ") + format_us(t) + " us";
+  if (t < best_s) {
+    fwd.depthwise_kernel = true;
+    fwd.time_s = t;
+    fwd.workspace_bytes = 0;
+    fwd.choice += " (runs)";
+  }
+}
+
 ConvPlan& ConvEngine::conv_plan(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
   if (auto it = conv_plans_.find(conv_key(d, x, w, y)); it != conv_plans_.end()) return *it->second;
   // Not prepared (a direct call, or the mode changed since binding): search every pass now.
@@ -375,7 +398,7 @@ std::int64_t ConvEngine::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, co
   const std::int64_t searched_before = stats_.conv_pass_searches;
   const ConvPlan& p = prepared_conv_plan(d, x, w, y, passes);
   if (stats_.conv_pass_searches == searched_before) ++stats_.conv_cache_hits;
-  if (p.fwd.algo < 0) throw Unsupported(p.fwd.refusal);
+  if (p.fwd.algo < 0 && !p.fwd.depthwise_kernel) throw Unsupported(p.fwd.refusal);
   // The passes this layer runs only: another layer of the configuration may have asked for more.
   std::int64_t bytes = p.fwd.workspace_bytes;
   if (passes.backward_data && p.bwd_data.algo >= 0) bytes = std::max(bytes, p.bwd_data.workspace_bytes);
@@ -385,6 +408,10 @@ std::int64_t ConvEngine::conv2d_prepare(const Conv2dDesc& d, const Tensor& x, co
 
 void ConvEngine::conv2d_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y, Workspace ws) {
   const ConvPlan& p = conv_plan(d, x, w, y);
+  if (p.fwd.depthwise_kernel) {
+    cuda_spatial::depthwise_forward(ctx_.stream, d, x, w, nullptr, false, nullptr, y, false);
+    return;
+  }
   const ConvPass& pass = usable_pass(p.fwd, p, ws, "forward");
   const float one = 1.0f, zero = 0.0f;
   AB_CUDNN(cudnnConvolutionForward(ctx_.cudnn.get(), &one, p.x.get(), x.data, p.w.get(), w.data, pass.conv.get(),

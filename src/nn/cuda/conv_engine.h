@@ -21,6 +21,8 @@
 
 namespace ab::nn::cuda {
 
+class GpuSampler;
+
 // One pass of a convolution: its own descriptor (the chosen algorithm fixes the math type) and
 // algorithm; algo < 0 where no algorithm fitted (the pass then refuses to run, naming why).
 // searched: false until a conv2d_prepare asked for the pass (a backward pass no layer of this
@@ -30,6 +32,9 @@ struct ConvPass {
   ConvDescPtr conv;
   int algo = -1;
   std::int64_t workspace_bytes = 0;
+  // Forward only: the project's depthwise kernel (cuda_spatial) timed faster than every cuDNN
+  // algorithm, so it runs instead (no workspace; the fused epilogue is its own).
+  bool depthwise_kernel = false;
   double time_s = 0;   // the chosen algorithm's timed GPU time per call
   std::string choice;  // the chosen algorithm and every candidate's time, for reports
   std::string refusal;
@@ -123,6 +128,9 @@ class ConvEngine {
   // Searches forward (if not yet) and the passes in `passes` not searched yet.
   void search_conv_passes(ConvPlan& plan, const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
                           ConvPasses passes);
+  // x, w, y: the search's scratch operands.
+  void time_depthwise_kernel(ConvPass& fwd, const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y,
+                             GpuSampler& sampler);
   std::int64_t conv_workspace_cap() const;
   // conv_epilogue.cpp: times the fused epilogue call against the plain forward (searched already)
   // plus bias_act.

@@ -8,6 +8,7 @@
 #include "nn/cuda/conv_engine.h"
 #include "nn/cuda/conv_search.h"
 #include "nn/cuda/pointwise.h"
+#include "nn/cuda/spatial.h"
 
 namespace ab::nn::cuda {
 
@@ -27,6 +28,10 @@ void ConvEngine::search_conv_epilogue(ConvPlan& plan, ConvEpilogue& e, const Con
                                       const Tensor& w, const Tensor& y, bool relu, bool residual) {
   e.searched = true;
   e.pass.searched = true;
+  if (plan.fwd.depthwise_kernel) {  // the project's kernel, faster than cuDNN's, applies the epilogue itself
+    e.pass.choice = "epilogue: in the depthwise kernel";
+    return;
+  }
   if (plan.fwd.algo < 0) return;  // no plain forward either: the composition refuses, naming why
   const std::string label = plan.label + ", epilogue bias" + (residual ? " + residual" : "") + (relu ? " + ReLU" : "");
   const std::int64_t channels = y.shape[1];
@@ -141,6 +146,16 @@ void ConvEngine::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tenso
                                                 const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu,
                                                 Workspace ws) {
   const bool has_residual = residual.defined();
+  if (ConvPlan& p = conv_plan(d, x, w, y); p.fwd.depthwise_kernel) {
+    if (has_residual && (!(residual.shape == y.shape) || !(residual.strides == y.strides) || residual.dtype != y.dtype))
+      throw Unsupported(p.label + ": the residual " + residual.to_string() + " must match y " + y.to_string());
+    if (bias.numel() != y.shape[1] || !bias.is_contiguous() || (bias.dtype != y.dtype && bias.dtype != DType::f32))
+      throw Unsupported(p.label + ": the bias must be a contiguous [" + std::to_string(y.shape[1]) + "] in " +
+                        std::string(to_string(y.dtype)) + " or f32, got " + bias.to_string());
+    cuda_spatial::depthwise_forward(ctx_.stream, d, x, w, bias.data, bias.dtype == y.dtype,
+                                    has_residual ? residual.data : nullptr, y, relu);
+    return;
+  }
   if (bias.dtype == y.dtype) {
     ConvPlan& p = conv_plan(d, x, w, y);
     const ConvEpilogue& e = conv_epilogue(p, d, x, w, y, relu, has_residual);

@@ -52,14 +52,20 @@ struct UnaryAt {
   }
 };
 
-template <typename T>
+// Offsets count pieces of W elements (widen_index).
+template <typename T, int W>
 struct BinaryAt {
   const T* a;
   const T* b;
   T* y;
   BinaryKind kind;
   __device__ void operator()(const int64_t (&o)[3]) const {
-    y[o[0]] = from_math<T>(binary_apply(kind, to_math(a[o[1]]), to_math(b[o[2]])));
+    const auto va = load<W>(a, o[1] * W);
+    const auto vb = load<W>(b, o[2] * W);
+    Chunk<T, W> out;
+#pragma unroll
+    for (int j = 0; j < W; ++j) out.v[j] = from_math<T>(binary_apply(kind, to_math(va.v[j]), to_math(vb.v[j])));
+    store<W>(y, o[0] * W, out);
   }
 };
 
@@ -104,25 +110,35 @@ bool one_run(const StridedIndex& ix) {
   return true;
 }
 
-// The widest unit, 16, 8 or 4 bytes (at least the element's), that moves whole pieces of the
-// innermost dim: unit-stride there in both operands, that dim and every other stride a multiple of
-// the unit, both pointers aligned to it. The index is rewritten in units of it. A transpose of
-// leading dims (heads, batch-first) then moves 16 bytes per index decode instead of one element.
-std::size_t widen_copy(StridedIndex& ix, std::size_t element_bytes, const void* x, const void* y) {
-  if (ix.rank == 0) return element_bytes;
+// The most elements per piece (a power of two up to 16 bytes, at most max_per) that cut the
+// innermost dim into whole pieces in every operand: unit stride there, that dim and every other
+// stride a multiple of it, every pointer aligned to the piece. The index is rewritten in pieces. A
+// transpose of leading dims (heads, batch-first) then moves 16 bytes per index decode instead of
+// one element, and a per-channel broadcast (ConvNeXt's layer scale) reads whole vectors.
+std::int64_t widen_index(StridedIndex& ix, std::size_t element_bytes, std::int64_t max_per,
+                         std::initializer_list<const void*> pointers) {
+  if (ix.rank == 0) return 1;
   const int inner = ix.rank - 1;
-  if (ix.strides[0][inner] != 1 || ix.strides[1][inner] != 1) return element_bytes;
-  for (const std::size_t unit : {std::size_t{16}, std::size_t{8}, std::size_t{4}}) {
-    if (unit <= element_bytes) break;
-    const auto per = static_cast<std::int64_t>(unit / element_bytes);
-    bool fits = ix.dims[inner] % per == 0 && device_common::aligned(x, unit) && device_common::aligned(y, unit);
-    for (int d = 0; fits && d < inner; ++d) fits = ix.strides[0][d] % per == 0 && ix.strides[1][d] % per == 0;
+  for (int k = 0; k < ix.operands; ++k)
+    if (ix.strides[k][inner] != 1) return 1;
+  for (std::int64_t per = std::min<std::int64_t>(max_per, static_cast<std::int64_t>(16 / element_bytes)); per > 1;
+       per /= 2) {
+    bool fits = ix.dims[inner] % per == 0;
+    for (const void* p : pointers) fits = fits && device_common::aligned(p, static_cast<std::size_t>(per) * element_bytes);
+    for (int k = 0; k < ix.operands; ++k)
+      for (int d = 0; fits && d < inner; ++d) fits = ix.strides[k][d] % per == 0;
     if (!fits) continue;
     ix.dims[inner] /= per;
-    for (int d = 0; d < inner; ++d) ix.strides[0][d] /= per, ix.strides[1][d] /= per;
-    return unit;
+    for (int k = 0; k < ix.operands; ++k)
+      for (int d = 0; d < inner; ++d) ix.strides[k][d] /= per;
+    return per;
   }
-  return element_bytes;
+  return 1;
+}
+
+// The copy's unit in bytes (16, 8 or 4 where the operands allow, else the element's).
+std::size_t widen_copy(StridedIndex& ix, std::size_t element_bytes, const void* x, const void* y) {
+  return element_bytes * static_cast<std::size_t>(widen_index(ix, element_bytes, 16, {x, y}));
 }
 
 void require_float_shape(const char* kernel, const Tensor& x, const Tensor& y) {
@@ -159,8 +175,18 @@ void binary_forward(cudaStream_t stream, BinaryKind kind, const Tensor& a, const
       op.a = a.as<const T>(), op.b = b.as<const T>(), op.y = y.as<T>(), op.kind = kind;
       return launch_elementwise(stream, op, y.numel(), all_aligned({a.data, b.data, y.data}), k);
     }
-    launch_indexed<3>(stream, broadcast_index(k, y, {a, b}),
-                      BinaryAt<T>{a.as<const T>(), b.as<const T>(), y.as<T>(), kind}, k);
+    StridedIndex ix = broadcast_index(k, y, {a, b});
+    order_by_output(ix);
+    coalesce(ix);
+    const std::int64_t per = widen_index(ix, sizeof(T), vec_of<T>(), {a.data, b.data, y.data});
+    const auto run = [&](auto width) {
+      launch_indexed<3>(stream, ix, BinaryAt<T, decltype(width)::value>{a.as<const T>(), b.as<const T>(), y.as<T>(), kind},
+                        k);
+    };
+    if (per == 8) run(std::integral_constant<int, 8>{});
+    else if (per == 4) run(std::integral_constant<int, 4>{});
+    else if (per == 2) run(std::integral_constant<int, 2>{});
+    else run(std::integral_constant<int, 1>{});
   });
 }
 
