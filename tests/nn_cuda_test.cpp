@@ -26,8 +26,8 @@
 #include "core/rng.h"
 #include "models/compression.h"
 #include "models/resnet.h"
-#include "nn/cuda/kernels.h"
 #include "nn/cuda/device_kernels.h"
+#include "nn/cuda/kernels.h"
 #include "nn/cuda/spatial.h"
 #include "nn/ops.h"
 #include "nn/optim.h"
@@ -539,8 +539,7 @@ TEST_F(CudaKernelsTest, DepthwiseKernelMatchesReferenceInEveryConfiguration) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       if (bias_on)
         ref_->conv2d_bias_activation_forward(d, x.ref, w.ref, bias.ref, residual ? r.ref : Tensor{}, y.ref, relu, {});
-      else
-        ref_->conv2d_forward(d, x.ref, w.ref, y.ref, {});
+      else ref_->conv2d_forward(d, x.ref, w.ref, y.ref, {});
       ASSERT_NO_FATAL_FAILURE(expect_close(y, tolerance(c.dtype), "y"));
     }
   // What it refuses goes to cuDNN: NCHW, a filter per several channels.

@@ -338,6 +338,46 @@ TEST(OnnxImport, TransformerMlpPatternsBecomeOneOpEach) {
   EXPECT_EQ(fused, (std::vector<std::string>{"MatMul+Add (linear with bias): fc", "Div+Erf+Add+Mul+Mul (GELU): gelu"}));
 }
 
+// ConvNeXt's block tail: the channels-last MLP's second MatMul + Add, the Transpose back to
+// channels first and the layer scale (Mul by [C, 1, 1]): the scale is folded into the linear, and
+// the values are the unfolded formula's.
+TEST(OnnxImport, LayerScaleAfterTheChannelsFirstTransposeFoldsIntoTheLinear) {
+  OnnxBuilder m;
+  m.input("x", {-1, 2, 3, 6});  // [N, H, W, 4C]
+  const std::vector<double> w = random_values(test::seed(), 6 * 4), bias = random_values(test::seed(), 4),
+                            gamma = random_values(test::seed(), 4, 0.5, 1.5);
+  m.node("MatMul", {"x", m.init("w", {6, 4}, w)}, {"mm"}, "fc2");
+  m.node("Add", {"mm", m.init("bias", {4}, bias)}, {"h"});
+  OB::attr(m.node("Transpose", {"h"}, {"t"}, "first"), "perm", std::vector<std::int64_t>{0, 3, 1, 2});
+  m.node("Mul", {"t", m.init("gamma", {4, 1, 1}, gamma)}, {"y"}, "scale");
+  m.output("y");
+  const std::int64_t batch = 2;
+  const std::vector<double> x = random_values(test::seed(), batch * 2 * 3 * 6);
+  std::vector<double> want(static_cast<std::size_t>(batch * 4 * 2 * 3));  // [N, C, H, W]
+  for (std::int64_t n = 0; n < batch; ++n)
+    for (std::int64_t p = 0; p < 6; ++p)  // pixel h * 3 + w
+      for (std::int64_t c = 0; c < 4; ++c) {
+        double v = bias[static_cast<std::size_t>(c)];
+        for (std::int64_t k = 0; k < 6; ++k)
+          v += x[static_cast<std::size_t>((n * 6 + p) * 6 + k)] * w[static_cast<std::size_t>(k * 4 + c)];
+        want[static_cast<std::size_t>((n * 4 + c) * 6 + p)] = v * gamma[static_cast<std::size_t>(c)];
+      }
+  std::vector<std::string> fused;
+  EXPECT_LT(max_rel_diff(run_imported(m.bytes(), batch, onnx::Fold::fused, x, &fused), want), 1e-12);
+  EXPECT_EQ(fused, (std::vector<std::string>{"MatMul+Add+Transpose+Mul (linear with bias, the scale folded in): fc2"}));
+  // A constant over another axis is a plain Mul after the linear.
+  OnnxBuilder other;
+  other.input("x", {-1, 2, 3, 6});
+  other.node("MatMul", {"x", other.init("w", {6, 4}, w)}, {"mm"}, "fc2");
+  other.node("Add", {"mm", other.init("bias", {4}, bias)}, {"h"});
+  OB::attr(other.node("Transpose", {"h"}, {"t"}, "first"), "perm", std::vector<std::int64_t>{0, 3, 1, 2});
+  other.node("Mul", {"t", other.init("gamma", {2, 1}, {0.5, 2.0})}, {"y"}, "scale");
+  other.output("y");
+  fused.clear();
+  run_imported(other.bytes(), batch, onnx::Fold::fused, x, &fused);
+  EXPECT_EQ(fused, (std::vector<std::string>{"MatMul+Add (linear with bias): fc2"}));
+}
+
 // ConvNeXt's channels-first LayerNorm as transformers writes it (mean, centred square through Pow,
 // Sqrt, Div, per-channel scale and shift [C, 1, 1]), checked against the formula on the host.
 TEST(OnnxImport, ElementwiseChainsWithScalarAndChannelConstantsBroadcast) {

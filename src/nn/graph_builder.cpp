@@ -82,7 +82,8 @@ Value GraphBuilder::in_graph_layout(Value v) {
   const Tensor& d = s_->values[static_cast<std::size_t>(v.id)].desc;
   if (d.shape.rank() != 4 || same_order(d.shape, d.strides, contiguous_strides(d.shape, s_->options.layout))) return v;
   std::string name = s_->values[static_cast<std::size_t>(v.id)].name + ".relayout";
-  for (int k = 2; s_->names.count(name) != 0; ++k) name = s_->values[static_cast<std::size_t>(v.id)].name + ".relayout" + std::to_string(k);
+  for (int k = 2; s_->names.count(name) != 0; ++k)
+    name = s_->values[static_cast<std::size_t>(v.id)].name + ".relayout" + std::to_string(k);
   return add1(std::make_unique<ViewCopy>(name, ViewCopy::Mode::relayout, std::vector<std::int64_t>{}), {v});
 }
 

@@ -198,9 +198,7 @@ nn::Value pad_for_conv(Ctx& c, const Node& n, nn::Value x, const ConvGeometry& g
 
 void build_group(Ctx& c, const Group& g) {
   if (g.kind == "gelu") build_gelu(c, g);
-  else if (g.kind == "linear")
-    map_linear_group(c, c.s.nodes[static_cast<std::size_t>(g.nodes[0])],
-                     c.s.nodes[static_cast<std::size_t>(g.nodes[1])]);
+  else if (g.kind == "linear") map_linear_group(c, g);
   else build_conv_chain(c, g);
 }
 

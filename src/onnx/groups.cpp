@@ -1,5 +1,6 @@
 #include "onnx/groups.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -132,7 +133,32 @@ std::vector<int> gelu_chain(const Model::State& s, const std::map<std::string, s
   return {div, erf, add, mul, half};
 }
 
-// MatMul(x, constant [K, N]) -> Add(constant [N]).
+// Transpose (an explicit perm) -> Mul by a float constant after the linear's Add, each the only
+// reader of what it reads, where the constant scales nothing but the output axis of `n` features
+// (ConvNeXt's layer scale [C, 1, 1] after its channels-first Transpose): the two nodes, whose
+// scale build_group folds into the weight and bias; else none.
+std::vector<int> output_scale(const Model::State& s, const std::map<std::string, std::vector<int>>& uses, int add,
+                              std::int64_t n) {
+  const int t = sole_consumer(uses, s.nodes[static_cast<std::size_t>(add)].outputs.at(0));
+  if (t < 0 || s.nodes[static_cast<std::size_t>(t)].op != "Transpose") return {};
+  const Node& transpose = s.nodes[static_cast<std::size_t>(t)];
+  const std::vector<std::int64_t> perm = attr_ints(transpose, "perm");
+  const int m = transpose.outputs.size() == 1 ? sole_consumer(uses, transpose.outputs[0]) : -1;
+  if (perm.empty() || m < 0 || s.nodes[static_cast<std::size_t>(m)].op != "Mul") return {};
+  const Node& mul = s.nodes[static_cast<std::size_t>(m)];
+  const int other = other_input(mul, transpose.outputs[0]);
+  const auto c = other < 0 ? s.constants.end() : s.constants.find(mul.inputs[static_cast<std::size_t>(other)]);
+  if (c == s.constants.end() || c->second.integer || c->second.dims.size() > perm.size()) return {};
+  const std::size_t shift = perm.size() - c->second.dims.size();  // right-aligned broadcast
+  for (std::size_t i = 0; i < c->second.dims.size(); ++i) {
+    const std::int64_t dim = c->second.dims[i];
+    const bool output_axis = perm[shift + i] == static_cast<std::int64_t>(perm.size()) - 1;
+    if (dim != 1 && !(output_axis && dim == n)) return {};
+  }
+  return {t, m};
+}
+
+// MatMul(x, constant [K, N]) -> Add(constant [N]), and an output_scale after it where there is one.
 std::vector<int> linear_chain(const Model::State& s, const std::map<std::string, std::vector<int>>& uses, int matmul) {
   const Node& m = s.nodes[static_cast<std::size_t>(matmul)];
   const auto w = m.inputs.size() == 2 ? s.constants.find(m.inputs[1]) : s.constants.end();
@@ -147,7 +173,10 @@ std::vector<int> linear_chain(const Model::State& s, const std::map<std::string,
   const auto bias = s.constants.find(a.inputs[static_cast<std::size_t>(other)]);
   if (bias == s.constants.end() || bias->second.dims.size() != 1 || bias->second.dims[0] != w->second.dims[1])
     return {};
-  return {matmul, add};
+  std::vector<int> chain{matmul, add};
+  if (const auto scale = output_scale(s, uses, add, w->second.dims[1]); !scale.empty())
+    chain.insert(chain.end(), scale.begin(), scale.end());
+  return chain;
 }
 
 }  // namespace
@@ -167,7 +196,8 @@ std::vector<Group> plan_groups(const Model::State& s, Fold /*fold*/) {
       claim(conv_chain(s, uses, static_cast<int>(i), claimed), "conv");
     else if (n.op == "MatMul" && !claimed[i])
       if (auto chain = linear_chain(s, uses, static_cast<int>(i));
-          !chain.empty() && !claimed[static_cast<std::size_t>(chain[1])])
+          !chain.empty() &&
+          std::none_of(chain.begin(), chain.end(), [&](int k) { return claimed[static_cast<std::size_t>(k)]; }))
         claim(std::move(chain), "linear");
     if (n.op == "Erf")
       if (auto chain = gelu_chain(s, uses, static_cast<int>(i), claimed); !chain.empty())

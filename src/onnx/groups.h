@@ -28,8 +28,11 @@ std::vector<Group> plan_groups(const Model::State& s, Fold fold);
 // another shape) map node by node.
 void build_group(Ctx& c, const Group& g);
 
-// MatMul by a constant [K, N] then Add of a constant [N] as one linear layer with its bias.
-void map_linear_group(Ctx& c, const Node& matmul, const Node& add);
+// MatMul by a constant [K, N] then Add of a constant [N] as one linear layer with its bias; where
+// the group goes on (Transpose, Mul by a per-output constant s) s is folded into the weight and
+// bias, the Transpose maps as it is, and the Mul's output is the Transpose's.
+void map_linear_group(Ctx& c, const Group& g);
+void map_linear_group(Ctx& c, const Node& matmul, const Node& add);  // the two alone
 // nn::linear `name` over the rows of n's input 0 (viewed [rows, K]), e4m3 where an fp8 graph's rule
 // allows; its weight [out, K] and bias stored as its parameters. Returns y [rows, out].
 nn::Value linear_of_rows(Ctx& c, const Node& n, const std::string& name, const std::vector<double>& weight_nk,

@@ -216,12 +216,43 @@ std::vector<double> linear_weight(const HostTensor& kn) { return transposed(kn, 
 
 // MatMul by a constant then Add of a constant [N]: one linear layer with its bias (PyTorch's
 // nn.Linear on a 3-D input exports so).
-void map_linear_group(Ctx& c, const Node& matmul, const Node& add) {
+namespace {
+
+// MatMul + Add as one linear; with `transpose` and `mul` (a per-output scale after it: output_scale
+// in groups.cpp) the scale is folded into the weight and bias, the Transpose maps as it is, and
+// the Mul's output is the Transpose's.
+void map_linear(Ctx& c, const Node& matmul, const Node& add, const Node* transpose, const Node* mul) {
   const HostTensor& bm = c.constant(matmul, 1);
   const std::size_t bias_input = add.inputs[0] == matmul.outputs[0] ? 1 : 0;
-  const std::vector<double> bias = c.constant(add, bias_input).values();
-  add_linear(c, matmul, transposed(bm, bm.dims[0], bm.dims[1], 1.0), bm.dims[1], &bias, add.outputs.at(0));
-  c.fused.push_back("MatMul+Add (linear with bias): " + matmul.name);
+  std::vector<double> bias = c.constant(add, bias_input).values();
+  std::vector<double> weight = transposed(bm, bm.dims[0], bm.dims[1], 1.0);  // [N, K]
+  const std::int64_t n = bm.dims[1], k = bm.dims[0];
+  if (mul == nullptr) {
+    add_linear(c, matmul, weight, n, &bias, add.outputs.at(0));
+    c.fused.push_back("MatMul+Add (linear with bias): " + matmul.name);
+    return;
+  }
+  const std::size_t scale_input = mul->inputs[0] == transpose->outputs.at(0) ? 1 : 0;
+  const std::vector<double> scale = c.constant(*mul, scale_input).values();  // N values, or one
+  for (std::int64_t j = 0; j < n; ++j) {
+    const double sj = scale.size() == 1 ? scale[0] : scale.at(static_cast<std::size_t>(j));
+    bias[static_cast<std::size_t>(j)] *= sj;
+    for (std::int64_t i = 0; i < k; ++i) weight[static_cast<std::size_t>(j * k + i)] *= sj;
+  }
+  add_linear(c, matmul, weight, n, &bias, add.outputs.at(0));
+  map_node(c, *transpose);
+  c.set(mul->outputs.at(0), c.value(*mul, 1 - scale_input));
+  c.fused.push_back("MatMul+Add+Transpose+Mul (linear with bias, the scale folded in): " + matmul.name);
+}
+
+}  // namespace
+
+void map_linear_group(Ctx& c, const Node& matmul, const Node& add) { map_linear(c, matmul, add, nullptr, nullptr); }
+
+void map_linear_group(Ctx& c, const Group& g) {
+  const auto node = [&](std::size_t i) -> const Node& { return c.s.nodes[static_cast<std::size_t>(g.nodes.at(i))]; };
+  if (g.nodes.size() == 2) return map_linear(c, node(0), node(1), nullptr, nullptr);
+  map_linear(c, node(0), node(1), &node(2), &node(3));
 }
 
 void add_layer_mappings(MapTable& t) {

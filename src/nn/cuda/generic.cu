@@ -124,7 +124,8 @@ std::int64_t widen_index(StridedIndex& ix, std::size_t element_bytes, std::int64
   for (std::int64_t per = std::min<std::int64_t>(max_per, static_cast<std::int64_t>(16 / element_bytes)); per > 1;
        per /= 2) {
     bool fits = ix.dims[inner] % per == 0;
-    for (const void* p : pointers) fits = fits && device_common::aligned(p, static_cast<std::size_t>(per) * element_bytes);
+    for (const void* p : pointers)
+      fits = fits && device_common::aligned(p, static_cast<std::size_t>(per) * element_bytes);
     for (int k = 0; k < ix.operands; ++k)
       for (int d = 0; fits && d < inner; ++d) fits = ix.strides[k][d] % per == 0;
     if (!fits) continue;
@@ -180,8 +181,8 @@ void binary_forward(cudaStream_t stream, BinaryKind kind, const Tensor& a, const
     coalesce(ix);
     const std::int64_t per = widen_index(ix, sizeof(T), vec_of<T>(), {a.data, b.data, y.data});
     const auto run = [&](auto width) {
-      launch_indexed<3>(stream, ix, BinaryAt<T, decltype(width)::value>{a.as<const T>(), b.as<const T>(), y.as<T>(), kind},
-                        k);
+      launch_indexed<3>(stream, ix,
+                        BinaryAt<T, decltype(width)::value>{a.as<const T>(), b.as<const T>(), y.as<T>(), kind}, k);
     };
     if (per == 8) run(std::integral_constant<int, 8>{});
     else if (per == 4) run(std::integral_constant<int, 4>{});

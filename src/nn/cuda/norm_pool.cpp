@@ -14,10 +14,10 @@
 #include <utility>
 
 #include "nn/cuda/batchnorm.h"
-#include "nn/cuda/spatial.h"
 #include "nn/cuda/norm_pool_engine.h"
 #include "nn/cuda/norm_pool_internal.h"
 #include "nn/cuda/pointwise.h"
+#include "nn/cuda/spatial.h"
 
 namespace ab::nn::cuda {
 

@@ -21,16 +21,16 @@ using device_common::to_f32;
 using std::int64_t;
 
 constexpr int kThreads = 256;
-constexpr int kTileW = 4;                          // depthwise outputs per thread along W
-constexpr int kFilterFloats = 8192;                // a block's filters in shared memory (32 KiB)
-constexpr int kMaxChannelGroups = kThreads / 8;    // at least 8 pixel rows per block
+constexpr int kTileW = 4;                        // depthwise outputs per thread along W
+constexpr int kFilterFloats = 8192;              // a block's filters in shared memory (32 KiB)
+constexpr int kMaxChannelGroups = kThreads / 8;  // at least 8 pixel rows per block
 
 struct ConvGeometry {
   int64_t n, c, h, w, oh, ow, r, s, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
-  int64_t tiles;   // ceil(ow / kTileW)
-  int64_t items;   // n * oh * tiles
-  int groups;      // channel vectors per block
-  int rows;        // pixel items per block
+  int64_t tiles;  // ceil(ow / kTileW)
+  int64_t items;  // n * oh * tiles
+  int groups;     // channel vectors per block
+  int rows;       // pixel items per block
 };
 
 struct PoolGeometry {
@@ -114,6 +114,80 @@ __global__ void depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w,
   }
 }
 
+// The common shapes (S of 3, 5 or 7 along W, stride 1 or 2 there, no dilation along W, the widest
+// channel vector): each filter row reads the COLS input vectors its kTileW outputs share once into
+// registers, in f32, and every tap of the row reuses them.
+template <typename T, int V, int S, int SW>
+__global__ void __launch_bounds__(kThreads, 2)
+    depthwise_nhwc_rows(const T* __restrict__ x, const T* __restrict__ w, const void* __restrict__ bias,
+                        bool bias_is_storage_type, const T* __restrict__ z, T* __restrict__ y, ConvGeometry g,
+                        bool relu) {
+  constexpr int kCols = (kTileW - 1) * SW + S;
+  extern __shared__ float filters[];  // [tap][channel of the block]
+  const int block_channels = g.groups * V;
+  const int64_t c0 = int64_t{blockIdx.y} * block_channels;
+  const int taps = static_cast<int>(g.r) * S;
+  for (int i = threadIdx.x; i < taps * block_channels; i += blockDim.x) {
+    const int tap = i / block_channels;
+    const int64_t c = c0 + i % block_channels;
+    filters[i] = c < g.c ? to_f32(w[c * taps + tap]) : 0.0f;
+  }
+  __syncthreads();
+  const int group = threadIdx.x % g.groups, row = threadIdx.x / g.groups;
+  const int64_t c = c0 + int64_t{group} * V, item = int64_t{blockIdx.x} * g.rows + row;
+  if (row >= g.rows || c >= g.c || item >= g.items) return;
+  const int64_t tile = item % g.tiles, oh = (item / g.tiles) % g.oh, n = item / g.tiles / g.oh;
+  const int ow0 = static_cast<int>(tile) * kTileW;
+  const int iw0 = ow0 * SW - static_cast<int>(g.pad_w), width = static_cast<int>(g.w);
+
+  float acc[kTileW][V] = {};
+  for (int r = 0; r < static_cast<int>(g.r); ++r) {
+    const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
+    if (ih < 0 || ih >= g.h) continue;
+    const T* x_row = x + (n * g.h + ih) * g.w * g.c + c;
+    float cols[kCols][V];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int iw = iw0 + j;
+      Chunk<T, V> v{};
+      if (iw >= 0 && iw < width) v = device_common::load<V>(x_row, int64_t{iw} * g.c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) cols[j][k] = to_f32(v.v[k]);
+    }
+    const float* f = filters + r * S * block_channels + group * V;
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      float wv[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) wv[k] = f[s * block_channels + k];
+#pragma unroll
+      for (int t = 0; t < kTileW; ++t)
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[t][k] = fmaf(cols[t * SW + s][k], wv[k], acc[t][k]);
+    }
+  }
+  float b[V] = {};
+  if (bias != nullptr)
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      b[k] = bias_is_storage_type ? to_f32(static_cast<const T*>(bias)[c + k]) : static_cast<const float*>(bias)[c + k];
+#pragma unroll
+  for (int t = 0; t < kTileW; ++t) {
+    if (ow0 + t >= g.ow) break;
+    const int64_t at = ((n * g.oh + oh) * g.ow + ow0 + t) * g.c + c;
+    Chunk<T, V> out;
+    Chunk<T, V> res{};
+    if (z != nullptr) res = device_common::load<V>(z, at);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float a = acc[t][k] + b[k];
+      if (z != nullptr) a += to_f32(res.v[k]);
+      out.v[k] = from_f32<T>(relu ? fmaxf(a, 0.0f) : a);
+    }
+    device_common::store<V>(y, at, out);
+  }
+}
+
 // One thread per output pixel and channel vector. As the reference: the first position inside the
 // image starts the window, and a later one wins only where it is greater.
 template <typename T, int V>
@@ -141,6 +215,21 @@ __global__ void maxpool_nhwc(const T* __restrict__ x, T* __restrict__ y, PoolGeo
   }
 }
 
+// The register-tiled kernel where the shape has one (S, stride along W), else the generic one.
+template <typename T, int V>
+auto depthwise_kernel_for(const ConvGeometry& g) {
+  using Kernel = void (*)(const T*, const T*, const void*, bool, const T*, T*, ConvGeometry, bool);
+  Kernel k = depthwise_nhwc<T, V>;
+  if constexpr (V * sizeof(T) == 16) {
+    if (g.dil_w != 1 || (g.stride_w != 1 && g.stride_w != 2)) return k;
+    const bool s1 = g.stride_w == 1;
+    if (g.s == 3) k = s1 ? depthwise_nhwc_rows<T, V, 3, 1> : depthwise_nhwc_rows<T, V, 3, 2>;
+    else if (g.s == 5) k = s1 ? depthwise_nhwc_rows<T, V, 5, 1> : depthwise_nhwc_rows<T, V, 5, 2>;
+    else if (g.s == 7) k = s1 ? depthwise_nhwc_rows<T, V, 7, 1> : depthwise_nhwc_rows<T, V, 7, 2>;
+  }
+  return k;
+}
+
 template <typename T, int V>
 void launch_depthwise(cudaStream_t stream, ConvGeometry g, const Tensor& x, const Tensor& w, const void* bias,
                       bool bias_is_storage_type, const void* residual, const Tensor& y, bool relu) {
@@ -153,7 +242,7 @@ void launch_depthwise(cudaStream_t stream, ConvGeometry g, const Tensor& x, cons
   g.rows = kThreads / g.groups;
   const dim3 grid(static_cast<unsigned>((g.items + g.rows - 1) / g.rows), static_cast<unsigned>(blocks_c));
   const auto shared = static_cast<std::size_t>(taps * g.groups * V) * sizeof(float);
-  depthwise_nhwc<T, V><<<grid, g.rows * g.groups, shared, stream>>>(
+  depthwise_kernel_for<T, V>(g)<<<grid, g.rows * g.groups, shared, stream>>>(
       static_cast<const T*>(x.data), static_cast<const T*>(w.data), bias, bias_is_storage_type,
       static_cast<const T*>(residual), static_cast<T*>(y.data), g, relu);
   device_common::check_launch("cuda_spatial", "depthwise_forward");
@@ -172,7 +261,8 @@ void launch_maxpool(cudaStream_t stream, const PoolGeometry& g, const Tensor& x,
 std::string depthwise_refusal(const Conv2dDesc& d, const Tensor& x, const Tensor& w, const Tensor& y) {
   if (!nhwc(x) || !nhwc(y)) return "x and y are not NHWC";
   if (x.dtype != w.dtype || x.dtype != y.dtype) return "x, w and y differ in dtype";
-  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16) return "the dtype is not f32, f16 or bf16";
+  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16)
+    return "the dtype is not f32, f16 or bf16";
   if (w.shape.rank() != 4 || w.shape[1] != 1 || d.groups != x.shape[1] || w.shape[0] != x.shape[1] ||
       y.shape[1] != x.shape[1])
     return "not one filter per channel";
@@ -186,8 +276,9 @@ void depthwise_forward(cudaStream_t stream, const Conv2dDesc& d, const Tensor& x
                        bool bias_is_storage_type, const void* residual, const Tensor& y, bool relu) {
   if (const std::string why = depthwise_refusal(d, x, w, y); !why.empty())
     throw Unsupported("cuda_spatial depthwise_forward: " + why);
-  ConvGeometry g{x.shape[0], x.shape[1], x.shape[2], x.shape[3], y.shape[2], y.shape[3], w.shape[2], w.shape[3],
-                 d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h, d.dilation_w, 0, 0, 0, 0};
+  ConvGeometry g{x.shape[0],   x.shape[1],   x.shape[2], x.shape[3], y.shape[2], y.shape[3],
+                 w.shape[2],   w.shape[3],   d.stride_h, d.stride_w, d.pad_h,    d.pad_w,
+                 d.dilation_h, d.dilation_w, 0,          0,          0,          0};
   g.tiles = (g.ow + kTileW - 1) / kTileW;
   g.items = g.n * g.oh * g.tiles;
   if (g.items == 0 || g.c == 0) return;
@@ -207,7 +298,8 @@ void depthwise_forward(cudaStream_t stream, const Conv2dDesc& d, const Tensor& x
 std::string maxpool_refusal(const Pool2dDesc& /*d*/, const Tensor& x, const Tensor& y) {
   if (!nhwc(x) || !nhwc(y)) return "x and y are not NHWC";
   if (x.dtype != y.dtype) return "x and y differ in dtype";
-  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16) return "the dtype is not f32, f16 or bf16";
+  if (x.dtype != DType::f32 && x.dtype != DType::f16 && x.dtype != DType::bf16)
+    return "the dtype is not f32, f16 or bf16";
   if (x.shape[0] != y.shape[0] || x.shape[1] != y.shape[1]) return "x and y differ in batch or channels";
   return {};
 }
@@ -215,8 +307,8 @@ std::string maxpool_refusal(const Pool2dDesc& /*d*/, const Tensor& x, const Tens
 void maxpool_forward(cudaStream_t stream, const Pool2dDesc& d, const Tensor& x, const Tensor& y) {
   if (const std::string why = maxpool_refusal(d, x, y); !why.empty())
     throw Unsupported("cuda_spatial maxpool_forward: " + why);
-  const PoolGeometry g{x.shape[0], x.shape[1], x.shape[2],  x.shape[3], y.shape[2], y.shape[3],
-                       d.window_h, d.window_w, d.stride_h, d.stride_w, d.pad_h,   d.pad_w};
+  const PoolGeometry g{x.shape[0], x.shape[1], x.shape[2], x.shape[3], y.shape[2], y.shape[3],
+                       d.window_h, d.window_w, d.stride_h, d.stride_w, d.pad_h,    d.pad_w};
   if (y.numel() == 0) return;
   device_common::dispatch_storage<false>(x.dtype, "cuda_spatial", "maxpool_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
