@@ -52,6 +52,45 @@ int vector_width(int64_t channels, std::initializer_list<const void*> pointers) 
   return 1;
 }
 
+// A block's filters into shared memory, tap-major: filters[tap * block_channels + channel - c0].
+template <typename T>
+__device__ __forceinline__ void load_filters(float* filters, const T* w, int64_t c0, int block_channels, int taps,
+                                             int64_t channels) {
+  for (int i = threadIdx.x; i < taps * block_channels; i += blockDim.x) {
+    const int tap = i / block_channels;
+    const int64_t c = c0 + i % block_channels;
+    filters[i] = c < channels ? to_f32(w[c * taps + tap]) : 0.0f;
+  }
+  __syncthreads();
+}
+
+// y at the kTileW outputs from ow0 of row (n, oh), channels c.. c + V: act(acc + bias (+ z)).
+template <typename T, int V>
+__device__ __forceinline__ void store_outputs(const float (&acc)[kTileW][V], const void* bias,
+                                              bool bias_is_storage_type, const T* z, T* y, const ConvGeometry& g,
+                                              int64_t n, int64_t oh, int64_t ow0, int64_t c, bool relu) {
+  float b[V] = {};
+  if (bias != nullptr)
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      b[v] = bias_is_storage_type ? to_f32(static_cast<const T*>(bias)[c + v]) : static_cast<const float*>(bias)[c + v];
+#pragma unroll
+  for (int t = 0; t < kTileW; ++t) {
+    if (ow0 + t >= g.ow) break;
+    const int64_t at = ((n * g.oh + oh) * g.ow + ow0 + t) * g.c + c;
+    Chunk<T, V> out;
+    Chunk<T, V> res{};
+    if (z != nullptr) res = device_common::load<V>(z, at);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float a = acc[t][v] + b[v];
+      if (z != nullptr) a += to_f32(res.v[v]);
+      out.v[v] = from_f32<T>(relu ? fmaxf(a, 0.0f) : a);
+    }
+    device_common::store<V>(y, at, out);
+  }
+}
+
 template <typename T, int V>
 __global__ void depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const void* __restrict__ bias,
                                bool bias_is_storage_type, const T* __restrict__ z, T* __restrict__ y, ConvGeometry g,
@@ -59,13 +98,7 @@ __global__ void depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w,
   extern __shared__ float filters[];  // [tap][channel of the block]
   const int block_channels = g.groups * V;
   const int64_t c0 = int64_t{blockIdx.y} * block_channels;
-  const int taps = static_cast<int>(g.r * g.s);
-  for (int i = threadIdx.x; i < taps * block_channels; i += blockDim.x) {
-    const int tap = i / block_channels;
-    const int64_t c = c0 + i % block_channels;
-    filters[i] = c < g.c ? to_f32(w[c * taps + tap]) : 0.0f;
-  }
-  __syncthreads();
+  load_filters(filters, w, c0, block_channels, static_cast<int>(g.r * g.s), g.c);
   const int group = threadIdx.x % g.groups, row = threadIdx.x / g.groups;
   const int64_t c = c0 + int64_t{group} * V, item = int64_t{blockIdx.x} * g.rows + row;
   if (row >= g.rows || c >= g.c || item >= g.items) return;
@@ -92,26 +125,7 @@ __global__ void depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w,
       }
     }
   }
-  float b[V] = {};
-  if (bias != nullptr)
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-      b[v] = bias_is_storage_type ? to_f32(static_cast<const T*>(bias)[c + v]) : static_cast<const float*>(bias)[c + v];
-#pragma unroll
-  for (int t = 0; t < kTileW; ++t) {
-    if (ow0 + t >= g.ow) break;
-    const int64_t at = ((n * g.oh + oh) * g.ow + ow0 + t) * g.c + c;
-    Chunk<T, V> out;
-    Chunk<T, V> res{};
-    if (z != nullptr) res = device_common::load<V>(z, at);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      float a = acc[t][v] + b[v];
-      if (z != nullptr) a += to_f32(res.v[v]);
-      out.v[v] = from_f32<T>(relu ? fmaxf(a, 0.0f) : a);
-    }
-    device_common::store<V>(y, at, out);
-  }
+  store_outputs<T, V>(acc, bias, bias_is_storage_type, z, y, g, n, oh, ow0, c, relu);
 }
 
 // The common shapes (S of 3, 5 or 7 along W, stride 1 or 2 there, no dilation along W, the widest
@@ -126,13 +140,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ float filters[];  // [tap][channel of the block]
   const int block_channels = g.groups * V;
   const int64_t c0 = int64_t{blockIdx.y} * block_channels;
-  const int taps = static_cast<int>(g.r) * S;
-  for (int i = threadIdx.x; i < taps * block_channels; i += blockDim.x) {
-    const int tap = i / block_channels;
-    const int64_t c = c0 + i % block_channels;
-    filters[i] = c < g.c ? to_f32(w[c * taps + tap]) : 0.0f;
-  }
-  __syncthreads();
+  load_filters(filters, w, c0, block_channels, static_cast<int>(g.r) * S, g.c);
   const int group = threadIdx.x % g.groups, row = threadIdx.x / g.groups;
   const int64_t c = c0 + int64_t{group} * V, item = int64_t{blockIdx.x} * g.rows + row;
   if (row >= g.rows || c >= g.c || item >= g.items) return;
@@ -166,26 +174,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int k = 0; k < V; ++k) acc[t][k] = fmaf(cols[t * SW + s][k], wv[k], acc[t][k]);
     }
   }
-  float b[V] = {};
-  if (bias != nullptr)
-#pragma unroll
-    for (int k = 0; k < V; ++k)
-      b[k] = bias_is_storage_type ? to_f32(static_cast<const T*>(bias)[c + k]) : static_cast<const float*>(bias)[c + k];
-#pragma unroll
-  for (int t = 0; t < kTileW; ++t) {
-    if (ow0 + t >= g.ow) break;
-    const int64_t at = ((n * g.oh + oh) * g.ow + ow0 + t) * g.c + c;
-    Chunk<T, V> out;
-    Chunk<T, V> res{};
-    if (z != nullptr) res = device_common::load<V>(z, at);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      float a = acc[t][k] + b[k];
-      if (z != nullptr) a += to_f32(res.v[k]);
-      out.v[k] = from_f32<T>(relu ? fmaxf(a, 0.0f) : a);
-    }
-    device_common::store<V>(y, at, out);
-  }
+  store_outputs<T, V>(acc, bias, bias_is_storage_type, z, y, g, n, oh, ow0, c, relu);
 }
 
 // One thread per output pixel and channel vector. As the reference: the first position inside the
