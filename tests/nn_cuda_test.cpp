@@ -1,8 +1,8 @@
 // Tests for the CUDA engine kernels (nn/cuda): cuDNN convolution (strides, padding, dilation,
 // groups, 1x1, NCHW and NHWC), batch norm (cuDNN and the project's NHWC kernels: training,
 // inference, backward), the project's depthwise convolution and max pooling, and the cuBLASLt
-// linear layer against the reference kernels
-// in f64 on the same dtype-rounded random inputs; the algorithm cache and its timed choices,
+// linear layer against the reference kernels in f64 on the same dtype-rounded random inputs; the
+// algorithm cache and its timed choices,
 // out-of-memory, CUDA-graph capture and deterministic mode; then whole models: a tiny ResNet's
 // logits and gradients against the reference, every kernel call of a ResNet-50 step (64x64)
 // against the reference on the GPU's own operands plus its logits and loss, and a tiny ResNet
