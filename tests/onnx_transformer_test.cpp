@@ -247,6 +247,42 @@ TEST(OnnxTransformer, LoadgenFeedsTokenIdsMaskAndTokenTypesToEveryBatch) {
   EXPECT_NE(records[0]["params"]["scenario"], records[1]["params"]["scenario"]);
 }
 
+// loadgen's `inputs` option fills the SUT's pool from the user's file (here the token ids; the
+// mask and token types stay synthetic), and refuses a file holding fewer than max_batch samples.
+TEST(OnnxTransformer, LoadgenPoolTakesTheSamplesOfAnInputsFile) {
+  const Embeddings e;
+  test::TempDir dir;
+  dir.write("bert.onnx", e.model());
+  const std::string file = (dir.path() / "bert.onnx").string();
+  const auto write_ids = [&](const std::string& name, std::int64_t samples) {
+    std::vector<std::int64_t> ids;
+    for (double v : random_ids(test::seed(), samples * Embeddings::seq, Embeddings::vocab))
+      ids.push_back(static_cast<std::int64_t>(v));
+    dir.write(name, std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(std::int64_t)));
+    return (dir.path() / name).string();
+  };
+  const std::string ids = write_ids("ids.i64", 4), short_ids = write_ids("short.i64", 3);
+  const auto loadgen = [&](const std::string& inputs) {
+    return test::accelbench({"run", "loadgen", "--device", "cpu", "--axis", "sut=" + file, "--axis", "scenario=offline",
+                             "--axis", "samples=8", "--axis", "max_batch=4", "--option", "inputs=input_ids:" + inputs,
+                             "--out", dir.path().string(), "-q"});
+  };
+  const test::Ran o = loadgen(ids);
+  ASSERT_EQ(o.code, 0) << o.output;
+  const std::vector<nlohmann::json> records = test::read_records(dir.path());
+  ASSERT_EQ(records.size(), 1u) << o.output;
+  EXPECT_EQ(records[0]["status"], "ok") << records[0].dump();
+  EXPECT_EQ(records[0]["metrics"]["model"]["inputs_file"], "input_ids:" + ids);
+
+  const test::Ran short_run = loadgen(short_ids);
+  EXPECT_NE(short_run.code, 0) << short_run.output;
+  EXPECT_NE(short_run.output.find("holds fewer than 4 samples"), std::string::npos) << short_run.output;
+  const test::Ran builtin = test::accelbench({"run", "loadgen", "--device", "cpu", "--axis", "sut=gemm", "--option",
+                                              "inputs=" + ids, "--out", dir.path().string(), "-q"});
+  EXPECT_NE(builtin.code, 0);
+  EXPECT_NE(builtin.output.find("feeds an ONNX model SUT"), std::string::npos) << builtin.output;
+}
+
 // ---- attention
 
 struct AttentionSpec {

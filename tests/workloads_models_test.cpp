@@ -842,7 +842,7 @@ TEST(ModelSut, SingleStreamRunsTheTinyResnet) {
 
 TEST(ModelSut, ExecutorRunsEveryBucket) {
   auto be = backend::make_backend("cpu");
-  zoo::ModelSutSpec spec{"tiny_resnet", Precision::fp32, 8, Layout::nchw};
+  zoo::ModelSutSpec spec{"tiny_resnet", Precision::fp32, 8, Layout::nchw, 0, ""};
   auto exec = zoo::make_model_executor(*be, spec, 5);
   exec->prepare();
   std::vector<scenarios::QuerySample> batch;
@@ -860,7 +860,7 @@ TEST(ModelSut, ExecutorRunsEveryBucket) {
 // reports the memory the buckets took.
 TEST(ModelSut, BucketsStepByEightAboveEightAndReportTheirMemory) {
   auto be = backend::make_backend("cpu");
-  zoo::ModelSutSpec spec{"tiny_resnet", Precision::fp32, 8, Layout::nchw};
+  zoo::ModelSutSpec spec{"tiny_resnet", Precision::fp32, 8, Layout::nchw, 0, ""};
   auto exec = zoo::make_model_executor(*be, spec, 20);
   exec->prepare();
   std::uint64_t id = 0;
@@ -890,7 +890,7 @@ TEST(ModelSut, LanguageModelsRunBehindTheBatcher) {
   auto be = backend::make_backend("cpu");
   for (const char* model : {"tiny_bert", "tiny_gpt2"}) {
     SCOPED_TRACE(model);
-    zoo::ModelSutSpec spec{model, Precision::fp32, 8, Layout::nchw, 16};
+    zoo::ModelSutSpec spec{model, Precision::fp32, 8, Layout::nchw, 16, ""};
     auto exec = zoo::make_model_executor(*be, spec, 5);
     exec->prepare();
     std::vector<scenarios::QuerySample> batch;
@@ -906,12 +906,12 @@ TEST(ModelSut, LanguageModelsRunBehindTheBatcher) {
     EXPECT_TRUE(contains(exec->describe(), "seq 16")) << exec->describe();
     EXPECT_EQ(zoo::tokens_per_sample(spec), 16);
   }
-  zoo::ModelSutSpec positions{"tiny_gpt2", Precision::fp32, 8, Layout::nchw, 0};
+  zoo::ModelSutSpec positions{"tiny_gpt2", Precision::fp32, 8, Layout::nchw, 0, ""};
   EXPECT_EQ(zoo::tokens_per_sample(positions), 64);
-  zoo::ModelSutSpec too_long{"tiny_bert", Precision::fp32, 8, Layout::nchw, 65};
+  zoo::ModelSutSpec too_long{"tiny_bert", Precision::fp32, 8, Layout::nchw, 65, ""};
   const std::string msg = test::usage_error([&] { zoo::make_model_executor(*be, too_long, 4); });
   EXPECT_TRUE(contains(msg, "longer than its 64 positions")) << msg;
-  zoo::ModelSutSpec autoencoder{"tiny_compression_ae", Precision::fp32, 8, Layout::nchw, 0};
+  zoo::ModelSutSpec autoencoder{"tiny_compression_ae", Precision::fp32, 8, Layout::nchw, 0, ""};
   EXPECT_TRUE(contains(test::usage_error([&] { zoo::make_model_executor(*be, autoencoder, 4); }), "autoencoder"));
 }
 

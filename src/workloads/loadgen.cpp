@@ -152,6 +152,9 @@ class Loadgen final : public Workload {
              "gemm and model SUTs: longest a sample waits for its batch to fill (server, multi-stream)"},
             {"samples", AxisKind::integer, {"1024"}, {}, "performance sample count of the sample library"}};
   }
+  std::vector<OptionSpec> options() const override {
+    return {{"inputs", AxisKind::text, "", {}, zoo::kOnnxInputsHelp}};
+  }
 
   void run(State& state) override {
     const sc::Scenario scenario = sc::parse_scenario(state.get_text("scenario"));
@@ -162,6 +165,9 @@ class Loadgen final : public Workload {
     const std::int64_t samples = state.get_int("samples");
     const std::string precision = state.get_text("precision");
     const std::int64_t image_px = state.get_int("image_size"), seq = state.get_int("seq");
+    const std::string inputs = state.option_text("inputs");
+    if (!inputs.empty() && !zoo::is_onnx_model(sut_kind))
+      throw UsageError("the inputs option feeds an ONNX model SUT; '" + sut_kind + "' runs its synthetic data");
     if (max_batch < 1 || max_wait_us < 0 || samples < 1 || bound_ms < 0 || target_qps < 0)
       throw UsageError("loadgen needs max_batch >= 1, samples >= 1, and max_wait_us, latency_bound_ms, target_qps >= 0");
     const bool streams = scenario == sc::Scenario::single_stream || scenario == sc::Scenario::multi_stream;
@@ -192,7 +198,10 @@ class Loadgen final : public Workload {
       const zoo::ModelSutSpec spec{
           sut_kind,
           precision != "auto" ? zoo::parse_model_precision(precision) : (gpu ? Precision::fp16 : Precision::fp32),
-          image_px, zoo::layout_of("auto", sut_kind, gpu), seq};
+          image_px,
+          zoo::layout_of("auto", sut_kind, gpu),
+          seq,
+          inputs};
       zoo::check_model_sut(spec, batcher.max_batch);
       sc::check_batcher(s, batcher);
       state.set_counts(

@@ -85,14 +85,7 @@ class Infer final : public Workload {
              "",
              {},
              "parameters to load (train --option save_weights=FILE writes them); \"\" = the untrained network"},
-            {"inputs",
-             AxisKind::text,
-             "",
-             {},
-             "ONNX models: FILE for the first input, or NAME:FILE,NAME:FILE per input; raw little-endian samples "
-             "(float32 for a float input, int64 for token ids or a mask; row-major, the input's shape without the "
-             "batch, one sample after another; at least `batch` of them) used instead of the synthetic data, for "
-             "the checks and the timed batch; inputs named by no file stay synthetic"},
+            {"inputs", AxisKind::text, "", {}, kOnnxInputsHelp},
             {"dump_outputs",
              AxisKind::text,
              "off",

@@ -46,6 +46,7 @@ ModelSpec spec_for(const ModelSutSpec& s, std::size_t batch) {
   m.precision = s.precision;
   m.layout = s.layout;
   m.seq = s.seq;
+  m.inputs_file = s.inputs_file;
   if (m.seq == 0 && is_language_model(s.model)) m.seq = language_config(s.model).positions;
   m.training = false;
   // An ONNX model runs as infer's default does: conv chains folded, the epilogue inside.
@@ -142,6 +143,7 @@ class ModelBatchExecutor final : public scenarios::BatchExecutor {
                         {"padded_samples", padded_samples_},
                         {"device_bytes", device_bytes_},
                         {"inputs", pool_.size()},
+                        {"inputs_file", spec_.inputs_file},
                         {"pinned_host_bytes", pinned_host_bytes()},
                         {"prepare_s", prepare_s_}};
     s.update(size);

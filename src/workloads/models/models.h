@@ -165,6 +165,8 @@ std::int64_t onnx_conv_count(const std::string& path);
 // for an input named like token_type_ids (one segment); another integer input (an attention mask)
 // ones. Each value depends only on (seed, sample, element).
 std::vector<std::vector<double>> onnx_input_values(const ZooModel& m, std::uint64_t first, const ModelSpec& s);
+// What infer's and loadgen's `inputs` option takes (the option's help text, one for both).
+extern const char* const kOnnxInputsHelp;
 // `accelbench inspect FILE.onnx`: the report of onnx::inspect (importable: whether nothing is
 // unsupported), or UsageError without ONNX support and for a file that does not parse.
 std::string inspect_onnx(const std::string& path, bool* importable);
@@ -243,6 +245,8 @@ struct ModelSutSpec {
   std::int64_t image_px = 224;
   Layout layout = Layout::nhwc;
   std::int64_t seq = 0;  // tokens per sample of a language model (0: its positions)
+  // ONNX models: the samples of the pool from these files (infer's `inputs` option), not synthetic.
+  std::string inputs_file;
 };
 std::unique_ptr<scenarios::BatchExecutor> make_model_executor(backend::Backend& backend, const ModelSutSpec& spec,
                                                               std::size_t max_batch);

@@ -18,6 +18,13 @@ namespace ab::workloads::zoo {
 
 bool is_onnx_model(const std::string& name) { return name.size() > 5 && name.ends_with(".onnx"); }
 
+const char* const kOnnxInputsHelp =
+    "ONNX models: FILE for the first input, or NAME:FILE,NAME:FILE per input; raw little-endian samples "
+    "(float32 for a float input, int64 for token ids or a mask; row-major, the input's shape without the "
+    "batch, one sample after another) used instead of the synthetic data; inputs named by no file stay "
+    "synthetic. infer: at least `batch` samples, for the checks and the timed batch; loadgen: at least "
+    "`max_batch`, the SUT's pool of distinct samples";
+
 void set_model_parameters(nn::Graph& g, const ZooModel& m, const ModelSpec& s) {
   if (m.parameters) g.set_parameter_values(*m.parameters);
   else if (s.fold_batchnorm) g.set_parameter_values(folded_parameter_values(s));
