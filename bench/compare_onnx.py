@@ -27,7 +27,7 @@ against the same fp32 PyTorch logits within infer's own fp8 bound, max |error| <
 is reported, not required (a random network's logits lie close together); timed beside the same
 torch.compile fp16 figure.
   usage: compare_onnx.py --accelbench build/cuda/src/cli/accelbench --out DIR [--families resnet50,vit_b16]
-                         [--no-compile] [--precisions fp32,fp16,fp8]
+                         [--no-compile] [--precisions fp32,fp16,fp8] [--batches 1,64] [--profile]
 """
 import argparse
 import json
@@ -322,7 +322,27 @@ def run_family(name, args, rows):
         fp8 = f" fp8 layers {r['metrics']['fp8']['layers']}/{r['metrics']['fp8']['layers'] + r['metrics']['fp8']['fallback_layers']}" if p == "fp8" else ""
         rows.append((name, b, p, "PASS" if ok else "FAIL", f"err {err:.2e} top1 {top1:.3f}{f' ({ties} near-tie(s) within the bound)' if ties else ''}{fp8} {speed}"))
         print(*rows[-1], flush=True)
+    if args.profile:
+        print_profile(name, path, args)
     return ours
+
+
+def print_profile(name, path, args):
+    """accelbench's per-op profile of the file at the largest batch, fp16 (`--axis profile=on`):
+    the time of each op kind, largest first, so a slow family shows where its time goes."""
+    batch = max(args.batches)
+    records = accelbench(args.accelbench, ["infer", "--axis", "model=" + path, "--axis", f"batch={batch}",
+                                           "--axis", "precision=fp16", "--axis", "profile=on"],
+                         os.path.join(args.out, name + "-profile"))
+    for r in records:
+        kinds = r.get("metrics", {}).get("profile", {}).get("by_kind", {}) if r["status"] == "ok" else {}
+        if not kinds:
+            print(f"{name} profile: {r['status']} {r.get('reason', '')[:100]}", flush=True)
+            continue
+        total = sum(k["time_s"] for k in kinds.values())
+        top = sorted(kinds.items(), key=lambda kv: -kv[1]["time_s"])
+        print(f"{name} profile b{batch} fp16: {total * 1e3:.3f} ms: " +
+              ", ".join(f"{kind} {k['time_s'] * 1e3:.3f}" for kind, k in top), flush=True)
 
 
 def main():
@@ -334,6 +354,8 @@ def main():
                     help="check the logits only (no torch.compile timing): a quick pass over many families")
     ap.add_argument("--precisions", default="fp32,fp16",
                     help="accelbench's precisions, of fp32, fp16 and fp8 (fp8: see the checks above)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print each family's per-op-kind times at the largest batch, fp16")
     ap.add_argument("--batches", default="1,64", type=lambda v: tuple(int(b) for b in v.split(",")),
                     help="the batch sizes (comma-separated)")
     args = ap.parse_args()
