@@ -214,11 +214,10 @@ nn::Value linear_of_rows(Ctx& c, const Node& n, const std::string& name, const s
 
 std::vector<double> linear_weight(const HostTensor& kn) { return transposed(kn, kn.dims.at(0), kn.dims.at(1), 1.0); }
 
-// MatMul by a constant then Add of a constant [N]: one linear layer with its bias (PyTorch's
-// nn.Linear on a 3-D input exports so).
 namespace {
 
-// MatMul + Add as one linear; with `transpose` and `mul` (a per-output scale after it: output_scale
+// MatMul by a constant then Add of a constant [N]: one linear layer with its bias (PyTorch's
+// nn.Linear on a 3-D input exports so); with `transpose` and `mul` (a per-output scale after it: output_scale
 // in groups.cpp) the scale is folded into the weight and bias, the Transpose maps as it is, and
 // the Mul's output is the Transpose's.
 void map_linear(Ctx& c, const Node& matmul, const Node& add, const Node* transpose, const Node* mul) {

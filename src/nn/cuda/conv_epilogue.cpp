@@ -142,30 +142,38 @@ std::int64_t ConvEngine::conv2d_bias_activation_prepare(const Conv2dDesc& d, con
   return e.fused ? std::max(plain_bytes, e.pass.workspace_bytes) : plain_bytes;
 }
 
+namespace {
+
+// The operands a fused call (cuDNN's or the depthwise kernel's) reads: a residual like y, and a
+// contiguous bias [C] in y's dtype (or f32 where `f32_bias` is allowed).
+void require_epilogue_operands(const ConvPlan& p, const Tensor& bias, const Tensor& residual, const Tensor& y,
+                               bool f32_bias) {
+  if (residual.defined() &&
+      (!(residual.shape == y.shape) || !(residual.strides == y.strides) || residual.dtype != y.dtype))
+    throw Unsupported(p.label + ": the residual " + residual.to_string() + " must match y " + y.to_string());
+  if (bias.numel() != y.shape[1] || !bias.is_contiguous() ||
+      (bias.dtype != y.dtype && !(f32_bias && bias.dtype == DType::f32)))
+    throw Unsupported(p.label + ": the bias must be a contiguous [" + std::to_string(y.shape[1]) + "] in " +
+                      std::string(to_string(y.dtype)) + (f32_bias ? " or f32" : "") + ", got " + bias.to_string());
+}
+
+}  // namespace
+
 void ConvEngine::conv2d_bias_activation_forward(const Conv2dDesc& d, const Tensor& x, const Tensor& w,
                                                 const Tensor& bias, const Tensor& residual, const Tensor& y, bool relu,
                                                 Workspace ws) {
   const bool has_residual = residual.defined();
-  if (ConvPlan& p = conv_plan(d, x, w, y); p.fwd.depthwise_kernel) {
-    if (has_residual && (!(residual.shape == y.shape) || !(residual.strides == y.strides) || residual.dtype != y.dtype))
-      throw Unsupported(p.label + ": the residual " + residual.to_string() + " must match y " + y.to_string());
-    if (bias.numel() != y.shape[1] || !bias.is_contiguous() || (bias.dtype != y.dtype && bias.dtype != DType::f32))
-      throw Unsupported(p.label + ": the bias must be a contiguous [" + std::to_string(y.shape[1]) + "] in " +
-                        std::string(to_string(y.dtype)) + " or f32, got " + bias.to_string());
+  ConvPlan& p = conv_plan(d, x, w, y);
+  if (p.fwd.depthwise_kernel) {
+    require_epilogue_operands(p, bias, residual, y, /*f32_bias=*/true);
     cuda_spatial::depthwise_forward(ctx_.stream, d, x, w, bias.data, bias.dtype == y.dtype,
                                     has_residual ? residual.data : nullptr, y, relu);
     return;
   }
   if (bias.dtype == y.dtype) {
-    ConvPlan& p = conv_plan(d, x, w, y);
     const ConvEpilogue& e = conv_epilogue(p, d, x, w, y, relu, has_residual);
     if (e.fused) {
-      if (has_residual &&
-          (!(residual.shape == y.shape) || !(residual.strides == y.strides) || residual.dtype != y.dtype))
-        throw Unsupported(p.label + ": the residual " + residual.to_string() + " must match y " + y.to_string());
-      if (bias.numel() != y.shape[1] || !bias.is_contiguous())
-        throw Unsupported(p.label + ": the bias must be a contiguous [" + std::to_string(y.shape[1]) + "], got " +
-                          bias.to_string());
+      require_epilogue_operands(p, bias, residual, y, /*f32_bias=*/false);
       const ConvPass& pass = usable_pass(e.pass, p, ws, "fused forward");
       const float one = 1.0f, alpha2 = has_residual ? 1.0f : 0.0f;
       AB_CUDNN(cudnnConvolutionBiasActivationForward(ctx_.cudnn.get(), &one, p.x.get(), x.data, p.w.get(), w.data,

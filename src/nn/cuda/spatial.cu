@@ -1,7 +1,8 @@
-// Depthwise convolution and max pooling on NHWC tensors (spatial.h). Both are memory-bound: each
-// thread owns a vector of V adjacent channels (16-byte loads where channels and pointers allow), so
-// a warp reads whole pixels. The depthwise kernel keeps its block's filters in shared memory,
-// tap-major, and each thread computes kTileW outputs along W, whose windows overlap in L1.
+// Depthwise convolution and max pooling on NHWC tensors (spatial.h). Each thread owns a vector of V
+// adjacent channels (16-byte loads where channels and pointers allow), so a warp reads whole
+// pixels. The depthwise kernels keep their block's filters in shared memory, tap-major, and each
+// thread computes kTileW outputs along W: the generic kernel reads each tap's input from L1, the
+// register-tiled one (3, 5 or 7 wide) each filter row's shared input columns once.
 #include "nn/cuda/spatial.h"
 
 #include <algorithm>
@@ -204,6 +205,15 @@ __global__ void maxpool_nhwc(const T* __restrict__ x, T* __restrict__ y, PoolGeo
   }
 }
 
+// Calls f(std::integral_constant<int, V>) for v of 8, 4, 2 or 1 (what vector_width chose).
+template <typename F>
+void with_width(int v, F&& f) {
+  if (v == 8) f(std::integral_constant<int, 8>{});
+  else if (v == 4) f(std::integral_constant<int, 4>{});
+  else if (v == 2) f(std::integral_constant<int, 2>{});
+  else f(std::integral_constant<int, 1>{});
+}
+
 // The register-tiled kernel where the shape has one (S, stride along W), else the generic one.
 template <typename T, int V>
 auto depthwise_kernel_for(const ConvGeometry& g) {
@@ -273,14 +283,9 @@ void depthwise_forward(cudaStream_t stream, const Conv2dDesc& d, const Tensor& x
   if (g.items == 0 || g.c == 0) return;
   device_common::dispatch_storage<false>(x.dtype, "cuda_spatial", "depthwise_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const int v = vector_width<T>(g.c, {x.data, y.data, residual});
-    const auto run = [&](auto width) {
+    with_width(vector_width<T>(g.c, {x.data, y.data, residual}), [&](auto width) {
       launch_depthwise<T, decltype(width)::value>(stream, g, x, w, bias, bias_is_storage_type, residual, y, relu);
-    };
-    if (v == 8) run(std::integral_constant<int, 8>{});
-    else if (v == 4) run(std::integral_constant<int, 4>{});
-    else if (v == 2) run(std::integral_constant<int, 2>{});
-    else run(std::integral_constant<int, 1>{});
+    });
   });
 }
 
@@ -301,11 +306,8 @@ void maxpool_forward(cudaStream_t stream, const Pool2dDesc& d, const Tensor& x, 
   if (y.numel() == 0) return;
   device_common::dispatch_storage<false>(x.dtype, "cuda_spatial", "maxpool_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const int v = vector_width<T>(g.c, {x.data, y.data});
-    if (v == 8) launch_maxpool<T, 8>(stream, g, x, y);
-    else if (v == 4) launch_maxpool<T, 4>(stream, g, x, y);
-    else if (v == 2) launch_maxpool<T, 2>(stream, g, x, y);
-    else launch_maxpool<T, 1>(stream, g, x, y);
+    with_width(vector_width<T>(g.c, {x.data, y.data}),
+               [&](auto width) { launch_maxpool<T, decltype(width)::value>(stream, g, x, y); });
   });
 }
 

@@ -27,7 +27,8 @@ void depthwise_forward(cudaStream_t stream, const Conv2dDesc& d, const Tensor& x
 
 // Empty where maxpool_forward runs this pooling (x, y NHWC-contiguous of one dtype), else the reason.
 std::string maxpool_refusal(const Pool2dDesc& d, const Tensor& x, const Tensor& y);
-// y = the largest x in each window; padded positions never win, NaN never does over a number.
+// y = the largest x in each window, as the reference picks it: the window's first position inside
+// the image starts it and a later one replaces it only where greater (padding never wins).
 void maxpool_forward(cudaStream_t stream, const Pool2dDesc& d, const Tensor& x, const Tensor& y);
 
 }  // namespace ab::nn::cuda_spatial
