@@ -314,6 +314,35 @@ TEST(Run, ServerAtATargetQpsIsValidUnderContendedCompletions) {
   EXPECT_GE(r.duration_s, 0.3);
 }
 
+// Sleeps 20 us per sample of a query, and runs 1.5x faster after each query of over 5000 samples
+// (the offline runs; the probe's bursts stay smaller) up to 2.25x: a SUT that speeds up under load.
+class AcceleratingSut final : public SystemUnderTest {
+ public:
+  std::string name() const override { return "accelerating"; }
+  void issue_query(std::span<const QuerySample> s, Completions& done) override {
+    const bool long_query = s.size() > 5000;
+    if (long_query) speed_ = std::min(speed_ * 1.5, 2.25);
+    std::this_thread::sleep_for(std::chrono::duration<double>(20e-6 * static_cast<double>(s.size()) / speed_));
+    done.complete(s);
+  }
+
+ private:
+  double speed_ = 1.0;
+};
+
+TEST(Run, OfflineRerunsUntilASpeedingUpSutFillsTheMinimumDuration) {
+  AcceleratingSut sut;
+  SyntheticLibrary lib(64, 64);
+  // The probe sees 50k samples/s; the first run (sized for that) and the first rerun at the rates
+  // the runs before them reached end short (0.37 s, 0.4 s); the second rerun lasts 0.6 s.
+  const RunResult r = run(sut, lib, fast(Scenario::offline, 0.5));
+  EXPECT_TRUE(r.valid) << to_json(r).dump(1);
+  EXPECT_GE(r.duration_s, 0.5);
+  const auto reruns = std::count_if(r.notes.begin(), r.notes.end(),
+                                    [](const std::string& n) { return n.find("rerun sized") != std::string::npos; });
+  EXPECT_GE(reruns, 2) << to_json(r).dump(1);
+}
+
 TEST(Run, TooShortIsInvalidNamingMinDuration) {
   NullSut sut;
   SyntheticLibrary lib(64, 64);

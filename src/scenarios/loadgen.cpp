@@ -431,12 +431,18 @@ RunResult run(SystemUnderTest& sut, SampleLibrary& library, const Settings& sett
   const auto perf = performance_set(library.total_sample_count(), library.performance_sample_count(), settings.library_seed);
   library.load_samples(perf);
   RunResult r = run_engine(sut, perf, settings, cancel, offline_samples);
-  // The probe's short bursts can underestimate a SUT that speeds up under a long query: one more
-  // run, sized from the rate the first one reached (+20%), when only the duration fell short.
-  if (probed && r.failed() == std::vector<std::string>{"min_duration"} && offline_samples < settings.max_samples) {
-    notes.push_back("the first run (" + std::to_string(offline_samples) + " samples) ended after " + fmt(r.duration_s) +
+  // The probe's short bursts can underestimate a SUT that speeds up under a long query (a CPU SUT
+  // whose threads settle, a GPU that clocks up): up to kReruns more runs, each sized from the rate
+  // the last one reached (+20%) and at least 1.5x its size, while only the duration falls short.
+  constexpr int kReruns = 3;
+  for (int rerun = 0; rerun < kReruns && probed && r.failed() == std::vector<std::string>{"min_duration"} &&
+                      offline_samples < settings.max_samples;
+       ++rerun) {
+    notes.push_back("the run of " + std::to_string(offline_samples) + " samples ended after " + fmt(r.duration_s) +
                     " s: rerun sized from its " + fmt(r.completed_samples_per_s) + " samples/s");
-    offline_samples = std::max(offline_samples + offline_samples / 4, offline_size(r.completed_samples_per_s, 1.2));
+    offline_samples = std::min<std::uint64_t>(
+        settings.max_samples,
+        std::max(offline_samples + offline_samples / 2, offline_size(r.completed_samples_per_s, 1.2)));
     r = run_engine(sut, perf, settings, cancel, offline_samples);
   }
   library.unload_samples(perf);
