@@ -140,6 +140,14 @@ TEST_F(CudaGeneric, UnaryFunctionsInEveryDtype) {
           {In(Shape{3, 5, 37, 41}, positive ? 0.2 : -4, 4)},
           [&](GraphBuilder& b, const std::vector<Value>& v) { return unary(b, "f", v[0], a); }, rounding(t));
     }
+  // Over two vectors per thread of a full grid (132 SMs x 2048 threads), an odd tail: the
+  // prefetching loop's later iterations and its scalar tail.
+  for (const DType t : kTypes)
+    for (const UnaryAttrs& a : {UnaryAttrs{UnaryKind::gelu_erf}, UnaryAttrs{UnaryKind::clip, -0.5, 1.25}})
+      compare(
+          "large unary " + std::to_string(static_cast<int>(a.kind)), t, Layout::nchw,
+          {In(Shape{7, 63, 97, 111}, -4, 4)},
+          [&](GraphBuilder& b, const std::vector<Value>& v) { return unary(b, "f", v[0], a); }, rounding(t));
 }
 
 TEST_F(CudaGeneric, BinaryOpsFlatAndBroadcastInBothLayouts) {

@@ -311,6 +311,8 @@ TEST_F(CudaTransformer, LayerNormMatchesTheReferenceBothWays) {
     check_layernorm(*this, act, act, 9, 64, true);             // 16-bit parameters; dx accumulates
     check_layernorm(*this, act, DType::f32, 4099, 768, true);  // GPT-2's C, rows off the 8-row block
     check_layernorm(*this, act, DType::f32, 333, 320, false);  // a lane's last chunk partly past C
+    check_layernorm(*this, act, DType::f32, 1001, 96, false);  // ConvNeXt's C: rows in registers, 4-lane groups
+    check_layernorm(*this, act, act, 203, 1536, false);        // fp32 past the register kernel: a warp per row
   }
   check_layernorm(*this, DType::bf16, DType::f32, 1027, 1024, false);  // BERT-large's C
 }

@@ -1,6 +1,6 @@
 // The transformer family's row kernels (transformer.h): token + position embedding both ways
-// (backward deterministic through a stable radix sort), LayerNorm both ways (a warp per row, 16-byte
-// loads, f32 statistics, dgamma/dbeta by a two-stage fixed-order reduction) and GELU.
+// (backward deterministic through a stable radix sort), LayerNorm both ways (rows in registers or a warp per row,
+// 16-byte loads, f32 statistics, dgamma/dbeta by a two-stage fixed-order reduction) and GELU.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
@@ -140,8 +140,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- LayerNorm: a warp per row; the row is read again from L1 for each pass. kRms: RMSNorm
-// (no mean subtracted, no beta; mean and beta unused).
+// ---- LayerNorm. Forward: rows up to 32 x 8 vectors in registers (layernorm_forward_rows_kernel),
+// wider rows a warp per row, read again from L1 for each pass. kRms: RMSNorm (no mean subtracted,
+// no beta; mean and beta unused).
 
 template <typename T, typename P, int V, bool kRms>
 __global__ void __launch_bounds__(kThreads)
@@ -181,6 +182,74 @@ __global__ void __launch_bounds__(kThreads)
       out.v[j] = from_f32<T>((to_f32(a.v[j]) - mu) * inv * to_f32(g.v[j]) + (kRms ? 0.0f : to_f32(b.v[j])));
     store<V>(y + r * channels, c, out);
   }
+}
+
+// Rows that fit in registers: a group of `lanes` lanes (a power of 2, at most 32) per row, each
+// holding K vectors of V channels (vector k of lane l at channel (k * lanes + l) * V), loaded at
+// once; the statistics are group butterflies over registers, so the row is read once and no lane
+// of a small row idles (C = 96 at 8 halves per vector: 4 lanes of 3 vectors, 8 rows per warp).
+template <typename T, typename P, int V, int K, bool kRms>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_forward_rows_kernel(const T* x, const P* gamma, const P* beta, T* y, float* mean, float* rstd,
+                                  int64_t rows, int64_t channels, int lanes, float epsilon) {
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t r = int64_t{blockIdx.x} * (blockDim.x / lanes) + threadIdx.x / lanes;
+  // Every lane stays to the butterflies (full-warp shuffles); rows past the end only compute.
+  const bool live = r < rows;
+  const T* xr = x + (live ? r : 0) * channels;
+  Chunk<T, V> a[K];
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t c = (int64_t{k} * lanes + lane) * V;
+    a[k] = c < channels ? load<V>(xr, c) : Chunk<T, V>{};
+#pragma unroll
+    for (int j = 0; j < V; ++j) sum += to_f32(a[k].v[j]);
+  }
+  const auto group_sum = [lanes](float v) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+  };
+  const float mu = kRms ? 0.0f : group_sum(sum) / static_cast<float>(channels);
+  float squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if ((int64_t{k} * lanes + lane) * V < channels)
+#pragma unroll
+      for (int j = 0; j < V; ++j) squares += (to_f32(a[k].v[j]) - mu) * (to_f32(a[k].v[j]) - mu);
+  const float inv = 1.0f / sqrtf(group_sum(squares) / static_cast<float>(channels) + epsilon);
+  if (!live) return;
+  if (lane == 0) {
+    if constexpr (!kRms) mean[r] = mu;
+    rstd[r] = inv;
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int64_t c = (int64_t{k} * lanes + lane) * V;
+    if (c >= channels) break;
+    const auto g = load<V>(gamma, c);
+    Chunk<P, V> b{};
+    if constexpr (!kRms) b = load<V>(beta, c);
+    Chunk<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      out.v[j] = from_f32<T>((to_f32(a[k].v[j]) - mu) * inv * to_f32(g.v[j]) + (kRms ? 0.0f : to_f32(b.v[j])));
+    store<V>(y + r * channels, c, out);
+  }
+}
+
+// The register kernel's shape for C channels in vectors of V: the fewest lanes (4 to 32) whose K
+// vectors each hold the row, K one of the instantiated counts; lanes 0 where the row is too wide.
+struct RowsShape {
+  int lanes = 0, vectors = 0;
+};
+constexpr int kRowVectors[] = {1, 2, 3, 4, 6, 8};
+RowsShape rows_shape(int64_t channels, int v) {
+  const int64_t chunks = (channels + v - 1) / v;
+  for (int lanes = 4; lanes <= 32; lanes *= 2)
+    for (int k : kRowVectors)
+      if (chunks <= int64_t{lanes} * k) return {lanes, k};
+  return {};
 }
 
 // Shared memory the backward pass's per-warp channel sums may take (the static default).
@@ -435,6 +504,25 @@ void layernorm_forward(cudaStream_t stream, DType t, DType param_t, const void* 
         const bool vector_ok = channels % vec_of<T>() == 0 && aligned(x, 16) && aligned(y, 16) && aligned(gamma, 32) &&
                                (rms || aligned(beta, 32));
         with_width<T>(vector_ok, [&]<int V>() {
+          const RowsShape shape = rows_shape(channels, V);
+          if (shape.lanes > 0) {
+            const int64_t per_block = kThreads / shape.lanes;
+            const auto launch = [&]<int K>() {
+              const auto kernel = rms ? layernorm_forward_rows_kernel<T, P, V, K, true>
+                                      : layernorm_forward_rows_kernel<T, P, V, K, false>;
+              kernel<<<static_cast<int>((rows + per_block - 1) / per_block), kThreads, 0, stream>>>(
+                  static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta),
+                  static_cast<T*>(y), mean, rstd, rows, channels, shape.lanes, static_cast<float>(epsilon));
+            };
+            switch (shape.vectors) {
+              case 1: return launch.template operator()<1>();
+              case 2: return launch.template operator()<2>();
+              case 3: return launch.template operator()<3>();
+              case 4: return launch.template operator()<4>();
+              case 6: return launch.template operator()<6>();
+              default: return launch.template operator()<8>();
+            }
+          }
           const auto launch = [&](auto kernel) {
             kernel<<<static_cast<int>((rows + 7) / 8), kThreads, 0, stream>>>(
                 static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta), static_cast<T*>(y),
