@@ -1,16 +1,19 @@
 // The generic elementwise kernels and every copy (generic.h): a vectorised flat path where all
 // operands are contiguous alike, else the strided-index kernel (generic_common.cuh).
+#include <type_traits>
+#include <utility>
+
 #include "nn/cuda/generic_common.cuh"
 
 namespace ab::nn::cuda_generic {
 namespace {
 
-// Contiguous unary ops: each thread loads its next 16-byte vector before computing the current
-// one, so a load is in flight while the math runs (erf-GELU's arithmetic costs about what its
-// bytes do: without the overlap each half of the time idles the other unit). y may be x.
-template <typename T>
+// Contiguous unary ops, one kernel per function (a switch per element would cost erf-GELU as
+// many instructions again): each thread loads its next 16-byte vector before computing the
+// current one, so a load is in flight while the math runs. y may be x.
+template <typename T, UnaryKind K>
 __global__ void __launch_bounds__(kThreads)
-    unary_flat_kernel(const T* x, T* y, int64_t n, bool vectorised, UnaryKind kind, Math<T> alpha, Math<T> beta) {
+    unary_flat_kernel(const T* x, T* y, int64_t n, bool vectorised, Math<T> alpha, Math<T> beta) {
   constexpr int V = vec_of<T>();
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -22,12 +25,25 @@ __global__ void __launch_bounds__(kThreads)
       if (c + stride < chunks) next = load<V>(x, (c + stride) * V);
       Chunk<T, V> o;
 #pragma unroll
-      for (int j = 0; j < V; ++j) o.v[j] = from_math<T>(unary_apply(kind, alpha, beta, to_math(a.v[j])));
+      for (int j = 0; j < V; ++j) o.v[j] = from_math<T>(unary_apply(K, alpha, beta, to_math(a.v[j])));
       store<V>(y, c * V, o);
     }
   }
   for (int64_t i = chunks * V + first; i < n; i += stride)
-    y[i] = from_math<T>(unary_apply(kind, alpha, beta, to_math(x[i])));
+    y[i] = from_math<T>(unary_apply(K, alpha, beta, to_math(x[i])));
+}
+
+// Calls f(std::integral_constant<UnaryKind, kind>{}).
+template <typename F, int... Kinds>
+void with_kind(UnaryKind kind, F&& f, std::integer_sequence<int, Kinds...> /*all*/) {
+  (void)((static_cast<int>(kind) == Kinds
+              ? (f(std::integral_constant<UnaryKind, static_cast<UnaryKind>(Kinds)>{}), true)
+              : false) ||
+         ...);
+}
+template <typename F>
+void with_kind(UnaryKind kind, F&& f) {
+  with_kind(kind, std::forward<F>(f), std::make_integer_sequence<int, static_cast<int>(UnaryKind::reciprocal) + 1>{});
 }
 
 template <typename T>
@@ -169,8 +185,10 @@ void unary_forward(cudaStream_t stream, const UnaryAttrs& a, const Tensor& x, co
       if (n == 0) return;
       const bool vectorised = all_aligned({x.data, y.data}) && n >= vec_of<T>();
       const int blocks = elementwise_blocks(vectorised ? n / vec_of<T>() + n % vec_of<T>() : n);
-      unary_flat_kernel<T>
-          <<<blocks, kThreads, 0, stream>>>(x.as<const T>(), y.as<T>(), n, vectorised, a.kind, alpha, beta);
+      with_kind(a.kind, [&](auto kind) {
+        unary_flat_kernel<T, decltype(kind)::value>
+            <<<blocks, kThreads, 0, stream>>>(x.as<const T>(), y.as<T>(), n, vectorised, alpha, beta);
+      });
       return check_launch(k);
     }
     launch_indexed<2>(stream, broadcast_index(k, y, {x}), UnaryAt<T>{x.as<const T>(), y.as<T>(), a.kind, alpha, beta},

@@ -53,14 +53,24 @@ int vector_width(int64_t channels, std::initializer_list<const void*> pointers) 
   return 1;
 }
 
-// A block's filters into shared memory, tap-major: filters[tap * block_channels + channel - c0].
-template <typename T>
-__device__ __forceinline__ void load_filters(float* filters, const T* w, int64_t c0, int block_channels, int taps,
+// Where a block keeps filter value k of channel vector `group` for `tap` in shared memory:
+// tap-major, and a vector of more than 4 floats split into planes of 4, so the 16-byte reads of
+// 8 consecutive lanes (consecutive groups) cover 128 contiguous bytes: no bank conflicts.
+template <int V>
+__device__ __forceinline__ int filter_index(int tap, int group, int k, int groups) {
+  constexpr int kPlanes = (V + 3) / 4, kWidth = V < 4 ? V : 4;
+  return ((tap * kPlanes + k / 4) * groups + group) * kWidth + k % 4;
+}
+
+// A block's filters (channels c0 .. c0 + groups * V) into shared memory at filter_index.
+template <int V, typename T>
+__device__ __forceinline__ void load_filters(float* filters, const T* w, int64_t c0, int groups, int taps,
                                              int64_t channels) {
+  const int block_channels = groups * V;
   for (int i = threadIdx.x; i < taps * block_channels; i += blockDim.x) {
-    const int tap = i / block_channels;
-    const int64_t c = c0 + i % block_channels;
-    filters[i] = c < channels ? to_f32(w[c * taps + tap]) : 0.0f;
+    const int tap = i / block_channels, cl = i % block_channels;
+    const int64_t c = c0 + cl;
+    filters[filter_index<V>(tap, cl / V, cl % V, groups)] = c < channels ? to_f32(w[c * taps + tap]) : 0.0f;
   }
   __syncthreads();
 }
@@ -99,7 +109,7 @@ __global__ void depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w,
   extern __shared__ float filters[];  // [tap][channel of the block]
   const int block_channels = g.groups * V;
   const int64_t c0 = int64_t{blockIdx.y} * block_channels;
-  load_filters(filters, w, c0, block_channels, static_cast<int>(g.r * g.s), g.c);
+  load_filters<V>(filters, w, c0, g.groups, static_cast<int>(g.r * g.s), g.c);
   const int group = threadIdx.x % g.groups, row = threadIdx.x / g.groups;
   const int64_t c = c0 + int64_t{group} * V, item = int64_t{blockIdx.x} * g.rows + row;
   if (row >= g.rows || c >= g.c || item >= g.items) return;
@@ -112,10 +122,10 @@ __global__ void depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w,
     if (ih < 0 || ih >= g.h) continue;
     const T* x_row = x + (n * g.h + ih) * g.w * g.c + c;
     for (int64_t s = 0; s < g.s; ++s) {
-      const float* f = filters + (r * g.s + s) * block_channels + group * V;
+      const int tap = static_cast<int>(r * g.s + s);
       float wv[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) wv[v] = f[v];
+      for (int v = 0; v < V; ++v) wv[v] = filters[filter_index<V>(tap, group, v, g.groups)];
 #pragma unroll
       for (int t = 0; t < kTileW; ++t) {
         const int64_t iw = (ow0 + t) * g.stride_w - g.pad_w + s * g.dil_w;
@@ -141,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ float filters[];  // [tap][channel of the block]
   const int block_channels = g.groups * V;
   const int64_t c0 = int64_t{blockIdx.y} * block_channels;
-  load_filters(filters, w, c0, block_channels, static_cast<int>(g.r) * S, g.c);
+  load_filters<V>(filters, w, c0, g.groups, static_cast<int>(g.r) * S, g.c);
   const int group = threadIdx.x % g.groups, row = threadIdx.x / g.groups;
   const int64_t c = c0 + int64_t{group} * V, item = int64_t{blockIdx.x} * g.rows + row;
   if (row >= g.rows || c >= g.c || item >= g.items) return;
@@ -154,21 +164,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
     if (ih < 0 || ih >= g.h) continue;
     const T* x_row = x + (n * g.h + ih) * g.w * g.c + c;
+    // Every column's load first, unconditionally (a column outside the row reads its nearest
+    // inside one, then counts as zero), so the row's loads are in flight together.
+    Chunk<T, V> raw[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+      raw[j] = device_common::load<V>(x_row, int64_t{min(max(iw0 + j, 0), width - 1)} * g.c);
     float cols[kCols][V];
 #pragma unroll
     for (int j = 0; j < kCols; ++j) {
-      const int iw = iw0 + j;
-      Chunk<T, V> v{};
-      if (iw >= 0 && iw < width) v = device_common::load<V>(x_row, int64_t{iw} * g.c);
+      const bool inside = iw0 + j >= 0 && iw0 + j < width;
 #pragma unroll
-      for (int k = 0; k < V; ++k) cols[j][k] = to_f32(v.v[k]);
+      for (int k = 0; k < V; ++k) cols[j][k] = inside ? to_f32(raw[j].v[k]) : 0.0f;
     }
-    const float* f = filters + r * S * block_channels + group * V;
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       float wv[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) wv[k] = f[s * block_channels + k];
+      for (int k = 0; k < V; ++k) wv[k] = filters[filter_index<V>(r * S + s, group, k, g.groups)];
 #pragma unroll
       for (int t = 0; t < kTileW; ++t)
 #pragma unroll
