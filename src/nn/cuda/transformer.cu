@@ -144,6 +144,20 @@ __global__ void __launch_bounds__(kThreads)
 // wider rows a warp per row, read again from L1 for each pass. kRms: RMSNorm (no mean subtracted,
 // no beta; mean and beta unused).
 
+// y[c .. c + V) of a row: (x - mu) * inv * gamma + beta (RMSNorm: no beta).
+template <bool kRms, typename T, typename P, int V>
+__device__ __forceinline__ void store_normalised(const Chunk<T, V>& a, const P* gamma, const P* beta, T* y_row,
+                                                 int64_t c, float mu, float inv) {
+  const auto g = load<V>(gamma, c);
+  Chunk<P, V> b{};
+  if constexpr (!kRms) b = load<V>(beta, c);
+  Chunk<T, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    out.v[j] = from_f32<T>((to_f32(a.v[j]) - mu) * inv * to_f32(g.v[j]) + (kRms ? 0.0f : to_f32(b.v[j])));
+  store<V>(y_row, c, out);
+}
+
 template <typename T, typename P, int V, bool kRms>
 __global__ void __launch_bounds__(kThreads)
     layernorm_forward_kernel(const T* x, const P* gamma, const P* beta, T* y, float* mean, float* rstd, int64_t rows,
@@ -171,17 +185,8 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (!kRms) mean[r] = mu;
     rstd[r] = inv;
   }
-  for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V) {
-    const auto a = load<V>(xr, c);
-    const auto g = load<V>(gamma, c);
-    Chunk<P, V> b{};
-    if constexpr (!kRms) b = load<V>(beta, c);
-    Chunk<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j)
-      out.v[j] = from_f32<T>((to_f32(a.v[j]) - mu) * inv * to_f32(g.v[j]) + (kRms ? 0.0f : to_f32(b.v[j])));
-    store<V>(y + r * channels, c, out);
-  }
+  for (int64_t c = int64_t{lane} * V; c < channels; c += 32 * V)
+    store_normalised<kRms>(load<V>(xr, c), gamma, beta, y + r * channels, c, mu, inv);
 }
 
 // Rows that fit in registers: a group of `lanes` lanes (a power of 2, at most 32) per row, each
@@ -227,14 +232,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < K; ++k) {
     const int64_t c = (int64_t{k} * lanes + lane) * V;
     if (c >= channels) break;
-    const auto g = load<V>(gamma, c);
-    Chunk<P, V> b{};
-    if constexpr (!kRms) b = load<V>(beta, c);
-    Chunk<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j)
-      out.v[j] = from_f32<T>((to_f32(a[k].v[j]) - mu) * inv * to_f32(g.v[j]) + (kRms ? 0.0f : to_f32(b.v[j])));
-    store<V>(y + r * channels, c, out);
+    store_normalised<kRms>(a[k], gamma, beta, y + r * channels, c, mu, inv);
   }
 }
 
