@@ -19,7 +19,8 @@ point's outputs file.
 Checks (as the issue asks): fp32 max |error| <= 1e-4 x max |logit|, fp16 <= 1e-2 x max |logit|,
 top-1 the same for every sample but near-ties (PyTorch's two logits closer than the bound); speed: accelbench's median latency vs torch.compile's (fp16,
 channels_last for images, CUDA-event timing as compare_common.time_batches) at batch 1 and 64
-(--batches picks others).
+(--batches picks others). Each fp16 row also shows PyTorch's own fp16 error (the module in half,
+eager, on the same samples against the same fp32 logits): how much of the bound fp16 itself takes.
 Finally the imported ResNeXt-101 32x4d vs the built-in resnext101_32x4d (target: within 3%).
 With --precisions ...,fp8 (off by default): fp8 (e4m3 where it timed faster, infer's fp8_layers=faster)
 against the same fp32 PyTorch logits within infer's own fp8 bound, max |error| <= 0.25 x max |logit|
@@ -30,6 +31,7 @@ torch.compile fp16 figure.
                          [--no-compile] [--precisions fp32,fp16,fp8] [--batches 1,64] [--profile]
 """
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -263,18 +265,33 @@ def torch_logits(model, inputs):
         return model.cuda().float()(*[t.cuda() for _, t in inputs]).double().cpu().numpy()
 
 
-def torch_compile_latency_s(name, model, batch):
-    image = name not in LANGUAGE
+def half_module(name, model):
+    """The module in fp16 on the GPU, channels_last for images (as torch.compile runs it)."""
     m = model.cuda().half().eval()
-    if image:
-        m = m.to(memory_format=torch.channels_last)
-    c = torch.compile(m)
+    return m.to(memory_format=torch.channels_last) if name not in LANGUAGE else m
+
+
+def half_inputs(name, inputs):
     xs = []
-    for _, t in family_inputs(name, model, batch, seed=3):  # the same kind of inputs as the checked ones
+    for _, t in inputs:
         t = t.cuda()
         if t.is_floating_point():
-            t = t.half().to(memory_format=torch.channels_last) if image else t.half()
+            t = t.half().to(memory_format=torch.channels_last) if name not in LANGUAGE else t.half()
         xs.append(t)
+    return xs
+
+
+def torch_half_logits(name, model, inputs):
+    """PyTorch's own fp16 logits (eager) on the checked inputs: how much of the fp16 bound a
+    framework's own fp16 arithmetic takes on the same weights and samples."""
+    m = half_module(name, copy.deepcopy(model))
+    with torch.inference_mode():
+        return m(*half_inputs(name, inputs)).double().cpu().numpy().reshape(len(inputs[0][1]), -1)
+
+
+def torch_compile_latency_s(name, model, batch):
+    c = torch.compile(half_module(name, model))
+    xs = half_inputs(name, family_inputs(name, model, batch, seed=3))  # the same kind of inputs as the checked ones
     with torch.inference_mode():
         return time_batches(lambda: c(*xs), iters_per_batch=20 if batch == 1 else 5, batches=15, warmup=10)
 
@@ -303,6 +320,7 @@ def run_family(name, args, rows):
     export(model, family_inputs(name, model, 2, seed=4), path)
     inputs = family_inputs(name, model, max(args.batches), seed=5)
     want = torch_logits(model, inputs)
+    want_half = torch_half_logits(name, model, inputs) if "fp16" in args.precisions.split(",") else None
     records = accelbench(args.accelbench, ["infer", "--axis", "model=" + path, "--axis", "batch=" + ",".join(map(str, args.batches)),
                                            "--axis", "precision=" + args.precisions, "--option", "inputs=" + write_inputs(inputs, path),
                                            "--option", "dump_outputs=on", "--timeout", "600"], os.path.join(args.out, name))
@@ -319,8 +337,9 @@ def run_family(name, args, rows):
             compiled_s[b] = torch_compile_latency_s(name, model, b)
         compiled = compiled_s.get(b) if p in ("fp16", "fp8") else None
         speed = f"{r['time']['median_s'] * 1e3:.3f} ms vs torch.compile {compiled * 1e3:.3f} ms ({compiled / r['time']['median_s']:.2f}x)" if compiled else ""
+        theirs = f" (PyTorch fp16 eager: err {compare(want_half[:b], want[:b], p)[0]:.2e})" if p == "fp16" else ""
         fp8 = f" fp8 layers {r['metrics']['fp8']['layers']}/{r['metrics']['fp8']['layers'] + r['metrics']['fp8']['fallback_layers']}" if p == "fp8" else ""
-        rows.append((name, b, p, "PASS" if ok else "FAIL", f"err {err:.2e} top1 {top1:.3f}{f' ({ties} near-tie(s) within the bound)' if ties else ''}{fp8} {speed}"))
+        rows.append((name, b, p, "PASS" if ok else "FAIL", f"err {err:.2e} top1 {top1:.3f}{f' ({ties} near-tie(s) within the bound)' if ties else ''}{theirs}{fp8} {speed}"))
         print(*rows[-1], flush=True)
     if args.profile:
         print_profile(name, path, args)
