@@ -394,6 +394,11 @@ TEST(Run, BatchCalibrationFromTargetSampleTime) {
     Settings s = fast_settings();
     s.target_sample_s = c.target_s;
     s.max_samples = 12;
+    // The deadline predicts a sample's wall time from the last call's (here the one-iteration
+    // first call, ~2 us under the sanitizers): at 2^20 fake-fast iterations a 2 s timeout refused
+    // the first sample whenever that call ran a little slow (1 run in 13 on a loaded host). The
+    // timeout here admits a first call of up to 10 ms; this test is about the calibration.
+    s.timeout_s = 1e4;
     FakeTimer timer([&c](int) { return c.per_iteration_s; });
     const Result r = run(timer, [] {}, s);
     EXPECT_EQ(r.iterations_per_sample, c.expected) << c.per_iteration_s << " / " << c.target_s;
