@@ -314,8 +314,9 @@ TEST(Run, ServerAtATargetQpsIsValidUnderContendedCompletions) {
   EXPECT_GE(r.duration_s, 0.3);
 }
 
-// Sleeps 20 us per sample of a query, and runs 1.5x faster after each query of over 5000 samples
-// (the offline runs; the probe's bursts stay smaller) up to 2.25x: a SUT that speeds up under load.
+// Sleeps 20 us per sample of a query; each query of over 5000 samples (the offline runs; the
+// probe's bursts stay smaller) runs 1.5x faster than the one before, up to 2.25x: a SUT that
+// speeds up under load.
 class AcceleratingSut final : public SystemUnderTest {
  public:
   std::string name() const override { return "accelerating"; }

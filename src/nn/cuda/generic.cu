@@ -33,17 +33,19 @@ __global__ void __launch_bounds__(kThreads)
     y[i] = from_math<T>(unary_apply(K, alpha, beta, to_math(x[i])));
 }
 
-// Calls f(std::integral_constant<UnaryKind, kind>{}).
+// Calls f(std::integral_constant<UnaryKind, kind>{}); false where kind is past the list (a
+// kind added to the enum after `reciprocal`), which the caller refuses.
 template <typename F, int... Kinds>
-void with_kind(UnaryKind kind, F&& f, std::integer_sequence<int, Kinds...> /*all*/) {
-  (void)((static_cast<int>(kind) == Kinds
-              ? (f(std::integral_constant<UnaryKind, static_cast<UnaryKind>(Kinds)>{}), true)
-              : false) ||
-         ...);
+bool with_kind(UnaryKind kind, F&& f, std::integer_sequence<int, Kinds...> /*all*/) {
+  return ((static_cast<int>(kind) == Kinds
+               ? (f(std::integral_constant<UnaryKind, static_cast<UnaryKind>(Kinds)>{}), true)
+               : false) ||
+          ...);
 }
 template <typename F>
-void with_kind(UnaryKind kind, F&& f) {
-  with_kind(kind, std::forward<F>(f), std::make_integer_sequence<int, static_cast<int>(UnaryKind::reciprocal) + 1>{});
+bool with_kind(UnaryKind kind, F&& f) {
+  return with_kind(kind, std::forward<F>(f),
+                   std::make_integer_sequence<int, static_cast<int>(UnaryKind::reciprocal) + 1>{});
 }
 
 template <typename T>
@@ -185,10 +187,11 @@ void unary_forward(cudaStream_t stream, const UnaryAttrs& a, const Tensor& x, co
       if (n == 0) return;
       const bool vectorised = all_aligned({x.data, y.data}) && n >= vec_of<T>();
       const int blocks = elementwise_blocks(vectorised ? n / vec_of<T>() + n % vec_of<T>() : n);
-      with_kind(a.kind, [&](auto kind) {
+      const bool launched = with_kind(a.kind, [&](auto kind) {
         unary_flat_kernel<T, decltype(kind)::value>
             <<<blocks, kThreads, 0, stream>>>(x.as<const T>(), y.as<T>(), n, vectorised, alpha, beta);
       });
+      if (!launched) refuse(k, "no kernel for unary kind " + std::to_string(static_cast<int>(a.kind)));
       return check_launch(k);
     }
     launch_indexed<2>(stream, broadcast_index(k, y, {x}), UnaryAt<T>{x.as<const T>(), y.as<T>(), a.kind, alpha, beta},

@@ -106,7 +106,7 @@ template <typename T, int V>
 __global__ void depthwise_nhwc(const T* __restrict__ x, const T* __restrict__ w, const void* __restrict__ bias,
                                bool bias_is_storage_type, const T* __restrict__ z, T* __restrict__ y, ConvGeometry g,
                                bool relu) {
-  extern __shared__ float filters[];  // [tap][channel of the block]
+  extern __shared__ float filters[];  // at filter_index
   const int block_channels = g.groups * V;
   const int64_t c0 = int64_t{blockIdx.y} * block_channels;
   load_filters<V>(filters, w, c0, g.groups, static_cast<int>(g.r * g.s), g.c);
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                         bool bias_is_storage_type, const T* __restrict__ z, T* __restrict__ y, ConvGeometry g,
                         bool relu) {
   constexpr int kCols = (kTileW - 1) * SW + S;
-  extern __shared__ float filters[];  // [tap][channel of the block]
+  extern __shared__ float filters[];  // at filter_index
   const int block_channels = g.groups * V;
   const int64_t c0 = int64_t{blockIdx.y} * block_channels;
   load_filters<V>(filters, w, c0, g.groups, static_cast<int>(g.r) * S, g.c);

@@ -1,6 +1,7 @@
 // The transformer family's row kernels (transformer.h): token + position embedding both ways
-// (backward deterministic through a stable radix sort), LayerNorm both ways (rows in registers or a warp per row,
-// 16-byte loads, f32 statistics, dgamma/dbeta by a two-stage fixed-order reduction) and GELU.
+// (backward deterministic through a stable radix sort), LayerNorm both ways (forward: rows in
+// registers or a warp per row; 16-byte loads, f32 statistics, dgamma/dbeta by a two-stage
+// fixed-order reduction) and GELU.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
