@@ -66,13 +66,14 @@ def ncu_metrics(ncu, ab, args, work, names):
     """ncu's values of the kernel the point's timed samples ran, median per metric over its launches, from ncu's CSV in base units, with the record of
     that run (its `algorithm`)."""
     out = tempfile.mkdtemp(prefix="ncu-", dir=work)
-    # Caches and clocks as accelbench's counter pass leaves them: ncu by default flushes the caches
-    # before each kernel and locks the clocks at base, which moves bytes and duration.
+    # Caches as accelbench's counter pass of a micro point has them (flushed before each range, as
+    # ncu's default --cache-control all); clocks as it leaves them (ncu would lock them at base,
+    # which moves the duration).
     # Only the kernels of the timed samples (the NVTX range the CUDA timer opens): profiling the
     # algorithm search's candidates too would slow them and sway its choice.
     for nvtx in (["--nvtx", "--nvtx-include", "accelbench.timed/"], []):  # a build without the range: every kernel
         cmd = [ncu, "--target-processes", "all", *nvtx, "--metrics", ",".join(names), "--csv", "--print-units", "base",
-               "--cache-control", "none", "--clock-control", "none", "--launch-count", "50" if nvtx else "300", ab, "run",
+               "--cache-control", "all", "--clock-control", "none", "--launch-count", "50" if nvtx else "300", ab, "run",
                *args, "--out", out, "-q", "--min-time", "0", "--warmup", "0"]
         # Not check=True: under ncu's serialised replays the point may stop at its timeout; the
         # kernels profiled before it are what is compared.

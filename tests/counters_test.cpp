@@ -186,7 +186,8 @@ class ScriptedSession final : public CounterSession {
  public:
   std::vector<std::string> begun;
   MetricSet set() const override { return MetricSet::memory; }
-  Measurement measure_marked(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges) override {
+  Measurement measure_marked(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges,
+                             L2State l2) override {
     struct Marks final : RangeMarks {
       std::vector<std::string>* names;
       void begin(const std::string& n) override { names->push_back(n); }
@@ -198,6 +199,7 @@ class ScriptedSession final : public CounterSession {
     Measurement m;
     m.available = true;
     m.set = set();
+    m.l2 = l2;
     m.passes = 1;
     for (const auto& n : begun)
       m.ranges.push_back(
@@ -233,6 +235,7 @@ TEST(CounterPass, AModelMarksEachOpsForwardAndBackwardAndTheTableCarriesMeasured
   EXPECT_EQ(static_cast<std::size_t>(forwards), recs[0].metrics["model"]["ops"].get<std::size_t>());
   const json& c = recs[0].metrics["counters"];
   EXPECT_EQ(c["status"], "ok");
+  EXPECT_EQ(c["l2_before_range"], "as_left");  // an op starts from what the op before it left in L2
   EXPECT_EQ(c["ranges"].get<std::size_t>(), session.begun.size());
   EXPECT_DOUBLE_EQ(c["dram_bytes"].get<double>(), 1000.0 * static_cast<double>(session.begun.size()));
   EXPECT_DOUBLE_EQ(c["measured_over_modelled_bytes"].get<double>(),
@@ -266,6 +269,7 @@ TEST(CounterPass, AWorkloadWithoutAPassRecordsCountersUnavailableAndOthersNone) 
   const auto on = run_points(registry.find("gemm"), {harness::parse_axis_argument("m,n,k=64")}, &session, dir.path());
   ASSERT_EQ(on.size(), 1u);
   EXPECT_EQ(session.begun, std::vector<std::string>{"gemm"});
+  EXPECT_EQ(on[0].metrics["counters"]["l2_before_range"], "flushed");  // a micro point: its own bytes, as ncu's
   EXPECT_DOUBLE_EQ(on[0].metrics["counters"]["measured_intensity_flop_per_byte"].get<double>(),
                    on[0].counts->flops / 1000.0);
 }

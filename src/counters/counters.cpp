@@ -66,9 +66,10 @@ class UnavailableSession final : public CounterSession {
  public:
   UnavailableSession(MetricSet set, std::string reason) : set_(set), reason_(std::move(reason)) {}
   MetricSet set() const override { return set_; }
-  Measurement measure_marked(const std::function<void(RangeMarks&)>&, std::size_t) override {
+  Measurement measure_marked(const std::function<void(RangeMarks&)>&, std::size_t, L2State l2) override {
     Measurement m;
     m.set = set_;
+    m.l2 = l2;
     m.reason = reason_;
     return m;
   }
@@ -97,6 +98,8 @@ std::string_view to_string(MetricSet set) {
   }
   return "off";
 }
+
+std::string_view to_string(L2State state) { return state == L2State::flushed ? "flushed" : "as_left"; }
 
 const std::vector<MetricInfo>& metric_table() { return kTable; }
 
@@ -130,7 +133,7 @@ std::map<std::string, double> combined(const Measurement& m) {
 }
 
 Measurement CounterSession::measure(const std::vector<Range>& ranges) {
-  return measure_marked(ListPass(ranges), std::max<std::size_t>(ranges.size(), 1));
+  return measure_marked(ListPass(ranges), std::max<std::size_t>(ranges.size(), 1), L2State::flushed);
 }
 
 std::unique_ptr<CounterSession> unavailable_session(MetricSet set, std::string reason) {
@@ -149,9 +152,13 @@ nlohmann::json unavailable_json(MetricSet set, const std::string& reason) {
 nlohmann::json counters_json(const Measurement& m, const Modelled& modelled) {
   if (!m.available) return unavailable_json(m.set, m.reason);
   const std::map<std::string, double> values = combined(m);
-  nlohmann::json j = {{"status", "ok"},     {"set", std::string(to_string(m.set))},
-                      {"metrics", values},  {"ranges", m.ranges.size()},
-                      {"passes", m.passes}, {"overhead_s", m.overhead_s}};
+  nlohmann::json j = {{"status", "ok"},
+                      {"set", std::string(to_string(m.set))},
+                      {"metrics", values},
+                      {"ranges", m.ranges.size()},
+                      {"passes", m.passes},
+                      {"l2_before_range", std::string(to_string(m.l2))},
+                      {"overhead_s", m.overhead_s}};
   if (!m.missing.empty()) j["missing"] = m.missing;
   if (m.dropped_ranges > 0) j["dropped_ranges"] = m.dropped_ranges;
   const double dram = dram_bytes(values);

@@ -56,6 +56,13 @@ struct Range {
   std::function<void()> launch;
 };
 
+// What L2 holds when a range starts. as_left: whatever the work before it left there (a model's op
+// after the op before it, as in a real step). flushed: written back and refilled with a buffer of
+// its own before each range, as Nsight Compute's default `--cache-control all`, so a micro point's
+// DRAM bytes are its own and not the previous launch's dirty lines nor operands still in L2.
+enum class L2State { as_left, flushed };
+std::string_view to_string(L2State state);
+
 struct RangeValues {
   std::string name;
   std::map<std::string, double> values;  // by metric name
@@ -66,6 +73,7 @@ struct Measurement {
   bool available = false;
   std::string reason;  // why unavailable: the call that failed and CUPTI's words
   MetricSet set = MetricSet::off;
+  L2State l2 = L2State::as_left;
   std::vector<RangeValues> ranges;
   std::vector<std::string> missing;  // optional metrics this chip does not have
   int passes = 0;                    // times the work ran (one per replay pass)
@@ -81,10 +89,12 @@ class CounterSession {
   virtual ~CounterSession() = default;
   virtual MetricSet set() const = 0;
   // Runs `pass` as often as the profiler needs (the same work each time: it must be repeatable)
-  // and reads each range it marks; at most `max_ranges` ranges a pass. Never throws: any failure,
-  // the work's included, is an unavailable measurement with the reason.
-  virtual Measurement measure_marked(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges) = 0;
-  // One range per entry, in order.
+  // and reads each range it marks; at most `max_ranges` ranges a pass, each starting from L2 in
+  // state `l2`. Never throws: any failure, the work's included, is an unavailable measurement with
+  // the reason.
+  virtual Measurement measure_marked(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges,
+                                     L2State l2) = 0;
+  // One range per entry, in order, each from a flushed L2 (a micro workload's point).
   Measurement measure(const std::vector<Range>& ranges);
 };
 
@@ -100,9 +110,9 @@ struct Modelled {
   double bytes = 0;  // bytes the workload's model says it moves
 };
 // The record's metrics.counters block (docs/RESULTS.md): status ok, the set, the combined values by
-// metric name, passes, ranges, overhead_s and the derived figures (measured arithmetic intensity,
-// DRAM bytes/s and 32-byte sectors/s, achieved TFLOP/s, measured over modelled bytes) where their
-// inputs were measured; or {status: unavailable, set, reason}.
+// metric name, passes, ranges, l2_before_range, overhead_s and the derived figures (measured
+// arithmetic intensity, DRAM bytes/s and 32-byte sectors/s, achieved TFLOP/s, measured over
+// modelled bytes) where their inputs were measured; or {status: unavailable, set, reason}.
 nlohmann::json counters_json(const Measurement& m, const Modelled& modelled);
 nlohmann::json unavailable_json(MetricSet set, const std::string& reason);
 

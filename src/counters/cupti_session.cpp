@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "counters/cupti_session.h"
+#include "counters/l2_flush.h"
 
 namespace ab::counters {
 namespace {
@@ -182,15 +183,17 @@ class RangeProfiler {
 };
 
 // User ranges: each is pushed and popped around its work, the device idle at both ends so that
-// no other range's kernels are counted in it.
+// no other range's kernels are counted in it; with a flush, L2 is emptied before each push.
 class CuptiMarks final : public RangeMarks {
  public:
-  CuptiMarks(CUpti_RangeProfiler_Object* object, std::size_t max_ranges) : object_(object), max_(max_ranges) {}
+  CuptiMarks(CUpti_RangeProfiler_Object* object, std::size_t max_ranges, L2Flush* flush)
+      : object_(object), max_(max_ranges), flush_(flush) {}
   void begin(const std::string& name) override {
     if (open_)
       throw CuptiFailure("range '" + name + "' begun inside range '" + names_.back() + "' (ranges do not nest)");
     if (names_.size() >= max_) throw CuptiFailure("more than " + std::to_string(max_) + " ranges in one pass");
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a range)");
+    if (flush_ != nullptr) flush_->run();
     names_.push_back(name);
     CUpti_RangeProfiler_PushRange_Params p{};
     p.structSize = CUpti_RangeProfiler_PushRange_Params_STRUCT_SIZE;
@@ -217,6 +220,7 @@ class CuptiMarks final : public RangeMarks {
  private:
   CUpti_RangeProfiler_Object* object_;
   std::size_t max_;
+  L2Flush* flush_;
   std::deque<std::string> names_;  // a deque: the names CUPTI was handed stay where they are
   bool open_ = false;
 };
@@ -235,18 +239,22 @@ class CuptiSession final : public CounterSession {
   CuptiSession& operator=(const CuptiSession&) = delete;
   MetricSet set() const override { return set_; }
 
-  Measurement measure_marked(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges) override {
+  Measurement measure_marked(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges,
+                             L2State l2) override {
     const auto t0 = std::chrono::steady_clock::now();
     Measurement m;
     m.set = set_;
     try {
       prepare();
+      if (l2 == L2State::flushed && flush_ == nullptr) flush_ = std::make_unique<L2Flush>(ordinal_);
       m.missing = missing_;
-      run_passes(pass, std::max<std::size_t>(max_ranges, 1), m);
+      m.l2 = l2;
+      run_passes(pass, std::max<std::size_t>(max_ranges, 1), l2 == L2State::flushed ? flush_.get() : nullptr, m);
       m.available = true;
     } catch (const std::exception& e) {
       m = Measurement{};
       m.set = set_;
+      m.l2 = l2;
       m.reason = e.what();
       if (!prepared_ && failure_.empty()) failure_ = m.reason;  // the device cannot: not tried again
     }
@@ -256,7 +264,7 @@ class CuptiSession final : public CounterSession {
 
  private:
   void prepare();
-  void run_passes(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges, Measurement& m);
+  void run_passes(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges, L2Flush* flush, Measurement& m);
   std::vector<std::uint8_t> counter_data_image(CUpti_RangeProfiler_Object* object, std::size_t max_ranges);
   void evaluate(const std::vector<std::uint8_t>& image, const std::vector<std::string>& names, Measurement& m);
 
@@ -270,6 +278,7 @@ class CuptiSession final : public CounterSession {
   std::vector<std::string> metrics_, missing_;
   std::vector<const char*> metric_ptrs_;
   std::unique_ptr<HostObject> host_;
+  std::unique_ptr<L2Flush> flush_;  // made at the first flushed measurement
 };
 
 void CuptiSession::prepare() {
@@ -334,7 +343,8 @@ std::vector<std::uint8_t> CuptiSession::counter_data_image(CUpti_RangeProfiler_O
   return image;
 }
 
-void CuptiSession::run_passes(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges, Measurement& m) {
+void CuptiSession::run_passes(const std::function<void(RangeMarks&)>& pass, std::size_t max_ranges, L2Flush* flush,
+                              Measurement& m) {
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the counter pass)");
   RangeProfiler profiler(ctx_);
   std::vector<std::uint8_t> image = counter_data_image(profiler.get(), max_ranges);
@@ -354,7 +364,7 @@ void CuptiSession::run_passes(const std::function<void(RangeMarks&)>& pass, std:
   config.targetNestingLevel = 1;
   check(cuptiRangeProfilerSetConfig(&config), "cuptiRangeProfilerSetConfig");
   constexpr int kMaxPasses = 64;  // a set of ten metrics needs a few; more means the profiler is stuck
-  CuptiMarks marks(profiler.get(), max_ranges);
+  CuptiMarks marks(profiler.get(), max_ranges, flush);
   bool all_submitted = false;
   std::vector<std::string> names;
   while (!all_submitted) {

@@ -108,7 +108,7 @@ std::optional<counters::Measurement> State::measure_counters(const std::vector<c
 std::optional<counters::Measurement> State::measure_counters(const std::function<void(counters::RangeMarks&)>& pass,
                                                              std::size_t max_ranges) {
   if (counter_session_ == nullptr) return std::nullopt;
-  counters::Measurement m = counter_session_->measure_marked(pass, max_ranges);
+  counters::Measurement m = counter_session_->measure_marked(pass, max_ranges, counters::L2State::as_left);
   add_metric("counters", counters::counters_json(m, {counts_.flops, counts_.bytes}));
   return m;
 }
