@@ -26,7 +26,7 @@ The IDX files are read with numpy from ACCELBENCH_FASHION_MNIST or /usr/share/da
   usage: compare_tta.py --accelbench build/cuda/src/cli/accelbench --out DIR [--seeds 1,2,3] [--target 0.92]
 
 --part gpt (compare_tta_gpt.py) does the same for a GPT on a text file to a target validation loss:
-  compare_tta.py --part gpt --accelbench ... --out DIR [--model tiny_gpt2] [--target-loss 2.0] [--text FILE]
+  compare_tta.py --part gpt --accelbench ... --out DIR [--model tiny_gpt2] [--target-loss 1.0] [--text FILE]
 """
 import argparse
 import gzip
