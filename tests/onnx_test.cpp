@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <numbers>
 
@@ -437,6 +439,47 @@ TEST(OnnxLayout, AutoIsNhwcOnAGpuButForANetworkOfAtMostOneConv) {
   EXPECT_EQ(layout_of("auto", "resnet50", true), Layout::nhwc);
   EXPECT_EQ(layout_of("nhwc", matmul, true), Layout::nhwc);
   EXPECT_EQ(layout_of("nchw", resnet, true), Layout::nchw);
+}
+
+TEST(OnnxCli, DumpOutputsAllRunsEverySampleOfTheInputsFileInBatchesOfThePoint) {
+  test::TempDir dir;
+  Net t = tiny_resnet_onnx(test::seed(), -1);
+  const std::string file = (dir.path() / "tiny.onnx").string();
+  dir.write("tiny.onnx", t.onnx.bytes());
+  constexpr std::size_t kSamples = 5, kPixels = 3 * 8 * 8, kClasses = 10;
+  const std::vector<double> x = random_values(test::seed() + 1, kSamples * kPixels);
+  const std::vector<float> xf(x.begin(), x.end());
+  dir.write("inputs.f32", std::string(reinterpret_cast<const char*>(xf.data()), xf.size() * sizeof(float)));
+  const std::string inputs = "inputs=" + (dir.path() / "inputs.f32").string();
+  const test::Ran o = test::accelbench({"run", "infer", "--device", "cpu", "--axis", "model=" + file, "--axis",
+                                        "batch=1,2", "--option", inputs, "--option", "dump_outputs=all", "--min-time",
+                                        "0.02", "--out", dir.path().string(), "-q"});
+  ASSERT_EQ(o.code, 0) << o.output;
+  const std::vector<nlohmann::json> records = test::only_run_records(dir.path());
+  ASSERT_EQ(records.size(), 2u);
+  const std::vector<double> want = tiny_resnet_reference(t, kSamples, x);
+  for (const auto& r : records) {
+    ASSERT_EQ(r["status"], "ok") << r.dump();
+    // Batch 1: all five samples; batch 2: the two whole batches (four), the fifth left out.
+    const std::size_t samples = r["params"]["batch"] == 1 ? 5 : 4;
+    const std::filesystem::path out = r["metrics"]["outputs_file"].get<std::string>();
+    ASSERT_EQ(std::filesystem::file_size(out), samples * kClasses * sizeof(float));
+    std::ifstream f(out, std::ios::binary);
+    std::vector<float> got(samples * kClasses);
+    f.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(got.size() * sizeof(float)));
+    EXPECT_LT(max_rel_diff({got.begin(), got.end()},
+                           {want.begin(), want.begin() + static_cast<std::ptrdiff_t>(samples * kClasses)}),
+              1e-5);
+  }
+  // Without an inputs file there is nothing to run every sample of: the point says so.
+  test::TempDir other;
+  const test::Ran none = test::accelbench({"run", "infer", "--device", "cpu", "--axis", "model=" + file, "--axis",
+                                           "batch=1", "--option", "dump_outputs=all", "--min-time", "0.02", "--out",
+                                           other.path().string(), "-q"});
+  const std::vector<nlohmann::json> failed = test::only_run_records(other.path());
+  ASSERT_EQ(failed.size(), 1u) << none.output;
+  EXPECT_NE(failed[0]["status"], "ok");
+  EXPECT_NE(failed[0]["reason"].get<std::string>().find("inputs file"), std::string::npos) << failed[0].dump();
 }
 
 TEST(OnnxCli, InferRunsAnOnnxFileAndRecordsWhatItIs) {

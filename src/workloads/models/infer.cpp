@@ -15,7 +15,9 @@
 // docs/METHODOLOGY.md, "Training and inference".
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <optional>
+#include <string>
 
 #include "backend/ref/ref.h"
 #include "core/error.h"
@@ -89,9 +91,11 @@ class Infer final : public Workload {
             {"dump_outputs",
              AxisKind::text,
              "off",
-             {"off", "on"},
+             {"off", "on", "all"},
              "on: write the outputs of the checked batch as raw float32 to <run>/artifacts/<point>/outputs.f32 "
-             "(metrics.outputs_file names it): how bench/compare_onnx.py compares logits with PyTorch's"}};
+             "(metrics.outputs_file names it); all: those of every sample of the inputs file, run in batches of "
+             "the point's batch (a whole batch each; the rest left out): how bench/compare_onnx.py compares "
+             "logits with PyTorch's on the same samples at every batch size"}};
   }
 
   bool has_counter_pass() const override { return true; }
@@ -165,7 +169,8 @@ class Infer final : public Workload {
     const std::function<void()> step = use_graph ? std::function<void()>([&] { captured->replay(); })
                                                  : std::function<void()>(forward);
     check_outputs(state, g, m, step, spec, /*against_reference=*/weights.empty());
-    if (state.option_text("dump_outputs") == "on") dump_outputs(state, g.read(m.output));
+    if (const std::string dump = state.option_text("dump_outputs"); dump != "off")
+      dump_outputs(state, dump == "all" ? outputs_of_every_input(g, m, spec, step) : g.read(m.output));
     // The autoencoder's forward includes its loss, so that its distortion gives the PSNR.
     if (m.compression) {
       const nlohmann::json q = reconstruction_quality(g.read(m.mse)[0]);
@@ -222,6 +227,26 @@ class Infer final : public Workload {
           (is_compression_model(spec.model) ? " ('" + spec.model + "' has no batch norm to fold)" : ""));
     spec.fold_batchnorm = fold != "off";
     spec.fuse_conv_epilogue = fold == "fused";
+  }
+
+  // The outputs of each whole batch of the inputs file's samples, in order; batch 0 is uploaded
+  // again after, so the timed samples run what they would have.
+  static std::vector<double> outputs_of_every_input(nn::Graph& g, const ZooModel& m, const ModelSpec& spec,
+                                                    const std::function<void()>& step) {
+    const std::int64_t samples = m.onnx_inputs.empty() ? 0 : onnx_input_file_samples(m, spec);
+    if (samples < spec.batch)
+      throw UsageError("dump_outputs=all runs every sample of an ONNX model's inputs file (--option inputs=FILE) "
+                       "in batches of " + std::to_string(spec.batch) + "; " +
+                       (samples == 0 ? "this point has none" : "it holds " + std::to_string(samples) + " samples"));
+    std::vector<double> all;
+    for (std::int64_t first = 0; first + spec.batch <= samples; first += spec.batch) {
+      upload_batch(g, m, static_cast<std::uint64_t>(first), spec);
+      step();
+      const std::vector<double> out = g.read(m.output);
+      all.insert(all.end(), out.begin(), out.end());
+    }
+    upload_batch(g, m, 0, spec);
+    return all;
   }
 
   static void dump_outputs(State& state, const std::vector<double>& values) {

@@ -165,6 +165,9 @@ std::int64_t onnx_conv_count(const std::string& path);
 // for an input named like token_type_ids (one segment); another integer input (an attention mask)
 // ones. Each value depends only on (seed, sample, element).
 std::vector<std::vector<double>> onnx_input_values(const ZooModel& m, std::uint64_t first, const ModelSpec& s);
+// How many whole samples s.inputs_file holds for every input of m (the fewest over the inputs it
+// names); 0 where it names none.
+std::int64_t onnx_input_file_samples(const ZooModel& m, const ModelSpec& s);
 // What infer's and loadgen's `inputs` option takes (the option's help text, one for both).
 extern const char* const kOnnxInputsHelp;
 // `accelbench inspect FILE.onnx`: the report of onnx::inspect (importable: whether nothing is

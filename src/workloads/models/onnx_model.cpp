@@ -3,6 +3,7 @@
 // ONNX libraries refuse such a value with the reason; this is the one place that knows.
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 
@@ -47,6 +48,7 @@ std::int64_t onnx_conv_count(const std::string& path) { no_onnx(path); }
 std::vector<std::vector<double>> onnx_input_values(const ZooModel&, std::uint64_t, const ModelSpec& s) {
   no_onnx(s.model);
 }
+std::int64_t onnx_input_file_samples(const ZooModel&, const ModelSpec& s) { no_onnx(s.model); }
 std::string inspect_onnx(const std::string& path, bool*) { no_onnx(path); }
 
 #else
@@ -229,6 +231,23 @@ std::vector<std::vector<double>> onnx_input_values(const ZooModel& m, std::uint6
                                   : read_input_file(file, in, first, count, per_sample));
   }
   return values;
+}
+
+std::int64_t onnx_input_file_samples(const ZooModel& m, const ModelSpec& s) {
+  std::int64_t fewest = -1;
+  for (std::size_t i = 0; i < m.onnx_inputs.size(); ++i) {
+    const std::string file = inputs_file_of(s.inputs_file, m, i);
+    if (file.empty()) continue;
+    const ZooModel::OnnxInput& in = m.onnx_inputs[i];
+    auto per_sample = static_cast<std::int64_t>(in.integer ? sizeof(std::int64_t) : sizeof(float));
+    for (std::size_t k = 1; k < in.dims.size(); ++k) per_sample *= in.dims[k];
+    std::error_code ec;
+    const auto bytes = static_cast<std::int64_t>(std::filesystem::file_size(file, ec));
+    if (ec) throw UsageError("cannot read the size of the inputs file " + file + ": " + ec.message());
+    const std::int64_t samples = bytes / per_sample;
+    fewest = fewest < 0 ? samples : std::min(fewest, samples);
+  }
+  return std::max<std::int64_t>(fewest, 0);
 }
 
 std::string inspect_onnx(const std::string& path, bool* importable) {
