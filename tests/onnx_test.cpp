@@ -473,9 +473,9 @@ TEST(OnnxCli, DumpOutputsAllRunsEverySampleOfTheInputsFileInBatchesOfThePoint) {
   }
   // Without an inputs file there is nothing to run every sample of: the point says so.
   test::TempDir other;
-  const test::Ran none = test::accelbench({"run", "infer", "--device", "cpu", "--axis", "model=" + file, "--axis",
-                                           "batch=1", "--option", "dump_outputs=all", "--min-time", "0.02", "--out",
-                                           other.path().string(), "-q"});
+  const test::Ran none =
+      test::accelbench({"run", "infer", "--device", "cpu", "--axis", "model=" + file, "--axis", "batch=1", "--option",
+                        "dump_outputs=all", "--min-time", "0.02", "--out", other.path().string(), "-q"});
   const std::vector<nlohmann::json> failed = test::only_run_records(other.path());
   ASSERT_EQ(failed.size(), 1u) << none.output;
   EXPECT_NE(failed[0]["status"], "ok");

@@ -235,9 +235,11 @@ class Infer final : public Workload {
                                                     const std::function<void()>& step) {
     const std::int64_t samples = m.onnx_inputs.empty() ? 0 : onnx_input_file_samples(m, spec);
     if (samples < spec.batch)
-      throw UsageError("dump_outputs=all runs every sample of an ONNX model's inputs file (--option inputs=FILE) "
-                       "in batches of " + std::to_string(spec.batch) + "; " +
-                       (samples == 0 ? "this point has none" : "it holds " + std::to_string(samples) + " samples"));
+      throw UsageError(
+          "dump_outputs=all runs every sample of an ONNX model's inputs file (--option inputs=FILE) "
+          "in batches of " +
+          std::to_string(spec.batch) + "; " +
+          (samples == 0 ? "this point has none" : "it holds " + std::to_string(samples) + " samples"));
     std::vector<double> all;
     for (std::int64_t first = 0; first + spec.batch <= samples; first += spec.batch) {
       upload_batch(g, m, static_cast<std::uint64_t>(first), spec);
