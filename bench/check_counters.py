@@ -24,6 +24,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 
 MEMORY = ["dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "gpu__time_duration.sum"]
 COMPUTE = ["sm__throughput.avg.pct_of_peak_sustained_elapsed", "sm__warps_active.avg.pct_of_peak_sustained_active",
@@ -51,7 +52,9 @@ def run(ab, args, work, counters=None, extra=()):
     cmd = [ab, "run", *args, "--out", out, "-q", *extra]
     if counters:
         cmd += ["--counters", counters]
+    t0 = time.monotonic()
     subprocess.run(cmd, check=True)
+    print(f"({' '.join(args[:1])}{' --counters ' + counters if counters else ''}: {time.monotonic() - t0:.0f} s)", flush=True)
     return records_of(out)
 
 
@@ -76,8 +79,20 @@ def ncu_metrics(ncu, ab, args, work, names):
                "--cache-control", "all", "--clock-control", "none", "--launch-count", "50" if nvtx else "300", ab, "run",
                *args, "--out", out, "-q", "--min-time", "0", "--warmup", "0"]
         # Not check=True: under ncu's serialised replays the point may stop at its timeout; the
-        # kernels profiled before it are what is compared.
-        text = subprocess.run(cmd, capture_output=True, text=True).stdout
+        # kernels profiled before it are what is compared. A run past ncu_timeout_s is cut, and
+        # what ncu had printed (its ==PROF== progress on stderr) is kept beside the CSVs.
+        t0 = time.monotonic()
+        print(f"ncu {' '.join(nvtx) or 'without NVTX'}: {' '.join(args)}", flush=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            partial = os.path.join(work, os.path.basename(out) + ".timed-out.txt")
+            with open(partial, "w") as f:
+                f.write(_text(e.stdout) + "\n--- stderr ---\n" + _text(e.stderr))
+            last = [l for l in _text(e.stderr).splitlines() if l.strip()][-3:]
+            raise RuntimeError(f"ncu did not finish within {NCU_TIMEOUT_S} s (its output: {partial}; last: {last})")
+        print(f"ncu took {time.monotonic() - t0:.0f} s", flush=True)
+        text = proc.stdout
         with open(os.path.join(work, os.path.basename(out) + (".timed" if nvtx else ".all") + ".csv"), "w") as f:
             f.write(text)
         start = text.find('"ID"')
@@ -105,6 +120,10 @@ def ncu_metrics(ncu, ab, args, work, names):
     return timed, len(chosen), medians, records_of(out)
 
 
+def _text(v):
+    return v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
+
+
 def pct(a, b):
     return 100.0 * (a - b) / b if b else float("inf")
 
@@ -122,6 +141,7 @@ def check_stream(ab, work, rows):
 # (cuBLASLt's coopA and coopB tiles of an 8192^3 GEMM are within 3%): the counter run is repeated
 # until it chose what the run under ncu chose.
 SEARCH_ATTEMPTS = 6
+NCU_TIMEOUT_S = 240  # one ncu run of a point (--ncu-timeout)
 
 
 def algorithm_key(rec):
@@ -131,7 +151,11 @@ def algorithm_key(rec):
 
 
 def check_against_ncu(ab, ncu, work, label, args, rows):
-    kernel, n, theirs, ncu_records = ncu_metrics(ncu, ab, args, work, MEMORY + COMPUTE)
+    try:
+        kernel, n, theirs, ncu_records = ncu_metrics(ncu, ab, args, work, MEMORY + COMPUTE)
+    except RuntimeError as e:
+        rows.append((f"(b) {label}: {e}", "-", "-", "not compared", False))
+        return
     want = algorithm_key(ncu_records[0] if ncu_records else None)
     for _ in range(SEARCH_ATTEMPTS):
         rec = run(ab, args, work, "all")[0]
@@ -174,6 +198,7 @@ class Rows(list):
 
 
 def main():
+    global NCU_TIMEOUT_S
     ap = argparse.ArgumentParser()
     ap.add_argument("--accelbench", required=True)
     ap.add_argument("--out", required=True)
@@ -181,7 +206,9 @@ def main():
     ap.add_argument("--conv-axis", action="append", default=None,
                     help="an --axis of the conv point to compare (default: CONV, a 3x3 convolution whose operands outgrow L2)")
     ap.add_argument("--checks", default="stream,gemm,conv,timing", help="which of the checks to run")
+    ap.add_argument("--ncu-timeout", type=int, default=NCU_TIMEOUT_S, help="seconds one ncu run may take")
     args = ap.parse_args()
+    NCU_TIMEOUT_S = args.ncu_timeout
     args.conv_axis = args.conv_axis or CONV
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="ab-counters-", dir=args.out)
