@@ -65,7 +65,7 @@ def counters_of(rec):
     return c
 
 
-def ncu_metrics(ncu, ab, args, work, names):
+def ncu_metrics(ncu, ab, args, work, names, launches):
     """ncu's values of the kernel the point's timed samples ran, median per metric over its launches, from ncu's CSV in base units, with the record of
     that run (its `algorithm`)."""
     out = tempfile.mkdtemp(prefix="ncu-", dir=work)
@@ -76,7 +76,7 @@ def ncu_metrics(ncu, ab, args, work, names):
     # algorithm search's candidates too would slow them and sway its choice.
     for nvtx in (["--nvtx", "--nvtx-include", "accelbench.timed/"], []):  # a build without the range: every kernel
         cmd = [ncu, "--target-processes", "all", *nvtx, "--metrics", ",".join(names), "--csv", "--print-units", "base",
-               "--cache-control", "all", "--clock-control", "none", "--launch-count", "50" if nvtx else "300", ab, "run",
+               "--cache-control", "all", "--clock-control", "none", "--launch-count", str(launches if nvtx else 300), ab, "run",
                *args, "--out", out, "-q", "--min-time", "0", "--warmup", "0"]
         # Not check=True: under ncu's serialised replays the point may stop at its timeout; the
         # kernels profiled before it are what is compared. A run past ncu_timeout_s is cut, and
@@ -150,9 +150,9 @@ def algorithm_key(rec):
     return None if text is None else re.sub(r"\s*\([^)]*\)", "", text)
 
 
-def check_against_ncu(ab, ncu, work, label, args, rows):
+def check_against_ncu(ab, ncu, work, label, args, rows, launches=50):
     try:
-        kernel, n, theirs, ncu_records = ncu_metrics(ncu, ab, args, work, MEMORY + COMPUTE)
+        kernel, n, theirs, ncu_records = ncu_metrics(ncu, ab, args, work, MEMORY + COMPUTE, launches)
     except RuntimeError as e:
         rows.append((f"(b) {label}: {e}", "-", "-", "not compared", False))
         return
@@ -220,7 +220,10 @@ def main():
         check_against_ncu(args.accelbench, args.ncu, work, "gemm bf16 8192^3", GEMM, rows)
     if "conv" in checks:
         conv = ["conv"] + [a for axis in args.conv_axis for a in ("--axis", axis)]
-        check_against_ncu(args.accelbench, args.ncu, work, "conv " + " ".join(args.conv_axis), conv, rows)
+        # Fewer profiled launches: each replays with every allocation the kernel could write saved
+        # and restored, and the conv engine holds a search workspace of up to 1 GiB (a suspect of
+        # the conv run's slowness under ncu).
+        check_against_ncu(args.accelbench, args.ncu, work, "conv " + " ".join(args.conv_axis), conv, rows, launches=8)
     if "timing" in checks:
         check_timing(args.accelbench, work, rows)
     if not rows:
