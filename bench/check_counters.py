@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -83,16 +84,19 @@ def ncu_metrics(ncu, ab, args, work, names, launches):
         # what ncu had printed (its ==PROF== progress on stderr) is kept beside the CSVs.
         t0 = time.monotonic()
         print(f"ncu {' '.join(nvtx) or 'without NVTX'}: {' '.join(args)}", flush=True)
+        # A session of its own, so that a timeout stops the profiled accelbench too, not ncu alone.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
-        except subprocess.TimeoutExpired as e:
+            text, _ = proc.communicate(timeout=NCU_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
             partial = os.path.join(work, os.path.basename(out) + ".timed-out.txt")
             with open(partial, "w") as f:
-                f.write(_text(e.stdout) + "\n--- stderr ---\n" + _text(e.stderr))
-            last = [l for l in _text(e.stderr).splitlines() if l.strip()][-3:]
+                f.write(stdout + "\n--- stderr ---\n" + stderr)
+            last = [l for l in stderr.splitlines() if l.strip()][-3:]
             raise RuntimeError(f"ncu did not finish within {NCU_TIMEOUT_S} s (its output: {partial}; last: {last})")
         print(f"ncu took {time.monotonic() - t0:.0f} s", flush=True)
-        text = proc.stdout
         with open(os.path.join(work, os.path.basename(out) + (".timed" if nvtx else ".all") + ".csv"), "w") as f:
             f.write(text)
         start = text.find('"ID"')
@@ -118,10 +122,6 @@ def ncu_metrics(ncu, ab, args, work, names, launches):
     chosen = [k["m"] for k in launches.values() if k["name"] == timed]
     medians = {m: statistics.median(x[m] for x in chosen if m in x) for m in names if any(m in x for x in chosen)}
     return timed, len(chosen), medians, records_of(out)
-
-
-def _text(v):
-    return v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
 
 
 def pct(a, b):

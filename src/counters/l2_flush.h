@@ -1,5 +1,7 @@
 // Internal to src/counters (CUDA builds): empties a device's L2 of every other buffer's lines
-// before a counter range (L2State::flushed), as Nsight Compute's `--cache-control all` does.
+// before a counter range (L2State::flushed), as Nsight Compute's `--cache-control all` does. Not
+// the timer's cold-mode flush (backend/cuda): that one writes its buffer, and the dirty lines it
+// leaves would be written back inside the measured range and counted there.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +16,7 @@ class L2Flush {
   ~L2Flush();
   L2Flush(const L2Flush&) = delete;
   L2Flush& operator=(const L2Flush&) = delete;
-  // Reads the whole buffer on the current stream and waits: each dirty line in L2 is written back
+  // Reads the whole buffer on the default stream and waits: each dirty line in L2 is written back
   // when this evicts it, and L2 ends holding clean lines of the buffer alone.
   void run();
 
