@@ -148,7 +148,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                         bool bias_is_storage_type, const T* __restrict__ z, T* __restrict__ y, ConvGeometry g,
                         bool relu) {
   constexpr int kCols = (kTileW - 1) * SW + S;
-  constexpr int kChunkWords = static_cast<int>(sizeof(Chunk<T, V>) / sizeof(std::uint32_t));
   extern __shared__ float filters[];  // at filter_index
   const int block_channels = g.groups * V;
   const int64_t c0 = int64_t{blockIdx.y} * block_channels;
@@ -166,24 +165,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (ih < 0 || ih >= g.h) continue;
     const T* x_row = x + (n * g.h + ih) * g.w * g.c + c;
     // Every column's load first, unconditionally (a column outside the row reads its nearest
-    // inside one, then its bits are masked to zero: one AND per 32-bit word, not a select per
-    // value), so the row's loads are in flight together.
+    // inside one, then counts as zero), so the row's loads are in flight together.
     Chunk<T, V> raw[kCols];
 #pragma unroll
     for (int j = 0; j < kCols; ++j)
       raw[j] = device_common::load<V>(x_row, int64_t{min(max(iw0 + j, 0), width - 1)} * g.c);
-#pragma unroll
-    for (int j = 0; j < kCols; ++j) {
-      const std::uint32_t keep = iw0 + j >= 0 && iw0 + j < width ? ~0u : 0u;
-      auto* words = reinterpret_cast<std::uint32_t*>(&raw[j]);
-#pragma unroll
-      for (int i = 0; i < kChunkWords; ++i) words[i] &= keep;
-    }
     float cols[kCols][V];
 #pragma unroll
-    for (int j = 0; j < kCols; ++j)
+    for (int j = 0; j < kCols; ++j) {
+      const bool inside = iw0 + j >= 0 && iw0 + j < width;
 #pragma unroll
-      for (int k = 0; k < V; ++k) cols[j][k] = to_f32(raw[j].v[k]);
+      for (int k = 0; k < V; ++k) cols[j][k] = inside ? to_f32(raw[j].v[k]) : 0.0f;
+    }
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       float wv[V];
