@@ -176,9 +176,10 @@ TEST(Cli, WarmupIsBoundedByTheTimeoutAndRecorded) {
   EXPECT_EQ(o.code, 2) << o.output;
   EXPECT_NE(o.output.find("under half the timeout"), std::string::npos) << o.output;
   EXPECT_TRUE(run_dirs(dir.path()).empty()) << "nothing may be written for a refused request";
-  // Accepted, the warm-up is part of the run's context.
+  // Accepted, the warm-up is part of the run's context. The point stops at its noise target; the
+  // timeout is only a bound (5 s was too few on a loaded CI host: OpenMP threads oversubscribed).
   o = run({"run", "stream", "--device", "cpu", "--axis", "array_bytes=65536", "--axis", "op=copy", "--warmup", "0.2",
-           "--timeout", "5", "--min-time", "0.05", "--max-noise", "50", "--out", dir.path().string(), "-q"});
+           "--timeout", "60", "--min-time", "0.05", "--max-noise", "50", "--out", dir.path().string(), "-q"});
   ASSERT_EQ(o.code, 0) << o.output;
   const auto dirs = run_dirs(dir.path());
   ASSERT_EQ(dirs.size(), 1u);

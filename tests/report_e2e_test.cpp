@@ -90,9 +90,9 @@ TEST_F(ReportE2E, RealRunRendersEveryChartOffline) {
   fs::create_directories(dir);
   // What the report draws, not how steady the machine is: each point stops after its minimum time
   // whatever its spread (under the 1% rule the 16 points ran to their timeout on a loaded CI machine).
-  const auto run = accelbench({"run", "stream", "--device", "cpu", "--axis", "array_bytes=1048576:8388608:x2", "--min-time",
-                               "0.05", "--max-noise", "100", "--timeout", "5", "--telemetry-trace", "--quiet", "--out",
-                               (dir / "store").string()});
+  const auto run = accelbench({"run", "stream", "--device", "cpu", "--axis", "array_bytes=1048576:8388608:x2",
+                               "--min-time", "0.05", "--max-noise", "100", "--timeout", "60", "--telemetry-trace",
+                               "--quiet", "--out", (dir / "store").string()});
   ASSERT_EQ(run.code, 0) << run.output;
   const std::string id = run_id_of(run.output);
   ASSERT_FALSE(id.empty()) << run.output;
@@ -212,8 +212,9 @@ TEST(ReportCli, ExitCodesAndMessages) {
   const std::string store = (dir / "store").string();
   std::vector<std::string> ids;
   for (int i = 0; i < 2; ++i) {
-    const auto r = accelbench({"run", "stream", "--device", "cpu", "--axis", "array_bytes=1048576", "--axis", "op=copy",
-                               "--min-time", "0.02", "--timeout", "3", "--quiet", "--out", store});
+    const auto r =
+        accelbench({"run", "stream", "--device", "cpu", "--axis", "array_bytes=1048576", "--axis", "op=copy",
+                    "--min-time", "0.02", "--max-noise", "100", "--timeout", "60", "--quiet", "--out", store});
     ASSERT_EQ(r.code, 0) << r.output;
     ids.push_back(run_id_of(r.output));
   }
