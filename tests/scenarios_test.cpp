@@ -582,7 +582,7 @@ struct Collect final : Completions {
 TEST(Batcher, FullBatchesLeaveAtOncePartialOnesAfterMaxWait) {
   auto exec = std::make_unique<CountingExecutor>();
   CountingExecutor* e = exec.get();
-  BatchingSut sut("b", {4, 0.2}, std::move(exec));
+  BatchingSut sut("b", {4, 0.5}, std::move(exec));  // max_wait well above a loaded host's stalls
   EXPECT_NE(e->prepared_on, std::this_thread::get_id()) << "prepare() runs on the worker";
   Collect done;
   std::vector<QuerySample> q(6);
@@ -590,16 +590,16 @@ TEST(Batcher, FullBatchesLeaveAtOncePartialOnesAfterMaxWait) {
   const auto t0 = Clock::now();
   sut.issue_query(q, done);
   while (done.count() < 4) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  EXPECT_LT(elapsed_s(t0), 0.15) << "a full batch does not wait";
+  EXPECT_LT(elapsed_s(t0), 0.4) << "a full batch does not wait";
   while (done.count() < 6) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  EXPECT_GE(std::chrono::duration<double>(done.when - t0).count(), 0.195) << "the partial batch waits max_wait";
+  EXPECT_GE(std::chrono::duration<double>(done.when - t0).count(), 0.495) << "the partial batch waits max_wait";
   // flush: a partial batch leaves at once
   const QuerySample one{6, 0};
   const auto t1 = Clock::now();
   sut.issue_query(std::span<const QuerySample>(&one, 1), done);
   sut.flush_queries();
   while (done.count() < 7) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  EXPECT_LT(elapsed_s(t1), 0.15);
+  EXPECT_LT(elapsed_s(t1), 0.4);
   const auto st = sut.stats();
   EXPECT_EQ(st.batches, 3u);
   EXPECT_EQ(st.samples, 7u);
