@@ -80,7 +80,7 @@ def ncu_metrics(ncu, ab, args, work, names, launches):
                "--cache-control", "all", "--clock-control", "none", "--launch-count", str(launches if nvtx else 300), ab, "run",
                *args, "--out", out, "-q", "--min-time", "0", "--warmup", "0"]
         # Not check=True: under ncu's serialised replays the point may stop at its timeout; the
-        # kernels profiled before it are what is compared. A run past ncu_timeout_s is cut, and
+        # kernels profiled before it are what is compared. A run past NCU_TIMEOUT_S (--ncu-timeout) is cut, and
         # what ncu had printed (its ==PROF== progress on stderr) is kept beside the CSVs.
         t0 = time.monotonic()
         print(f"ncu {' '.join(nvtx) or 'without NVTX'}: {' '.join(args)}", flush=True)

@@ -252,7 +252,7 @@ class Infer final : public Workload {
   }
 
   static void dump_outputs(State& state, const std::vector<double>& values) {
-    if (state.artifact_dir().empty()) throw UsageError("dump_outputs=on needs a run that keeps files (run --out)");
+    if (state.artifact_dir().empty()) throw UsageError("dump_outputs needs a run that keeps files (run --out)");
     std::filesystem::create_directories(state.artifact_dir());
     const std::filesystem::path file = state.artifact_dir() / "outputs.f32";
     const std::vector<float> f(values.begin(), values.end());

@@ -168,12 +168,22 @@ std::string inputs_file_of(const std::string& option, const ZooModel& m, std::si
   return found;
 }
 
-// Samples first.. of a raw file: float32 for a float input, int64 for an integer one.
+// An input's values in a raw inputs file: float32 for a float input, int64 for an integer one.
+std::size_t value_bytes(const ZooModel::OnnxInput& in) { return in.integer ? sizeof(std::int64_t) : sizeof(float); }
+
+// Values of one sample: every dimension's but the batch's.
+std::int64_t values_per_sample(const ZooModel::OnnxInput& in) {
+  std::int64_t n = 1;
+  for (std::size_t k = 1; k < in.dims.size(); ++k) n *= in.dims[k];
+  return n;
+}
+
+// Samples first.. of a raw file.
 std::vector<double> read_input_file(const std::string& path, const ZooModel::OnnxInput& in, std::uint64_t first,
                                     std::size_t count, std::int64_t per_sample) {
   std::ifstream file(path, std::ios::binary);
   if (!file) throw UsageError("cannot open the inputs file " + path);
-  const std::size_t width = in.integer ? sizeof(std::int64_t) : sizeof(float);
+  const std::size_t width = value_bytes(in);
   std::vector<char> raw(count * width);
   file.seekg(static_cast<std::streamoff>(first * static_cast<std::uint64_t>(per_sample) * width));
   file.read(raw.data(), static_cast<std::streamsize>(raw.size()));
@@ -223,8 +233,7 @@ std::vector<std::vector<double>> onnx_input_values(const ZooModel& m, std::uint6
   std::vector<std::vector<double>> values;
   for (std::size_t i = 0; i < m.onnx_inputs.size(); ++i) {
     const ZooModel::OnnxInput& in = m.onnx_inputs[i];
-    std::int64_t per_sample = 1;
-    for (std::size_t k = 1; k < in.dims.size(); ++k) per_sample *= in.dims[k];
+    const std::int64_t per_sample = values_per_sample(in);
     const auto count = static_cast<std::size_t>(s.batch * per_sample);
     const std::string file = inputs_file_of(s.inputs_file, m, i);
     values.push_back(file.empty() ? synthetic_input(m, in, first, count, per_sample, s.batch)
@@ -239,12 +248,12 @@ std::int64_t onnx_input_file_samples(const ZooModel& m, const ModelSpec& s) {
     const std::string file = inputs_file_of(s.inputs_file, m, i);
     if (file.empty()) continue;
     const ZooModel::OnnxInput& in = m.onnx_inputs[i];
-    auto per_sample = static_cast<std::int64_t>(in.integer ? sizeof(std::int64_t) : sizeof(float));
-    for (std::size_t k = 1; k < in.dims.size(); ++k) per_sample *= in.dims[k];
+    const std::int64_t sample_bytes = values_per_sample(in) * static_cast<std::int64_t>(value_bytes(in));
+    if (sample_bytes <= 0) continue;  // an input of no values bounds nothing
     std::error_code ec;
     const auto bytes = static_cast<std::int64_t>(std::filesystem::file_size(file, ec));
     if (ec) throw UsageError("cannot read the size of the inputs file " + file + ": " + ec.message());
-    const std::int64_t samples = bytes / per_sample;
+    const std::int64_t samples = bytes / sample_bytes;
     fewest = fewest < 0 ? samples : std::min(fewest, samples);
   }
   return std::max<std::int64_t>(fewest, 0);
